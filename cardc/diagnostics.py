@@ -1,0 +1,77 @@
+"""Diagnostics are values: collected while compiling, rendered rustc-style at the end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .syntax import Span
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    span: Span
+    message: str
+    hint: str | None = None
+    severity: str = "error"
+    notes: tuple[tuple[Span, str], ...] = ()
+
+    def render(self, sources: dict[str, str] | None = None) -> str:
+        """``file:line:col: error: message``, the source line, a caret under the span, a hint."""
+        out = [f"{self.span}: {self.severity}: {self.message}"]
+        out += _excerpt(self.span, sources)
+        for span, text in self.notes:
+            out.append(f"{span}: note: {text}")
+            out += _excerpt(span, sources)
+        if self.hint:
+            out.append(f"  = hint: {self.hint}")
+        return "\n".join(out)
+
+
+def _excerpt(span: Span, sources: dict[str, str] | None) -> list[str]:
+    text = (sources or {}).get(span.file)
+    if text is None or span.line < 1:
+        return []
+    lines = text.splitlines()
+    if span.line > len(lines):
+        return []
+    src = lines[span.line - 1]
+    width = len(str(span.line))
+    end = span.end_col if span.end_line == span.line and span.end_col > span.col else span.col + 1
+    end = min(max(end, span.col + 1), len(src) + 2)
+    caret = " " * (span.col - 1) + "^" * (end - span.col)
+    return [f"{' ' * width} |", f"{span.line} | {src}", f"{' ' * width} | {caret}"]
+
+
+@dataclass
+class Diagnostics:
+    """A growing list of diagnostics, plus the sources they point into."""
+
+    items: list[Diagnostic] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def error(self, span: Span, message: str, hint: str | None = None,
+              notes: tuple[tuple[Span, str], ...] = ()) -> None:
+        self.items.append(Diagnostic(span, message, hint, "error", notes))
+
+    def warning(self, span: Span, message: str, hint: str | None = None) -> None:
+        self.items.append(Diagnostic(span, message, hint, "warning"))
+
+    def extend(self, other: Diagnostics) -> None:
+        self.items += other.items
+        self.sources.update(other.sources)
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.items if d.severity == "error"]
+
+    def render(self) -> str:
+        ordered = sorted(self.items, key=lambda d: (d.span.file, d.span.line, d.span.col))
+        return "\n\n".join(d.render(self.sources) for d in ordered)
+
+
+class CardError(Exception):
+    """Raised at an API boundary when compilation produced errors; carries them all."""
+
+    def __init__(self, diagnostics: Diagnostics):
+        self.diagnostics = diagnostics
+        super().__init__(diagnostics.render())

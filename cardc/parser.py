@@ -1,0 +1,789 @@
+"""Card text → AST.
+
+lark parses each line (cardc/grammar.lark); a lark Transformer turns the tree into the project's
+own nodes at once; a layout pass then nests lines: declarations by indentation, steps by
+`do … end` and by indentation. Nothing downstream sees lark types.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import lark
+from lark import Token, Transformer, v_args
+
+from . import syntax as s
+from .diagnostics import Diagnostics
+from .spelling import canonical_name
+
+GRAMMAR = Path(__file__).with_name("grammar.lark")
+
+
+@cache
+def _lark() -> lark.Lark:
+    return lark.Lark(GRAMMAR.read_text(encoding="utf-8"), parser="lalr", start=["start", "annot"],
+                     propagate_positions=True, maybe_placeholders=False, cache=False)
+
+
+def normalize(text: str) -> str:
+    """Decomposed Unicode (Ṽ = V + U+0303), so hats and tildes are marks on any letter."""
+    return unicodedata.normalize("NFD", text.replace("\r\n", "\n").replace("\t", "    "))
+
+
+# ------------------------------------------------------------------ lines before nesting
+
+
+@dataclass
+class Line:
+    kind: str  # header | comment | block | preset | items | end
+    span: s.Span
+    indent: int  # column of the first statement or declaration token
+    number: str | None
+    payload: Any
+    note: str | None = None
+    annotation: s.Decl | None = None
+    comment: str | None = None
+
+
+def _span(file: str, meta_or_token: Any) -> s.Span:
+    m = meta_or_token
+    if getattr(m, "empty", False):
+        return s.Span(file, 0, 0, 0, 0)
+    return s.Span(file, m.line, m.column, m.end_line, m.end_column)
+
+
+def _prose(token: Token) -> str:
+    return token.lstrip(",").strip()
+
+
+class _Build(Transformer):
+    """lark tree → AST nodes and Line records."""
+
+    def __init__(self, file: str, diags: Diagnostics):
+        super().__init__()
+        self.file = file
+        self.diags = diags
+
+    def sp(self, meta: Any) -> s.Span:
+        return _span(self.file, meta)
+
+    # --- tokens
+    def NAME(self, tok: Token) -> Token:  # noqa: N802 (lark callback names)
+        return tok.update(value=canonical_name(str(tok)))
+
+    # --- lines
+    @v_args(meta=True)
+    def start(self, meta, lines):
+        return [ln for ln in lines if isinstance(ln, Line)]
+
+    @v_args(meta=True)
+    def header(self, meta, c):
+        number = next((str(t) for t in c if isinstance(t, Token) and t.type == "NUMBER"), None)
+        sig = next(x for x in c if isinstance(x, dict))
+        note = next((_note(t) for t in c if isinstance(t, Token) and t.type == "NOTE"), None)
+        alg = s.Algorithm(sig["name"], number, sig["outputs"], sig["args"], sig["params"],
+                          note=note, span=self.sp(meta))
+        return Line("header", self.sp(meta), meta.column, None, alg)
+
+    @v_args(meta=True)
+    def titled_header(self, meta, c):
+        number = next((str(t) for t in c if isinstance(t, Token) and t.type == "NUMBER"), None)
+        title = str(c[-1]).strip()
+        alg = s.Algorithm(None, number, title=title, span=self.sp(meta))
+        return Line("header", self.sp(meta), meta.column, None, alg)
+
+    def signature(self, c):
+        names = [x for x in c if isinstance(x, list)]
+        name = next(str(t) for t in c if isinstance(t, Token) and t.type == "NAME")
+        params = next((x[1] for x in c if isinstance(x, tuple)), ())
+        args = tuple(names[1]) if len(names) > 1 else ()
+        return {"outputs": tuple(names[0]), "name": name, "args": args, "params": params}
+
+    def bar_names(self, c):
+        return ("|", tuple(c[0]))
+
+    def names(self, c):
+        return [str(t) for t in c]
+
+    @v_args(meta=True)
+    def comment_line(self, meta, c):
+        return Line("comment", self.sp(meta), meta.column, None, _comment(c[0]))
+
+    @v_args(meta=True)
+    def block_line(self, meta, c):
+        kind = str(c[0]).rstrip(": \t")
+        items = c[1] if len(c) == 3 else []
+        return self._line("block", meta, None, (kind, items), c[-1], column=meta.column)
+
+    @v_args(meta=True)
+    def preset_line(self, meta, c):
+        values = tuple(c[1])
+        tail = c[-1]
+        preset = s.Preset(str(c[0]), values, tail.get("note"), span=self.sp(meta))
+        return self._line("preset", meta, None, preset, {}, column=meta.column)
+
+    def preset_values(self, c):
+        return c
+
+    def preset_value(self, c):
+        return (str(c[0]), c[1])
+
+    @v_args(meta=True)
+    def item_line(self, meta, c):
+        number = None
+        if isinstance(c[0], Token) and c[0].type == "STEPNUM":
+            number = c[0].strip().rstrip(":.")
+            c = c[1:]
+        items, tail = c[0], c[1]
+        column = _first_column(items, meta)
+        return self._line("items", meta, number, items, tail, column)
+
+    @v_args(meta=True)
+    def end_line(self, meta, c):
+        number = c[0].strip().rstrip(":.") if c[0].type == "STEPNUM" else None
+        end_tok = c[1] if number is not None else c[0]
+        return self._line("end", meta, number, None, c[-1], end_tok.column)
+
+    def _line(self, kind, meta, number, payload, tail, column):
+        return Line(kind, self.sp(meta), column, number, payload, tail.get("note"),
+                    tail.get("annotation"), tail.get("comment"))
+
+    def line_tail(self, c):
+        tail: dict[str, Any] = {}
+        for tok in c:
+            if tok.type == "NOTE":
+                text = _note(tok)
+                decl = self._annotation(text, tok, offset=len(tok) - len(tok.lstrip("▷/")))
+                tail["annotation" if decl else "note"] = decl or text
+            elif tok.type == "ANNOT":
+                text = tok.strip()[2:-2]
+                decl = self._annotation(text, tok, offset=2)
+                tail["annotation" if decl else "note"] = decl or text.strip()
+            elif tok.type == "COMMENT":
+                tail["comment"] = _comment(tok)
+        return tail
+
+    def _annotation(self, text: str, tok: Token, offset: int) -> s.Decl | None:
+        """An annotation that reads as a declaration is checked; anything else is a note."""
+        stripped = text.lstrip()
+        if "∈" not in stripped and not re.search(r"\bin\b", stripped):
+            return None
+        try:
+            tree = _lark().parse(stripped, start="annot")
+        except lark.LarkError:
+            return None
+        col = tok.column + offset + (len(text) - len(stripped))
+        decl = _Build(self.file, self.diags).transform(tree)
+        return _shift(decl, tok.line, col - 1)
+
+    def items(self, c):
+        return list(c)
+
+    # --- declarations
+    @v_args(meta=True)
+    def decls(self, meta, c):
+        decls = [x for x in c if isinstance(x, s.Decl)]
+        prose = next((_prose(t) for t in c if isinstance(t, Token) and t.type == "PROSE"), None)
+        if prose is not None:
+            last = decls[-1]
+            decls[-1] = replace(last, prose=_join(last.prose, prose))
+        return decls
+
+    @v_args(meta=True)
+    def typed_decl(self, meta, c):
+        value = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "="), None)
+        init = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "~"), None)
+        return s.Decl(tuple(c[0]), c[2], value, init, span=self.sp(meta))
+
+    @v_args(meta=True)
+    def prose_decl(self, meta, c):
+        return s.Decl((str(c[0]),), prose=_prose(c[1]), span=self.sp(meta))
+
+    def decl_value(self, c):
+        return ("=", c[0])
+
+    @v_args(meta=True)
+    def decl_init(self, meta, c):
+        args = tuple(x for x in c[3:] if not isinstance(x, Token))
+        return ("~", s.Call(str(c[1]), args, span=self.sp(meta)))
+
+    @v_args(meta=True)
+    def def_decl(self, meta, c):
+        return s.Decl((str(c[0]),), value=c[1], span=self.sp(meta))
+
+    def annot(self, c):
+        return c[0]
+
+    @v_args(meta=True)
+    def bundle(self, meta, c):
+        prose = _prose(c[2]) if len(c) > 2 else None
+        return s.Bundle(str(c[0]), (), prose, span=self.sp(meta))
+
+    @v_args(meta=True)
+    def family(self, meta, c):
+        bundle = s.Bundle(str(c[4]), (), None, span=_span(self.file, c[4]))
+        return s.Family(str(c[1]), c[3], (bundle,), span=self.sp(meta))
+
+    # --- types
+    @v_args(meta=True)
+    def scalar_type(self, meta, c):
+        return s.Scalar("ℝ" if c[0] in ("ℝ", "RR", "R") else "ℕ", span=self.sp(meta))
+
+    @v_args(meta=True)
+    def bits_type(self, meta, c):
+        if (str(c[0]), str(c[1])) != ("0", "1"):
+            self.diags.error(self.sp(meta), "the only finite set written out is {0,1}",
+                             hint="use [N] for {1, …, N} or {a..b} for a range")
+        return s.Bits(span=self.sp(meta))
+
+    @v_args(meta=True)
+    def int_range_type(self, meta, c):
+        return s.IntRange(c[0], c[2], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def finite_type(self, meta, c):
+        return s.Finite(c[0], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def seq_type(self, meta, c):
+        if str(c[1]) != "*":
+            self.diags.error(self.sp(meta), "expected a type", hint="V* is the set of sequences over V")
+        return s.Sequences(str(c[0]), span=self.sp(meta))
+
+    @v_args(meta=True)
+    def interval_type(self, meta, c):
+        lo, hi = [x for x in c if not isinstance(x, Token) or x.type in ("NAME", "NUMBER")]
+        text = self._text(meta)
+        return s.Interval(lo, hi, text.startswith("["), text.rstrip().endswith("]"),
+                          span=self.sp(meta))
+
+    def _text(self, meta) -> str:
+        return self.source[meta.start_pos:meta.end_pos]
+
+    @v_args(meta=True)
+    def tensor_type(self, meta, c):
+        dims = c[1] if isinstance(c[1], tuple) else (self._dim(c[1]),)
+        return s.Tensor(c[0], dims, span=self.sp(meta))
+
+    @v_args(meta=True)
+    def tensor_type_t(self, meta, c):  # ℝ^T lexes as a transpose; here it is the dimension T
+        tok = c[1]
+        if "⊺" in tok:
+            self.diags.error(self.sp(meta), "expected a dimension after '^', found '⊺'")
+        dim = s.Name("T", span=s.Span(self.file, tok.line, tok.column + 1, tok.line, tok.column + 2))
+        return s.Tensor(c[0], (dim,), span=self.sp(meta))
+
+    def _dim(self, tok):
+        if isinstance(tok, Token):
+            node = s.Num if tok.type == "NUMBER" else s.Name
+            return node(str(tok), span=_span(self.file, tok))
+        return tok
+
+    def dims(self, c):
+        return tuple(x for x in c if not isinstance(x, Token))
+
+    # --- statements
+    @v_args(meta=True)
+    def assign(self, meta, c):
+        return self._where(s.Assign(c[0], c[2], "←", span=self.sp(meta)), c)
+
+    @v_args(meta=True)
+    def bind(self, meta, c):
+        return self._where(s.Assign(c[0], c[1], "=", span=self.sp(meta)), c)
+
+    @v_args(meta=True)
+    def return_(self, meta, c):
+        return self._where(s.Return(c[1], span=self.sp(meta)), c)
+
+    @v_args(meta=True)
+    def named_return(self, meta, c):
+        return self._where(s.Return(c[2], str(c[1]), span=self.sp(meta)), c)
+
+    def _where(self, stmt, c):
+        where = next((t for t in c if isinstance(t, Token) and t.type == "WHERE"), None)
+        if where is None:
+            return stmt
+        return _Where(stmt, where.lstrip(",").strip()[len("where"):].strip())
+
+    @v_args(meta=True)
+    def for_do(self, meta, c):
+        var, over, binder = c[1]
+        return _Open(s.For(var, over, (), "do", binder, span=self.sp(meta)))
+
+    @v_args(meta=True)
+    def for_map(self, meta, c):
+        var, over, binder = c[1]
+        body = c[2] if len(c) > 2 else None
+        if body is None:
+            return _Open(s.For(var, over, (), "block", binder, span=self.sp(meta)))
+        step = s.Step(_unwhere(body), span=_stmt_span(body))
+        return s.For(var, over, (step,), "map", binder, span=self.sp(meta))
+
+    @v_args(meta=True)
+    def while_do(self, meta, c):
+        return _Open(s.While(c[1], (), span=self.sp(meta)))
+
+    def loop_in(self, c):
+        return (str(c[0]), c[2], "∈")
+
+    def loop_range(self, c):
+        binder = "←" if isinstance(c[1], Token) and c[1].type == "ARROW" else "="
+        return (str(c[0]), c[-1], binder)
+
+    @v_args(meta=True)
+    def range(self, meta, c):
+        exprs = [x for x in c if not isinstance(x, Token)]
+        return s.Range(tuple(exprs[:-1]), exprs[-1], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def forall(self, meta, c):
+        names, body = c[1]
+        return s.ForAll(tuple(names), body, span=self.sp(meta))
+
+    def forall_tail(self, c):
+        name = str(c[0])
+        rest = c[-1]
+        if isinstance(rest, tuple):
+            return ([name, *rest[0]], rest[1])
+        return ([name], rest)
+
+    @v_args(meta=True)
+    def if_(self, meta, c):
+        return s.If(c[1], c[3], span=self.sp(meta))
+
+    # --- expressions
+    @v_args(meta=True)
+    def name(self, meta, c):
+        return s.Name(str(c[0]), span=self.sp(meta))
+
+    @v_args(meta=True)
+    def number(self, meta, c):
+        return s.Num(str(c[0]), span=self.sp(meta))
+
+    @v_args(meta=True)
+    def inf(self, meta, c):
+        return s.Num("∞", span=self.sp(meta))
+
+    @v_args(meta=True)
+    def binop(self, meta, c):
+        return s.BinOp(_OPS.get(str(c[1]), str(c[1])), c[0], c[2], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def juxt(self, meta, c):
+        return s.BinOp(" ", c[0], c[1], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def compare(self, meta, c):
+        return s.BinOp(_OPS.get(str(c[1]), str(c[1])), c[0], c[2], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def neg(self, meta, c):
+        return s.Unary("−", c[1], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def not_(self, meta, c):
+        return s.Unary("¬", c[1], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def sqrt(self, meta, c):
+        return s.Unary("√", c[-1], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def nabla(self, meta, c):
+        return s.Unary("∇", c[1], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def square(self, meta, c):
+        return s.Power(c[0], s.Num("2"), span=self.sp(meta))
+
+    @v_args(meta=True)
+    def power(self, meta, c):
+        return s.Power(c[0], c[-2] if isinstance(c[-1], Token) else c[-1], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def transpose(self, meta, c):
+        return s.Transpose(c[0], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def index(self, meta, c):
+        return s.Index(c[0], tuple(c[2]), span=self.sp(meta))
+
+    def index_items(self, c):
+        return [x for x in c if not isinstance(x, Token)]
+
+    @v_args(meta=True)
+    def slice_all(self, meta, c):
+        return s.Slice(None, None, span=self.sp(meta))
+
+    @v_args(meta=True)
+    def slice_from(self, meta, c):
+        return s.Slice(c[0], None, span=self.sp(meta))
+
+    @v_args(meta=True)
+    def slice_to(self, meta, c):
+        return s.Slice(None, c[0], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def slice_both(self, meta, c):
+        return s.Slice(c[0], c[1], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def call(self, meta, c):
+        args, params, bar = next((x for x in c if isinstance(x, tuple)), ((), (), False))
+        return s.Call(str(c[0]), args, params, bar, span=self.sp(meta))
+
+    def call_args(self, c):
+        return (tuple(c[0]), (), False)
+
+    def call_args_params(self, c):
+        return (tuple(c[0]), tuple(c[-1]), True)
+
+    def call_params_only(self, c):
+        return ((), tuple(c[-1]), True)
+
+    def args(self, c):
+        return [x for x in c if not isinstance(x, Token)]
+
+    def params(self, c):
+        return [x for x in c if not isinstance(x, Token)]
+
+    @v_args(meta=True)
+    def named_arg(self, meta, c):
+        op = "≡" if str(c[1]) in ("≡", "==") else "="
+        return s.Arg(c[0], c[-1], op, span=self.sp(meta))
+
+    @v_args(meta=True)
+    def iverson(self, meta, c):
+        exprs = [x for x in c if not isinstance(x, Token) or x.type == "CMP"]
+        left, op, right = exprs
+        cond = s.BinOp(_OPS.get(str(op), str(op)), left, right, span=self.sp(meta))
+        return s.Iverson(cond, span=self.sp(meta))
+
+    @v_args(meta=True)
+    def concat(self, meta, c):
+        sep, items = next(x for x in c if isinstance(x, tuple))
+        return s.Concat(items, sep, span=self.sp(meta))
+
+    def col_list(self, c):
+        return (",", tuple(_item(x, self.file) for x in c if not _is_punct(x)))
+
+    def row_list(self, c):
+        return (";", tuple(_item(x, self.file) for x in c if not _is_punct(x)))
+
+    @v_args(meta=True)
+    def sum_range(self, meta, c):
+        parts = [x for x in c if not isinstance(x, Token) or x.type in ("NAME", "NUMBER")]
+        index, lo, hi, body = parts[0], parts[1], parts[2], parts[3]
+        return s.Sum(str(index), lo, self._dim(hi), None, body, span=self.sp(meta))
+
+    @v_args(meta=True)
+    def sum_over(self, meta, c):
+        parts = [x for x in c if not isinstance(x, Token) or x.type == "NAME"]
+        return s.Sum(str(parts[0]), None, None, parts[1], parts[2], span=self.sp(meta))
+
+
+_OPS = {"-": "−", "*": "·", "(.)": "⊙", "<=": "≤", ">=": "≥", "!=": "≠", "==": "≡"}
+
+
+@dataclass
+class _Open:
+    """A statement that opens a block: `for … do`, `while … do`, `For h ∈ [H]:`."""
+
+    stmt: s.For | s.While
+
+
+@dataclass
+class _Where:
+    stmt: s.Stmt
+    where: str
+
+
+def _unwhere(x):
+    return x.stmt if isinstance(x, _Where) else x
+
+
+def _stmt_span(x) -> s.Span:
+    return _unwhere(x).span
+
+
+def _is_punct(x) -> bool:
+    return isinstance(x, Token) and x.type != "ELLIPSIS"
+
+
+def _item(x, file):
+    if isinstance(x, Token):  # an ellipsis
+        return s.Ellipsis_(span=_span(file, x))
+    return x
+
+
+def _note(tok: Token) -> str:
+    return str(tok).lstrip("▷/").strip()
+
+
+def _comment(tok: Token) -> str:
+    return str(tok)[2:-2].strip()
+
+
+def _join(a: str | None, b: str) -> str:
+    return b if not a else f"{a}, {b}"
+
+
+def _first_column(items, meta) -> int:
+    first = items[0]
+    first = first[0] if isinstance(first, list) else first
+    span = getattr(_unwhere(first.stmt) if isinstance(first, _Open) else _unwhere(first), "span", None)
+    return span.col if span and span.line else meta.column
+
+
+def _shift(node, line: int, col_offset: int):
+    """Move a sub-parsed annotation's spans to where it stands in the file."""
+    if isinstance(node, tuple):
+        return tuple(_shift(x, line, col_offset) for x in node)
+    if not hasattr(node, "__dataclass_fields__"):
+        return node
+    changes = {}
+    for name in node.__dataclass_fields__:
+        value = getattr(node, name)
+        if name == "span" and isinstance(value, s.Span) and value.line:
+            changes[name] = s.Span(value.file, line, value.col + col_offset, line,
+                                   value.end_col + col_offset)
+        elif hasattr(value, "__dataclass_fields__") or isinstance(value, tuple):
+            changes[name] = _shift(value, line, col_offset)
+    return replace(node, **changes)
+
+
+# ------------------------------------------------------------------------------ parse errors
+
+_TOKEN_WORDS = {
+    "NAME": "a name", "NUMBER": "a number", "_NL": "end of line", "$END": "end of file",
+    "ARROW": "'←'", "IN": "'∈'", "RPAR": "')'", "RSQB": "']'", "RBRACE": "'}'", "COMMA": "','",
+    "COLON": "':'", "EQUAL": "'='", "LPAR": "'('", "LSQB": "'['", "DO": "'do'", "THEN": "'then'",
+}
+
+
+def _expected(tokens: set[str]) -> str:
+    words = sorted({_TOKEN_WORDS.get(t, "") for t in tokens} - {""})
+    if not words:
+        return ""
+    return "expected " + (", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0])
+
+
+def _syntax_error(err: lark.LarkError, file: str, diags: Diagnostics, text: str) -> None:
+    line = getattr(err, "line", 0) or text.count("\n") + 1
+    col = getattr(err, "column", 0) or 1
+    if isinstance(err, lark.UnexpectedToken):
+        tok = err.token
+        if tok.type == "$END":
+            msg = "unexpected end of file"
+        elif tok.type == "_NL":
+            msg = "unexpected end of line"
+        else:
+            msg = f"unexpected {tok.value!r}"
+        end = col + max(len(str(tok.value).split("\n")[0]), 1)
+        diags.error(s.Span(file, line, col, line, end), msg, hint=_expected(err.expected) or None)
+    elif isinstance(err, lark.UnexpectedCharacters):
+        ch = text.splitlines()[line - 1][col - 1] if line <= len(text.splitlines()) else "?"
+        diags.error(s.Span(file, line, col, line, col + 1), f"unexpected character {ch!r}",
+                    hint=_expected(set(err.allowed or ())) or None)
+    else:
+        diags.error(s.Span(file, line, col, line, col + 1), str(err).splitlines()[0])
+
+
+# ------------------------------------------------------------------------------ layout pass
+
+
+def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None) -> s.CardFile:
+    """Parse a card file. Errors go to ``diags``; the result holds what could be read."""
+    diags = diags if diags is not None else Diagnostics()
+    text = normalize(text)
+    diags.sources[file] = text
+    try:
+        tree = _lark().parse(text, start="start")
+    except lark.LarkError as err:
+        _syntax_error(err, file, diags, text)
+        return s.CardFile(file, ())
+    build = _Build(file, diags)
+    build.source = text
+    lines = build.transform(tree)
+    return s.CardFile(file, tuple(_Layout(file, diags).algorithms(lines)))
+
+
+def parse_file(path: str | Path, diags: Diagnostics) -> s.CardFile:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = "not UTF-8 text" if isinstance(err, UnicodeDecodeError) else (err.strerror or str(err))
+        diags.error(s.Span(str(path), 0, 0, 0, 0), f"cannot read card: {reason}")
+        return s.CardFile(str(path), ())
+    return parse(text, str(path), diags)
+
+
+class _Layout:
+    """Nests the flat lines into algorithms, blocks and step trees."""
+
+    def __init__(self, file: str, diags: Diagnostics):
+        self.file = file
+        self.diags = diags
+
+    def algorithms(self, lines: list[Line]) -> list[s.Algorithm]:
+        groups: list[list[Line]] = []
+        for ln in lines:
+            if ln.kind == "header":
+                groups.append([ln])
+            elif groups:
+                groups[-1].append(ln)
+            elif ln.kind != "comment":
+                self.diags.error(ln.span, "expected 'Algorithm' before this line",
+                                 hint="a card starts with a header such as 'Algorithm: Y ← Name(X | θ)'")
+        return [self.algorithm(g) for g in groups]
+
+    def algorithm(self, group: list[Line]) -> s.Algorithm:
+        head, rest = group[0], group[1:]
+        comments, blocks, presets = [], [], []
+        decl_lines: list[Line] = []
+        current: tuple[str, s.Span, int] | None = None
+        step_lines: list[Line] = []
+
+        def close_block():
+            if current is not None:
+                blocks.append(s.Block(current[0], tuple(self.nest_items(decl_lines, current[2])),
+                                      span=current[1]))
+
+        for ln in rest:
+            if step_lines and ln.kind in ("block", "preset", "comment"):
+                self.diags.error(ln.span, f"a {ln.kind} line cannot follow the steps",
+                                 hint="put Input/Output/Parameters/Preset lines before step 1")
+                continue
+            if ln.kind == "comment":
+                comments.append(ln.payload)
+            elif ln.kind == "block":
+                close_block()
+                kind, items = ln.payload
+                current = (kind, ln.span, -1)
+                decl_lines = [Line("items", ln.span, ln.indent, None, items)] if items else []
+            elif ln.kind == "preset":
+                presets.append(ln.payload)
+            elif current is not None and not step_lines and self.is_declaration(ln):
+                decl_lines.append(ln)
+            else:
+                step_lines.append(ln)
+        close_block()
+        steps = self.nest_steps(step_lines)
+        return replace(head.payload, comments=tuple(comments), blocks=tuple(blocks),
+                       presets=tuple(presets), steps=tuple(steps))
+
+    @staticmethod
+    def is_declaration(ln: Line) -> bool:
+        if ln.kind != "items" or ln.number is not None:
+            return False
+        for item in ln.payload:
+            if isinstance(item, (list, s.Bundle, s.Family)):
+                continue
+            if isinstance(item, s.Assign) and item.op == "=" and isinstance(item.target, s.Name):
+                continue  # a definition such as d = D/H
+            if isinstance(item, _Open) and isinstance(item.stmt, s.For) and item.stmt.style == "block":
+                continue  # For l ∈ [L]: opens a family
+            return False
+        return True
+
+    # --- declarations
+    def nest_items(self, lines: list[Line], parent_indent: int) -> list[s.Item]:
+        """Lines indented under a bundle or family header belong to it."""
+        out: list[s.Item] = []
+        i = 0
+        while i < len(lines):
+            ln = lines[i]
+            j = i + 1
+            while j < len(lines) and lines[j].indent > ln.indent and ln is not lines[0] or (
+                    j < len(lines) and lines[j].indent > ln.indent and _opens(ln)):
+                j += 1
+            items = self.line_items(ln)
+            if _opens(ln):
+                body = self.nest_items(lines[i + 1:j], ln.indent)
+                items[-1] = _fill(items[-1], tuple(body))
+            else:
+                j = i + 1
+            out += items
+            i = j
+        return out
+
+    def line_items(self, ln: Line) -> list[s.Item]:
+        items: list[s.Item] = []
+        for item in ln.payload:
+            if isinstance(item, list):
+                items += item
+            elif isinstance(item, (s.Bundle, s.Family)):
+                items.append(item)
+            elif isinstance(item, s.Assign):
+                items.append(s.Decl((item.target.id,), value=item.value, span=item.span))
+            elif isinstance(item, _Open):
+                f = item.stmt
+                items.append(s.Family(f.var, f.over, (), span=f.span))
+        if ln.note:
+            last = items[-1]
+            if isinstance(last, s.Decl):
+                items[-1] = replace(last, prose=_join(last.prose, ln.note))
+        return items
+
+    # --- steps
+    def nest_steps(self, lines: list[Line]) -> list[s.Step]:
+        root: list[s.Step] = []
+        # the stack holds (open statement, its body, its step, closing style, indent)
+        stack: list[tuple[Any, list[s.Step], Line, int]] = []
+        for ln in lines:
+            while stack and stack[-1][0].style == "block" and ln.indent <= stack[-1][3]:
+                self.close(stack, root)
+            if ln.kind == "end":
+                if not stack or getattr(stack[-1][0], "style", "do") == "block":
+                    self.diags.error(ln.span, "'end' without an open 'for … do' or 'while … do'")
+                    continue
+                self.close(stack, root)
+                continue
+            if ln.kind != "items":
+                continue
+            if len(ln.payload) != 1 or isinstance(ln.payload[0], (list, s.Bundle, s.Family)):
+                self.diags.error(ln.span, "expected one statement on this line",
+                                 hint="declarations belong in the Input/Output/Parameters blocks")
+                continue
+            item = ln.payload[0]
+            if isinstance(item, _Open):
+                stack.append((item.stmt, [], ln, ln.indent))
+                continue
+            stmt, where = (item.stmt, item.where) if isinstance(item, _Where) else (item, None)
+            step = s.Step(stmt, ln.number, ln.annotation, ln.note, where, span=ln.span)
+            (stack[-1][1] if stack else root).append(step)
+        while stack:
+            stmt, _, ln, _ = stack[-1]
+            if getattr(stmt, "style", "do") != "block":
+                self.diags.error(ln.span, f"'{_keyword(stmt)} … do' is never closed by 'end'")
+            self.close(stack, root)
+        return root
+
+    def close(self, stack, root) -> None:
+        stmt, body, ln, _ = stack.pop()
+        stmt = replace(stmt, body=tuple(body))
+        step = s.Step(stmt, ln.number, ln.annotation, ln.note, None, span=ln.span)
+        (stack[-1][1] if stack else root).append(step)
+
+
+def _keyword(stmt) -> str:
+    return "while" if isinstance(stmt, s.While) else "for"
+
+
+def _opens(ln: Line) -> bool:
+    last = ln.payload[-1] if ln.payload else None
+    if isinstance(last, list):
+        return False
+    return isinstance(last, (s.Bundle, s.Family, _Open))
+
+
+def _fill(item, body: tuple) -> s.Item:
+    if isinstance(item, s.Family) and item.items and isinstance(item.items[0], s.Bundle):
+        return replace(item, items=(replace(item.items[0], items=body),))
+    return replace(item, items=body)

@@ -1,0 +1,56 @@
+"""Autoregressive sampling from a trained model."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Extend ``idx`` (int64 ``(B, T)``) by ``max_new_tokens``; temperature 0 is greedy."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if idx.ndim != 2 or idx.shape[1] == 0:
+        raise ValueError(f"idx must have shape (B, T) with T >= 1, got {tuple(idx.shape)}")
+    limit = getattr(model, "max_seq_len", None)
+    was_training = model.training
+    model.eval()
+    try:
+        for _ in range(max_new_tokens):
+            context = idx[:, -limit:] if isinstance(limit, int) and limit > 0 else idx
+            logits = model(context)
+            if isinstance(logits, tuple):  # tolerate models that always return (logits, loss)
+                logits = logits[0]
+            nxt = _pick(logits[:, -1, :].float(), temperature, top_k, generator)
+            idx = torch.cat([idx, nxt.to(idx.device)], dim=1)
+    finally:
+        model.train(was_training)
+    return idx
+
+
+def _pick(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> torch.Tensor:
+    """One next token per row, as a ``(B, 1)`` int64 tensor."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if generator is not None:
+        probs = probs.to(generator.device)  # multinomial needs its generator's device
+    return torch.multinomial(probs, 1, generator=generator)

@@ -1,0 +1,59 @@
+"""Spellings of names: ASCII → canonical Unicode, and canonical → Python identifiers."""
+
+from __future__ import annotations
+
+import keyword
+import re
+import unicodedata
+
+GREEK = {
+    "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "epsilon": "ε", "zeta": "ζ",
+    "eta": "η", "theta": "θ", "iota": "ι", "kappa": "κ", "lambda": "λ", "mu": "μ", "nu": "ν",
+    "xi": "ξ", "pi": "π", "rho": "ρ", "sigma": "σ", "tau": "τ", "upsilon": "υ", "phi": "φ",
+    "chi": "χ", "psi": "ψ", "omega": "ω", "Gamma": "Γ", "Theta": "Θ", "Lambda": "Λ",
+    "Xi": "Ξ", "Pi": "Π", "Phi": "Φ", "Psi": "Ψ", "Omega": "Ω", "ell": "ℓ",
+}
+ASCII_OF = {v: k for k, v in GREEK.items()}
+ASCII_OF.update({"ε": "eps", "ℓ": "l", "ϵ": "eps", "ϑ": "theta", "ϕ": "phi", "𝒩": "Normal"})
+
+HAT, TILDE = "\u0302", "\u0303"
+_RUN = re.compile(r"[A-Za-z]+")
+
+
+def canonical_name(text: str) -> str:
+    """`gamma^1_l` → `γ^1_l`, `X~` → `X̃`, `e^` → `ê`, `t'` → `t′` (decomposed Unicode)."""
+    text = unicodedata.normalize("NFD", text)
+    text = _RUN.sub(lambda m: GREEK.get(m.group(0), m.group(0)), text)
+    text = text.replace("~", TILDE).replace("'", "′")
+    if text.endswith("^"):
+        text = text[:-1] + HAT
+    return re.sub(r"\^(?=[_^])", HAT, text)
+
+
+def display(text: str) -> str:
+    """Composed Unicode for people: Ṽ rather than V + U+0303."""
+    return unicodedata.normalize("NFC", text)
+
+
+def python_name(text: str) -> str:
+    """A readable Python identifier for a card name: `γ^1_l` → `gamma1_l`, `W_e` → `W_e`."""
+    out = []
+    for ch in unicodedata.normalize("NFD", text):
+        if ch == HAT:
+            out.append("_hat")
+        elif ch == TILDE:
+            out.append("_tilde")
+        elif ch == "′":
+            out.append("_prime")
+        elif ch in ASCII_OF:
+            out.append(ASCII_OF[ch])
+        elif ch.isascii() and (ch.isalnum() or ch == "_"):
+            out.append(ch)
+        elif ch == "^":
+            out.append("")
+        else:
+            out.append("_")
+    name = re.sub(r"_+", "_", "".join(out).replace("{", "").replace("}", "")).strip("_") or "v"
+    if name[0].isdigit():
+        name = "v" + name
+    return name + "_" if keyword.iskeyword(name) else name

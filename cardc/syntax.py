@@ -1,0 +1,367 @@
+"""The card AST: plain dataclasses, one per construct of the notation.
+
+Every node carries a source span, excluded from equality, so that
+``parse(render(parse(src))) == parse(src)`` is an ordinary ``==``.
+Identifiers are stored in canonical (Unicode) spelling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Span:
+    file: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+NOWHERE = Span("<none>", 0, 0, 0, 0)
+
+
+def _span() -> Span:
+    return field(default=NOWHERE, compare=False, repr=False, kw_only=True)
+
+
+# ---------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True)
+class Name:
+    id: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Num:
+    text: str  # as written canonically: "1", "0.02", "1e-5", "∞"
+    span: Span = _span()
+
+    @property
+    def value(self) -> float:
+        return float("inf") if self.text == "∞" else float(self.text)
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str  # "+", "−", "·", "⊙", "/", " " (juxtaposition), comparisons
+    left: Expr
+    right: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: str  # "−", "¬", "√", "∇"
+    operand: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Power:
+    base: Expr
+    exponent: Expr  # Num("2") for ², otherwise the braced exponent
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Transpose:
+    operand: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Slice:
+    lo: Expr | None  # None: from the start
+    hi: Expr | None  # None: to the end (inclusive bounds, 1-based)
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Index:
+    base: Expr
+    items: tuple[Expr, ...]  # each an Expr or a Slice
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A call parameter bound by name: ``Mask[t, t′] = [[t ≤ t′]]``, ``ε = ε``."""
+
+    target: Expr
+    value: Expr
+    op: str = "="  # "=" or "≡"
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Call:
+    func: str
+    args: tuple[Expr, ...]
+    params: tuple[Expr, ...] = ()  # Exprs or Args after "|"
+    bar: bool = False  # whether "|" was written
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Ellipsis_:
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Concat:
+    items: tuple[Expr, ...]  # may contain Ellipsis_
+    sep: str = ","  # "," column concatenation, ";" row stacking
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Iverson:
+    cond: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Sum:
+    index: str
+    lo: Expr | None  # Σ_{i=lo}^{hi}
+    hi: Expr | None
+    over: Expr | None  # Σ_{i∈over}
+    body: Expr
+    span: Span = _span()
+
+
+Expr = Union[Name, Num, BinOp, Unary, Power, Transpose, Slice, Index, Arg, Call,
+             Ellipsis_, Concat, Iverson, Sum]
+
+# ---------------------------------------------------------------------- types
+
+
+@dataclass(frozen=True)
+class Scalar:
+    set: str  # "ℕ" or "ℝ"
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Interval:
+    lo: Expr
+    hi: Expr
+    lo_closed: bool = False
+    hi_closed: bool = False
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Bits:
+    """The set {0,1} (masks)."""
+
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class IntRange:
+    """{lo..hi}: token IDs."""
+
+    lo: Expr
+    hi: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Finite:
+    """[N] = {1, …, N}."""
+
+    size: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """V*: sequences over a vocabulary."""
+
+    of: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """elem^{d1×d2×…}."""
+
+    elem: Type
+    dims: tuple[Expr, ...]
+    span: Span = _span()
+
+
+Type = Union[Scalar, Interval, Bits, IntRange, Finite, Sequences, Tensor]
+
+# ---------------------------------------------------------------- declarations
+
+
+@dataclass(frozen=True)
+class Decl:
+    """``names ∈ type [= value] [~ init], prose`` or ``name = value`` or ``name, prose``.
+
+    A name declared by prose alone is a parameter bundle whose contents are inferred from
+    the card it is passed to.
+    """
+
+    names: tuple[str, ...]
+    type: Type | None = None
+    value: Expr | None = None  # a default, a definition or an initial value
+    init: Expr | None = None  # a distribution after "~"
+    prose: str | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """``W consisting of:`` followed by an indented list."""
+
+    name: str
+    items: tuple[Item, ...]
+    prose: str | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Family:
+    """``For l ∈ [L]:`` followed by an indented list; ``For h ∈ [H], W^h consisting of:``."""
+
+    index: str
+    over: Expr
+    items: tuple[Item, ...]
+    span: Span = _span()
+
+
+Item = Union[Decl, Bundle, Family]
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str  # "Input", "Output", "Hyperparameters", "Parameters"
+    items: tuple[Item, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    values: tuple[tuple[str, Expr], ...]
+    prose: str | None = None
+    span: Span = _span()
+
+
+# ------------------------------------------------------------------ statements
+
+
+@dataclass(frozen=True)
+class Assign:
+    target: Expr
+    value: Expr
+    op: str = "←"  # "←" assignment or "=" binding
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Return:
+    value: Expr
+    name: str | None = None  # return Ṽ = …
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Range:
+    """``1, 2, …, L``: the explicitly written leading terms and the last one."""
+
+    first: tuple[Expr, ...]
+    last: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class For:
+    var: str
+    over: Expr | Range  # a set ([ℓ]) or a range
+    body: tuple[Step, ...]
+    style: str = "do"  # "do" (… end), "map" (one line "for t ∈ [ℓ] : s"), "block" (indented)
+    binder: str = "∈"  # "∈", "=" or "←"
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class ForAll:
+    vars: tuple[str, ...]
+    body: Stmt
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class If:
+    cond: Expr
+    then: Stmt
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class While:
+    cond: Expr
+    body: tuple[Step, ...]
+    span: Span = _span()
+
+
+Stmt = Union[Assign, Return, For, ForAll, If, While]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One numbered line of an algorithm (a loop's body holds further steps)."""
+
+    stmt: Stmt
+    number: str | None = None
+    annotation: Decl | None = None  # ▷ X ∈ ℝ^{…} or [[X ∈ ℝ^{…}]]: checked
+    note: str | None = None  # ▷ free text
+    where: str | None = None  # ", where …" prose
+    span: Span = _span()
+
+
+# ------------------------------------------------------------------ algorithms
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str | None  # None for a titled algorithm without a signature
+    number: str | None = None
+    outputs: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+    title: str | None = None
+    note: str | None = None
+    comments: tuple[str, ...] = ()
+    blocks: tuple[Block, ...] = ()
+    presets: tuple[Preset, ...] = ()
+    steps: tuple[Step, ...] = ()
+    span: Span = _span()
+
+    def decls(self, kind: str) -> tuple[Item, ...]:
+        return tuple(item for b in self.blocks if b.kind == kind for item in b.items)
+
+
+@dataclass(frozen=True)
+class CardFile:
+    path: str
+    algorithms: tuple[Algorithm, ...]
+    span: Span = field(default=NOWHERE, compare=False, repr=False)
+
+    def __eq__(self, other: object) -> bool:  # the path is where it came from, not what it says
+        return isinstance(other, CardFile) and self.algorithms == other.algorithms
+
+    def __hash__(self) -> int:
+        return hash(self.algorithms)
