@@ -122,9 +122,9 @@ class _Build(Transformer):
 
     @v_args(meta=True)
     def preset_line(self, meta, c):
-        values = tuple(c[1])
+        values = tuple(c[2])
         tail = c[-1]
-        preset = s.Preset(str(c[0]), values, tail.get("note"), span=self.sp(meta))
+        preset = s.Preset(str(c[1]), values, tail.get("note"), span=self.sp(meta))
         return self._line("preset", meta, None, preset, {}, column=meta.column)
 
     def preset_values(self, c):
@@ -566,6 +566,9 @@ _TOKEN_WORDS = {
 }
 
 
+_GREEDY = {"TITLE", "PROSE", "WHERE", "NOTE", "ANNOT", "COMMENT"}
+
+
 def _expected(tokens: set[str]) -> str:
     words = sorted({_TOKEN_WORDS.get(t, "") for t in tokens} - {""})
     if not words:
@@ -583,7 +586,11 @@ def _syntax_error(err: lark.LarkError, file: str, diags: Diagnostics, text: str)
         elif tok.type == "_NL":
             msg = "unexpected end of line"
         else:
-            msg = f"unexpected {tok.value!r}"
+            text = str(tok.value).split("\n")[0]
+            if tok.type in _GREEDY:  # a fallback lexer grabbed the rest of the line: show a word
+                text = re.match(r"\w+|\S", text.lstrip()).group(0)
+            msg = f"unexpected {text!r}"
+            tok = tok.update(value=text)
         end = col + max(len(str(tok.value).split("\n")[0]), 1)
         diags.error(s.Span(file, line, col, line, end), msg, hint=_expected(err.expected) or None)
     elif isinstance(err, lark.UnexpectedCharacters):

@@ -8,7 +8,6 @@ Identifiers are stored in canonical (Unicode) spelling.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 
 @dataclass(frozen=True)
@@ -138,8 +137,7 @@ class Sum:
     span: Span = _span()
 
 
-Expr = Union[Name, Num, BinOp, Unary, Power, Transpose, Slice, Index, Arg, Call,
-             Ellipsis_, Concat, Iverson, Sum]
+Expr = Name | Num | BinOp | Unary | Power | Transpose | Slice | Index | Arg | Call | Ellipsis_ | Concat | Iverson | Sum
 
 # ---------------------------------------------------------------------- types
 
@@ -200,7 +198,7 @@ class Tensor:
     span: Span = _span()
 
 
-Type = Union[Scalar, Interval, Bits, IntRange, Finite, Sequences, Tensor]
+Type = Scalar | Interval | Bits | IntRange | Finite | Sequences | Tensor
 
 # ---------------------------------------------------------------- declarations
 
@@ -241,7 +239,7 @@ class Family:
     span: Span = _span()
 
 
-Item = Union[Decl, Bundle, Family]
+Item = Decl | Bundle | Family
 
 
 @dataclass(frozen=True)
@@ -317,7 +315,7 @@ class While:
     span: Span = _span()
 
 
-Stmt = Union[Assign, Return, For, ForAll, If, While]
+Stmt = Assign | Return | For | ForAll | If | While
 
 
 @dataclass(frozen=True)

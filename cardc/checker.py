@@ -1,0 +1,965 @@
+"""Name resolution and shape checking with symbolic dimensions.
+
+Each card is checked in its own symbols. A call unifies the callee's declared shapes with the
+caller's, rewrites the callee's output and parameters in the caller's symbols, and lets a
+callee's input of shape ℝ^{D} take an ℝ^{T×D} argument row by row (row lifting).
+Errors are collected as diagnostics; checking goes on after each one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+from . import syntax as s
+from .diagnostics import Diagnostics
+from .dims import ONE, Dim
+from .library import Library
+from .spelling import display
+from .types import BundleTy, Entry, FamilyTy, Ty, subst_dim, substitute
+
+ELEMENTWISE = {"GELU", "GELU_tanh", "ReLU", "SiLU", "σ", "exp", "log", "tanh"}
+REDUCING = {"mean", "var", "max"}
+BUILTINS = ELEMENTWISE | REDUCING | {"softmax", "length"}
+SCALAR = Ty()
+
+
+@dataclass
+class Signature:
+    """A card as its callers see it, in the card's own symbols."""
+
+    alg: s.Algorithm
+    inputs: list[tuple[str, Ty]]
+    output: Ty | None
+    params: list[tuple[str, Entry]]  # in header order; hyperparameters may appear here too
+    hypers: dict[str, Ty]  # ℕ hyperparameters carry value = their symbol
+    defaults: dict[str, s.Expr]
+    definitions: dict[str, Dim]
+    tree: BundleTy  # every parameter, for counting and code generation
+    layout: str | None  # "row", "column" or None when the card does not say
+
+
+@dataclass
+class CardInfo:
+    """What checking a card found out: types of expressions, the signature, call bindings."""
+
+    sig: Signature
+    types: dict[int, Ty | Entry] = field(default_factory=dict)
+    calls: dict[int, CallInfo] = field(default_factory=dict)
+
+
+@dataclass
+class CallInfo:
+    callee: s.Algorithm
+    bind: dict[str, Dim]
+    lift: tuple[Dim, ...]  # leading dimensions the call is mapped over
+    params: dict[str, s.Expr]  # callee parameter name → caller expression
+    hypers: dict[str, s.Expr]  # callee hyperparameter → caller expression (or a mask rule)
+
+
+class CheckError(Exception):
+    """Internal: abandons one expression after its diagnostic was recorded."""
+
+
+class Checker:
+    def __init__(self, lib: Library, diags: Diagnostics | None = None):
+        self.lib = lib
+        self.diags = diags if diags is not None else lib.diags
+        self.infos: dict[int, CardInfo] = {}
+        self._active: set[int] = set()
+
+    # ------------------------------------------------------------------ cards
+    def check_all(self) -> Diagnostics:
+        for _, alg in self.lib.algorithms():
+            self.info(alg)
+        return self.diags
+
+    def info(self, alg: s.Algorithm) -> CardInfo:
+        key = id(alg)
+        if key in self.infos:
+            return self.infos[key]
+        if key in self._active:
+            self.diags.error(alg.span, f"'{alg.name}' calls itself")
+            raise CheckError
+        self._active.add(key)
+        try:
+            sig = self.signature(alg)
+            info = CardInfo(sig)
+            self.infos[key] = info
+            _Body(self, alg, info).run()
+            return info
+        finally:
+            self._active.discard(key)
+
+    def signature(self, alg: s.Algorithm) -> Signature:
+        env = _DeclEnv(self, alg)
+        for kind in ("Hyperparameters", "Input", "Output", "Parameters"):
+            for item in alg.decls(kind):
+                env.declare(kind, item)
+        env.declare_implicit_dims()
+        inputs = []
+        for name in alg.args:
+            if name not in env.inputs:
+                self.diags.error(alg.span, f"argument '{display(name)}' is not declared in Input")
+            inputs.append((name, env.inputs.get(name, SCALAR)))
+        outs = [env.outputs.get(o) for o in alg.outputs]
+        params = []
+        for name in alg.params:
+            entry = env.params.members.get(name) or env.hypers.get(name)
+            if entry is None:
+                self.diags.error(alg.span, f"parameter '{display(name)}' is not declared",
+                                 hint="declare it under Parameters: or Hyperparameters:")
+                entry = SCALAR
+            params.append((name, entry))
+        return Signature(alg, inputs, outs[0] if outs else None, params, env.hypers,
+                         env.defaults, env.definitions, env.params, _layout(alg, env))
+
+
+# ------------------------------------------------------------------ declarations
+
+
+class _DeclEnv:
+    def __init__(self, checker: Checker, alg: s.Algorithm):
+        self.c = checker
+        self.alg = alg
+        self.hypers: dict[str, Ty] = {}
+        self.defaults: dict[str, s.Expr] = {}
+        self.definitions: dict[str, Dim] = {}
+        self.inputs: dict[str, Ty] = {}
+        self.outputs: dict[str, Ty] = {}
+        self.params = BundleTy()
+
+    def error(self, span, msg, hint=None):
+        self.c.diags.error(span, msg, hint)
+
+    def declare(self, kind: str, item: s.Item) -> None:
+        if kind == "Parameters":
+            self.params.members.update(self.param_entries(item, {}))
+            return
+        if not isinstance(item, s.Decl):
+            self.error(item.span, f"bundles belong under Parameters, not {kind}")
+            return
+        for name in item.names:
+            ty = self.decl_type(item)
+            if kind == "Hyperparameters":
+                self.hyper(name, item, ty)
+            elif kind == "Input":
+                self.inputs[name] = ty
+            else:
+                self.outputs[name] = ty
+
+    def declare_implicit_dims(self) -> None:
+        """Symbols used in declared shapes are dimensions of the card even when undeclared."""
+        entries = [*self.inputs.values(), *self.outputs.values(), *_members(self.params).values()]
+        for entry in entries:
+            ty = entry.entry if isinstance(entry, FamilyTy) else entry
+            if isinstance(entry, FamilyTy):
+                self.implicit(entry.over)
+            if isinstance(ty, Ty):
+                for d in ty.shape:
+                    if d is not None:
+                        self.implicit(d)
+
+    def implicit(self, d: Dim) -> None:
+        for sym in d.symbols:
+            if sym not in self.hypers and not sym.startswith("|"):
+                self.hypers[sym] = Ty(elem="ℕ", value=Dim.sym(sym))
+
+    def hyper(self, name: str, item: s.Decl, ty: Ty) -> None:
+        if item.value is not None and item.type is None:
+            dim = self.dim(item.value) if _is_integral_expr(item.value) else None
+            if dim is not None:
+                self.definitions[name] = dim
+                self.hypers[name] = Ty(elem="ℕ", value=dim)
+                return
+            self.defaults[name] = item.value
+            self.hypers[name] = Ty()
+            return
+        if item.value is not None:
+            self.defaults[name] = item.value
+        if ty.elem == "ℕ" and not ty.shape:
+            ty = Ty(elem="ℕ", value=Dim.sym(name))
+        self.hypers[name] = ty
+
+    def param_entries(self, item: s.Item, outer: dict[str, str]) -> dict[str, Entry]:
+        if isinstance(item, s.Bundle):
+            members: dict[str, Entry] = {}
+            for sub in item.items:
+                members.update(self.param_entries(sub, outer))
+            return {item.name: BundleTy(members)}
+        if isinstance(item, s.Family):
+            over = self.range_dim(item.over)
+            out: dict[str, Entry] = {}
+            for sub in item.items:
+                for name, entry in self.param_entries(sub, outer).items():
+                    out[name] = FamilyTy(item.index, over or ONE, entry)
+            return out
+        out = {}
+        for name in item.names:
+            if item.type is None and item.value is None:
+                out[name] = BundleTy()  # structure comes from the card it is passed to
+            else:
+                out[name] = replace(self.decl_type(item), init=item.value, init_dist=item.init)
+        return out
+
+    def range_dim(self, expr: s.Expr) -> Dim | None:
+        if isinstance(expr, s.Concat) and len(expr.items) == 1:
+            return self.dim(expr.items[0])
+        self.error(expr.span, "expected a range such as [N]")
+        return None
+
+    def decl_type(self, d: s.Decl) -> Ty:
+        t = d.type
+        if t is None:
+            return Ty()
+        if isinstance(t, s.Tensor):
+            dims = tuple(self.dim(x) or Dim.sym("?") for x in t.dims)
+            return Ty(dims, _elem(t.elem))
+        if isinstance(t, s.Sequences):
+            return Ty((Dim.sym(f"|{d.names[0]}|"),), "ℕ")
+        return Ty((), _elem(t))
+
+    def dim(self, expr: s.Expr) -> Dim | None:
+        """A dimension expression in this card's hyperparameters (definitions substituted)."""
+        return _dim(expr, self.definitions, self.c.diags)
+
+
+def _elem(t: s.Type) -> str:
+    if isinstance(t, s.Bits):
+        return "𝔹"
+    if isinstance(t, (s.IntRange, s.Finite)) or (isinstance(t, s.Scalar) and t.set == "ℕ"):
+        return "ℕ"
+    return "ℝ"
+
+
+def _is_integral_expr(e: s.Expr) -> bool:
+    if isinstance(e, s.Num):
+        return e.text.isdigit()
+    if isinstance(e, s.Name):
+        return True
+    if isinstance(e, s.BinOp):
+        return e.op in "+−/· " and _is_integral_expr(e.left) and _is_integral_expr(e.right)
+    return False
+
+
+def _dim(expr: s.Expr, definitions: dict[str, Dim], diags: Diagnostics | None,
+         values: dict[str, Dim] | None = None) -> Dim | None:
+    def go(e: s.Expr) -> Dim:
+        if isinstance(e, s.Num) and e.text.isdigit():
+            return Dim.const(int(e.text))
+        if isinstance(e, s.Name):
+            if values and e.id in values:
+                return values[e.id]
+            return definitions.get(e.id, Dim.sym(e.id))
+        if isinstance(e, s.BinOp) and e.op in ("+", "−", "·", " ", "/"):
+            a, b = go(e.left), go(e.right)
+            if e.op == "+":
+                return a + b
+            if e.op == "−":
+                return a - b
+            if e.op == "/":
+                q = a / b
+                if q is None:
+                    raise CheckError
+                return q
+            return a * b
+        if isinstance(e, s.Call) and e.func == "length" and len(e.args) == 1:
+            arg = e.args[0]
+            return Dim.sym(f"|{arg.id}|") if isinstance(arg, s.Name) else Dim.sym("|?|")
+        raise CheckError
+
+    try:
+        return go(expr)
+    except CheckError:
+        if diags is not None:
+            diags.error(expr.span, "expected a dimension: a whole number or a product or sum of hyperparameters")
+        return None
+
+
+def _layout(alg: s.Algorithm, env: _DeclEnv) -> str | None:
+    """Row-major cards multiply parameters from the right (X W), column-major from the left."""
+    params = set(_flat_names(env.params))
+    found: set[str] = set()
+
+    def visit(e):
+        if isinstance(e, s.BinOp):
+            if e.op in (" ", "·"):
+                left, right = _root_name(e.left), _root_name(e.right)
+                if left in params and right not in params:
+                    found.add("column")
+                elif right in params and left not in params:
+                    found.add("row")
+            visit(e.left)
+            visit(e.right)
+        elif hasattr(e, "__dataclass_fields__"):
+            for name in e.__dataclass_fields__:
+                value = getattr(e, name)
+                for v in value if isinstance(value, tuple) else (value,):
+                    if hasattr(v, "__dataclass_fields__"):
+                        visit(v)
+
+    for step in alg.steps:
+        visit(step)
+    return found.pop() if len(found) == 1 else None
+
+
+def _root_name(e: s.Expr) -> str | None:
+    while isinstance(e, (s.Transpose, s.Index)):
+        e = e.operand if isinstance(e, s.Transpose) else e.base
+    return e.id if isinstance(e, s.Name) else None
+
+
+def _flat_names(b: BundleTy) -> list[str]:
+    out = []
+    for name, entry in b.members.items():
+        out.append(name)
+        inner = entry.entry if isinstance(entry, FamilyTy) else entry
+        if isinstance(inner, BundleTy):
+            out += _flat_names(inner)
+    return out
+
+
+# ------------------------------------------------------------------ names with indices
+
+_DECOR = re.compile(r"([_^])(\{[^{}]*\}|[^_^{}]+)")
+
+
+def split_name(name: str) -> tuple[str, list[tuple[str, str]]]:
+    m = re.match(r"[^_^]+", name)
+    base = m.group(0) if m else ""
+    decor = [(k, v.strip("{}")) for k, v in _DECOR.findall(name[len(base):])]
+    return base, decor
+
+
+def instance(pattern: str, var: str, name: str) -> str | None:
+    """The index text of `name` as an instance of family `pattern` over `var` (e_t, e_ℓ → ℓ)."""
+    pb, pd = split_name(pattern)
+    nb, nd = split_name(name)
+    if pb != nb or len(pd) != len(nd) or not any(v == var for _, v in pd):
+        return None
+    found = None
+    for (pk, pv), (nk, nv) in zip(pd, nd, strict=False):
+        if pk != nk:
+            return None
+        if pv == var:
+            if found is not None and found != nv:
+                return None
+            found = nv
+        elif pv != nv:
+            return None
+    return found
+
+
+# ------------------------------------------------------------------ steps and expressions
+
+
+class _Body:
+    """Checks the steps of one card."""
+
+    def __init__(self, checker: Checker, alg: s.Algorithm, info: CardInfo):
+        self.c = checker
+        self.alg = alg
+        self.info = info
+        self.sig = info.sig
+        self.file = checker.lib.file_of(alg)
+        self.scopes: list[dict[str, Entry]] = [self.base_scope()]
+        self.loop_vars: dict[str, Dim] = {}
+        self.families: dict[str, tuple[str, Dim, Ty]] = {}  # e_t defined in a loop over t
+        self.solved: dict[str, Dim] = {}  # inference variables of callees' free dimensions
+        self.returned = False
+
+    def base_scope(self) -> dict[str, Entry]:
+        env = _DeclEnv(self.c, self.alg)
+        for kind in ("Hyperparameters", "Input", "Parameters"):
+            for item in self.alg.decls(kind):
+                env.declare(kind, item) if kind != "Hyperparameters" else None
+        scope: dict[str, Entry] = dict(self.sig.hypers)
+        scope.update({n: t for n, t in self.sig.inputs})
+        scope.update(self.sig.tree.members)
+        for _name, entry in self.sig.tree.members.items():
+            if isinstance(entry, BundleTy):  # members of a bundle are in scope by their names
+                scope.update(_members(entry))
+        return scope
+
+    def error(self, span, msg, hint=None, notes=()):
+        self.c.diags.error(span, msg, hint, notes)
+
+    def run(self) -> None:
+        for step in self.alg.steps:
+            self.step(step)
+        if self.solved:
+            solved = substitute(self.sig.tree, self.solved)
+            self.sig.tree.members.update(solved.members)
+        if self.alg.name and self.alg.outputs and not self.returned:
+            self.error(self.alg.span, f"'{self.alg.name}' never returns its output",
+                       hint="end the card with 'return …'")
+
+    # --- scopes
+    def lookup(self, name: str, span: s.Span) -> Entry:
+        for scope in reversed(self.scopes):
+            if name in scope:
+                return self.enter_family(scope[name], name, span)
+        for pattern, (var, _over, ty) in self.families.items():
+            idx = instance(pattern, var, name)
+            if idx is not None:
+                return ty
+        for scope in reversed(self.scopes):
+            for key, entry in scope.items():
+                if isinstance(entry, FamilyTy) and instance(key, entry.var, name) is not None:
+                    return entry.entry
+        hint = _suggest(name, [k for sc in self.scopes for k in sc])
+        self.error(span, f"unknown name '{display(name)}'", hint)
+        raise CheckError
+
+    def enter_family(self, entry: Entry, name: str, span: s.Span) -> Entry:
+        if isinstance(entry, FamilyTy):
+            if entry.var not in self.loop_vars:
+                self.error(span, f"'{display(name)}' is indexed by '{display(entry.var)}', "
+                                 "which no enclosing loop binds",
+                           hint=f"use it inside 'for {display(entry.var)} ∈ …'")
+                raise CheckError
+            return entry.entry
+        return entry
+
+    def bind(self, name: str, entry: Entry) -> None:
+        self.scopes[-1][name] = entry
+
+    # --- steps
+    def step(self, step: s.Step) -> None:
+        try:
+            ty = self.stmt(step.stmt)
+        except CheckError:
+            return
+        if step.annotation is not None and isinstance(ty, Ty) and step.annotation.type is not None:
+            want = _DeclEnv(self.c, self.alg)
+            want.definitions = self.sig.definitions
+            declared = want.decl_type(step.annotation)
+            if not same_shape(declared, ty):
+                self.error(step.annotation.span,
+                           f"annotation says {declared} but the value is {ty}")
+
+    def stmt(self, st: s.Stmt) -> Ty | None:
+        return getattr(self, "stmt_" + type(st).__name__.lower())(st)
+
+    def stmt_assign(self, st: s.Assign) -> Ty | None:
+        value = self.expr(st.value)
+        target = st.target
+        if isinstance(target, s.Name):
+            self.assign_name(target.id, value)
+            return value
+        if isinstance(target, s.Index) and isinstance(target.base, s.Name):
+            return self.assign_indexed(target, value)
+        if isinstance(target, s.Call):  # loss(θ) = …: a function of the parameters
+            self.bind(target.func, value)
+            return value
+        self.error(target.span, "cannot assign to this expression")
+        raise CheckError
+
+    def assign_name(self, name: str, value: Ty) -> None:
+        for var in self.loop_vars:
+            if any(v == var for _, v in split_name(name)[1]):
+                self.families[name] = (var, self.loop_vars[var], value)
+                return
+        self.bind(name, value)
+
+    def assign_indexed(self, target: s.Index, value: Ty) -> Ty:
+        name = target.base.id
+        existing = self.try_lookup(name)
+        if existing is None:  # X̃[:, t] ← v inside a loop over t builds X̃ column by column
+            shape: list[Dim | None] = []
+            rest = list(value.shape)
+            for item in target.items:
+                if isinstance(item, s.Slice):
+                    shape.append(rest.pop(0) if rest else None)
+                elif isinstance(item, s.Name) and item.id in self.loop_vars:
+                    shape.append(self.loop_vars[item.id])
+                else:
+                    self.error(item.span, "cannot infer the size of this axis")
+                    raise CheckError
+            ty = Ty(tuple(shape) + tuple(rest), value.elem)
+            self.bind(name, ty)
+            self.info.types[id(target)] = ty
+            return ty
+        got = self.index(existing, target)
+        if not broadcastable(value, got):
+            self.error(target.span, f"cannot store {value} into {got}")
+        return got
+
+    def try_lookup(self, name: str) -> Entry | None:
+        for scope in reversed(self.scopes):
+            if name in scope:
+                return scope[name]
+        return None
+
+    def stmt_return(self, st: s.Return) -> Ty:
+        self.returned = True
+        value = self.expr(st.value)
+        out = self.sig.output
+        if st.name and self.alg.outputs and st.name not in self.alg.outputs:
+            self.error(st.span, f"returns '{display(st.name)}' but the header promises "
+                                f"'{display(self.alg.outputs[0])}'")
+        if out is not None and isinstance(value, Ty) and not same_shape(out, value):
+            self.error(st.value.span, f"returns {value} but Output declares {out}",
+                       hint="the returned value must have the declared output shape")
+        return value
+
+    def stmt_for(self, st: s.For) -> None:
+        over = self.dim_of(st.over.last) if isinstance(st.over, s.Range) else self.set_size(st.over)
+        self.loop_vars[st.var] = over
+        self.scopes.append({st.var: Ty(elem="ℕ", value=Dim.sym(st.var))})
+        for step in st.body:
+            self.step(step)
+        inner = self.scopes.pop()
+        self.loop_vars.pop(st.var, None)
+        for name, entry in inner.items():  # a loop's assignments are visible after it
+            if name != st.var:
+                self.bind(name, entry)
+
+    def stmt_forall(self, st: s.ForAll) -> None:
+        self.scopes.append({v: Ty(elem="ℕ") for v in st.vars})
+        try:
+            self.stmt(st.body)
+        finally:
+            self.scopes.pop()
+
+    def stmt_if(self, st: s.If) -> None:
+        cond = self.expr(st.cond)
+        if cond.shape:
+            self.error(st.cond.span, f"a condition must be a single truth value, not {cond}")
+        self.stmt(st.then)
+
+    def stmt_while(self, st: s.While) -> None:
+        self.expr(st.cond)
+        for step in st.body:
+            self.step(step)
+
+    def set_size(self, e: s.Expr) -> Dim:
+        if isinstance(e, s.Concat) and len(e.items) == 1:
+            return self.dim_of(e.items[0])
+        self.error(e.span, "expected a set such as [ℓ]")
+        raise CheckError
+
+    def dim_of(self, e: s.Expr) -> Dim:
+        values = {}
+        for scope in self.scopes:
+            for k, v in scope.items():
+                if isinstance(v, Ty) and v.value is not None:
+                    values[k] = v.value
+        d = _dim(e, self.sig.definitions, self.c.diags, values)
+        if d is None:
+            raise CheckError
+        return d
+
+    # --- expressions
+    def expr(self, e: s.Expr) -> Ty:
+        ty = getattr(self, "expr_" + type(e).__name__.lower())(e)
+        self.info.types[id(e)] = ty
+        return ty
+
+    def tensor(self, e: s.Expr) -> Ty:
+        ty = self.expr(e)
+        if not isinstance(ty, Ty):
+            self.error(e.span, f"'{_text(e)}' is {ty}, not a tensor")
+            raise CheckError
+        return substitute(ty, self.solved) if self.solved else ty
+
+    def solve(self, a: tuple, b: tuple) -> bool:
+        """Bind inference variables (?d_out) so that two shapes agree; False if they cannot."""
+        if len(a) != len(b):
+            return False
+        for x, y in zip(a, b, strict=False):
+            for u, v in ((x, y), (y, x)):
+                if u is not None and v is not None and u != v and _is_var(u):
+                    self.solved[next(iter(u.symbols))] = v
+                    break
+        return True
+
+    def expr_name(self, e: s.Name) -> Ty:
+        entry = self.lookup(e.id, e.span)
+        return entry
+
+    def expr_num(self, e: s.Num) -> Ty:
+        if e.text.isdigit():
+            return Ty(elem="ℕ", value=Dim.const(int(e.text)))
+        return Ty()
+
+    def expr_binop(self, e: s.BinOp) -> Ty:
+        if e.op in ("≤", "<", "≥", ">", "≠", "=", "≡"):
+            self.tensor(e.left)
+            self.tensor(e.right)
+            return Ty(elem="𝔹")
+        if e.op == " " and isinstance(e.left, s.Name) and e.left.id in BUILTINS \
+                and self.try_lookup(e.left.id) is None:
+            return self.apply_builtin(e.left.id, [self.tensor(e.right)], e)
+        a, b = self.tensor(e.left), self.tensor(e.right)
+        if e.op in ("+", "−", "⊙"):
+            return self.broadcast(a, b, e)
+        if e.op == "/":
+            if b.shape and not broadcastable(b, a):
+                self.error(e.span, f"cannot divide {a} by {b}")
+                raise CheckError
+            return Ty(a.shape, "ℝ")
+        return self.product(a, b, e)
+
+    def broadcast(self, a: Ty, b: Ty, e: s.BinOp) -> Ty:
+        shape = broadcast_shape(a.shape, b.shape)
+        if shape is None and self.solve(a.shape, b.shape):
+            a, b = substitute(a, self.solved), substitute(b, self.solved)
+            shape = broadcast_shape(a.shape, b.shape)
+        if shape is None:
+            word = {"+": "add", "−": "subtract", "⊙": "multiply element-wise"}[e.op]
+            self.error(e.span, f"cannot {word} {a} and {b}",
+                       hint="shapes must match, or one must be a scalar or a trailing part of the other")
+            raise CheckError
+        elem = "ℝ" if "ℝ" in (a.elem, b.elem) else a.elem
+        value = None
+        if a.value is not None and b.value is not None and not shape:
+            value = a.value + b.value if e.op == "+" else a.value - b.value if e.op == "−" else None
+        return Ty(shape, elem, value)
+
+    def product(self, a: Ty, b: Ty, e: s.BinOp) -> Ty:
+        """Juxtaposition and `·`: scaling, matrix–matrix, matrix–vector, outer products."""
+        if not a.shape or not b.shape:
+            value = a.value * b.value if a.value is not None and b.value is not None else None
+            return Ty(a.shape or b.shape, "ℝ" if "ℝ" in (a.elem, b.elem) else a.elem, value)
+        if a.rank == 1 and b.rank == 2 and b.shape[0] == ONE:  # b 1^⊺: an outer product
+            return Ty((a.shape[0], b.shape[1]))
+        inner_a = a.shape[-1]
+        inner_b = b.shape[0] if b.rank <= 2 else b.shape[-2]
+        if not dims_equal(inner_a, inner_b):
+            self.error(e.span, f"cannot multiply {a} by {b}: inner dimensions "
+                               f"{_d(inner_a)} and {_d(inner_b)} differ",
+                       hint=_product_hint(e, a, b))
+            raise CheckError
+        shape = a.shape[:-1] + (b.shape[1:] if b.rank <= 2 else b.shape[:-2] + b.shape[-1:])
+        return Ty(shape)
+
+    def expr_unary(self, e: s.Unary) -> Ty:
+        ty = self.tensor(e.operand)
+        if e.op == "¬":
+            return Ty(ty.shape, "𝔹")
+        if e.op == "∇":
+            return ty
+        value = -ty.value if e.op == "−" and ty.value is not None else None
+        return Ty(ty.shape, "ℝ" if e.op == "√" else ty.elem, value)
+
+    def expr_power(self, e: s.Power) -> Ty:
+        ty = self.tensor(e.base)
+        self.tensor(e.exponent)
+        return Ty(ty.shape)
+
+    def expr_transpose(self, e: s.Transpose) -> Ty:
+        ty = self.tensor(e.operand)
+        if isinstance(e.operand, s.Num) and e.operand.text == "1":
+            return Ty((ONE, None))  # 1^⊺: a row of ones as long as its partner needs
+        if ty.rank == 1:
+            return Ty((ONE, ty.shape[0]), ty.elem)
+        if ty.rank != 2:
+            self.error(e.span, f"cannot transpose {ty}: only matrices and vectors")
+            raise CheckError
+        return Ty((ty.shape[1], ty.shape[0]), ty.elem)
+
+    def expr_index(self, e: s.Index) -> Ty:
+        return self.index(self.tensor(e.base), e)
+
+    def index(self, base: Ty, e: s.Index) -> Ty:
+        if len(e.items) > base.rank:
+            self.error(e.span, f"{len(e.items)} indices into {base}, which has {base.rank} axes")
+            raise CheckError
+        shape: list[Dim | None] = []
+        for axis, item in enumerate(e.items):
+            size = base.shape[axis]
+            if isinstance(item, s.Slice):
+                if item.lo is None and item.hi is None:
+                    shape.append(size)
+                    continue
+                lo = self.dim_of(item.lo) if item.lo is not None else ONE
+                hi = self.dim_of(item.hi) if item.hi is not None else size
+                shape.append(hi - lo + ONE)
+                continue
+            ity = self.tensor(item)
+            if ity.elem not in ("ℕ", "𝔹") and not isinstance(item, s.Name):
+                self.error(item.span, f"an index must be a whole number, not {ity}")
+            shape += list(ity.shape)  # a vector of token IDs gathers rows
+        return Ty(tuple(shape) + base.shape[len(e.items):], base.elem)
+
+    def expr_concat(self, e: s.Concat) -> Ty:
+        items = [x for x in e.items if not isinstance(x, s.Ellipsis_)]
+        tys = [self.tensor(x) for x in items]
+        first = tys[0]
+        for x, ty in zip(items[1:], tys[1:], strict=False):
+            if not same_shape(first, ty):
+                self.error(x.span, f"cannot concatenate {ty} with {first}")
+                raise CheckError
+        count = self.concat_count(e, items)
+        if len(e.items) == 1 and not first.shape:
+            return Ty((first.value or Dim.sym("?"),), "ℕ")  # [N]: the set 1..N
+        if first.rank == 1:
+            return Ty((count, first.shape[0]) if e.sep == ";" else (first.shape[0], count))
+        if e.sep == ";":
+            return Ty((count * first.shape[0],) + first.shape[1:])
+        return Ty(first.shape[:-1] + (count * first.shape[-1],))
+
+    def concat_count(self, e: s.Concat, items: list[s.Expr]) -> Dim:
+        if not any(isinstance(x, s.Ellipsis_) for x in e.items):
+            return Dim.const(len(items))
+        first, last = items[0], items[-1]
+        lo, hi = self.family_index(first), self.family_index(last)
+        if lo is None or hi is None:
+            self.error(e.span, "cannot tell how many items '…' stands for",
+                       hint="write the first and last items of a family, as [e_1, e_2, …, e_ℓ]")
+            raise CheckError
+        return hi - lo + ONE
+
+    def family_index(self, e: s.Expr) -> Dim | None:
+        if not isinstance(e, s.Name):
+            return None
+        for pattern, (var, _, _) in self.families.items():
+            idx = instance(pattern, var, e.id)
+            if idx is not None:
+                return self.dim_of(s.Name(idx)) if not idx.isdigit() else Dim.const(int(idx))
+        return None
+
+    def expr_iverson(self, e: s.Iverson) -> Ty:
+        self.expr(e.cond)
+        return Ty(elem="𝔹")
+
+    def expr_sum(self, e: s.Sum) -> Ty:
+        self.scopes.append({e.index: Ty(elem="ℕ", value=Dim.sym(e.index))})
+        try:
+            body = self.tensor(e.body)
+        finally:
+            self.scopes.pop()
+        return Ty(body.shape)
+
+    def expr_call(self, e: s.Call) -> Ty:
+        if e.func in BUILTINS and self.c.lib.find(e.func, self.file) is None:
+            return self.apply_builtin(e.func, [self.tensor(a) for a in e.args], e)
+        callee = self.c.lib.find(e.func, self.file)
+        if callee is None:
+            local = self.try_lookup(e.func)
+            if local is not None:  # P(θ): a value written as a function of the parameters
+                return local
+            names = [a.name for _, a in self.c.lib.algorithms()] + sorted(BUILTINS)
+            self.error(e.span, f"unknown card or function '{display(e.func)}'",
+                       _suggest(e.func, names))
+            raise CheckError
+        return self.call_card(callee, e)
+
+    def apply_builtin(self, name: str, args: list[Ty], e: s.Expr) -> Ty:
+        if len(args) != 1:
+            self.error(e.span, f"{name} takes one argument")
+            raise CheckError
+        (x,) = args
+        if name == "length":
+            return Ty(elem="ℕ", value=x.shape[0] if x.shape else ONE)
+        if name in REDUCING:
+            return Ty(x.shape[:-1])
+        return Ty(x.shape)
+
+    # --- calls to cards
+    def call_card(self, callee: s.Algorithm, e: s.Call) -> Ty:
+        try:
+            info = self.c.info(callee)
+        except CheckError:
+            raise
+        sig = info.sig
+        args = list(e.args)
+        if 0 < len(args) < len(sig.inputs):  # an omitted context sequence: Z = X (self-attention)
+            args += [args[0]] * (len(sig.inputs) - len(args))
+        if len(args) != len(sig.inputs):
+            self.error(e.span, f"'{callee.name}' takes {len(sig.inputs)} input(s), given {len(e.args)}",
+                       notes=((callee.span, "declared here"),))
+            raise CheckError
+        bind: dict[str, Dim] = {}
+        lift: tuple[Dim, ...] = ()
+        for arg, (pname, want) in zip(args, sig.inputs, strict=False):
+            got = self.tensor(arg)
+            extra = got.rank - want.rank
+            if extra > 0 and not lift:  # an ℝ^{D} card applied to ℝ^{T×D}: mapped over rows
+                lift = tuple(d for d in got.shape[:extra] if d is not None)
+            if extra < 0 or not self.unify(want.shape, got.shape[max(extra, 0):], bind):
+                self.error(arg.span, f"'{callee.name}' expects {display(pname)} ∈ "
+                                     f"{_shown(want, bind)}, got {got}",
+                           notes=((callee.span, f"'{callee.name}' is declared here"),))
+                raise CheckError
+        params, hypers = self.bind_params(sig, e, bind)
+        for name, dim in sig.definitions.items():
+            if name not in bind:
+                bind[name] = subst_dim(dim, bind)
+        for name, hty in sig.hypers.items():
+            if name not in bind and hty.value is not None and name not in sig.definitions:
+                mine = self.try_lookup(name)
+                if isinstance(mine, Ty) and mine.value is not None:
+                    bind[name] = mine.value
+                else:  # inferred from later use (X + MHAttention(X̃ | …) fixes d_out = d_e)
+                    bind[name] = Dim.sym("?" + name)
+        out = sig.output or Ty()
+        out = substitute(out, bind)
+        self.info.calls[id(e)] = CallInfo(callee, dict(bind), lift, params, hypers)
+        return Ty(lift + out.shape, out.elem)
+
+    def bind_params(self, sig: Signature, e: s.Call, bind: dict[str, Dim]):
+        params: dict[str, s.Expr] = {}
+        hypers: dict[str, s.Expr] = {}
+        positional = [p for p in e.params if not isinstance(p, s.Arg)]
+        if len(positional) > len(sig.params):
+            self.error(e.span, f"'{sig.alg.name}' takes {len(sig.params)} parameter(s) after '|', "
+                               f"given {len(positional)}")
+            raise CheckError
+        for p, (name, want) in zip(positional, sig.params, strict=False):
+            if name in sig.hypers:
+                hypers[name] = p
+                self.tensor(p)
+                continue
+            params[name] = p
+            self.bind_entry(want, p, bind, sig.alg)
+        for p in e.params:
+            if isinstance(p, s.Arg):
+                target = p.target.base if isinstance(p.target, s.Index) else p.target
+                if not isinstance(target, s.Name) or target.id not in sig.hypers:
+                    self.error(p.target.span, f"'{sig.alg.name}' has no hyperparameter "
+                                              f"'{_text(target)}'",
+                               notes=((sig.alg.span, "declared here"),))
+                    continue
+                hypers[target.id] = p
+                if isinstance(p.target, s.Index):  # Mask[t, t′] = [[t ≤ t′]]: a rule
+                    idx = [i.id for i in p.target.items if isinstance(i, s.Name)]
+                    self.scopes.append({i: Ty(elem="ℕ") for i in idx})
+                    try:
+                        self.tensor(p.value)
+                    finally:
+                        self.scopes.pop()
+                else:
+                    self.tensor(p.value)
+        return params, hypers
+
+    def bind_entry(self, want: Entry, given: s.Expr, bind: dict[str, Dim], callee) -> None:
+        if not isinstance(given, s.Name):
+            self.error(given.span, "expected the name of a parameter or bundle")
+            raise CheckError
+        have = self.lookup(given.id, given.span)
+        if isinstance(have, BundleTy) and not have.members and isinstance(want, BundleTy):
+            adopted = BundleTy(want.members, callee.name)
+            have.members.update(adopted.members)  # the caller's bundle takes the callee's shape
+            have.card = callee.name
+            self.info.types[id(given)] = have
+            return
+        if not self.unify_entry(want, have, bind):
+            self.error(given.span, f"'{display(given.id)}' is {_entry_text(have)} but "
+                                   f"'{callee.name}' expects {_entry_text(want)}")
+            raise CheckError
+        self.info.types[id(given)] = have
+
+    def unify_entry(self, want: Entry, have: Entry, bind: dict[str, Dim]) -> bool:
+        if isinstance(want, FamilyTy):
+            want = want.entry
+        if isinstance(have, FamilyTy):
+            have = have.entry
+        if isinstance(want, Ty) and isinstance(have, Ty):
+            return self.unify(want.shape, have.shape, bind)
+        if isinstance(want, BundleTy) and isinstance(have, BundleTy):
+            w, h = list(want.members.values()), list(have.members.values())
+            return len(w) == len(h) and all(self.unify_entry(a, b, bind) for a, b in zip(w, h, strict=False))
+        return False
+
+    def unify(self, want: tuple, got: tuple, bind: dict[str, Dim]) -> bool:
+        if len(want) != len(got):
+            return False
+        pending = []
+        for w, g in zip(want, got, strict=False):
+            if w is None or g is None:
+                continue
+            syms = w.symbols - set(bind)
+            if len(w.terms) == 1 and w.terms[0][1] == 1 and len(w.terms[0][0]) == 1 \
+                    and w.terms[0][0][0][1] == 1 and syms:
+                bind[w.terms[0][0][0][0]] = g
+            else:
+                pending.append((w, g))
+        return all(dims_equal(subst_dim(w, bind), g) for w, g in pending)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _members(b: BundleTy) -> dict[str, Entry]:
+    out: dict[str, Entry] = {}
+    for name, entry in b.members.items():
+        out[name] = entry
+        if isinstance(entry, BundleTy):
+            out.update(_members(entry))
+        if isinstance(entry, FamilyTy) and isinstance(entry.entry, BundleTy):
+            out.update({k: FamilyTy(entry.var, entry.over, v) for k, v in _members(entry.entry).items()})
+    return out
+
+
+def _is_var(d: Dim) -> bool:
+    syms = d.symbols
+    return len(syms) == 1 and next(iter(syms)).startswith("?") and d == Dim.sym(next(iter(syms)))
+
+
+def dims_equal(a: Dim | None, b: Dim | None) -> bool:
+    return a is None or b is None or a == b
+
+
+def same_shape(a: Ty, b: Ty) -> bool:
+    return a.rank == b.rank and all(dims_equal(x, y) for x, y in zip(a.shape, b.shape, strict=False))
+
+
+def broadcast_shape(a: tuple, b: tuple) -> tuple | None:
+    """Trailing axes align (row-major bias vectors); a free axis (1^⊺) takes its partner's size."""
+    if len(a) < len(b):
+        a, b = b, a
+    out = list(a[: len(a) - len(b)])
+    for x, y in zip(a[len(a) - len(b):], b, strict=False):
+        if not dims_equal(x, y):
+            if x == ONE:
+                out.append(y)
+                continue
+            if y == ONE:
+                out.append(x)
+                continue
+            return None
+        out.append(x if x is not None else y)
+    return tuple(out)
+
+
+def broadcastable(small: Ty, big: Ty) -> bool:
+    return broadcast_shape(small.shape, big.shape) is not None
+
+
+def _d(d: Dim | None) -> str:
+    return "*" if d is None else display(str(d))
+
+
+def _shown(ty: Ty, bind: dict[str, Dim]) -> str:
+    return str(substitute(ty, bind))
+
+
+def _entry_text(e: Entry) -> str:
+    return str(e)
+
+
+def _text(e: s.Expr) -> str:
+    return display(e.id) if isinstance(e, s.Name) else "this expression"
+
+
+def _product_hint(e: s.BinOp, a: Ty, b: Ty) -> str | None:
+    if a.rank == 2 and b.rank == 2 and dims_equal(a.shape[-1], b.shape[-1]):
+        return "did you mean to transpose the right operand (^⊺)?"
+    if a.rank == 2 and b.rank == 2 and dims_equal(a.shape[0], b.shape[0]):
+        return "did you mean to transpose the left operand (^⊺)?"
+    return None
+
+
+def _suggest(name: str, candidates: list[str]) -> str | None:
+    import difflib
+
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return f"did you mean '{display(close[0])}'?" if close else None
+
+
+def check(lib: Library) -> tuple[Checker, Diagnostics]:
+    checker = Checker(lib)
+    checker.check_all()
+    return checker, checker.diags
