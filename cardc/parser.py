@@ -32,7 +32,8 @@ def _lark() -> lark.Lark:
 
 def normalize(text: str) -> str:
     """Decomposed Unicode (Ṽ = V + U+0303), so hats and tildes are marks on any letter."""
-    return unicodedata.normalize("NFD", text.replace("\r\n", "\n").replace("\t", "    "))
+    text = unicodedata.normalize("NFD", text.replace("\r\n", "\n").replace("\t", "    "))
+    return text.replace("=\u0338", "≠")  # NFD splits ≠ into = and a slash; keep the operator
 
 
 # ------------------------------------------------------------------ lines before nesting
@@ -222,7 +223,8 @@ class _Build(Transformer):
     @v_args(meta=True)
     def bundle(self, meta, c):
         prose = _prose(c[2]) if len(c) > 2 else None
-        return s.Bundle(str(c[0]), (), prose, span=self.sp(meta))
+        intro = "includes all of the following parameters" if "includes" in c[1] else "consisting of"
+        return s.Bundle(str(c[0]), (), prose, intro, span=self.sp(meta))
 
     @v_args(meta=True)
     def family(self, meta, c):
@@ -322,7 +324,8 @@ class _Build(Transformer):
         if body is None:
             return _Open(s.For(var, over, (), "block", binder, span=self.sp(meta)))
         step = s.Step(_unwhere(body), span=_stmt_span(body))
-        return s.For(var, over, (step,), "map", binder, span=self.sp(meta))
+        loop = s.For(var, over, (step,), "map", binder, span=self.sp(meta))
+        return _Where(loop, body.where) if isinstance(body, _Where) else loop
 
     @v_args(meta=True)
     def while_do(self, meta, c):
@@ -343,7 +346,7 @@ class _Build(Transformer):
     @v_args(meta=True)
     def forall(self, meta, c):
         names, body = c[1]
-        return s.ForAll(tuple(names), body, span=self.sp(meta))
+        return _lift_where(body, lambda b: s.ForAll(tuple(names), b, span=self.sp(meta)))
 
     def forall_tail(self, c):
         name = str(c[0])
@@ -354,7 +357,7 @@ class _Build(Transformer):
 
     @v_args(meta=True)
     def if_(self, meta, c):
-        return s.If(c[1], c[3], span=self.sp(meta))
+        return _lift_where(c[3], lambda body: s.If(c[1], body, span=self.sp(meta)))
 
     # --- expressions
     @v_args(meta=True)
@@ -501,6 +504,13 @@ class _Open:
 class _Where:
     stmt: s.Stmt
     where: str
+
+
+def _lift_where(body, make):
+    """`, where …` prose belongs to the whole step, not to the statement nested in it."""
+    if isinstance(body, _Where):
+        return _Where(make(body.stmt), body.where)
+    return make(body)
 
 
 def _unwhere(x):
@@ -744,16 +754,21 @@ class _Layout:
         # the stack holds (open statement, its body, its step, closing style, indent)
         stack: list[tuple[Any, list[s.Step], Line, int]] = []
         for ln in lines:
-            while stack and stack[-1][0].style == "block" and ln.indent <= stack[-1][3]:
+            while stack and getattr(stack[-1][0], "style", "do") == "block" \
+                    and ln.indent <= stack[-1][3]:
                 self.close(stack, root)
             if ln.kind == "end":
                 if not stack or getattr(stack[-1][0], "style", "do") == "block":
                     self.diags.error(ln.span, "'end' without an open 'for … do' or 'while … do'")
                     continue
-                self.close(stack, root)
+                self.close(stack, root, ln.number)
                 continue
             if ln.kind != "items":
                 continue
+            if _is_binding(ln.payload):  # `y = …` in a step binds a name
+                decl = ln.payload[0][0]
+                ln.payload = [s.Assign(s.Name(decl.names[0], span=decl.span), decl.value, "=",
+                                       span=decl.span)]
             if len(ln.payload) != 1 or isinstance(ln.payload[0], (list, s.Bundle, s.Family)):
                 self.diags.error(ln.span, "expected one statement on this line",
                                  hint="declarations belong in the Input/Output/Parameters blocks")
@@ -772,11 +787,20 @@ class _Layout:
             self.close(stack, root)
         return root
 
-    def close(self, stack, root) -> None:
+    def close(self, stack, root, end_number: str | None = None) -> None:
         stmt, body, ln, _ = stack.pop()
         stmt = replace(stmt, body=tuple(body))
+        if end_number is not None:
+            stmt = replace(stmt, end_number=end_number)
         step = s.Step(stmt, ln.number, ln.annotation, ln.note, None, span=ln.span)
         (stack[-1][1] if stack else root).append(step)
+
+
+def _is_binding(payload) -> bool:
+    if len(payload) != 1 or not isinstance(payload[0], list) or len(payload[0]) != 1:
+        return False
+    d = payload[0][0]
+    return d.type is None and d.value is not None and d.prose is None and len(d.names) == 1
 
 
 def _keyword(stmt) -> str:

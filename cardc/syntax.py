@@ -226,6 +226,7 @@ class Bundle:
     name: str
     items: tuple[Item, ...]
     prose: str | None = None
+    intro: str = "consisting of"  # or "includes all of the following parameters"
     span: Span = _span()
 
 
@@ -291,6 +292,7 @@ class For:
     body: tuple[Step, ...]
     style: str = "do"  # "do" (… end), "map" (one line "for t ∈ [ℓ] : s"), "block" (indented)
     binder: str = "∈"  # "∈", "=" or "←"
+    end_number: str | None = None  # the step number of a numbered `end` line
     span: Span = _span()
 
 
@@ -312,6 +314,7 @@ class If:
 class While:
     cond: Expr
     body: tuple[Step, ...]
+    end_number: str | None = None
     span: Span = _span()
 
 

@@ -1,0 +1,1 @@
+"""Renderers: a card's AST written back out (canonical pseudocode text, …)."""

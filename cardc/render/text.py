@@ -1,0 +1,471 @@
+"""The canonical text of a card: its AST written back as pseudocode in the paper's notation.
+
+``parse(render_card(parse(src))) == parse(src)`` for every card, and rendering is idempotent,
+so ``cardc fmt`` can rewrite files in place. Output is composed Unicode (NFC) for display.
+
+Rendering dispatches on the node's class, sqlglot-style: ``Renderer.text(node)`` calls the method
+``<kind>_text`` (one line of text: expressions, types, statement heads) and ``Renderer.lines``
+calls ``<kind>_lines`` (constructs that span lines: algorithms, blocks, bundles, steps), where
+``<kind>`` is the class name in lower case.
+
+Expressions get the fewest parentheses the grammar allows, from a precedence table that mirrors
+``grammar.lark`` (``?cond``, ``?sum``, ``?product``, ``?unary``, ``?tight``, ``?postfix``, ``?atom``).
+Declaration values have a smaller grammar of their own (``?value``, ``?vterm``, ``?vatom``) and are
+rendered by a subclass with that grammar's precedences.
+
+Canonical layout:
+
+* the header, its ``▷`` note, then the ``/* … */`` comments;
+* the blocks in their order. Consecutive typed declarations share a line, joined by ``, ``; a
+  declaration without a type (``H, prose``, ``d = D/H``) is joined by ``; `` (after ``, `` it
+  would read as prose); a declaration with prose ends its line; a line breaks before it would pass
+  100 columns. The first line sits on the block's own line (``Input: X ∈ …``), and so does a
+  bundle or family that is the block's only item (``Parameters: W consisting of:``); every other
+  line is indented 4 spaces, and the items of a bundle or family 4 more;
+* presets, one a line;
+* the steps. A step's number is written exactly as the AST holds it (numbers are compared in
+  the AST, so renumbering would not round-trip), right-aligned so that statements line up; a
+  step without one gets none; the ``end`` of a loop keeps the number it was written with
+  (the paper's ``9 end``). Loop bodies are indented 4 spaces a level; a step's annotation and note follow
+  two spaces and ``▷``.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import cache
+
+from .. import syntax as s
+from ..diagnostics import Diagnostics
+from ..spelling import display
+
+# precedence levels, loosest first, as in grammar.lark
+COND, SUM, PRODUCT, UNARY, TIGHT, POSTFIX, ATOM = range(7)
+
+_BINARY = {"+": SUM, "−": SUM, "·": PRODUCT, "⊙": PRODUCT, "/": PRODUCT, " ": PRODUCT}
+_POSTFIX_NODES = (s.Power, s.Transpose, s.Index)
+
+# an index's "[" must touch a character that grammar.lark's INDEX_OPEN accepts
+_INDEXABLE_END = re.compile(r"[\w\u0302\u0303′'~)\]}⊺²]$")
+
+INDENT = "    "
+WIDTH = 100
+
+
+def kind(node: object) -> str:
+    """The dispatch key of a node: ``BinOp`` → ``binop``, ``Ellipsis_`` → ``ellipsis``."""
+    return type(node).__name__.lower().rstrip("_")
+
+
+class Renderer:
+    """Card AST → canonical text."""
+
+    # ------------------------------------------------------------------ dispatch
+
+    def text(self, node: object, tail: bool = True) -> str:
+        """One line of text for ``node``.
+
+        ``tail`` says whether the text may end the enclosing product: a Σ's body runs as far
+        right as a product does, so a Σ that something product-level follows needs parentheses.
+        """
+        method = getattr(self, f"{kind(node)}_text", None)
+        if method is None:
+            raise TypeError(f"cannot render {type(node).__name__} as text")
+        return method(node, tail)
+
+    def lines(self, node: object, depth: int = 0) -> list[str]:
+        method = getattr(self, f"{kind(node)}_lines", None)
+        if method is None:
+            raise TypeError(f"cannot render {type(node).__name__} as lines")
+        return method(node, depth)
+
+    # ------------------------------------------------------------------ precedence
+
+    def precedence(self, node: object) -> int:
+        if isinstance(node, s.BinOp):
+            return _BINARY.get(node.op, COND)  # anything else is a comparison
+        if isinstance(node, s.Unary):
+            return {"−": UNARY, "¬": COND}.get(node.op, TIGHT)
+        if isinstance(node, s.Sum):
+            return TIGHT
+        if isinstance(node, _POSTFIX_NODES):
+            return POSTFIX
+        return ATOM
+
+    def sub(self, node: object, min_prec: int, tail: bool = True) -> str:
+        """``node`` as an operand that must bind at least as tightly as ``min_prec``."""
+        if self.precedence(node) < min_prec or (not tail and isinstance(node, s.Sum)):
+            return f"({self.text(node)})"
+        return self.text(node, tail)
+
+    # the operand levels a binary operator needs, overridden for declaration values
+    def right_min(self, op: str) -> int:
+        if op in ("+", "−"):
+            return PRODUCT
+        return TIGHT if op == " " else UNARY
+
+    def negand_min(self) -> int:
+        return UNARY
+
+    # ------------------------------------------------------------------ expressions
+
+    def name_text(self, node: s.Name, tail: bool) -> str:
+        return node.id
+
+    def num_text(self, node: s.Num, tail: bool) -> str:
+        return node.text
+
+    def binop_text(self, node: s.BinOp, tail: bool) -> str:
+        prec = self.precedence(node)
+        if prec == COND:  # comparisons: sum CMP sum, not associative
+            return f"{self.sub(node.left, SUM)} {node.op} {self.sub(node.right, SUM, tail)}"
+        left = self.sub(node.left, prec, tail=prec == SUM)
+        right = self.sub(node.right, self.right_min(node.op), tail)
+        if node.op == "/":
+            return f"{left}/{right}"
+        return f"{left} {right}" if node.op == " " else f"{left} {node.op} {right}"
+
+    def unary_text(self, node: s.Unary, tail: bool) -> str:
+        if node.op == "−":
+            return "−" + self.sub(node.operand, self.negand_min(), tail)
+        if node.op == "¬":
+            return "¬" + self.sub(node.operand, COND, tail)
+        return node.op + self.sub(node.operand, TIGHT, tail)  # √, ∇
+
+    def power_text(self, node: s.Power, tail: bool) -> str:
+        base = self.sub(node.base, POSTFIX)
+        if node.exponent == s.Num("2"):
+            return base + "²"
+        if isinstance(node.base, s.Name):  # "X^{e}" would read as the name X^{e}
+            base = f"({base})"
+        return f"{base}^{{{self.text(node.exponent)}}}"
+
+    def transpose_text(self, node: s.Transpose, tail: bool) -> str:
+        return self.sub(node.operand, POSTFIX) + "^⊺"
+
+    def index_text(self, node: s.Index, tail: bool) -> str:
+        base = self.sub(node.base, POSTFIX)
+        if not _INDEXABLE_END.search(unicodedata.normalize("NFD", base)):  # ∞[i]
+            base = f"({base})"
+        return f"{base}[{', '.join(self.text(i) for i in node.items)}]"
+
+    def slice_text(self, node: s.Slice, tail: bool) -> str:
+        lo = "" if node.lo is None else self.text(node.lo)
+        hi = "" if node.hi is None else self.text(node.hi)
+        if lo and hi:
+            return f"{lo} : {hi}"
+        return f"{lo}:{hi}"
+
+    def arg_text(self, node: s.Arg, tail: bool) -> str:
+        return f"{self.sub(node.target, POSTFIX)} {node.op} {self.text(node.value)}"
+
+    def call_text(self, node: s.Call, tail: bool) -> str:
+        args = ", ".join(self.text(a) for a in node.args)
+        if node.params or node.bar:
+            params = ", ".join(self.text(p) for p in node.params)
+            args = f"{args} | {params}" if args else f"| {params}"
+        return f"{node.func}({args})"
+
+    def ellipsis_text(self, node: s.Ellipsis_, tail: bool) -> str:
+        return "…"
+
+    def concat_text(self, node: s.Concat, tail: bool) -> str:
+        return "[" + f"{node.sep} ".join(self.text(i) for i in node.items) + "]"
+
+    def iverson_text(self, node: s.Iverson, tail: bool) -> str:
+        return f"[[{self.text(node.cond)}]]"
+
+    def sum_text(self, node: s.Sum, tail: bool) -> str:
+        if node.over is not None:
+            head = f"Σ_{{{node.index}∈{self.text(node.over)}}}"
+        else:
+            lo = "" if node.lo is None else self.text(node.lo)
+            hi = "" if node.hi is None else self.text(node.hi)
+            head = f"Σ_{{{node.index}={lo}}}^{{{hi}}}"
+        return f"{head} {self.sub(node.body, PRODUCT, tail)}"
+
+    def range_text(self, node: s.Range, tail: bool) -> str:
+        return ", ".join([*(self.text(x) for x in node.first), "…", self.text(node.last)])
+
+    # ------------------------------------------------------------------ types
+
+    def scalar_text(self, node: s.Scalar, tail: bool) -> str:
+        return node.set
+
+    def interval_text(self, node: s.Interval, tail: bool) -> str:
+        lo, hi = "[" if node.lo_closed else "(", "]" if node.hi_closed else ")"
+        return f"{lo}{self.text(node.lo)}, {self.text(node.hi)}{hi}"
+
+    def bits_text(self, node: s.Bits, tail: bool) -> str:
+        return "{0,1}"
+
+    def intrange_text(self, node: s.IntRange, tail: bool) -> str:
+        return f"{{{self.text(node.lo)}..{self.text(node.hi)}}}"
+
+    def finite_text(self, node: s.Finite, tail: bool) -> str:
+        return f"[{self.text(node.size)}]"
+
+    def sequences_text(self, node: s.Sequences, tail: bool) -> str:
+        return f"{node.of}*"
+
+    def tensor_text(self, node: s.Tensor, tail: bool) -> str:
+        return f"{self.text(node.elem)}^{{{'×'.join(self.text(d) for d in node.dims)}}}"
+
+    # ------------------------------------------------------------------ declarations
+
+    def decl_text(self, node: s.Decl, tail: bool) -> str:
+        """A declaration without its prose, which the line that holds it adds."""
+        out = ", ".join(node.names)
+        if node.type is not None:
+            out += f" ∈ {self.text(node.type)}"
+        if node.value is not None:
+            out += f" = {VALUES.text(node.value)}"
+        if node.init is not None:
+            init = node.init
+            if isinstance(init, s.Call):
+                out += f" ~ {init.func}({', '.join(VALUES.text(a) for a in init.args)})"
+            else:
+                out += f" ~ {VALUES.text(init)}"
+        return out
+
+    def decl_line_text(self, node: s.Decl) -> str:
+        text = self.decl_text(node, True)
+        return text if node.prose is None else text + prose_suffix(node.prose)
+
+    def item_lines(self, items: tuple[s.Item, ...], depth: int) -> list[str]:
+        """Declarations filled into lines (see the module docstring); bundles and families."""
+        pad = INDENT * depth
+        out: list[str] = []
+        line: list[str] = []  # the current line's declarations with their separators
+        prev: s.Decl | None = None
+        for item in items:
+            if not isinstance(item, s.Decl):
+                if line:
+                    out.append(pad + "".join(line))
+                line, prev = [], None
+                out += self.lines(item, depth)
+                continue
+            text = self.decl_line_text(item)
+            if line:
+                sep = ", " if prev is not None and prev.type and item.type else "; "
+                if len(pad) + sum(map(len, line)) + len(sep) + len(text) > WIDTH:
+                    out.append(pad + "".join(line))
+                    line = []
+                else:
+                    text = sep + text
+            line.append(text)
+            prev = item
+            if item.prose is not None:  # prose runs to the end of its line
+                out.append(pad + "".join(line))
+                line, prev = [], None
+        if line:
+            out.append(pad + "".join(line))
+        return out
+
+    def bundle_lines(self, node: s.Bundle, depth: int) -> list[str]:
+        head = f"{node.name} {node.intro}:"
+        if node.prose is not None:
+            head += prose_suffix(node.prose)
+        return [INDENT * depth + head, *self.item_lines(node.items, depth + 1)]
+
+    def family_lines(self, node: s.Family, depth: int) -> list[str]:
+        over = self.text(node.over)
+        binder = "=" if isinstance(node.over, s.Range) else "∈"
+        head = f"For {node.index} {binder} {over}"
+        items = node.items
+        if (len(items) == 1 and isinstance(items[0], s.Bundle) and items[0].prose is None
+                and binder == "∈"):  # For h ∈ [H], W^h consisting of:
+            head += f", {items[0].name} consisting of:"
+            items = items[0].items
+        else:
+            head += ":"
+        return [INDENT * depth + head, *self.item_lines(items, depth + 1)]
+
+    def block_lines(self, node: s.Block, depth: int) -> list[str]:
+        head = f"{node.kind}:"
+        items = node.items
+        if not items:
+            return [head]
+        if len(items) == 1 and not isinstance(items[0], s.Decl):  # Parameters: W consisting of:
+            first, *rest = self.item_lines(items, depth)
+            return [f"{head} {first}", *rest]
+        body = self.item_lines(items, depth + 1)
+        if isinstance(items[0], s.Decl):
+            return [f"{head} {body[0].lstrip()}", *body[1:]]
+        return [head, *body]
+
+    def preset_lines(self, node: s.Preset, depth: int) -> list[str]:
+        values = ", ".join(f"{name} = {self.text(v)}" for name, v in node.values)
+        line = f"Preset {node.name}: {values}"
+        return [line + (f"  ▷ {node.prose}" if node.prose is not None else "")]
+
+    # ------------------------------------------------------------------ statements
+
+    def assign_text(self, node: s.Assign, tail: bool) -> str:
+        return f"{self.sub(node.target, POSTFIX)} {node.op} {self.text(node.value)}"
+
+    def return_text(self, node: s.Return, tail: bool) -> str:
+        name = f"{node.name} = " if node.name is not None else ""
+        return f"return {name}{self.text(node.value)}"
+
+    def for_text(self, node: s.For, tail: bool) -> str:
+        over = self.text(node.over)
+        if node.style == "block":
+            return f"For {node.var} {node.binder} {over}:"
+        head = f"for {node.var} {node.binder} {over}"
+        if node.style == "map":
+            body = " ".join(self.text(step.stmt) for step in node.body)
+            return f"{head} : {body}"
+        return f"{head} do"
+
+    def while_text(self, node: s.While, tail: bool) -> str:
+        return f"while {self.sub(node.cond, COND)} do"
+
+    def forall_text(self, node: s.ForAll, tail: bool) -> str:
+        names = ", ".join(node.vars)
+        if isinstance(node.body, s.If):  # ∀t_z, t_x, if … then …
+            return f"∀{names}, {self.text(node.body)}"
+        return f"∀{names}: {self.text(node.body)}"
+
+    def if_text(self, node: s.If, tail: bool) -> str:
+        return f"if {self.sub(node.cond, COND)} then {self.text(node.then)}"
+
+    # ------------------------------------------------------------------ steps and algorithms
+
+    def step_lines(self, node: s.Step, depth: int, width: int = 0) -> list[str]:
+        """A step, its body and its ``end``; ``width`` is the algorithm's widest step number."""
+
+        def margin(number: str | None) -> str:
+            if not width:
+                return ""
+            return (number or "").rjust(width) + " "
+
+        stmt = node.stmt
+        line = margin(node.number) + INDENT * depth + self.text(stmt)
+        if node.where is not None:
+            line += f", where {node.where}"
+        if node.annotation is not None:
+            line += f"  ▷ {self.text(node.annotation)}"
+        if node.note is not None:
+            line += f"  ▷ {node.note}"
+        out = [line]
+        opens = isinstance(stmt, s.While) or isinstance(stmt, s.For) and stmt.style != "map"
+        if opens:
+            for step in stmt.body:
+                out += self.step_lines(step, depth + 1, width)
+            if isinstance(stmt, s.While) or stmt.style == "do":
+                out.append(margin(stmt.end_number) + INDENT * depth + "end")
+        return out
+
+    def algorithm_lines(self, node: s.Algorithm, depth: int = 0) -> list[str]:
+        number = f" {node.number}" if node.number is not None else ""
+        if node.name is None:
+            head = f"Algorithm{number}: {node.title or ''}".rstrip()
+        else:
+            args = ", ".join(node.args)
+            if node.params:
+                params = ", ".join(node.params)
+                args = f"{args} | {params}" if args else f"| {params}"
+            head = f"Algorithm{number}: {', '.join(node.outputs)} ← {node.name}({args})"
+            if node.note is not None:
+                head += f"  ▷ {node.note}"
+        out = [head]
+        out += [f"/* {c} */" for c in node.comments]
+        for block in node.blocks:
+            out += self.lines(block)
+        for preset in node.presets:
+            out += self.lines(preset)
+        width = max((len(n) for n in _step_numbers(node.steps)), default=0)
+        for step in node.steps:
+            out += self.step_lines(step, 0, width)
+        return out
+
+    def cardfile_lines(self, node: s.CardFile, depth: int = 0) -> list[str]:
+        out: list[str] = []
+        for i, alg in enumerate(node.algorithms):
+            if i:
+                out.append("")
+            out += self.lines(alg)
+        return out
+
+
+class ValueRenderer(Renderer):
+    """Declaration values (``= v``, ``~ 𝒩(0, 0.02²)``): grammar.lark's ``?value`` rules.
+
+    There a leading minus covers a whole term (``−a b`` is ``−(a b)``) and may only start a
+    value, and the right operand of ``·``, ``/`` and juxtaposition is an atom or its square.
+    """
+
+    def precedence(self, node: object) -> int:
+        if isinstance(node, s.Unary) and node.op == "−":
+            return SUM
+        return super().precedence(node)
+
+    def right_min(self, op: str) -> int:
+        return PRODUCT if op in ("+", "−") else POSTFIX
+
+    def negand_min(self) -> int:
+        return PRODUCT
+
+
+TEXT = Renderer()
+VALUES = ValueRenderer()
+
+
+def _step_numbers(steps: tuple[s.Step, ...]):
+    for step in steps:
+        if step.number is not None:
+            yield step.number
+        stmt = step.stmt
+        if isinstance(stmt, s.While) or isinstance(stmt, s.For) and stmt.style != "map":
+            yield from _step_numbers(stmt.body)
+
+
+@cache
+def _prose_pattern() -> re.Pattern[str] | None:
+    """grammar.lark's PROSE terminal, so that prose it would not read back becomes a note."""
+    try:
+        from ..parser import _lark
+
+        return re.compile(_lark().get_terminal("PROSE").pattern.to_regexp())
+    except Exception:  # a grammar without PROSE: write prose as notes
+        return None
+
+
+def prose_suffix(prose: str) -> str:
+    """``, prose``; or ``  ▷ prose`` where the prose would not lex back (``∈``, ``;``, …)."""
+    pattern = _prose_pattern()
+    text = ", " + unicodedata.normalize("NFD", prose)
+    if pattern is not None and pattern.fullmatch(text):
+        return f", {prose}"
+    return f"  ▷ {prose}"
+
+
+# ---------------------------------------------------------------------- API
+
+
+def render_algorithm(alg: s.Algorithm) -> str:
+    """One algorithm as canonical text (no trailing newline)."""
+    return display("\n".join(TEXT.lines(alg)))
+
+
+def render_card(card: s.CardFile) -> str:
+    """A card file as canonical text, algorithms separated by a blank line."""
+    return display("\n".join(TEXT.lines(card))) + "\n"
+
+
+def render_expr(node: s.Expr | s.Type) -> str:
+    """An expression or a type in canonical notation."""
+    return display(TEXT.text(node))
+
+
+def format_source(text: str, file: str = "<card>") -> tuple[str, Diagnostics]:
+    """Parse and re-render (``cardc fmt``). With errors the text comes back unchanged."""
+    from ..parser import parse
+
+    diags = Diagnostics()
+    card = parse(text, file, diags)
+    if diags.errors:
+        return text, diags
+    return render_card(card), diags

@@ -1,0 +1,509 @@
+"""The canonical text renderer: round trips through the parser, ASCII input, random expressions."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from cardc import syntax as s
+from cardc.diagnostics import Diagnostics
+from cardc.parser import parse
+from cardc.render.text import format_source, render_algorithm, render_card, render_expr
+from cardc.spelling import canonical_name, display
+
+ROOT = Path(__file__).resolve().parent.parent
+CARDS = sorted(ROOT.glob("cards/**/*.card"))
+
+
+def parse_clean(text: str, file: str = "<test>") -> s.CardFile:
+    diags = Diagnostics()
+    card = parse(text, file, diags)
+    assert not diags.errors, diags.render() + "\n--- text:\n" + text
+    return card
+
+
+# ---------------------------------------------------------------------- every card in cards/
+
+
+@pytest.mark.parametrize("path", CARDS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_card_round_trips(path):
+    card = parse_clean(path.read_text(encoding="utf-8"), str(path))
+    assert card.algorithms
+    text = render_card(card)
+    again = parse_clean(text, str(path))
+    assert again == card
+    assert render_card(again) == text  # idempotent
+
+
+def test_cards_exist():
+    assert len(CARDS) >= 4
+
+
+def test_paper_attention_canonical_text():
+    card = parse_clean((ROOT / "cards/paper/attention.card").read_text(encoding="utf-8"))
+    lines = render_card(card).splitlines()
+    assert lines[0] == "Algorithm 4: Ṽ ← Attention(X, Z | W_qkv, Mask)"
+    assert lines[1] == "/* Computes a single (masked) self- or cross- attention head. */"
+    assert lines[4] == "Parameters: W_qkv consisting of:"
+    assert lines[5].startswith("    W_q ∈ ℝ^{d_attn×d_x}, b_q ∈ ℝ^{d_attn}, ")
+    assert "1 Q ← W_q X + b_q 1^⊺  ▷ Query ∈ ℝ^{d_attn×ℓ_x}" in lines
+    assert "5 ∀t_z, t_x, if ¬Mask[t_z, t_x] then S[t_z, t_x] ← −∞" in lines
+    assert lines[-1] == "6 return Ṽ = V · softmax(S/√d_attn)"
+
+
+def test_paper_dtransformer_steps():
+    card = parse_clean((ROOT / "cards/paper/dtransformer.card").read_text(encoding="utf-8"))
+    text = render_algorithm(card.algorithms[0])
+    assert not text.endswith("\n")
+    assert text.splitlines()[-9:] == [
+        " 3 X ← [e_1, e_2, …, e_ℓ]",
+        " 4 for l = 1, 2, …, L do",
+        " 5     for t ∈ [ℓ] : X̃[:, t] ← layer_norm(X[:, t] | γ^1_l, β^1_l)",
+        " 6     X ← X + MHAttention(X̃ | W_l, Mask[t, t′] = [[t ≤ t′]])",
+        " 7     for t ∈ [ℓ] : X̃[:, t] ← layer_norm(X[:, t] | γ^2_l, β^2_l)",
+        " 8     X ← X + W^l_mlp2 GELU(W^l_mlp1 X̃ + b^l_mlp1 1^⊺) + b^l_mlp2 1^⊺",
+        " 9 end",  # an `end` keeps its number
+        "10 for t ∈ [ℓ] : X[:, t] ← layer_norm(X[:, t] | γ, β)",
+        "11 return P = softmax(W_u X)",
+    ]
+
+
+def test_output_is_composed_unicode():
+    card = parse_clean((ROOT / "cards/paper/layer_norm.card").read_text(encoding="utf-8"))
+    text = render_card(card)
+    assert "ê ← layer_norm" in text and "\u0302" not in text
+
+
+# ---------------------------------------------------------------------- layout of the other parts
+
+LAYOUT = """\
+Algorithm 1: Token embedding.
+Input: v ∈ [N_V], a token ID.
+Output: e ∈ ℝ^{d_e}
+Parameters: W_e ∈ ℝ^{d_e×N_V}
+1 return e = W_e[:, v]
+
+Algorithm: Y ← F(| θ)  ▷ no inputs
+/* first */
+/* second */
+Input: x ∈ {1..V}^{T}, p ∈ (0, 1), q ∈ [0, ∞), r ∈ {0,1}^{T×T}, s ∈ V*
+Hyperparameters: D, H ∈ ℕ; d = D/H, the width of a head.
+    ε ∈ (0, ∞) = 1e-5; H2, a prose-only name
+Parameters:
+    W consisting of:, the weights
+        a ∈ ℝ^{D} ~ 𝒩(0, 0.02²)
+        For l = 1, …, L:
+            b_l ∈ ℝ
+        For h ∈ [H], U^h consisting of:
+            c ∈ ℝ
+    e ∈ ℕ = −a b + c  ▷ the e, with ∈ in it
+Preset tiny: D = 128, H = 4  ▷ small
+Preset big: D = 1024, H = 16
+1 Y ← (Σ_{i=1}^{n} x)/n + a (Σ_{t∈T} x y) z + Σ_{i=1}^{n} (a + b) + x[i]^{e}  ▷ a note
+2 for l ← 1, 2, …, L do
+3     For h ∈ [H]:
+4         Y[h] = 2  ▷ Y ∈ ℝ
+  end
+5 ∀i: ∀j, if ¬¬a < b then Y ← a · −b − −c
+6 Y ← f(| p) + g() + h(a, b | (a + b) = c, d ≡ e)
+7 return Y, where Y is the result
+"""
+
+
+def test_layout_is_canonical():
+    card = parse_clean(LAYOUT)
+    text = render_card(card)
+    assert parse_clean(text) == card
+    assert text == """\
+Algorithm 1: Token embedding.
+Input: v ∈ [N_V], a token ID.
+Output: e ∈ ℝ^{d_e}
+Parameters: W_e ∈ ℝ^{d_e×N_V}
+1 return e = W_e[:, v]
+
+Algorithm: Y ← F(| θ)  ▷ no inputs
+/* first */
+/* second */
+Input: x ∈ {1..V}^{T}, p ∈ (0, 1), q ∈ [0, ∞), r ∈ {0,1}^{T×T}, s ∈ V*
+Hyperparameters: D, H ∈ ℕ; d = D/H, the width of a head.
+    ε ∈ (0, ∞) = 1e-5; H2, a prose-only name
+Parameters:
+    W consisting of:, the weights
+        a ∈ ℝ^{D} ~ 𝒩(0, 0.02²)
+        For l = 1, …, L:
+            b_l ∈ ℝ
+        For h ∈ [H], U^h consisting of:
+            c ∈ ℝ
+    e ∈ ℕ = −a b + c  ▷ the e, with ∈ in it
+Preset tiny: D = 128, H = 4  ▷ small
+Preset big: D = 1024, H = 16
+1 Y ← (Σ_{i=1}^{n} x)/n + a (Σ_{t∈T} x y) z + Σ_{i=1}^{n} (a + b) + x[i]^{e}  ▷ a note
+2 for l ← 1, 2, …, L do
+3     For h ∈ [H]:
+4         Y[h] = 2  ▷ Y ∈ ℝ
+  end
+5 ∀i: ∀j, if ¬¬a < b then Y ← a · −b − −c
+6 Y ← f(| p) + g() + h(a, b | (a + b) = c, d ≡ e)
+7 return Y, where Y is the result
+"""
+
+
+def test_long_declaration_lines_wrap():
+    names = ", ".join(f"W_{i} ∈ ℝ^{{d_model×d_model}}" for i in range(8))
+    card = parse_clean(f"Algorithm: Y ← F(X | W)\nParameters: {names}\n1 return X")
+    text = render_card(card)
+    assert all(len(line) <= 100 for line in text.splitlines())
+    assert text.splitlines()[2].startswith("    W_")
+    assert parse_clean(text) == card
+
+
+def test_format_source():
+    text, diags = format_source("Algorithm: Y <- F(X)\n1   Y <- X^T  //  note\n", "f.card")
+    assert not diags.items
+    assert text == "Algorithm: Y ← F(X)\n1 Y ← X^⊺  ▷ note\n"
+    bad = "Algorithm: Y <- F(X)\n1 Y <- (X\n"
+    text, diags = format_source(bad, "bad.card")
+    assert diags.errors and text == bad
+
+
+# ---------------------------------------------------------------------- ASCII spellings
+
+# `<-` is written only where the lexer reads it (test_ascii_arrow_after_an_index), and a second
+# declaration with ` in ` follows a `;`, not a `,`, and declares one name (test_ascii_in_after_a_comma)
+ASCII = """\
+Algorithm 4: V~ <- Attention(X, Z | W_qkv, Mask)
+Input: X in R^{d_x x ell_x}; Z in RR^{d_z x ell_z}
+Hyperparameters: L in NN; epsilon in (0, inf) = 1e-5
+Parameters: gamma^1_l in R^{d_x}
+1 S <- K^T Q * W (.) Z
+2 forall t_z, t_x, if not Mask[t_z, t_x] then S[t_z, t_x] ← -inf
+3 m <- sum_{i=1}^{D} e[i]/D
+4 for t' in [L] : Y[t'] ← [[t' <= t]] - sqrt(v) + sqrt v
+5 Y <- [e_1, e_2, ..., e_L]
+6 return V~ = f(X | a == b)
+"""
+
+UNICODE = """\
+Algorithm 4: Ṽ ← Attention(X, Z | W_qkv, Mask)
+Input: X ∈ ℝ^{d_x×ℓ_x}, Z ∈ ℝ^{d_z×ℓ_z}
+Hyperparameters: L ∈ ℕ; ε ∈ (0, ∞) = 1e-5
+Parameters: γ^1_l ∈ ℝ^{d_x}
+1 S ← K^⊺ Q · W ⊙ Z
+2 ∀t_z, t_x, if ¬Mask[t_z, t_x] then S[t_z, t_x] ← −∞
+3 m ← Σ_{i=1}^{D} e[i]/D
+4 for t′ ∈ [L] : Y[t′] ← [[t′ ≤ t]] − √v + √v
+5 Y ← [e_1, e_2, …, e_L]
+6 return Ṽ = f(X | a ≡ b)
+"""
+
+
+def test_ascii_spellings_parse_like_unicode():
+    assert parse_clean(ASCII) == parse_clean(UNICODE)
+
+
+def test_ascii_renders_to_unicode_canonical_form():
+    text = render_card(parse_clean(ASCII))
+    # canonical joins typed declarations with ", " rather than "; "
+    assert text == UNICODE.replace("L ∈ ℕ; ε", "L ∈ ℕ, ε")
+
+
+@pytest.mark.parametrize(("ascii", "unicode"), [
+    ("X^T", "X^⊺"), ("a (.) b", "a ⊙ b"), ("a * b", "a · b"), ("-inf", "−∞"),
+    ("sqrt(d)", "√d"), ("sum_{i=1}^{D} x[i]", "Σ_{i=1}^{D} x[i]"), ("gamma^1_l", "γ^1_l"),
+    ("t'", "t′"), ("e^", "ê"), ("[[t <= t']]", "[[t ≤ t′]]"), ("grad L", "∇L"),
+])
+def test_ascii_expressions(ascii, unicode):
+    (alg,) = parse_clean(f"Algorithm: Y <- F(X)\n1 Y <- {ascii}").algorithms
+    assert render_expr(alg.steps[0].stmt.value) == unicode
+
+
+# ---------------------------------------------------------------------- parentheses
+
+
+def _one(expr_text: str) -> s.Expr:
+    (alg,) = parse_clean(f"Algorithm: Y ← F(X)\n1 Y ← {expr_text}").algorithms
+    return alg.steps[0].stmt.value
+
+
+@pytest.mark.parametrize("text", [
+    "a (b c)", "a − (b − c)", "a/(b/c)", "(a − b)/c", "a (−b)", "−a b", "−(a b)", "a · (b c)",
+    "(Σ_{i=1}^{n} x)/n", "Σ_{i=1}^{n} (a + b)", "a Σ_{i=1}^{n} x y", "a (Σ_{i=1}^{n} x) y",
+    "√(a b)", "(√a)^⊺", "(X)^{3}", "x[i]^{e}", "(∞)[1]", "(a + b)[i]", "X^⊺[i]²", "(−a)²",
+    "[[a, b]]", "[[[a] ≤ b]]", "[a; b; …; c]", "x[1 : t, :, t:, :t]", "a + −b",
+])
+def test_minimal_parentheses(text):
+    assert render_expr(_one(text)) == text
+
+
+def test_value_grammar_parentheses():
+    card = parse_clean("Algorithm: Y ← F(X)\nHyperparameters: a ∈ ℕ = −a b − c · (−d), "
+                       "b ∈ ℕ = (−a) b, c ∈ ℝ = (a b)²\n1 return X")
+    text = render_card(card)
+    assert "a ∈ ℕ = −a b − c · (−d), b ∈ ℕ = (−a) b, c ∈ ℝ = (a b)²" in text
+    value = card.algorithms[0].blocks[0].items[0].value
+    assert value.left == s.Unary("−", s.BinOp(" ", s.Name("a"), s.Name("b")))
+    assert parse_clean(text) == card
+
+
+# ---------------------------------------------------------------------- property: expressions
+
+NAMES = [canonical_name(n) for n in ("X", "W_q", "γ^1_l", "t′", "e_t", "Ṽ", "b", "d_attn")]
+FUNCS = ["f", "softmax", "layer_norm"]
+
+names = st.sampled_from(NAMES).map(s.Name)
+nums = st.sampled_from(["1", "2", "0.5", "1e-5", "∞"]).map(s.Num)
+
+
+def _concat(items: list, sep: str, ellipsis: bool) -> s.Concat:
+    items = list(items)
+    if ellipsis and len(items) >= 2:  # "…" stands second to last: [a, b, …, z]
+        items.insert(len(items) - 1, s.Ellipsis_())
+    return s.Concat(tuple(items), sep)
+
+
+def _extend(children):
+    slices = st.builds(s.Slice, st.none() | children, st.none() | children)
+    args = st.builds(s.Arg, children, children, st.sampled_from(["=", "≡"]))
+    return st.one_of(
+        st.builds(s.BinOp, st.sampled_from(["+", "−", "·", "⊙", "/", " "]), children, children),
+        st.builds(s.Unary, st.sampled_from(["−", "√", "∇"]), children),
+        st.builds(s.Transpose, children),
+        st.builds(s.Power, children, st.just(s.Num("2")) | children),
+        st.builds(s.Index, children,
+                  st.lists(children | slices, min_size=1, max_size=3).map(tuple)),
+        st.builds(lambda f, a, p: s.Call(f, tuple(a), tuple(p), bool(p)), st.sampled_from(FUNCS),
+                  st.lists(children, max_size=2), st.lists(children | args, max_size=2)),
+        st.builds(_concat, st.lists(children, min_size=1, max_size=3), st.just(","), st.booleans()),
+        st.builds(_concat, st.lists(children, min_size=2, max_size=3), st.just(";"), st.booleans()),
+        # no "≠": the parser cannot read it back (test_not_equal_round_trips)
+        st.builds(lambda a, op, b: s.Iverson(s.BinOp(op, a, b)), children,
+                  st.sampled_from(["≤", "<", "≥", ">"]), children),
+        st.builds(lambda i, lo, hi, body: s.Sum(i, lo, hi, None, body),
+                  st.sampled_from(["i", "t"]), children, children, children),
+        st.builds(lambda i, over, body: s.Sum(i, None, None, over, body),
+                  st.sampled_from(["i", "t"]), children, children),
+    )
+
+
+exprs = st.recursive(names | nums, _extend, max_leaves=10)
+_ANNOT_AFTER_EXPR = re.compile(r".\[\[[^\[\]\n]*∈.*\]\]$")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(exprs)
+def test_expressions_round_trip(expr):
+    value = render_expr(expr)
+    # grammar bug (test_sum_over_in_brackets_at_line_end): after an expression, a line that
+    # ends in "[[…∈…]]" lexes as an annotation (ANNOT) even where "[[" opens an index or a list
+    assume(not _ANNOT_AFTER_EXPR.search(value))
+    text = f"Algorithm: Y ← F(X)\n1 Y ← {value}\n"
+    (alg,) = parse_clean(text).algorithms
+    assert alg.steps[0].stmt.value == expr, text
+
+
+@settings(max_examples=60, deadline=None)
+@given(exprs, exprs)
+def test_conditions_round_trip(a, b):
+    assume(not _ANNOT_AFTER_EXPR.search(render_expr(a)))  # the ANNOT bug, as above
+    cond = s.Unary("¬", s.BinOp("≤", a, b))
+    step = s.Step(s.ForAll(("t", "t′"), s.If(cond, s.Assign(s.Name("Y"), a))), "1")
+    alg = s.Algorithm("F", outputs=("Y",), args=("X",), steps=(step,))
+    text = render_algorithm(alg)
+    (back,) = parse_clean(text).algorithms
+    assert back == alg, text
+
+
+# ---------------------------------------------------------------------- property: whole cards
+
+small = st.recursive(names | nums, _extend, max_leaves=3)
+words = st.sampled_from(["a note", "tied unembedding", "see (4)", "one row per token."])
+dim_types = st.builds(s.Tensor, st.just(s.Scalar("ℝ")), st.lists(names, min_size=1, max_size=2)
+                      .map(tuple))
+types = st.one_of(st.builds(s.Scalar, st.sampled_from(["ℝ", "ℕ"])), dim_types,
+                  st.builds(s.Finite, names), st.builds(s.Interval, nums, nums, st.booleans(),
+                                                        st.booleans()))
+
+
+def _values(children):  # grammar.lark's ?value: no ⊙, no postfix but ², a minus only in front
+    return st.one_of(
+        st.builds(s.BinOp, st.sampled_from(["+", "−", "·", "/", " "]), children, children),
+        st.builds(s.Unary, st.just("−"), children),
+        st.builds(s.Power, children, st.just(s.Num("2"))))
+
+
+values = st.recursive(names | nums, _values, max_leaves=4)
+typed_decls = st.builds(
+    lambda ns, ty, v, init, prose: s.Decl(tuple(ns), ty, v, init, prose),
+    st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True), types,
+    st.none() | values, st.none() | st.builds(lambda a: s.Call("𝒩", tuple(a)),
+                                              st.lists(values, min_size=1, max_size=2)),
+    st.none() | words)
+untyped_decls = st.one_of(
+    st.builds(lambda n, p: s.Decl((n,), prose=p), st.sampled_from(NAMES), words),
+    st.builds(lambda n, v, p: s.Decl((n,), value=v, prose=p), st.sampled_from(NAMES), values,
+              st.none() | words))
+items = st.recursive(
+    typed_decls | untyped_decls,
+    lambda c: st.one_of(
+        st.builds(lambda n, i, p: s.Bundle(n, tuple(i), p), st.sampled_from(["W", "θ"]),
+                  st.lists(c, max_size=3), st.none() | words),
+        st.builds(lambda i, over, it: s.Family(i, s.Concat((over,)), tuple(it)),
+                  st.sampled_from(["l", "h"]), names, st.lists(c, max_size=3))),
+    max_leaves=6)
+blocks = st.builds(lambda k, i: s.Block(k, tuple(i)),
+                   st.sampled_from(["Input", "Output", "Hyperparameters", "Parameters"]),
+                   st.lists(items, max_size=4))
+presets = st.builds(lambda n, v, p: s.Preset(n, tuple(v), p), st.sampled_from(["tiny", "gpt2"]),
+                    st.lists(st.tuples(st.sampled_from(NAMES), small), min_size=1, max_size=3),
+                    st.none() | words)
+
+targets = names | st.builds(lambda n, i: s.Index(n, (i,)), names, small)
+simple_stmts = st.one_of(
+    st.builds(s.Assign, targets, small),
+    st.builds(lambda n, i, v: s.Assign(s.Index(n, (i,)), v, "="), names, small, small),
+    st.builds(s.Return, small, st.none() | st.sampled_from(["Y", canonical_name("Ṽ")])))
+conds = small | st.builds(s.BinOp, st.sampled_from(["≤", "<"]), small, small)
+loop_over = st.builds(lambda n: s.Concat((n,)), names) | st.builds(
+    lambda first, last: s.Range(tuple(first), last), st.lists(nums, min_size=1, max_size=2), names)
+line_stmts = st.recursive(simple_stmts, lambda c: st.one_of(
+    st.builds(lambda v, b: s.ForAll(tuple(v), b),
+              st.lists(st.sampled_from(["t", "t′", "i"]), min_size=1, max_size=2), c),
+    st.builds(s.If, conds, c),
+    st.builds(lambda v, over, b: s.For(v, over, (s.Step(b),), "map",
+                                       "∈" if isinstance(over, s.Concat) else "="),
+              st.sampled_from(["t", "l"]), loop_over, c)), max_leaves=3)
+numbers = st.none() | st.integers(1, 12).map(str)
+annotations = st.builds(lambda n, ty: s.Decl((n,), ty), st.sampled_from(NAMES), dim_types)
+
+
+@st.composite
+def _steps(draw, depth=0):
+    out = []
+    for _ in range(draw(st.integers(1 if depth == 0 else 0, 3))):
+        opens = depth < 2 and draw(st.booleans())
+        if opens:
+            over = draw(loop_over)
+            binder = "∈" if isinstance(over, s.Concat) else draw(st.sampled_from(["=", "←"]))
+            stmt = s.For(draw(st.sampled_from(["t", "l", "h"])), over, tuple(draw(_steps(depth + 1))),
+                         draw(st.sampled_from(["do", "block"])), binder)
+        else:
+            stmt = draw(line_stmts)
+        tail = draw(st.sampled_from(["", "note", "annotation", "where"]))
+        if tail == "where" and not isinstance(stmt, (s.Assign, s.Return)):
+            tail = ""  # `, where …` is read after assignments and returns only
+        out.append(s.Step(stmt, draw(numbers),
+                          annotation=draw(annotations) if tail == "annotation" else None,
+                          note=draw(words) if tail == "note" else None,
+                          where="x is the input" if tail == "where" else None))
+    return out
+
+
+@st.composite
+def algorithms(draw):
+    if draw(st.booleans()):
+        head = {"name": None, "title": "Token embedding."}
+    else:
+        head = {"name": "F", "outputs": ("Y",), "note": draw(st.none() | words),
+                "args": tuple(draw(st.lists(st.sampled_from(["X", "Z"]), max_size=2, unique=True))),
+                "params": tuple(draw(st.lists(st.sampled_from(["θ", "W"]), max_size=2, unique=True)))}
+    steps = draw(_steps())
+    blocks_ = tuple(draw(st.lists(blocks, max_size=3)))
+    presets_ = tuple(draw(st.lists(presets, max_size=2)))
+    if blocks_ and steps[0].number is None:
+        # parser quirk: an unnumbered first step after the blocks that reads as a declaration
+        # (`For h ∈ [H]:`) joins the last block; give it a number
+        steps[0] = s.Step(steps[0].stmt, "1", steps[0].annotation, steps[0].note, steps[0].where)
+    return s.Algorithm(number=draw(st.none() | st.sampled_from(["1", "10"])),
+                       comments=tuple(draw(st.lists(words, max_size=2))), blocks=blocks_,
+                       presets=presets_, steps=tuple(steps), **head)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(algorithms(), min_size=1, max_size=2))
+def test_cards_round_trip(algs):
+    card = s.CardFile("<test>", tuple(algs))
+    text = render_card(card)
+    assume(not any(_ANNOT_AFTER_EXPR.search(line) for line in text.splitlines()))  # ANNOT bug
+    back = parse_clean(text)
+    assert back == card, text
+    assert render_card(back) == text
+
+
+# ---------------------------------------------------------------------- parser bugs on record
+# These ASTs render to the text one would write, but the parser does not read that text back
+# as the same AST. Each is a parser bug, reported rather than worked around here.
+
+
+def _round_trip(alg: s.Algorithm) -> s.Algorithm:
+    (back,) = parse_clean(render_algorithm(alg)).algorithms
+    return back
+
+
+def _alg(*steps: s.Step) -> s.Algorithm:
+    return s.Algorithm("F", outputs=("Y",), args=("X",), steps=steps)
+
+
+def test_while_renders():
+    body = (s.Step(s.Assign(s.Name("Y"), s.Name("X")), "2"),)
+    alg = _alg(s.Step(s.While(s.BinOp("≤", s.Name("a"), s.Name("b")), body), "1"))
+    assert render_algorithm(alg).splitlines()[1:] == ["1 while a ≤ b do", "2     Y ← X", "  end"]
+
+
+def test_while_round_trips():
+    body = (s.Step(s.Assign(s.Name("Y"), s.Name("X")), "2"),)
+    alg = _alg(s.Step(s.While(s.BinOp("≤", s.Name("a"), s.Name("b")), body), "1"))
+    assert _round_trip(alg) == alg
+
+
+@pytest.mark.xfail(reason="parser bug: a step `Y = e` with a plain name on the left lexes as "
+                          "a definition (def_decl) and is rejected as a declaration")
+def test_binding_a_name_round_trips():
+    alg = _alg(s.Step(s.Assign(s.Name("Y"), s.Call("softmax", (s.Name("X"),)), "="), "1"))
+    assert _round_trip(alg) == alg
+
+
+@pytest.mark.xfail(reason="parser bug: `, where …` after the statement of a ∀ or an if leaks "
+                          "the parser's private _Where node into the AST")
+def test_where_after_forall_round_trips():
+    stmt = s.ForAll(("t",), s.Assign(s.Name("Y"), s.Name("X")))
+    alg = _alg(s.Step(stmt, "1", where="t runs over the positions"))
+    assert _round_trip(alg) == alg
+
+
+def test_not_equal_round_trips():
+    alg = _alg(s.Step(s.Assign(s.Name("Y"), s.Iverson(s.BinOp("≠", s.Name("t"), s.Name("u")))), "1"))
+    assert _round_trip(alg) == alg
+
+
+@pytest.mark.parametrize("step", ["S[t] <- x", "if a ≤ b then S <- x", "∀t: S <- x"])
+def test_ascii_arrow_after_an_index(step):
+    parse_clean(f"Algorithm: Y <- F(X)\n1 {step}")
+
+
+@pytest.mark.xfail(reason="grammar bug: PROSE excludes '∈' but not ASCII ' in ', so after a ',' "
+                          "what follows lexes as prose: a second declaration becomes prose of the "
+                          "first, and `γ, β in R^{d}` a prose-only declaration of γ")
+@pytest.mark.parametrize(("ascii", "unicode"), [
+    ("X in R^{d}, Z in R^{d}", "X ∈ ℝ^{d}, Z ∈ ℝ^{d}"), ("gamma, beta in R^{d}", "γ, β ∈ ℝ^{d}"),
+])
+def test_ascii_in_after_a_comma(ascii, unicode):
+    def parse_input(decls):
+        return parse_clean(f"Algorithm: Y <- F(X)\nInput: {decls}\n1 return X")
+    assert parse_input(ascii) == parse_input(unicode)
+
+
+@pytest.mark.xfail(reason="grammar bug: after an expression, a line ending in '[[…∈…]]' lexes as "
+                          "an ANNOT annotation, though '[[' opens an index holding a list")
+def test_sum_over_in_brackets_at_line_end():
+    concat = s.Concat((s.Sum("i", None, None, s.Name("T"), s.Name("x")),))
+    alg = _alg(s.Step(s.Assign(s.Name("Y"), s.Index(s.Name("X"), (concat,))), "1"))
+    assert render_algorithm(alg).endswith("1 Y ← X[[Σ_{i∈T} x]]")
+    assert _round_trip(alg) == alg
+
+
+def test_display_helper_is_nfc():
+    assert display("V\u0303") == "Ṽ"
