@@ -172,17 +172,17 @@ def test_format_source():
 
 # ---------------------------------------------------------------------- ASCII spellings
 
-# `<-` is written only where the lexer reads it (test_ascii_arrow_after_an_index), and a second
-# declaration with ` in ` follows a `;`, not a `,`, and declares one name (test_ascii_in_after_a_comma)
+# a second declaration spelled with ` in ` follows a `;`, not a `,`, and declares one name
+# (test_ascii_in_after_a_comma)
 ASCII = """\
 Algorithm 4: V~ <- Attention(X, Z | W_qkv, Mask)
 Input: X in R^{d_x x ell_x}; Z in RR^{d_z x ell_z}
 Hyperparameters: L in NN; epsilon in (0, inf) = 1e-5
 Parameters: gamma^1_l in R^{d_x}
 1 S <- K^T Q * W (.) Z
-2 forall t_z, t_x, if not Mask[t_z, t_x] then S[t_z, t_x] ← -inf
+2 forall t_z, t_x, if not Mask[t_z, t_x] then S[t_z, t_x] <- -inf
 3 m <- sum_{i=1}^{D} e[i]/D
-4 for t' in [L] : Y[t'] ← [[t' <= t]] - sqrt(v) + sqrt v
+4 for t' in [L] : Y[t'] <- [[t' <= t]] - sqrt(v) + sqrt v [[t != 1]]
 5 Y <- [e_1, e_2, ..., e_L]
 6 return V~ = f(X | a == b)
 """
@@ -195,7 +195,7 @@ Parameters: γ^1_l ∈ ℝ^{d_x}
 1 S ← K^⊺ Q · W ⊙ Z
 2 ∀t_z, t_x, if ¬Mask[t_z, t_x] then S[t_z, t_x] ← −∞
 3 m ← Σ_{i=1}^{D} e[i]/D
-4 for t′ ∈ [L] : Y[t′] ← [[t′ ≤ t]] − √v + √v
+4 for t′ ∈ [L] : Y[t′] ← [[t′ ≤ t]] − √v + √v [[t ≠ 1]]
 5 Y ← [e_1, e_2, …, e_L]
 6 return Ṽ = f(X | a ≡ b)
 """
@@ -279,9 +279,8 @@ def _extend(children):
                   st.lists(children, max_size=2), st.lists(children | args, max_size=2)),
         st.builds(_concat, st.lists(children, min_size=1, max_size=3), st.just(","), st.booleans()),
         st.builds(_concat, st.lists(children, min_size=2, max_size=3), st.just(";"), st.booleans()),
-        # no "≠": the parser cannot read it back (test_not_equal_round_trips)
         st.builds(lambda a, op, b: s.Iverson(s.BinOp(op, a, b)), children,
-                  st.sampled_from(["≤", "<", "≥", ">"]), children),
+                  st.sampled_from(["≤", "<", "≥", ">", "≠"]), children),
         st.builds(lambda i, lo, hi, body: s.Sum(i, lo, hi, None, body),
                   st.sampled_from(["i", "t"]), children, children, children),
         st.builds(lambda i, over, body: s.Sum(i, None, None, over, body),
@@ -349,8 +348,9 @@ untyped_decls = st.one_of(
 items = st.recursive(
     typed_decls | untyped_decls,
     lambda c: st.one_of(
-        st.builds(lambda n, i, p: s.Bundle(n, tuple(i), p), st.sampled_from(["W", "θ"]),
-                  st.lists(c, max_size=3), st.none() | words),
+        st.builds(lambda n, i, p, intro: s.Bundle(n, tuple(i), p, intro),
+                  st.sampled_from(["W", "θ"]), st.lists(c, max_size=3), st.none() | words,
+                  st.sampled_from(["consisting of", "includes all of the following parameters"])),
         st.builds(lambda i, over, it: s.Family(i, s.Concat((over,)), tuple(it)),
                   st.sampled_from(["l", "h"]), names, st.lists(c, max_size=3))),
     max_leaves=6)
@@ -366,7 +366,7 @@ simple_stmts = st.one_of(
     st.builds(s.Assign, targets, small),
     st.builds(lambda n, i, v: s.Assign(s.Index(n, (i,)), v, "="), names, small, small),
     st.builds(s.Return, small, st.none() | st.sampled_from(["Y", canonical_name("Ṽ")])))
-conds = small | st.builds(s.BinOp, st.sampled_from(["≤", "<"]), small, small)
+conds = small | st.builds(s.BinOp, st.sampled_from(["≤", "<", "≠"]), small, small)
 loop_over = st.builds(lambda n: s.Concat((n,)), names) | st.builds(
     lambda first, last: s.Range(tuple(first), last), st.lists(nums, min_size=1, max_size=2), names)
 line_stmts = st.recursive(simple_stmts, lambda c: st.one_of(
@@ -384,12 +384,15 @@ annotations = st.builds(lambda n, ty: s.Decl((n,), ty), st.sampled_from(NAMES), 
 def _steps(draw, depth=0):
     out = []
     for _ in range(draw(st.integers(1 if depth == 0 else 0, 3))):
-        opens = depth < 2 and draw(st.booleans())
-        if opens:
+        opens = draw(st.sampled_from(["", "for", "while"])) if depth < 2 else ""
+        if opens == "for":
             over = draw(loop_over)
             binder = "∈" if isinstance(over, s.Concat) else draw(st.sampled_from(["=", "←"]))
+            style = draw(st.sampled_from(["do", "block"]))
             stmt = s.For(draw(st.sampled_from(["t", "l", "h"])), over, tuple(draw(_steps(depth + 1))),
-                         draw(st.sampled_from(["do", "block"])), binder)
+                         style, binder, draw(numbers) if style == "do" else None)
+        elif opens == "while":
+            stmt = s.While(draw(conds), tuple(draw(_steps(depth + 1))), draw(numbers))
         else:
             stmt = draw(line_stmts)
         tail = draw(st.sampled_from(["", "note", "annotation", "where"]))

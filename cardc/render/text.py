@@ -26,8 +26,8 @@ Canonical layout:
 * the steps. A step's number is written exactly as the AST holds it (numbers are compared in
   the AST, so renumbering would not round-trip), right-aligned so that statements line up; a
   step without one gets none; the ``end`` of a loop keeps the number it was written with
-  (the paper's ``9 end``). Loop bodies are indented 4 spaces a level; a step's annotation and note follow
-  two spaces and ``▷``.
+  (the paper's ``9 end``). Loop bodies are indented 4 spaces a level; a step's annotation and
+  note follow two spaces and ``▷``.
 """
 
 from __future__ import annotations
@@ -275,8 +275,8 @@ class Renderer:
         head = f"For {node.index} {binder} {over}"
         items = node.items
         if (len(items) == 1 and isinstance(items[0], s.Bundle) and items[0].prose is None
-                and binder == "∈"):  # For h ∈ [H], W^h consisting of:
-            head += f", {items[0].name} consisting of:"
+                and items[0].intro == "consisting of" and binder == "∈"):
+            head += f", {items[0].name} consisting of:"  # For h ∈ [H], W^h consisting of:
             items = items[0].items
         else:
             head += ":"
@@ -420,6 +420,8 @@ def _step_numbers(steps: tuple[s.Step, ...]):
         stmt = step.stmt
         if isinstance(stmt, s.While) or isinstance(stmt, s.For) and stmt.style != "map":
             yield from _step_numbers(stmt.body)
+            if stmt.end_number is not None:
+                yield stmt.end_number
 
 
 @cache
