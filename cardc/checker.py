@@ -369,10 +369,6 @@ class _Body:
         self.returned = False
 
     def base_scope(self) -> dict[str, Entry]:
-        env = _DeclEnv(self.c, self.alg)
-        for kind in ("Hyperparameters", "Input", "Parameters"):
-            for item in self.alg.decls(kind):
-                env.declare(kind, item) if kind != "Hyperparameters" else None
         scope: dict[str, Entry] = dict(self.sig.hypers)
         scope.update({n: t for n, t in self.sig.inputs})
         scope.update(self.sig.tree.members)
