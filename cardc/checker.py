@@ -276,6 +276,11 @@ def _dim(expr: s.Expr, definitions: dict[str, Dim], diags: Diagnostics | None,
         return None
 
 
+def expr_dim(expr: s.Expr, definitions: dict[str, Dim]) -> Dim | None:
+    """A dimension written in a card (`D/H`, `ℓ + 1`), or None when it is not one."""
+    return _dim(expr, definitions, None)
+
+
 def _layout(alg: s.Algorithm, env: _DeclEnv) -> str | None:
     """Row-major cards multiply parameters from the right (X W), column-major from the left."""
     params = set(_flat_names(env.params))

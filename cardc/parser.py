@@ -49,6 +49,7 @@ class Line:
     note: str | None = None
     annotation: s.Decl | None = None
     comment: str | None = None
+    note_text: str | None = None  # the note even where it reads as an annotation: prose for decls
 
 
 def _span(file: str, meta_or_token: Any) -> s.Span:
@@ -125,7 +126,7 @@ class _Build(Transformer):
     def preset_line(self, meta, c):
         values = tuple(c[2])
         tail = c[-1]
-        preset = s.Preset(str(c[1]), values, tail.get("note"), span=self.sp(meta))
+        preset = s.Preset(str(c[1]), values, tail.get("text"), span=self.sp(meta))
         return self._line("preset", meta, None, preset, {}, column=meta.column)
 
     def preset_values(self, c):
@@ -152,7 +153,7 @@ class _Build(Transformer):
 
     def _line(self, kind, meta, number, payload, tail, column):
         return Line(kind, self.sp(meta), column, number, payload, tail.get("note"),
-                    tail.get("annotation"), tail.get("comment"))
+                    tail.get("annotation"), tail.get("comment"), tail.get("text"))
 
     def line_tail(self, c):
         tail: dict[str, Any] = {}
@@ -161,10 +162,12 @@ class _Build(Transformer):
                 text = _note(tok)
                 decl = self._annotation(text, tok, offset=len(tok) - len(tok.lstrip("▷/")))
                 tail["annotation" if decl else "note"] = decl or text
+                tail["text"] = text
             elif tok.type == "ANNOT":
                 text = tok.strip()[2:-2]
                 decl = self._annotation(text, tok, offset=2)
                 tail["annotation" if decl else "note"] = decl or text.strip()
+                tail["text"] = text.strip()
             elif tok.type == "COMMENT":
                 tail["comment"] = _comment(tok)
         return tail
@@ -214,8 +217,14 @@ class _Build(Transformer):
         return ("~", s.Call(str(c[1]), args, span=self.sp(meta)))
 
     @v_args(meta=True)
-    def def_decl(self, meta, c):
-        return s.Decl((str(c[0]),), value=c[1], span=self.sp(meta))
+    def definition(self, meta, c):
+        """`d = D/H, the width of a head`: prose makes a bind a declaration (a list, as decls)."""
+        target, value, prose = c[0], c[1], _prose(c[2])
+        if not isinstance(target, s.Name):
+            self.diags.error(self.sp(meta), "prose after ',' follows a declaration, not a step",
+                             hint="write a note instead: '▷ …'")
+            return s.Assign(target, value, "=", span=self.sp(meta))
+        return [s.Decl((target.id,), value=value, prose=prose, span=self.sp(meta))]
 
     def annot(self, c):
         return c[0]
@@ -227,9 +236,8 @@ class _Build(Transformer):
         return s.Bundle(str(c[0]), (), prose, intro, span=self.sp(meta))
 
     @v_args(meta=True)
-    def family(self, meta, c):
-        bundle = s.Bundle(str(c[4]), (), None, span=_span(self.file, c[4]))
-        return s.Family(str(c[1]), c[3], (bundle,), span=self.sp(meta))
+    def family(self, meta, c):  # For h ∈ [H], W^h consisting of:
+        return s.Family(str(c[1]), c[3], (c[-1],), span=self.sp(meta))
 
     # --- types
     @v_args(meta=True)
@@ -683,7 +691,7 @@ class _Layout:
                 close_block()
                 kind, items = ln.payload
                 current = (kind, ln.span, -1)
-                decl_lines = [Line("items", ln.span, ln.indent, None, items)] if items else []
+                decl_lines = [replace(ln, kind="items", payload=items)] if items else []
             elif ln.kind == "preset":
                 presets.append(ln.payload)
             elif current is not None and not step_lines and self.is_declaration(ln):
@@ -702,7 +710,7 @@ class _Layout:
         for item in ln.payload:
             if isinstance(item, (list, s.Bundle, s.Family)):
                 continue
-            if isinstance(item, s.Assign) and item.op == "=" and isinstance(item.target, s.Name):
+            if _definition(item):
                 continue  # a definition such as d = D/H
             if isinstance(item, _Open) and isinstance(item.stmt, s.For) and item.stmt.style == "block":
                 continue  # For l ∈ [L]: opens a family
@@ -737,15 +745,15 @@ class _Layout:
                 items += item
             elif isinstance(item, (s.Bundle, s.Family)):
                 items.append(item)
-            elif isinstance(item, s.Assign):
-                items.append(s.Decl((item.target.id,), value=item.value, span=item.span))
+            elif _definition(item):
+                bind, where = (item.stmt, item.where) if isinstance(item, _Where) else (item, None)
+                prose = None if where is None else f"where {where}"  # `d = …, where …`
+                items.append(s.Decl((bind.target.id,), value=bind.value, prose=prose, span=bind.span))
             elif isinstance(item, _Open):
                 f = item.stmt
                 items.append(s.Family(f.var, f.over, (), span=f.span))
-        if ln.note:
-            last = items[-1]
-            if isinstance(last, s.Decl):
-                items[-1] = replace(last, prose=_join(last.prose, ln.note))
+        if ln.note_text and items:  # a note on a declaration line is more of its prose
+            items[-1] = _add_prose(items[-1], ln.note_text)
         return items
 
     # --- steps
@@ -765,10 +773,6 @@ class _Layout:
                 continue
             if ln.kind != "items":
                 continue
-            if _is_binding(ln.payload):  # `y = …` in a step binds a name
-                decl = ln.payload[0][0]
-                ln.payload = [s.Assign(s.Name(decl.names[0], span=decl.span), decl.value, "=",
-                                       span=decl.span)]
             if len(ln.payload) != 1 or isinstance(ln.payload[0], (list, s.Bundle, s.Family)):
                 self.diags.error(ln.span, "expected one statement on this line",
                                  hint="declarations belong in the Input/Output/Parameters blocks")
@@ -796,11 +800,18 @@ class _Layout:
         (stack[-1][1] if stack else root).append(step)
 
 
-def _is_binding(payload) -> bool:
-    if len(payload) != 1 or not isinstance(payload[0], list) or len(payload[0]) != 1:
-        return False
-    d = payload[0][0]
-    return d.type is None and d.value is not None and d.prose is None and len(d.names) == 1
+def _definition(item) -> bool:
+    """`d = D/H` (or `d = D/H, where …`) read as a declaration where one may stand."""
+    bind = item.stmt if isinstance(item, _Where) else item
+    return isinstance(bind, s.Assign) and bind.op == "=" and isinstance(bind.target, s.Name)
+
+
+def _add_prose(item: s.Item, text: str) -> s.Item:
+    if isinstance(item, (s.Decl, s.Bundle)):
+        return replace(item, prose=_join(item.prose, text))
+    if isinstance(item, s.Family) and item.items:  # For h ∈ [H], W consisting of:  ▷ …
+        return replace(item, items=(_add_prose(item.items[0], text),))
+    return item  # a family header has no prose
 
 
 def _keyword(stmt) -> str:

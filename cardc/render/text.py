@@ -10,8 +10,9 @@ calls ``<kind>_lines`` (constructs that span lines: algorithms, blocks, bundles,
 
 Expressions get the fewest parentheses the grammar allows, from a precedence table that mirrors
 ``grammar.lark`` (``?cond``, ``?sum``, ``?product``, ``?unary``, ``?tight``, ``?postfix``, ``?atom``).
-Declaration values have a smaller grammar of their own (``?value``, ``?vterm``, ``?vatom``) and are
-rendered by a subclass with that grammar's precedences.
+Values of typed declarations have a smaller grammar of their own (``?value``, ``?vterm``,
+``?vatom``) and are rendered by a subclass with that grammar's precedences; a definition
+``d = D/H`` holds an expression.
 
 Canonical layout:
 
@@ -219,8 +220,8 @@ class Renderer:
         out = ", ".join(node.names)
         if node.type is not None:
             out += f" ∈ {self.text(node.type)}"
-        if node.value is not None:
-            out += f" = {VALUES.text(node.value)}"
+        if node.value is not None:  # `d = D/H` is a bind: an expression, not a typed value
+            out += f" = {(VALUES if node.type is not None else TEXT).text(node.value)}"
         if node.init is not None:
             init = node.init
             if isinstance(init, s.Call):
@@ -231,7 +232,9 @@ class Renderer:
 
     def decl_line_text(self, node: s.Decl) -> str:
         text = self.decl_text(node, True)
-        return text if node.prose is None else text + prose_suffix(node.prose)
+        if node.prose is None:
+            return text
+        return text + prose_suffix(node.prose, needs_prose=node.type is None and node.value is None)
 
     def item_lines(self, items: tuple[s.Item, ...], depth: int) -> list[str]:
         """Declarations filled into lines (see the module docstring); bundles and families."""
@@ -274,10 +277,12 @@ class Renderer:
         binder = "=" if isinstance(node.over, s.Range) else "∈"
         head = f"For {node.index} {binder} {over}"
         items = node.items
-        if (len(items) == 1 and isinstance(items[0], s.Bundle) and items[0].prose is None
-                and items[0].intro == "consisting of" and binder == "∈"):
-            head += f", {items[0].name} consisting of:"  # For h ∈ [H], W^h consisting of:
-            items = items[0].items
+        if len(items) == 1 and isinstance(items[0], s.Bundle) and binder == "∈":
+            bundle = items[0]  # For h ∈ [H], W^h consisting of:
+            head += f", {bundle.name} {bundle.intro}:"
+            if bundle.prose is not None:
+                head += prose_suffix(bundle.prose)
+            items = bundle.items
         else:
             head += ":"
         return [INDENT * depth + head, *self.item_lines(items, depth + 1)]
@@ -435,12 +440,21 @@ def _prose_pattern() -> re.Pattern[str] | None:
         return None
 
 
-def prose_suffix(prose: str) -> str:
-    """``, prose``; or ``  ▷ prose`` where the prose would not lex back (``∈``, ``;``, …)."""
+def prose_suffix(prose: str, needs_prose: bool = False) -> str:
+    """``, prose``; or ``  ▷ prose`` where the prose would not lex back (``∈``, ``;``, …).
+
+    A name declared by prose alone (``needs_prose``) must keep some ``, prose``: then the
+    longest leading part that lexes stays, and the rest becomes a note (the parser joins the two
+    with ``, `` again).
+    """
     pattern = _prose_pattern()
-    text = ", " + unicodedata.normalize("NFD", prose)
-    if pattern is not None and pattern.fullmatch(text):
-        return f", {prose}"
+    if pattern is None:
+        return f"  ▷ {prose}"
+    parts = prose.split(", ")
+    for n in range(len(parts), 0 if needs_prose else len(parts) - 1, -1):
+        head, rest = ", ".join(parts[:n]), ", ".join(parts[n:])
+        if pattern.fullmatch(", " + unicodedata.normalize("NFD", head)):
+            return f", {head}" + (f"  ▷ {rest}" if rest else "")
     return f"  ▷ {prose}"
 
 

@@ -1,0 +1,147 @@
+"""Code generation end to end: which cards are models, their Python source, and the modules."""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import syntax as s
+from .checker import Checker, check
+from .codegen import generate
+from .diagnostics import CardError, Diagnostics
+from .library import Library, load
+from .lower import LowerError, Lowering
+from .spelling import python_name
+
+
+@dataclass
+class Target:
+    alg: s.Algorithm
+    path: Path  # where its generated module lives
+
+
+def model_cards(lib: Library, checker: Checker, files: list[str] | None = None) -> list[s.Algorithm]:
+    """Cards nobody calls that own parameters: the models. Column-major cards wait for
+    their lowering (the paper's own cards are checked and rendered, not yet generated)."""
+    called = {id(ci.callee) for info in checker.infos.values() for ci in info.calls.values()}
+    out = []
+    for card_file, alg in lib.algorithms():
+        if files is not None and card_file.path not in files:
+            continue
+        info = checker.infos.get(id(alg))
+        if alg.name is None or info is None or id(alg) in called or not info.sig.tree.members:
+            continue
+        if info.sig.layout == "column":
+            continue
+        out.append(alg)
+    return out
+
+
+def module_path(alg: s.Algorithm, out_dir: str | Path) -> Path:
+    return Path(out_dir) / f"{python_name(alg.name).lower()}.py"
+
+
+def checked(paths: list[str], library: str | None) -> tuple[Library, Checker, list[str]]:
+    lib, targets = load(paths, root=library)
+    checker, diags = check(lib)
+    if diags.errors:
+        raise CardError(diags)
+    return lib, checker, targets
+
+
+def source(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> str:
+    """The generated Python module for a model card."""
+    try:
+        program = Lowering(checker, fuse).model(alg)
+    except LowerError as err:
+        diags = Diagnostics(sources=checker.lib.diags.sources)
+        diags.error(err.span, err.message, err.hint)
+        raise CardError(diags) from None
+    return generate(program)
+
+
+def find_card(lib: Library, checker: Checker, card: str, name: str | None) -> s.Algorithm:
+    file = next((f for f in lib.files if Path(f.path) == Path(card)), None)
+    algs = [a for a in (file.algorithms if file else ()) if a.name]
+    if name is not None:
+        algs = [a for a in algs if a.name == name]
+    models = [a for a in model_cards(lib, checker, [file.path]) if a in algs] if file else []
+    chosen = models or algs
+    if not chosen:
+        raise ValueError(f"no model card{f' named {name!r}' if name else ''} in {card}")
+    return chosen[0]
+
+
+def load_module(text: str, name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    exec(compile(text, f"<cardc:{name}>", "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+def instantiate(checker: Checker, alg: s.Algorithm, values: dict[str, float], fuse: bool = True):
+    """Generate `alg`'s module, then build its class with these hyperparameter values."""
+    import inspect
+
+    text = source(checker, alg, fuse)
+    module = load_module(text, python_name(alg.name).lower())
+    cls = getattr(module, python_name(alg.name))
+    wanted = inspect.signature(cls).parameters
+    kwargs: dict[str, int | float] = {}
+    for card_name, value in values.items():
+        py = python_name(card_name)
+        if py in wanted:
+            kwargs[py] = int(value) if wanted[py].annotation in (int, "int") else float(value)
+    missing = [p for p, v in wanted.items() if v.default is v.empty and p not in kwargs]
+    if missing:
+        raise ValueError(f"'{alg.name}' needs values for {', '.join(missing)}: "
+                         "choose a preset or set them")
+    return cls(**kwargs), kwargs
+
+
+def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] | None = None,
+                library: str | None = "cards", name: str | None = None, fuse: bool = True):
+    """The `nn.Module` of a model card at a preset, generated fresh from the card.
+
+    `model.card_meta` records the card sources and hyperparameters, so a checkpoint can
+    rebuild the same model later without the card files at hand.
+    """
+    from .info import preset_values
+
+    lib, checker, _ = checked([card], library)
+    alg = find_card(lib, checker, card, name)
+    values = preset_values(checker.info(alg).sig, preset, dict(overrides or {}))
+    model, kwargs = instantiate(checker, alg, values, fuse)
+    sources = {f.path: lib.diags.sources[f.path] for f in lib.files if f.path in lib.diags.sources}
+    model.card_meta = {"card": str(card), "name": alg.name, "preset": preset,
+                       "hyperparameters": kwargs, "cards": sources}
+    return model
+
+
+def rebuild_model(meta: dict[str, Any]):
+    """The model a checkpoint's metadata describes, compiled again from its recorded cards."""
+    import tempfile
+
+    try:
+        cards, card, name = meta["cards"], meta["card"], meta["name"]
+        hypers = dict(meta["hyperparameters"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"checkpoint metadata lacks {err}") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        for path, text in cards.items():
+            rel = Path(path)
+            if rel.is_absolute() or ".." in rel.parts:
+                raise ValueError(f"checkpoint metadata names an unsafe card path '{path}'")
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / rel).write_text(text, encoding="utf-8")
+        lib, targets = load([Path(tmp) / card], root=tmp)
+        checker, diags = check(lib)
+        if diags.errors:
+            raise CardError(diags)
+        alg = find_card(lib, checker, str(Path(tmp) / card), name)
+        values = {k: v for k, v in hypers.items()}
+        sig = checker.info(alg).sig
+        by_py = {python_name(h): h for h in sig.hypers}
+        model, _ = instantiate(checker, alg, {by_py.get(k, k): v for k, v in values.items()})
+    return model

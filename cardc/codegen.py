@@ -1,0 +1,140 @@
+"""Print an IR program as a Python module: expressions by precedence, files by template."""
+
+from __future__ import annotations
+
+import ast
+
+import jinja2
+
+from . import ir
+
+# Python operator precedence, loosest first; postfix forms (calls, subscripts) bind tightest.
+_PREC = {"|": 1, "&": 2, "is": 3, "<": 3, "<=": 3, ">": 3, ">=": 3, "==": 3, "!=": 3,
+         "+": 4, "-": 4, "*": 5, "/": 5, "@": 5, "//": 5, "%": 5, "unary": 6, "**": 7}
+_ATOM = 9
+
+
+def expr_py(e: ir.Expr, prec: int = 0) -> str:
+    """Python text of `e`, parenthesised only where precedence needs it."""
+    text, own = _EXPR[type(e).__name__](e)
+    return f"({text})" if own < prec else text
+
+
+def _ref(e: ir.Ref) -> tuple[str, int]:
+    return e.id, _ATOM
+
+
+def _lit(e: ir.Lit) -> tuple[str, int]:
+    neg = e.text.startswith("-")
+    return e.text, _PREC["unary"] if neg else _ATOM
+
+
+def _call(e: ir.Call) -> tuple[str, int]:
+    args = [expr_py(a) for a in e.args] + [f"{k}={expr_py(v)}" for k, v in e.kwargs]
+    return f"{expr_py(e.func, _ATOM)}({', '.join(args)})", _ATOM
+
+
+def _attr(e: ir.Attr) -> tuple[str, int]:
+    return f"{expr_py(e.obj, _ATOM)}.{e.name}", _ATOM
+
+
+def _bin(e: ir.Bin) -> tuple[str, int]:
+    p = _PREC[e.op]
+    if e.op == "**":  # right-associative, and tighter than a unary minus on its left
+        return f"{expr_py(e.left, p + 1)} ** {expr_py(e.right, _PREC['unary'])}", p
+    return f"{expr_py(e.left, p)} {e.op} {expr_py(e.right, p + 1)}", p
+
+
+def _un(e: ir.Un) -> tuple[str, int]:
+    return f"{e.op}{expr_py(e.operand, _PREC['unary'])}", _PREC["unary"]
+
+
+def _sub(e: ir.Sub) -> tuple[str, int]:
+    items = ", ".join(_item(i) for i in e.items)
+    return f"{expr_py(e.obj, _ATOM)}[{items}]", _ATOM
+
+
+def _item(i: ir.Expr | ir.SliceX) -> str:
+    if isinstance(i, ir.SliceX):
+        lo = "" if i.lo is None else expr_py(i.lo, 1)
+        hi = "" if i.hi is None else expr_py(i.hi, 1)
+        return f"{lo}:{hi}"
+    return expr_py(i)
+
+
+def _seq(e: ir.Seq) -> tuple[str, int]:
+    items = [expr_py(i) for i in e.items]
+    if e.kind == "list":
+        return f"[{', '.join(items)}]", _ATOM
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})", _ATOM
+
+
+_EXPR = {"Ref": _ref, "Lit": _lit, "Call": _call, "Attr": _attr, "Bin": _bin, "Un": _un,
+         "Sub": _sub, "Seq": _seq}
+
+# ------------------------------------------------------------------ statements
+
+
+def note_py(note: ir.Note) -> str:
+    parts = [p for p in (note.shape, note.text, note.line and f"[{note.line}]") if p]
+    return f"  # {'  '.join(parts)}" if parts else ""
+
+
+def stmt_lines(st: ir.Stmt, indent: str = "") -> list[str]:
+    return _STMT[type(st).__name__](st, indent)
+
+
+def _assign(st: ir.Assign, indent: str) -> list[str]:
+    lhs = f"{', '.join(st.targets)} = " if st.targets else ""
+    return [f"{indent}{lhs}{expr_py(st.value)}{note_py(st.note)}"]
+
+
+def _loop(st: ir.Loop, indent: str) -> list[str]:
+    head = f"{indent}for {st.target} in {expr_py(st.iter)}:{note_py(st.note)}"
+    return [head] + body_lines(st.body, indent + "    ")
+
+
+def _if(st: ir.If, indent: str) -> list[str]:
+    return [f"{indent}if {expr_py(st.cond)}:"] + body_lines(st.body, indent + "    ")
+
+
+def _raise(st: ir.Raise, indent: str) -> list[str]:
+    return [f"{indent}raise {st.error}({expr_py(st.message)})"]
+
+
+def _return(st: ir.Return, indent: str) -> list[str]:
+    return [f"{indent}return {expr_py(st.value)}{note_py(st.note)}"]
+
+
+_STMT = {"Assign": _assign, "Loop": _loop, "If": _if, "Raise": _raise, "Return": _return}
+
+
+def body_lines(body, indent: str) -> list[str]:
+    return [line for st in body for line in stmt_lines(st, indent)]
+
+
+# ------------------------------------------------------------------ files
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("cardc", "templates"),
+    keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+    undefined=jinja2.StrictUndefined, autoescape=False,
+)
+_ENV.filters.update(py=expr_py, note=note_py, body=body_lines)
+
+
+def arg_py(a: ir.Arg) -> str:
+    text = a.name if a.type is None else f"{a.name}: {a.type}"
+    if a.default is not None:
+        text += f" = {expr_py(a.default)}" if a.type else f"={expr_py(a.default)}"
+    return text
+
+
+_ENV.filters["arg"] = arg_py
+
+
+def generate(program: ir.Program) -> str:
+    """The source text of `program`; it is parsed before anyone gets to write it."""
+    text = _ENV.get_template("model.py.j2").render(p=program)
+    ast.parse(text)
+    return text

@@ -1,0 +1,193 @@
+"""The IR: a batched tensor program, one level above Python text.
+
+Lowering (`lower.py`) turns checked cards into these nodes; passes (`intrinsics.py`) replace
+patterns of them with fused PyTorch ops; `codegen.py` prints them. Expressions are trees of
+tensor operations; statements carry the physical shape of what they compute and the card line
+they come from, which become the comments of the generated code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# ------------------------------------------------------------------ expressions
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A name: a local (`X`), an attribute path (`self.W_e`), a module (`F.gelu`)."""
+
+    id: str
+
+
+@dataclass(frozen=True)
+class Lit:
+    """A Python literal, already spelled: `2`, `1e-05`, `float("-inf")`, `"tanh"`, `True`."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Call:
+    func: Expr
+    args: tuple[Expr, ...] = ()
+    kwargs: tuple[tuple[str, Expr], ...] = ()
+
+
+@dataclass(frozen=True)
+class Attr:
+    """`obj.name`: methods are calls of attributes (`K.transpose(-2, -1)`)."""
+
+    obj: Expr
+    name: str
+
+
+@dataclass(frozen=True)
+class Bin:
+    op: str  # Python operator: + - * / @ ** <= < >= > == != & |
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True)
+class Un:
+    op: str  # "-" or "~"
+    operand: Expr
+
+
+@dataclass(frozen=True)
+class SliceX:
+    lo: Expr | None
+    hi: Expr | None
+
+
+@dataclass(frozen=True)
+class Sub:
+    """`obj[items]`; items may be slices, `...` (Ref("...")) or `None` (Ref("None"))."""
+
+    obj: Expr
+    items: tuple[Expr | SliceX, ...]
+
+
+@dataclass(frozen=True)
+class Seq:
+    """A tuple or list display: `(D,)`, `[a, b]`."""
+
+    items: tuple[Expr, ...]
+    kind: str = "tuple"
+
+
+Expr = Ref | Lit | Call | Attr | Bin | Un | Sub | Seq
+
+# ------------------------------------------------------------------ statements
+
+
+@dataclass(frozen=True)
+class Note:
+    """Where a statement comes from and what it computes: `# (B, T, D)  gpt2.card:14`."""
+
+    shape: str | None = None
+    line: str | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class Assign:
+    targets: tuple[str, ...]  # empty: an expression statement
+    value: Expr
+    note: Note = Note()
+
+
+@dataclass(frozen=True)
+class Loop:
+    target: str
+    iter: Expr
+    body: tuple[Stmt, ...]
+    note: Note = Note()
+
+
+@dataclass(frozen=True)
+class If:
+    cond: Expr
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class Raise:
+    error: str
+    message: Expr
+
+
+@dataclass(frozen=True)
+class Return:
+    value: Expr
+    note: Note = Note()
+
+
+Stmt = Assign | Loop | If | Raise | Return
+
+# ------------------------------------------------------------------ definitions
+
+
+@dataclass
+class Param:
+    name: str
+    shape: tuple[Expr, ...]
+    init: Expr  # a tensor-creating expression over the constructor's arguments
+    note: Note = Note()
+
+
+@dataclass
+class Submodule:
+    name: str
+    cls: str
+    kwargs: tuple[tuple[str, Expr], ...]
+    count: Expr | None = None  # a stack of layers: nn.ModuleList of `count` copies
+    note: Note = Note()
+
+
+@dataclass
+class Arg:
+    name: str
+    default: Expr | None = None
+    type: str | None = None  # "int", "float", "torch.Tensor"
+
+
+@dataclass
+class Function:
+    """A card lowered to a plain function: its parameters arrive as arguments."""
+
+    name: str
+    doc: str
+    origin: str
+    args: list[Arg]
+    body: list[Stmt]
+
+
+@dataclass
+class Module:
+    """A card that owns parameters, lowered to an `nn.Module`."""
+
+    name: str
+    doc: str
+    origin: str
+    hypers: list[Arg]  # constructor arguments, kept as attributes
+    derived: list[tuple[str, Expr]]  # attributes computed from them (d = D // H)
+    params: list[Param]
+    submodules: list[Submodule]
+    inputs: list[Arg]
+    body: list[Stmt]
+    language_model: bool = False  # forward(idx, targets) also returns the cross-entropy loss
+    max_seq_len: Expr | None = None
+
+
+@dataclass
+class Program:
+    """One generated file: the modules and functions a model card needs, callees first."""
+
+    sources: list[str]
+    doc: str = ""
+    functions: list[Function] = field(default_factory=list)
+    modules: list[Module] = field(default_factory=list)
+    presets: dict[str, dict[str, Expr]] = field(default_factory=dict)
+    imports: set[str] = field(default_factory=set)  # "math"

@@ -1,0 +1,454 @@
+"""Lowering of whole cards: which become modules or functions, where parameters live, and
+what each constructor needs."""
+
+from __future__ import annotations
+
+from .. import ir
+from .. import syntax as s
+from ..checker import CallInfo, Checker, expr_dim, instance, split_name
+from ..dims import Dim
+from ..info import preset_values
+from ..types import BundleTy, Entry, FamilyTy, Ty
+from .body import Body
+from .intrinsics import Passes
+from .values import (
+    LowerError,
+    ModuleSlot,
+    Scope,
+    Stacked,
+    Val,
+    attr_name,
+    card_names,
+    ctor_type,
+    dim_expr,
+    local_name,
+    num_lit,
+)
+
+
+def _doc(alg: s.Algorithm) -> str:
+    head = f"{', '.join(alg.outputs)} ← {alg.name}({', '.join(alg.args)}"
+    head += f" | {', '.join(alg.params)})" if alg.params else ")"
+    text = " ".join(c.strip() for c in alg.comments) or (alg.title or "")
+    return f"{head}: {text}" if text else head
+
+
+class Lowering:
+    """Lowers a model card and everything it calls into one `ir.Program`."""
+
+    def __init__(self, checker: Checker, fuse: bool = True):
+        self.checker = checker
+        self.lib = checker.lib
+        self.fuse = fuse
+        self.passes = Passes(fuse)
+        self.program = ir.Program(sources=[])
+        self._modules: dict[int, ir.Module] = {}
+        self._functions: dict[int, str] = {}
+        self._ctor: dict[int, list[str]] = {}
+
+    # ------------------------------------------------------------------ entry point
+    def model(self, alg: s.Algorithm) -> ir.Program:
+        top = self.module(alg, top=True)
+        sig = self.checker.info(alg).sig
+        ctor = self.ctor_args(alg)
+        for preset in alg.presets:
+            values = preset_values(sig, preset.name, {})
+            self.program.presets[preset.name] = {
+                local_name(k): _number(values[k], sig.hypers[k]) for k in ctor if k in values}
+        self.program.doc = f"{top.name}, generated from its card. {_doc(alg)}"
+        return self.program
+
+    def origin(self, alg: s.Algorithm) -> str:
+        path = self.lib.file_of(alg).path
+        if path not in self.program.sources:
+            self.program.sources.append(path)
+        return f"{path}:{alg.span.line}"
+
+    # ------------------------------------------------------------------ modules
+    def module(self, alg: s.Algorithm, top: bool = False) -> ir.Module:
+        if id(alg) in self._modules:
+            return self._modules[id(alg)]
+        info = self.checker.info(alg)
+        sig = info.sig
+        ctor = self.ctor_args(alg)
+        m = ir.Module(local_name(alg.name), _doc(alg), self.origin(alg), [], [], [], [], [], [])
+        for name in ctor:
+            ty = sig.hypers.get(name, Ty(elem="ℕ"))
+            default = sig.defaults.get(name)
+            m.hypers.append(ir.Arg(local_name(name), _ctor_value(default) if default else None,
+                                   ctor_type(ty)))
+        known = set(ctor)
+        for name, d in sig.definitions.items():
+            m.derived.append((local_name(name), dim_expr(d, lambda x: ir.Ref(local_name(x)))))
+            known.add(name)
+        scope = Scope()
+        for name, entry in sig.tree.members.items():
+            self.store(alg, info.calls, name, entry, m, scope, None)
+        runtime = self.runtime_dims(sig)
+
+        def dim_of(sym: str) -> ir.Expr:
+            sym = sym.lstrip("?")
+            if sym in known:
+                return ir.Ref(f"self.{local_name(sym)}")
+            if sym in runtime:
+                used.add(sym)
+                return ir.Ref(local_name(sym))
+            raise LowerError(alg.span, f"the dimension '{sym}' has no value in generated code")
+
+        used: set[str] = set()
+        body = Body(self, alg, info, scope, dim_of, "B")
+        body.runtime_used = used
+        for name, ty in sig.inputs:
+            m.inputs.append(ir.Arg(local_name(name)))
+            scope.values[name] = Val(ir.Ref(local_name(name)), ty, True)
+        body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
+        stmts = body.run()
+        prologue = [ir.Assign((local_name(d),), runtime[d]) for d in runtime if d in used]
+        if top and self.is_language_model(sig):
+            stmts = self.language_model(m, body, prologue, stmts)
+            prologue = []
+        m.body = prologue + stmts
+        self._modules[id(alg)] = m
+        self.program.modules.append(m)
+        return m
+
+    def runtime_dims(self, sig) -> dict[str, ir.Expr]:
+        """Dimensions read off the inputs at call time: T of X ∈ ℝ^{T×D}."""
+        declared = set(card_names(sig))
+        out: dict[str, ir.Expr] = {}
+        for name, ty in sig.inputs:
+            for k, d in enumerate(ty.shape):
+                syms = d.symbols if d is not None else set()
+                if len(syms) == 1 and d == Dim.sym(next(iter(syms))) and d not in declared:
+                    sym = next(iter(syms))
+                    if sym not in declared and sym not in out:
+                        shape = ir.Attr(ir.Ref(local_name(name)), "shape")
+                        out[sym] = ir.Sub(shape, (ir.Lit(str(k - len(ty.shape))),))
+        return out
+
+    @staticmethod
+    def is_language_model(sig) -> bool:
+        if len(sig.inputs) != 1 or sig.output is None:
+            return False
+        x = sig.inputs[0][1]
+        return x.elem == "ℕ" and len(x.shape) == 1 and len(sig.output.shape) == 2
+
+    def language_model(self, m: ir.Module, body: Body, prologue, stmts) -> list[ir.Stmt]:
+        """forward(x, targets=None): logits, and with targets also the cross-entropy loss."""
+        m.inputs.append(ir.Arg("targets", ir.Lit("None")))
+        m.max_seq_len = body.max_seq_len
+        ret = stmts[-1]
+        if not isinstance(ret, ir.Return):
+            raise LowerError(body.alg.span, "the model card must end with 'return'")
+        logits = local_name(body.alg.outputs[0]) if body.alg.outputs else "logits"
+        guard = []
+        if m.max_seq_len is not None and prologue:
+            length = prologue[0].targets[0]
+            msg = ir.Lit(f'f"sequence length {{{length}}} exceeds the model\'s '
+                         f'{{self.max_seq_len}} positions"')
+            guard = [ir.If(ir.Bin(">", ir.Ref(length), ir.Ref("self.max_seq_len")),
+                           (ir.Raise("ValueError", msg),))]
+        flat = ir.Call(ir.Attr(ir.Ref(logits), "flatten"), (ir.Lit("0"), ir.Lit("-2")))
+        loss = ir.Call(ir.Ref("F.cross_entropy"),
+                       (flat, ir.Call(ir.Attr(ir.Ref("targets"), "flatten"))))
+        return [*prologue, *guard, *stmts[:-1],
+                ir.Assign((logits,), ret.value, ret.note),
+                ir.If(ir.Bin("is", ir.Ref("targets"), ir.Lit("None")), (ir.Return(ir.Ref(logits)),)),
+                ir.Assign(("loss",), loss),
+                ir.Return(ir.Seq((ir.Ref(logits), ir.Ref("loss"))))]
+
+    # ------------------------------------------------------------------ parameters
+    def store(self, alg, calls, name: str, entry: Entry, m: ir.Module, scope: Scope,
+              var: str | None) -> None:
+        ctor = lambda d: dim_expr(d, lambda x: ir.Ref(local_name(x.lstrip("?"))))  # noqa: E731
+        if isinstance(entry, Ty):
+            attr = attr_name(name)
+            shape = tuple(ctor(d) for d in entry.shape)
+            m.params.append(ir.Param(attr, shape, _init(name, entry, shape),
+                                     ir.Note(_shape(entry.shape), self.decl_line(alg, name))))
+            scope.tensors[name] = ir.Ref(f"self.{attr}")
+        elif isinstance(entry, BundleTy) and entry.card is None:
+            for sub, e in entry.members.items():
+                self.store(alg, calls, sub, e, m, scope, var)
+        elif isinstance(entry, BundleTy):
+            self.submodule(alg, calls, name, entry, m, scope, None, None)
+        elif isinstance(entry.entry, BundleTy) and entry.entry.card is not None:
+            self.submodule(alg, calls, name, entry.entry, m, scope, entry.var, entry.over)
+        else:
+            self.stack(alg, name, entry, m, scope)
+
+    def submodule(self, alg, calls, name, bundle: BundleTy, m, scope, var, over) -> None:
+        callee = self.lib.find(bundle.card, self.lib.file_of(alg))
+        call = self.call_passing(alg, calls, name, var)
+        cls = self.module(callee)
+        attr = attr_name(name, var)
+        kwargs = tuple((local_name(a), v) for a in self.ctor_args(callee)
+                       if (v := self.ctor_kwarg(callee, call, a)) is not None)
+        count = None if over is None else dim_expr(over, lambda x: ir.Ref(local_name(x)))
+        m.submodules.append(ir.Submodule(attr, cls.name, kwargs, count,
+                                         ir.Note(None, self.decl_line(alg, name))))
+        scope.modules[name] = ModuleSlot(attr, callee, var)
+
+    def call_passing(self, alg, calls: dict[int, CallInfo], name: str, var) -> CallInfo:
+        for call in calls.values():
+            for given in call.params.values():
+                if isinstance(given, s.Name) and (given.id == name or var is not None and
+                                                  instance(name, var, given.id) is not None):
+                    return call
+        raise LowerError(alg.span, f"the parameters '{name}' are never passed to a card")
+
+    def ctor_kwarg(self, callee, call: CallInfo, arg: str) -> ir.Expr | None:
+        sig = self.checker.info(callee).sig
+        if arg in call.hypers:
+            given = call.hypers[arg]
+            return _ctor_value(given.value if isinstance(given, s.Arg) else given)
+        if arg in call.bind:
+            return dim_expr(call.bind[arg], lambda x: ir.Ref(local_name(x.lstrip("?"))))
+        if arg in sig.defaults:
+            return None
+        return ir.Ref(local_name(arg))
+
+    def stack(self, alg, name: str, fam: FamilyTy, m: ir.Module, scope: Scope) -> None:
+        """A family of tensors for a map: members of equal shape share one storage tensor."""
+        members = self.flat_tensors(fam.entry) if isinstance(fam.entry, BundleTy) \
+            else [(name, fam.entry)]
+        groups: dict[tuple, list[tuple[str, Ty]]] = {}
+        for member, ty in members:
+            groups.setdefault(ty.shape, []).append((member, ty))
+        ctor = lambda d: dim_expr(d, lambda x: ir.Ref(local_name(x.lstrip("?"))))  # noqa: E731
+        for shape, group in groups.items():
+            if not shape:
+                raise LowerError(alg.span, f"'{name}': scalar families are not supported yet")
+            attr = _stem([g[0] for g in group], fam.var)
+            count = Dim.const(len(group))
+            full = shape[:-1] + (count * fam.over * shape[-1],)
+            dims = tuple(ctor(d) for d in full)
+            first, ty = group[0]
+            m.params.append(ir.Param(attr, dims, _init(first, ty, dims),
+                                     ir.Note(_shape(full), self.decl_line(alg, first))))
+            for k, (member, ty) in enumerate(group):
+                scope.stacked[member] = Stacked(f"self.{attr}", k, len(group), fam.over,
+                                                ty.shape, fam.var)
+
+    def flat_tensors(self, bundle: BundleTy) -> list[tuple[str, Ty]]:
+        out: list[tuple[str, Ty]] = []
+        for name, entry in bundle.members.items():
+            if isinstance(entry, Ty):
+                out.append((name, entry))
+            elif isinstance(entry, BundleTy):
+                out += self.flat_tensors(entry)
+            else:
+                raise LowerError(s.NOWHERE, f"'{name}': a family inside a bundle argument")
+        return out
+
+    def decl_line(self, alg: s.Algorithm, name: str) -> str | None:
+        file = self.lib.file_of(alg).path.rsplit("/", 1)[-1]
+
+        def find(items) -> int | None:
+            for item in items:
+                if isinstance(item, s.Decl) and name in item.names:
+                    return item.span.line
+                if isinstance(item, s.Bundle) and item.name == name:
+                    return item.span.line
+                inner = getattr(item, "items", None)
+                if inner and (line := find(inner)) is not None:
+                    return line
+            return None
+
+        line = find(alg.decls("Parameters"))
+        return f"{file}:{line}" if line else None
+
+    # ------------------------------------------------------------------ constructors
+    def ctor_args(self, alg: s.Algorithm) -> list[str]:
+        """Hyperparameters a card's module is built from: its own, and what its parts need."""
+        if id(alg) in self._ctor:
+            return self._ctor[id(alg)]
+        info = self.checker.info(alg)
+        sig = info.sig
+        out = [n for n in card_names(sig)
+               if n in sig.hypers and not sig.hypers[n].shape and n not in sig.definitions]
+        runtime = set(self.runtime_dims(sig))
+
+        def want(sym: str) -> None:
+            sym = sym.lstrip("?")
+            if sym not in out and sym not in sig.definitions and sym not in runtime:
+                out.append(sym)
+
+        def walk(entry: Entry) -> None:
+            if isinstance(entry, Ty):
+                for d in entry.shape:
+                    for sym in (d.symbols if d is not None else ()):
+                        want(sym)
+            elif isinstance(entry, BundleTy):
+                for e in entry.members.values():
+                    walk(e)
+            else:
+                for sym in entry.over.symbols:
+                    want(sym)
+                walk(entry.entry)
+
+        walk(sig.tree)
+        self._ctor[id(alg)] = out
+        for call in info.calls.values():
+            if not any(isinstance(e, BundleTy) for _, e in self.checker.info(call.callee).sig.params):
+                continue
+            for arg in self.ctor_args(call.callee):
+                for sym in self.kwarg_symbols(call, arg):
+                    want(sym)
+        return out
+
+    def kwarg_symbols(self, call: CallInfo, arg: str) -> set[str]:
+        sig = self.checker.info(call.callee).sig
+        if arg in call.hypers:
+            given = call.hypers[arg]
+            value = given.value if isinstance(given, s.Arg) else given
+            return {n.id for n in _names(value)}
+        if arg in call.bind:
+            return call.bind[arg].symbols
+        return set() if arg in sig.defaults else {arg}
+
+    # ------------------------------------------------------------------ functions
+    def function(self, alg: s.Algorithm) -> str:
+        if id(alg) in self._functions:
+            return self._functions[id(alg)]
+        name = local_name(alg.name)
+        self._functions[id(alg)] = name
+        info = self.checker.info(alg)
+        sig = info.sig
+        args: list[ir.Arg] = []
+        scope = Scope()
+        shapes: dict[str, ir.Expr] = {}
+        for arg, ty in sig.inputs:
+            args.append(ir.Arg(local_name(arg)))
+            scope.values[arg] = Val(ir.Ref(local_name(arg)), ty, True)
+            _note_dims(shapes, local_name(arg), ty.shape, negative=True)
+        for pname, entry in sig.params:
+            if pname in sig.hypers:
+                continue
+            tensors = self.flat_tensors(entry) if isinstance(entry, BundleTy) else [(pname, entry)]
+            for tname, ty in tensors:
+                args.append(ir.Arg(local_name(tname)))
+                scope.tensors[tname] = ir.Ref(local_name(tname))
+                _note_dims(shapes, local_name(tname), ty.shape, negative=False)
+        for hname in card_names(sig):
+            hty = sig.hypers[hname]
+            if hty.shape or hty.value is None:
+                default = sig.defaults.get(hname)
+                args.append(ir.Arg(local_name(hname), _ctor_value(default) if default else None))
+                scope.values[hname] = Val(ir.Ref(local_name(hname)), hty)
+        used: dict[str, ir.Expr] = {}
+
+        def dim_of(sym: str) -> ir.Expr:
+            sym = sym.lstrip("?")
+            if sym in sig.definitions:
+                return dim_expr(sig.definitions[sym], dim_of)
+            if sym not in shapes:
+                raise LowerError(alg.span, f"cannot tell the size '{sym}' from the arguments")
+            used[sym] = shapes[sym]
+            return ir.Ref(local_name(sym))
+
+        body = Body(self, alg, info, scope, dim_of, "…")
+        body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
+        stmts = body.run()
+        prologue = [ir.Assign((local_name(k),), v) for k, v in used.items()]
+        self.program.functions.append(
+            ir.Function(name, _doc(alg), self.origin(alg), args, prologue + stmts))
+        return name
+
+    def dim_value(self, alg: s.Algorithm, e: s.Expr) -> Dim:
+        d = expr_dim(e, self.checker.info(alg).sig.definitions)
+        if d is None:
+            raise LowerError(e.span, "expected a dimension")
+        return d
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _note_dims(shapes: dict[str, ir.Expr], arg: str, dims, negative: bool) -> None:
+    for k, d in enumerate(dims):
+        if d is None or len(d.symbols) != 1:
+            continue
+        sym = next(iter(d.symbols))
+        if d == Dim.sym(sym) and sym not in shapes:
+            index = k - len(dims) if negative else k
+            shapes[sym] = ir.Sub(ir.Attr(ir.Ref(arg), "shape"), (ir.Lit(str(index)),))
+
+
+def _names(e) -> list[s.Name]:
+    if isinstance(e, s.Name):
+        return [e]
+    out = []
+    for f in getattr(e, "__dataclass_fields__", {}):
+        v = getattr(e, f)
+        for x in v if isinstance(v, tuple) else (v,):
+            out += _names(x)
+    return out
+
+
+def _ctor_value(e: s.Expr) -> ir.Expr:
+    if isinstance(e, s.Num):
+        return num_lit(e.text)
+    if isinstance(e, s.Name):
+        return ir.Ref(local_name(e.id))
+    if isinstance(e, s.Unary) and e.op == "−":
+        return ir.Un("-", _ctor_value(e.operand))
+    raise LowerError(e.span, "expected a number or a hyperparameter")
+
+
+def _number(value: float, ty: Ty) -> ir.Expr:
+    if ty.elem == "ℕ":
+        return ir.Lit(str(int(value)))
+    return ir.Lit(repr(float(value)))
+
+
+def _shape(dims) -> str:
+    from ..spelling import display
+
+    return "(" + ", ".join(display(str(d)).replace("?", "") for d in dims) + \
+        ("," if len(dims) == 1 else "") + ")"
+
+
+def _stem(members: list[str], var: str) -> str:
+    """W^h_q, W^h_k, W^h_v → W_qkv: the shared base and the members' joined subscripts."""
+    if len(members) == 1:
+        return attr_name(members[0], var)
+    parts = []
+    base = None
+    for m in members:
+        b, decor = split_name(m)
+        base = base or b
+        rest = [v for _, v in decor if v != var]
+        parts.append("".join(rest))
+    joined = "".join(parts) if all(len(p) == 1 for p in parts) else "_".join(parts)
+    return local_name(f"{base}_{joined}") if base else local_name(joined)
+
+
+def _init(name: str, ty: Ty, shape: tuple[ir.Expr, ...]) -> ir.Expr:
+    """Declared `= c` or `~ 𝒩(μ, σ²)`; otherwise 𝒩(0, 0.02²) for matrices, γ = 1, others 0."""
+    dims = ir.Seq(shape) if len(shape) != 1 else ir.Seq(shape)
+    if ty.init is not None and isinstance(ty.init, s.Num):
+        value = ty.init.value
+        if value in (0.0, 1.0):
+            return ir.Call(ir.Ref("torch.ones" if value else "torch.zeros"), shape)
+        return ir.Call(ir.Ref("torch.full"), (dims, num_lit(ty.init.text)))
+    mean, std = "0.0", "0.02"
+    dist = ty.init_dist
+    if isinstance(dist, s.Call) and dist.func == "𝒩" and len(dist.args) == 2:
+        mean = _literal(dist.args[0])
+        var = dist.args[1]
+        if isinstance(var, s.Power) and isinstance(var.exponent, s.Num) and var.exponent.text == "2":
+            std = _literal(var.base)
+        else:
+            std = f"{_literal(var)} ** 0.5"
+    elif len(ty.shape) < 2 and dist is None:
+        base = split_name(name)[0]
+        return ir.Call(ir.Ref("torch.ones" if base == "γ" else "torch.zeros"), shape)
+    empty = ir.Call(ir.Ref("torch.empty"), shape)
+    return ir.Call(ir.Attr(empty, "normal_"), (ir.Lit(mean), ir.Lit(std)))
+
+
+def _literal(e: s.Expr) -> str:
+    if isinstance(e, s.Num):
+        return repr(float(e.value))
+    raise LowerError(e.span, "expected a number")

@@ -1,0 +1,260 @@
+"""Fusion passes: cards and builtins whose math is a known intrinsic lower to fused PyTorch.
+
+An intrinsic is recognised by its math, not by its name: `patterns.card` writes each one as a
+card, and a card matches when its steps are the pattern's up to a renaming of names (so
+`LayerNorm(e | γ, β)` written with other letters still matches). Each fused lowering has a
+literal twin — the same card lowered step by step — and tests prove the two agree.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import ir
+from .. import syntax as s
+from ..checker import CallInfo
+from ..diagnostics import Diagnostics
+from ..types import BundleTy, Ty
+from .values import Family, Val, local_name
+
+if TYPE_CHECKING:
+    from .body import Body
+
+_IGNORED = {"span", "number", "annotation", "note", "where", "end_number"}
+_NAMES = {("Name", "id"), ("Sum", "index"), ("For", "var"), ("ForAll", "vars"),
+          ("Return", "name")}
+
+
+@cache
+def patterns() -> dict[str, s.Algorithm]:
+    from ..parser import parse_file
+
+    diags = Diagnostics()
+    card = parse_file(Path(__file__).with_name("patterns.card"), diags)
+    return {alg.name: alg for alg in card.algorithms}
+
+
+def match(pattern: s.Algorithm, card: s.Algorithm) -> dict[str, str] | None:
+    """The renaming that turns `pattern` into `card`, or None when their math differs."""
+    ren: dict[str, str] = {}
+    used: set[str] = set()
+
+    def name(p: str, c: str) -> bool:
+        if p in ren:
+            return ren[p] == c
+        if c in used:
+            return False
+        ren[p] = c
+        used.add(c)
+        return True
+
+    def same(p, c) -> bool:
+        if type(p) is not type(c):
+            return False
+        if isinstance(p, tuple):
+            return len(p) == len(c) and all(same(a, b) for a, b in zip(p, c, strict=True))
+        if not hasattr(p, "__dataclass_fields__"):
+            return p == c
+        kind = type(p).__name__
+        for f in p.__dataclass_fields__:
+            if f in _IGNORED:
+                continue
+            a, b = getattr(p, f), getattr(c, f)
+            if (kind, f) in _NAMES:
+                pairs = zip(a, b, strict=True) if isinstance(a, tuple) else [(a, b)]
+                if isinstance(a, tuple) and len(a) != len(b):
+                    return False
+                if (a is None) != (b is None) or a is not None and not all(
+                        name(x, y) for x, y in pairs):
+                    return False
+            elif not same(a, b):
+                return False
+        return True
+
+    heads = [(pattern.args, card.args), (pattern.params, card.params),
+             (pattern.outputs, card.outputs)]
+    for a, b in heads:
+        if len(a) != len(b) or not all(name(x, y) for x, y in zip(a, b, strict=True)):
+            return None
+    return ren if same(pattern.steps, card.steps) else None
+
+
+def _call(func: str, *args: ir.Expr, **kwargs: ir.Expr) -> ir.Call:
+    return ir.Call(ir.Ref(func), args, tuple(kwargs.items()))
+
+
+def _method(obj: ir.Expr, name: str, *args: ir.Expr) -> ir.Call:
+    return ir.Call(ir.Attr(obj, name), args)
+
+
+class Passes:
+    """The fused lowerings; with `fuse=False` every hook declines and the literal math stays."""
+
+    def __init__(self, fuse: bool):
+        self.fuse = fuse
+
+    def find(self, card: s.Algorithm, *names: str) -> tuple[str, dict[str, str]] | None:
+        for name in names:
+            ren = match(patterns()[name], card)
+            if ren is not None:
+                return name, ren
+        return None
+
+    # ------------------------------------------------------------------ GELU
+    def gelu(self, body: Body, x: ir.Expr, tanh: bool) -> ir.Expr:
+        if self.fuse:
+            return _call("F.gelu", x, approximate=ir.Lit('"tanh"')) if tanh else _call("F.gelu", x)
+        body.low.program.imports.add("math")
+        half_x = ir.Bin("*", ir.Lit("0.5"), x)
+        if tanh:  # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+            inner = ir.Bin("+", x, ir.Bin("*", ir.Lit("0.044715"), ir.Bin("**", x, ir.Lit("3"))))
+            k = _call("math.sqrt", ir.Bin("/", ir.Lit("2"), ir.Ref("math.pi")))
+            return ir.Bin("*", half_x, ir.Bin("+", ir.Lit("1"), _call("torch.tanh",
+                                                                       ir.Bin("*", k, inner))))
+        erf = _call("torch.erf", ir.Bin("/", x, _call("math.sqrt", ir.Lit("2"))))
+        return ir.Bin("*", half_x, ir.Bin("+", ir.Lit("1"), erf))
+
+    # ------------------------------------------------------------------ layer norm
+    def call(self, body: Body, e: s.Call, call: CallInfo) -> ir.Expr | None:
+        if not self.fuse:
+            return None
+        found = self.find(call.callee, "layer_norm_ε", "layer_norm")
+        if found is None:
+            return None
+        which, ren = found
+        sig = body.low.checker.info(call.callee).sig
+        if len(sig.inputs) != 1 or len(sig.inputs[0][1].shape) != 1:
+            return None
+        x = body.expr(e.args[0]).code
+        gamma = body.expr(call.params[ren["γ"]]).code
+        beta = body.expr(call.params[ren["β"]]).code
+        width = body.dim(call.bind.get(ren["D"]) or sig.inputs[0][1].shape[0])
+        eps: ir.Expr = ir.Lit("0.0")
+        if which == "layer_norm_ε":
+            given = call.hypers.get(ren["ε"])
+            if given is not None:
+                eps = body.expr(given.value if isinstance(given, s.Arg) else given).code
+            else:
+                default = sig.defaults.get(ren["ε"])
+                if default is None:
+                    return None
+                eps = body.expr(default).code
+        return _call("F.layer_norm", x, ir.Seq((width,)), gamma, beta, eps)
+
+    # ------------------------------------------------------------------ attention heads
+    def head_map(self, body: Body, st: s.For, step: s.Step) -> bool:
+        """`for h ∈ [H] : Y^h ← head(X | W^h_qkv, Mask)` → one projection and fused SDPA."""
+        if len(st.body) != 1 or not isinstance(st.body[0].stmt, s.Assign):
+            return False
+        assign = st.body[0].stmt
+        e = assign.value
+        call = body.info.calls.get(id(e))
+        if call is None or not isinstance(assign.target, s.Name):
+            return False
+        found = self.find(call.callee, "attention_head")
+        if found is None:
+            return False
+        _, ren = found
+        if len({str(a) for a in e.args}) != 1:  # cross-attention keeps the literal loop
+            return False
+        roles = self.stacked_roles(body, call, ren, st.var)
+        if roles is None:
+            return False
+        weights, biases = roles
+        mask = self.mask(body, call, ren["Mask"])
+        if mask is None:
+            return False
+        x = body.expr(e.args[0])
+        callee = body.low.checker.info(call.callee)
+        ty = body.ty(e)
+        wq = weights[0]
+        fused = body.fresh("qkv")
+        proj = ir.Bin("@", x.code, ir.Ref(wq.storage))
+        if biases is not None:
+            proj = ir.Bin("+", proj, ir.Ref(biases[0].storage))
+        width = wq.shape[-1]
+        t = body.dim_text(x.ty.shape[0])
+        total = body.dim_text(wq.shape[-1] * wq.over * _const(3))
+        body.emit(ir.Assign((fused,), proj, body.note(step, None, f"(B, {t}, {total})")))
+        names = [body.fresh(local_name(ren[r])) for r in ("Q", "K", "V")]
+        dims = ir.Seq((ir.Lit("3"), body.dim(wq.over), body.dim(width)))
+        heads = _method(_method(_method(ir.Ref(fused), "unflatten", ir.Lit("-1"), dims),
+                                "movedim", ir.Lit("-3"), ir.Lit("0")),
+                        "transpose", ir.Lit("-3"), ir.Lit("-2"))
+        order = [w.index for w in weights]
+        head_shape = f"(B, {body.dim_text(wq.over)}, {t}, {body.dim_text(width)})"
+        if order == [0, 1, 2]:
+            body.emit(ir.Assign(tuple(names), _method(heads, "unbind", ir.Lit("0")),
+                                body.note(step, None, f"{head_shape} each")))
+        else:
+            parts = body.fresh("parts")
+            body.emit(ir.Assign((parts,), heads))
+            for n, k in zip(names, order, strict=True):
+                body.emit(ir.Assign((n,), ir.Sub(ir.Ref(parts), (ir.Lit(str(k)),))))
+        fam = Family(st.var, body.fresh(f"{local_name(assign.target.id.split('^')[0])}_"
+                                        f"{local_name(st.var)}"), ty)
+        sdpa = _call("F.scaled_dot_product_attention", *(ir.Ref(n) for n in names), **mask)
+        body.emit(ir.Assign((fam.local,), sdpa, body.note(step, None, head_shape)))
+        fam.stacked = Val(ir.Ref(fam.local), Ty(ty.shape), True, body.dim(wq.over))
+        body.scope.values[assign.target.id] = fam
+        del callee
+        return True
+
+    def stacked_roles(self, body: Body, call: CallInfo, ren: dict[str, str], var: str):
+        """The stacked storage of W_q, W_k, W_v (and b_q, b_k, b_v), in one tensor each."""
+        given = call.params.get(ren["W_qkv"])
+        entry = body.info.types.get(id(given))
+        callee_sig = body.low.checker.info(call.callee).sig
+        bundle = dict(callee_sig.params).get(ren["W_qkv"])
+        if not isinstance(entry, BundleTy) or not isinstance(bundle, BundleTy):
+            return None
+        theirs = [n for n, _ in body.low.flat_tensors(bundle)]
+        mine = [n for n, _ in body.low.flat_tensors(entry)]
+        if len(theirs) != len(mine):
+            return None
+
+        def slots(roles):
+            out = []
+            for r in roles:
+                member = mine[theirs.index(ren[r])]
+                st = body.scope.stacked.get(member)
+                if st is None or st.var != var or st.count != len(roles):
+                    return None
+                out.append(st)
+            if len({x.storage for x in out}) != 1:
+                return None
+            return out
+
+        weights = slots(("W_q", "W_k", "W_v"))
+        biases = slots(("b_q", "b_k", "b_v"))
+        if weights is None or biases is None:
+            return None
+        if [w.index for w in weights] != [b.index for b in biases]:
+            return None
+        return weights, biases
+
+    def mask(self, body: Body, call: CallInfo, name: str) -> dict[str, ir.Expr] | None:
+        """SDPA's masking arguments for a rule over (query t, key t′)."""
+        given = call.hypers.get(name)
+        if given is None:
+            return None
+        if isinstance(given, s.Arg) and given.op == "≡":
+            return {} if isinstance(given.value, s.Num) and given.value.value == 1 else None
+        if not (isinstance(given, s.Arg) and isinstance(given.target, s.Index)):
+            return {"attn_mask": body.expr(given).code}
+        q, k = (getattr(i, "id", None) for i in given.target.items)
+        cond = given.value.cond if isinstance(given.value, s.Iverson) else given.value
+        if isinstance(cond, s.BinOp) and isinstance(cond.left, s.Name) and \
+                isinstance(cond.right, s.Name):
+            pair = (cond.left.id, cond.op, cond.right.id)
+            if pair in ((k, "≤", q), (q, "≥", k)):
+                return {"is_causal": ir.Lit("True")}
+        return {"attn_mask": body.mask_rule(call, name, given).code}
+
+
+def _const(n: int):
+    from ..dims import Dim
+
+    return Dim.const(n)

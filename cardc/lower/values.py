@@ -1,0 +1,163 @@
+"""Values and names of the lowering: how card values sit in PyTorch tensors.
+
+Layout of values. A card's row-major shapes become the *trailing* axes of a tensor; anything
+that depends on a model input carries leading batch axes in front (`B`, and the rows a vector
+card was mapped over). Ops on a card's own axes therefore act on the trailing axes, and the
+batch comes for free. Parameters carry no batch axes and broadcast from the right.
+
+Roles of cards. The model card and every card handed a whole parameter bundle become
+`nn.Module`s (a bundle passed in a loop over layers becomes an `nn.ModuleList`); a card handed
+individual tensors becomes a function. A family of parameter tensors indexed by a head (or any
+map) is stored stacked: members of equal shape share one tensor, the family axis and the member
+axis flattened into the last one, which is the layout `X @ W` needs to compute every head's
+projection in one product.
+
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import ir
+from .. import syntax as s
+from ..checker import Signature, split_name
+from ..dims import Dim
+from ..spelling import display, python_name
+from ..types import Ty
+
+RESERVED = {"self", "torch", "F", "nn", "math", "targets", "loss"}
+
+
+class LowerError(Exception):
+    """A card the code generator cannot translate; carries the span to blame."""
+
+    def __init__(self, span: s.Span, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.span, self.message, self.hint = span, message, hint
+
+
+def local_name(name: str) -> str:
+    py = python_name(name)
+    return py + "_" if py in RESERVED else py
+
+
+def attr_name(name: str, family_var: str | None = None) -> str:
+    """`θ^block_ℓ` → `block`, `θ^attn` → `attn`, `W^h_qkv` → `W_qkv`, `γ^1` → `gamma1`."""
+    base, decor = split_name(name)
+    decor = [(k, v) for k, v in decor if v != family_var]
+    if base == "θ" and decor:
+        return local_name("_".join(v for _, v in decor))
+    return local_name(base + "".join(f"{k}{{{v}}}" if len(v) > 1 else f"{k}{v}" for k, v in decor))
+
+
+# ------------------------------------------------------------------ values
+
+
+@dataclass
+class Val:
+    """A lowered expression: its code, its card type, whether it carries batch axes."""
+
+    code: ir.Expr
+    ty: Ty
+    lifted: bool = False
+    heads: ir.Expr | None = None  # a map over heads kept stacked: axis -3 of (…, H, T, d)
+
+
+@dataclass
+class Stacked:
+    """A member of a stacked family: one slice of a shared storage tensor."""
+
+    storage: str
+    index: int  # the member's place in its group
+    count: int  # members in the group
+    over: Dim  # the family's size
+    shape: tuple[Dim, ...]  # the member's own shape
+    var: str
+
+
+@dataclass
+class Family:
+    """A family of values produced by a map (Y^h for h ∈ [H]): a Python list, or stacked."""
+
+    var: str
+    local: str
+    ty: Ty
+    stacked: Val | None = None
+
+
+@dataclass
+class ModuleSlot:
+    attr: str
+    card: s.Algorithm
+    var: str | None = None  # a stack of layers indexed by `var`
+
+
+@dataclass
+class Scope:
+    """Names visible while lowering one card's steps."""
+
+    values: dict[str, Val | Family] = field(default_factory=dict)
+    tensors: dict[str, ir.Expr] = field(default_factory=dict)  # parameters: name → storage
+    stacked: dict[str, Stacked] = field(default_factory=dict)
+    modules: dict[str, ModuleSlot] = field(default_factory=dict)
+    loop_modules: dict[str, ir.Expr] = field(default_factory=dict)  # θ^block_ℓ → a loop local
+
+
+def ctor_type(ty: Ty) -> str:
+    return "int" if ty.elem == "ℕ" else "float"
+
+
+def dim_expr(d: Dim, name_of) -> ir.Expr:
+    """A dimension as integer arithmetic; `name_of` maps a symbol to its Python expression."""
+    out: ir.Expr | None = None
+    for mono, coef in d.terms:
+        num: ir.Expr | None = None if abs(coef.numerator) == 1 else ir.Lit(str(abs(coef.numerator)))
+        den: ir.Expr | None = None if coef.denominator == 1 else ir.Lit(str(coef.denominator))
+        for sym, e in mono:
+            for _ in range(abs(e)):
+                ref = name_of(sym.lstrip("?"))
+                if e > 0:
+                    num = ref if num is None else ir.Bin("*", num, ref)
+                else:
+                    den = ref if den is None else ir.Bin("*", den, ref)
+        term = num or ir.Lit("1")
+        if den is not None:
+            term = ir.Bin("//", term, den)
+        if out is None:
+            out = ir.Un("-", term) if coef < 0 else term
+        else:
+            out = ir.Bin("-" if coef < 0 else "+", out, term)
+    return out or ir.Lit("0")
+
+
+def shape_text(val: Val, lead: str, names: dict[Dim, str]) -> str:
+    """`(B, T, D)`: the physical shape, batch axes first; `names` spells derived sizes."""
+    dims = [display(names.get(d, str(d))).replace("?", "") if d is not None else "1"
+            for d in val.ty.shape]
+    if val.heads is not None:
+        dims = dims[:-2] + ["H", *dims[-2:]] if len(dims) >= 2 else dims
+    if val.lifted:
+        dims = [lead, *dims]
+    if not dims:
+        return ""
+    return f"({', '.join(dims)})" if len(dims) > 1 else f"({dims[0]},)"
+
+
+def num_lit(text: str) -> ir.Expr:
+    if text == "∞":
+        return ir.Ref("math.inf")
+    value = float(text)
+    return ir.Lit(str(int(value)) if value.is_integer() and "e" not in text else repr(value))
+
+
+def card_names(sig: Signature) -> list[str]:
+    """Declared hyperparameters, in declaration order."""
+    names = []
+    for item in sig.alg.decls("Hyperparameters"):
+        if isinstance(item, s.Decl):
+            names += [n for n in item.names if n not in names]
+    return names
+
+
+def is_tensor_hyper(ty: Ty) -> bool:
+    return bool(ty.shape)
