@@ -110,7 +110,11 @@ class Body:
         return self.out
 
     def step(self, step: s.Step) -> None:
-        getattr(self, "stmt_" + type(step.stmt).__name__)(step.stmt, step)
+        kind = type(step.stmt).__name__
+        method = getattr(self, "stmt_" + kind, None)
+        if method is None:
+            self.fail(step, f"code generation does not handle '{kind.lower()}' steps yet")
+        method(step.stmt, step)
 
     def stmt_Assign(self, st: s.Assign, step: s.Step) -> None:
         if not isinstance(st.target, s.Name):
@@ -232,7 +236,10 @@ class Body:
 
     # ------------------------------------------------------------------ expressions
     def expr(self, e: s.Expr) -> Val:
-        return getattr(self, "expr_" + type(e).__name__)(e)
+        method = getattr(self, "expr_" + type(e).__name__, None)
+        if method is None:
+            self.fail(e, "code generation does not handle this expression yet")
+        return method(e)
 
     def expr_Num(self, e: s.Num) -> Val:
         if e.text == "∞":

@@ -73,12 +73,18 @@ def match(pattern: s.Algorithm, card: s.Algorithm) -> dict[str, str] | None:
                 return False
         return True
 
-    heads = [(pattern.args, card.args), (pattern.params, card.params),
-             (pattern.outputs, card.outputs)]
-    for a, b in heads:
+    if not same(pattern.steps, card.steps):
+        return None
+    # Inputs are positional; parameters are bound by name, so their header order is free.
+    for a, b in ((pattern.args, card.args), (pattern.outputs, card.outputs)):
         if len(a) != len(b) or not all(name(x, y) for x, y in zip(a, b, strict=True)):
             return None
-    return ren if same(pattern.steps, card.steps) else None
+    if len(pattern.params) != len(card.params):
+        return None
+    for x, y in zip(pattern.params, card.params, strict=True):
+        if x not in ren and not name(x, y):  # a bundle, named only in the header
+            return None
+    return ren
 
 
 def _call(func: str, *args: ir.Expr, **kwargs: ir.Expr) -> ir.Call:
