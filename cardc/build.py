@@ -100,22 +100,42 @@ def instantiate(checker: Checker, alg: s.Algorithm, values: dict[str, float], fu
     return cls(**kwargs), kwargs
 
 
+def default_library(card: str | Path) -> str:
+    """The `cards/` folder a card lives in (its nearest ancestor of that name), else its folder."""
+    path = Path(card).resolve()
+    for parent in path.parents:
+        if parent.name == "cards":
+            return str(parent)
+    return str(path.parent)
+
+
 def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] | None = None,
-                library: str | None = "cards", name: str | None = None, fuse: bool = True):
+                library: str | None = None, name: str | None = None, fuse: bool = True):
     """The `nn.Module` of a model card at a preset, generated fresh from the card.
 
     `model.card_meta` records the card sources and hyperparameters, so a checkpoint can
     rebuild the same model later without the card files at hand.
     """
-    from .info import preset_values
+    from .info import PresetError, preset_values
 
-    lib, checker, _ = checked([card], library)
+    lib, checker, _ = checked([card], library or default_library(card))
     alg = find_card(lib, checker, card, name)
-    values = preset_values(checker.info(alg).sig, preset, dict(overrides or {}))
+    try:
+        values = preset_values(checker.info(alg).sig, preset, dict(overrides or {}))
+    except PresetError as err:
+        diags = Diagnostics(sources=lib.diags.sources)
+        diags.error(err.span, err.message, err.hint)
+        raise CardError(diags) from None
     model, kwargs = instantiate(checker, alg, values, fuse)
-    sources = {f.path: lib.diags.sources[f.path] for f in lib.files if f.path in lib.diags.sources}
-    model.card_meta = {"card": str(card), "name": alg.name, "preset": preset,
-                       "hyperparameters": kwargs, "cards": sources}
+    import os
+
+    files = [f.path for f in lib.files if f.path in lib.diags.sources]
+    base = os.path.commonpath([os.path.abspath(p) for p in [*files, card]])
+    base = base if os.path.isdir(base) else os.path.dirname(base)
+    rel = lambda p: Path(os.path.relpath(os.path.abspath(p), base)).as_posix()  # noqa: E731
+    model.card_meta = {"card": rel(card), "name": alg.name, "preset": preset,
+                       "hyperparameters": kwargs,
+                       "cards": {rel(p): lib.diags.sources[p] for p in files}}
     return model
 
 

@@ -175,15 +175,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .runtime.train import TrainConfig, train
 
     _require_cards([args.card])
-    model = build_model(args.card, args.preset, _overrides(args.set), args.library, args.name)
     out = args.out or str(Path("runs") / (Path(args.card).stem + (f"-{args.preset}" if args.preset else "")))
     try:
         cfg = TrainConfig(out_dir=out, steps=args.steps, batch_size=args.batch_size,
                           block_size=args.block_size, lr=args.lr, eval_every=args.eval_every,
                           device=args.device, seed=args.seed, data_path=args.data,
                           compile=args.compile)
-    except ValueError as err:
+    except (ValueError, RuntimeInputError) as err:
         raise UsageError(str(err)) from None
+    model = build_model(args.card, args.preset, _overrides(args.set), args.library, args.name)
     params = sum(p.numel() for p in model.parameters())
     print(f"training {model.card_meta['name']} ({args.preset or 'no preset'}, {params:,} parameters) "
           f"for {cfg.steps} steps; writing {out}/")
@@ -302,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     for sp in (c, i, b, t):
         sp.add_argument("--library", default="cards",
                         help="folder of cards that calls resolve against (default: cards)")
+    t.set_defaults(library=None)  # the cards/ folder the card lives in
     return p
 
 
