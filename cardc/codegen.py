@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import textwrap
 
 import jinja2
 
@@ -103,7 +104,10 @@ def _raise(st: ir.Raise, indent: str) -> list[str]:
 
 
 def _return(st: ir.Return, indent: str) -> list[str]:
-    return [f"{indent}return {expr_py(st.value)}{note_py(st.note)}"]
+    value = st.value
+    text = ", ".join(expr_py(i) for i in value.items) if isinstance(value, ir.Seq) and \
+        value.kind == "tuple" and len(value.items) > 1 else expr_py(value)
+    return [f"{indent}return {text}{note_py(st.note)}"]
 
 
 _STMT = {"Assign": _assign, "Loop": _loop, "If": _if, "Raise": _raise, "Return": _return}
@@ -130,7 +134,13 @@ def arg_py(a: ir.Arg) -> str:
     return text
 
 
-_ENV.filters["arg"] = arg_py
+def doc_py(text: str, indent: int) -> str:
+    """A docstring's text wrapped to the generated code's line length."""
+    pad = " " * indent
+    return textwrap.fill(text, width=96 - indent, subsequent_indent=pad)
+
+
+_ENV.filters.update(arg=arg_py, doc=doc_py)
 
 
 def generate(program: ir.Program) -> str:

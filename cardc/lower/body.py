@@ -274,8 +274,8 @@ class Body:
     def stacked(self, name: str) -> Val | None:
         for pattern, st in self.scope.stacked.items():
             idx = instance(pattern, st.var, name)
-            if idx is None or st.var not in self.loop_index and idx == st.var:
-                continue
+            if idx is None or (idx == st.var and st.var not in self.loop_index):
+                continue  # the family itself, outside a loop over it
             h = self.loop_index.get(idx) if idx in self.loop_index else _int(int(idx) - 1)
             store = ir.Ref(st.storage)
             dims = (_int(st.count), self.dim(st.over), self.dim(st.shape[-1]))

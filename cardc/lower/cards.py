@@ -426,7 +426,7 @@ def _stem(members: list[str], var: str) -> str:
 
 def _init(name: str, ty: Ty, shape: tuple[ir.Expr, ...]) -> ir.Expr:
     """Declared `= c` or `~ 𝒩(μ, σ²)`; otherwise 𝒩(0, 0.02²) for matrices, γ = 1, others 0."""
-    dims = ir.Seq(shape) if len(shape) != 1 else ir.Seq(shape)
+    dims = ir.Seq(shape)
     if ty.init is not None and isinstance(ty.init, s.Num):
         value = ty.init.value
         if value in (0.0, 1.0):

@@ -16,6 +16,7 @@ from .. import ir
 from .. import syntax as s
 from ..checker import CallInfo
 from ..diagnostics import Diagnostics
+from ..dims import Dim
 from ..types import BundleTy, Ty
 from .values import Family, Val, local_name
 
@@ -173,7 +174,6 @@ class Passes:
         if mask is None:
             return False
         x = body.expr(e.args[0])
-        callee = body.low.checker.info(call.callee)
         ty = body.ty(e)
         wq = weights[0]
         fused = body.fresh("qkv")
@@ -205,7 +205,6 @@ class Passes:
         body.emit(ir.Assign((fam.local,), sdpa, body.note(step, None, head_shape)))
         fam.stacked = Val(ir.Ref(fam.local), Ty(ty.shape), True, body.dim(wq.over))
         body.scope.values[assign.target.id] = fam
-        del callee
         return True
 
     def stacked_roles(self, body: Body, call: CallInfo, ren: dict[str, str], var: str):
@@ -260,7 +259,5 @@ class Passes:
         return {"attn_mask": body.mask_rule(call, name, given).code}
 
 
-def _const(n: int):
-    from ..dims import Dim
-
+def _const(n: int) -> Dim:
     return Dim.const(n)

@@ -157,7 +157,3 @@ def card_names(sig: Signature) -> list[str]:
         if isinstance(item, s.Decl):
             names += [n for n in item.names if n not in names]
     return names
-
-
-def is_tensor_hyper(ty: Ty) -> bool:
-    return bool(ty.shape)
