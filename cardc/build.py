@@ -22,9 +22,10 @@ class Target:
     path: Path  # where its generated module lives
 
 
-def model_cards(lib: Library, checker: Checker, files: list[str] | None = None) -> list[s.Algorithm]:
-    """Cards nobody calls that own parameters: the models. Column-major cards wait for
-    their lowering (the paper's own cards are checked and rendered, not yet generated)."""
+def model_cards(lib: Library, checker: Checker, files: list[str] | None = None,
+                column_major: bool = False) -> list[s.Algorithm]:
+    """Cards nobody calls that own parameters: the models. Column-major ones (the paper's own
+    layout) are listed only when asked for: their lowering is not written yet."""
     called = {id(ci.callee) for info in checker.infos.values() for ci in info.calls.values()}
     out = []
     for card_file, alg in lib.algorithms():
@@ -33,9 +34,8 @@ def model_cards(lib: Library, checker: Checker, files: list[str] | None = None) 
         info = checker.infos.get(id(alg))
         if alg.name is None or info is None or id(alg) in called or not info.sig.tree.members:
             continue
-        if info.sig.layout == "column":
-            continue
-        out.append(alg)
+        if (info.sig.layout == "column") == column_major:
+            out.append(alg)
     return out
 
 
