@@ -78,7 +78,7 @@ _EXPR = {"Ref": _ref, "Lit": _lit, "Call": _call, "Attr": _attr, "Bin": _bin, "U
 
 def note_py(note: ir.Note) -> str:
     parts = [p for p in (note.shape, note.text, note.line and f"[{note.line}]") if p]
-    return f"  # {'  '.join(parts)}" if parts else ""
+    return f"  # {one_line('  '.join(parts))}" if parts else ""
 
 
 def stmt_lines(st: ir.Stmt, indent: str = "") -> list[str]:
@@ -134,13 +134,19 @@ def arg_py(a: ir.Arg) -> str:
     return text
 
 
+def one_line(text: str) -> str:
+    """Card text inside a `#` comment: no line break may end the comment early."""
+    return " ".join(text.splitlines())
+
+
 def doc_py(text: str, indent: int) -> str:
-    """A docstring's text wrapped to the generated code's line length."""
+    """Card prose as docstring text, wrapped; quotes and backslashes cannot end it early."""
+    text = one_line(text).replace("\\", "\\\\").replace('"', '\\"')
     pad = " " * indent
     return textwrap.fill(text, width=96 - indent, subsequent_indent=pad)
 
 
-_ENV.filters.update(arg=arg_py, doc=doc_py)
+_ENV.filters.update(arg=arg_py, doc=doc_py, line=one_line)
 
 
 def generate(program: ir.Program) -> str:

@@ -241,3 +241,16 @@ Parameters: W ∈ ℝ^{D×D}
     with pytest.raises(CardError):
         lib, checker, _ = checked([str(card)], str(tmp_path))
         source(checker, lib.files[0].algorithms[0])
+
+
+def test_card_text_cannot_inject_code(tmp_path):
+    """Card prose lands in docstrings and comments only: quotes cannot close them."""
+    mlp = (ROOT / "cards" / "nn" / "mlp.card").read_text(encoding="utf-8")
+    hostile = 'x""" ; PWNED = 1 ; """ \\" and a backslash \\'
+    text = mlp.replace("/* Position-wise", f"/* {hostile} Position-wise")
+    (tmp_path / "mlp.card").write_text(text, encoding="utf-8")
+    lib, checker, _ = checked([str(tmp_path / "mlp.card")], str(tmp_path))
+    alg = next(a for a in model_cards(lib, checker) if a.name == "MLP")
+    module = load_module(source(checker, alg), "hostile")
+    assert not hasattr(module, "PWNED") and not hasattr(module.MLP, "PWNED")
+    assert "PWNED = 1" in module.MLP.__doc__
