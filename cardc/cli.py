@@ -175,7 +175,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .build import build_model
-    from .runtime.train import TrainConfig, train
+    from .runtime.train import TrainConfig, resolve_device, train
 
     _require_cards([args.card])
     out = args.out or str(Path("runs") / (Path(args.card).stem + (f"-{args.preset}" if args.preset else "")))
@@ -186,6 +186,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                           compile=args.compile)
     except (ValueError, RuntimeInputError) as err:
         raise UsageError(str(err)) from None
+    resolve_device(cfg.device)  # before any output: a missing GPU is reported up front
     model = build_model(args.card, args.preset, _overrides(args.set), args.library, args.name)
     params = sum(p.numel() for p in model.parameters())
     print(f"training {model.card_meta['name']} ({args.preset or 'no preset'}, {params:,} parameters) "

@@ -84,3 +84,14 @@ def test_corrupt_checkpoint(tmp_path):
     r = cardc("sample", str(tmp_path))
     assert r.returncode == 1 and "not a valid safetensors file" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_missing_gpu_is_reported_before_anything_is_written(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", "--device", "cuda",
+              "--out", str(tmp_path / "run"))
+    assert r.returncode == 1 and "CUDA is not available" in r.stderr
+    assert not (tmp_path / "run").exists() and r.stdout == ""
