@@ -15,6 +15,7 @@ from . import syntax as s
 from .diagnostics import Diagnostics
 from .dims import ONE, Dim
 from .library import Library
+from .render.text import render_expr
 from .spelling import display
 from .types import BundleTy, Entry, FamilyTy, Ty, subst_dim, substitute
 
@@ -70,8 +71,9 @@ class Checker:
 
     # ------------------------------------------------------------------ cards
     def check_all(self) -> Diagnostics:
-        for _, alg in self.lib.algorithms():
-            self.info(alg)
+        for card_file in self.lib.files:  # titled cards (Algorithm 1: Token embedding.) too
+            for alg in card_file.algorithms:
+                self.info(alg)
         return self.diags
 
     def info(self, alg: s.Algorithm) -> CardInfo:
@@ -102,7 +104,11 @@ class Checker:
             if name not in env.inputs:
                 self.diags.error(alg.span, f"argument '{display(name)}' is not declared in Input")
             inputs.append((name, env.inputs.get(name, SCALAR)))
+        if alg.name is None:  # a titled card has no header: its inputs are those it declares
+            inputs = list(env.inputs.items())
         outs = [env.outputs.get(o) for o in alg.outputs]
+        if alg.name is None and len(env.outputs) == 1:  # a titled card returns its one Output
+            outs = list(env.outputs.values())
         params = []
         for name in alg.params:
             entry = env.params.members.get(name) or env.hypers.get(name)
@@ -140,7 +146,7 @@ class _DeclEnv:
             self.error(item.span, f"bundles belong under Parameters, not {kind}")
             return
         for name in item.names:
-            ty = self.decl_type(item)
+            ty = self.decl_type(item, name)
             if kind == "Hyperparameters":
                 self.hyper(name, item, ty)
             elif kind == "Input":
@@ -199,7 +205,7 @@ class _DeclEnv:
             if item.type is None and item.value is None:
                 out[name] = BundleTy()  # structure comes from the card it is passed to
             else:
-                out[name] = replace(self.decl_type(item), init=item.value, init_dist=item.init)
+                out[name] = replace(self.decl_type(item, name), init=item.value, init_dist=item.init)
         return out
 
     def range_dim(self, expr: s.Expr) -> Dim | None:
@@ -208,7 +214,8 @@ class _DeclEnv:
         self.error(expr.span, "expected a range such as [N]")
         return None
 
-    def decl_type(self, d: s.Decl) -> Ty:
+    def decl_type(self, d: s.Decl, name: str | None = None) -> Ty:
+        """The type of `name` (by default the first name) as `d` declares it."""
         t = d.type
         if t is None:
             return Ty()
@@ -216,8 +223,18 @@ class _DeclEnv:
             dims = tuple(self.dim(x) or Dim.sym("?") for x in t.dims)
             return Ty(dims, _elem(t.elem))
         if isinstance(t, s.Sequences):
-            return Ty((Dim.sym(f"|{d.names[0]}|"),), "ℕ")
+            return Ty((Dim.sym(f"|{name or d.names[0]}|"),), "ℕ")  # z, x ∈ V*: |z| and |x|
+        if isinstance(t, s.Simplex):  # Δ(V): a vector of probabilities, one per element of V
+            return Ty((self.set_size(t.over),), "ℝ")
         return Ty((), _elem(t))
+
+    def set_size(self, name: str) -> Dim:
+        """|V|: from a declaration `V ≅ [N]` in this card, else the paper's own name N_V."""
+        for item in _decls(self.alg):
+            t = item.type
+            if isinstance(t, s.Iso) and t.name == name and isinstance(t.of, s.Finite):
+                return self.dim(t.of.size) or Dim.sym(f"N_{name}")
+        return Dim.sym(f"N_{name}")
 
     def dim(self, expr: s.Expr) -> Dim | None:
         """A dimension expression in this card's hyperparameters (definitions substituted)."""
@@ -227,9 +244,26 @@ class _DeclEnv:
 def _elem(t: s.Type) -> str:
     if isinstance(t, s.Bits):
         return "𝔹"
-    if isinstance(t, (s.IntRange, s.Finite)) or (isinstance(t, s.Scalar) and t.set == "ℕ"):
+    if isinstance(t, (s.IntRange, s.Finite, s.Iso)) or (isinstance(t, s.Scalar) and t.set == "ℕ"):
         return "ℕ"
     return "ℝ"
+
+
+def _decls(alg: s.Algorithm) -> list[s.Decl]:
+    """Every declaration of a card, bundles and families opened."""
+    out: list[s.Decl] = []
+
+    def go(item: s.Item) -> None:
+        if isinstance(item, s.Decl):
+            out.append(item)
+        else:
+            for sub in item.items:
+                go(sub)
+
+    for block in alg.blocks:
+        for item in block.items:
+            go(item)
+    return out
 
 
 def _is_integral_expr(e: s.Expr) -> bool:
@@ -372,6 +406,8 @@ class _Body:
         self.families: dict[str, tuple[str, Dim, Ty]] = {}  # e_t defined in a loop over t
         self.solved: dict[str, Dim] = {}  # inference variables of callees' free dimensions
         self.returned = False
+        self.declared = {n: d.span for d in _decls(alg) for n in d.names}  # for notes
+        self.assigned: dict[str, s.Span] = {}  # the step that last gave a name its value
 
     def base_scope(self) -> dict[str, Entry]:
         scope: dict[str, Entry] = dict(self.sig.hypers)
@@ -447,6 +483,7 @@ class _Body:
         target = st.target
         if isinstance(target, s.Name):
             self.assign_name(target.id, value)
+            self.assigned[target.id] = st.span
             return value
         if isinstance(target, s.Index) and isinstance(target.base, s.Name):
             return self.assign_indexed(target, value)
@@ -506,22 +543,56 @@ class _Body:
 
     def stmt_for(self, st: s.For) -> None:
         over = self.dim_of(st.over.last) if isinstance(st.over, s.Range) else self.set_size(st.over)
-        self.loop_vars[st.var] = over
-        self.scopes.append({st.var: Ty(elem="ℕ", value=Dim.sym(st.var))})
+        bound = [st.var]
+        alias = self.misnamed_loop_var(st)
+        if alias is not None:  # reported once at the loop; its body is checked as if it bound both
+            bound.append(alias)
+        self.scopes.append({})
+        for var in bound:
+            self.loop_vars[var] = over
+            self.bind(var, Ty(elem="ℕ", value=Dim.sym(var)))
         for step in st.body:
             self.step(step)
         inner = self.scopes.pop()
-        self.loop_vars.pop(st.var, None)
+        for var in bound:
+            self.loop_vars.pop(var, None)
         for name, entry in inner.items():  # a loop's assignments are visible after it
-            if name != st.var:
+            if name not in bound:
                 self.bind(name, entry)
 
+    def misnamed_loop_var(self, st: s.For) -> str | None:
+        """`for i = 1, …, L do` whose body never says i but indexes parameters by an unbound l
+        (the paper's Algorithm 8): one diagnostic at the loop, not one per step. Returns l."""
+        names = _names(st.body)
+        if any(n.id == st.var or st.var in (v for _, v in split_name(n.id)[1]) for n in names):
+            return None
+        free: dict[str, s.Name] = {}
+        for n in names:
+            entry = self.try_lookup(n.id)
+            if isinstance(entry, FamilyTy) and entry.var not in self.loop_vars:
+                free.setdefault(entry.var, n)
+        if len(free) != 1:
+            return None
+        ((var, use),) = free.items()
+        header = f"for {var} {st.binder} {render_expr(st.over)}" + (" do" if st.style == "do" else " :")
+        self.error(st.var_span, f"the loop binds '{display(st.var)}' but its body indexes by "
+                                f"'{display(var)}'",
+                   hint=f"did you mean '{display(header)}'?",
+                   notes=((use.span, f"'{display(use.id)}' is indexed by '{display(var)}'"),))
+        return var
+
     def stmt_forall(self, st: s.ForAll) -> None:
+        # ∀t binds t as a loop does (k_t ← … defines the family k_t), over a set left unsaid
+        outer = {v: self.loop_vars[v] for v in st.vars if v in self.loop_vars}
+        self.loop_vars.update({v: Dim.sym(f"|{v}|") for v in st.vars})
         self.scopes.append({v: Ty(elem="ℕ") for v in st.vars})
         try:
             self.stmt(st.body)
         finally:
             self.scopes.pop()
+            for v in st.vars:
+                self.loop_vars.pop(v, None)
+            self.loop_vars.update(outer)
 
     def stmt_if(self, st: s.If) -> None:
         cond = self.expr(st.cond)
@@ -628,12 +699,44 @@ class _Body:
         inner_a = a.shape[-1]
         inner_b = b.shape[0] if b.rank <= 2 else b.shape[-2]
         if not dims_equal(inner_a, inner_b):
+            transpose = _product_hint(e, a, b)  # else: say where each shape came from
             self.error(e.span, f"cannot multiply {a} by {b}: inner dimensions "
                                f"{_d(inner_a)} and {_d(inner_b)} differ",
-                       hint=_product_hint(e, a, b))
+                       hint=transpose or self.redeclare_hint(e, a, b),
+                       notes=() if transpose else self.origin_notes(e, a, b))
             raise CheckError
+        if a.rank == 2 and a.shape[0] == ONE and b.rank == 1:  # q^⊺ k: a row times a column
+            return Ty()
         shape = a.shape[:-1] + (b.shape[1:] if b.rank <= 2 else b.shape[:-2] + b.shape[-1:])
         return Ty(shape)
+
+    def redeclare_hint(self, e: s.BinOp, a: Ty, b: Ty) -> str | None:
+        """A parameter matrix times a computed value: the declaration may be what is wrong."""
+        params = _members(self.sig.tree)
+        left, right = e.left, e.right
+        if isinstance(left, s.Name) and left.id in params and not _is_param(right, params) \
+                and a.rank == 2 and b.rank >= 1:
+            want = Ty((a.shape[0], b.shape[0]), a.elem)
+        elif isinstance(right, s.Name) and right.id in params and not _is_param(left, params) \
+                and b.rank == 2 and a.rank >= 1:
+            want = Ty((a.shape[-1], b.shape[1]), b.elem)
+            left = right
+        else:
+            return None
+        return f"did you mean to declare {display(left.id)} ∈ {want}?"
+
+    def origin_notes(self, e: s.BinOp, *tys: Ty) -> tuple[tuple[s.Span, str], ...]:
+        """Where each named operand got its shape: its declaration, or the step that assigned it."""
+        notes = []
+        for operand, ty in zip((e.left, e.right), tys, strict=True):
+            if not isinstance(operand, s.Name):
+                continue
+            name = display(operand.id)
+            if operand.id in self.assigned:
+                notes.append((self.assigned[operand.id], f"'{name}' is {ty} from this step"))
+            elif operand.id in self.declared:
+                notes.append((self.declared[operand.id], f"'{name}' is declared {ty} here"))
+        return tuple(notes)
 
     def expr_unary(self, e: s.Unary) -> Ty:
         ty = self.tensor(e.operand)
@@ -892,6 +995,21 @@ def _members(b: BundleTy) -> dict[str, Entry]:
         if isinstance(entry, FamilyTy) and isinstance(entry.entry, BundleTy):
             out.update({k: FamilyTy(entry.var, entry.over, v) for k, v in _members(entry.entry).items()})
     return out
+
+
+def _is_param(e: s.Expr, params: dict[str, Entry]) -> bool:
+    return isinstance(e, s.Name) and e.id in params
+
+
+def _names(node: object) -> list[s.Name]:
+    """Every name written in a node (steps, expressions), in source order."""
+    if isinstance(node, s.Name):
+        return [node]
+    if isinstance(node, tuple):
+        return [n for x in node for n in _names(x)]
+    if hasattr(node, "__dataclass_fields__"):
+        return [n for f in node.__dataclass_fields__ for n in _names(getattr(node, f))]
+    return []
 
 
 def _is_var(d: Dim) -> bool:

@@ -266,6 +266,14 @@ class _Build(Transformer):
         return s.Sequences(str(c[0]), span=self.sp(meta))
 
     @v_args(meta=True)
+    def iso_type(self, meta, c):
+        return s.Iso(str(c[0]), c[2], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def simplex_type(self, meta, c):
+        return s.Simplex(str(c[-1]), span=self.sp(meta))
+
+    @v_args(meta=True)
     def interval_type(self, meta, c):
         lo, hi = [x for x in c if not isinstance(x, Token) or x.type in ("NAME", "NUMBER")]
         text = self._text(meta)
@@ -322,17 +330,17 @@ class _Build(Transformer):
 
     @v_args(meta=True)
     def for_do(self, meta, c):
-        var, over, binder = c[1]
-        return _Open(s.For(var, over, (), "do", binder, span=self.sp(meta)))
+        var, over, binder, at = c[1]
+        return _Open(s.For(var, over, (), "do", binder, span=self.sp(meta), var_span=at))
 
     @v_args(meta=True)
     def for_map(self, meta, c):
-        var, over, binder = c[1]
+        var, over, binder, at = c[1]
         body = c[2] if len(c) > 2 else None
         if body is None:
-            return _Open(s.For(var, over, (), "block", binder, span=self.sp(meta)))
+            return _Open(s.For(var, over, (), "block", binder, span=self.sp(meta), var_span=at))
         step = s.Step(_unwhere(body), span=_stmt_span(body))
-        loop = s.For(var, over, (step,), "map", binder, span=self.sp(meta))
+        loop = s.For(var, over, (step,), "map", binder, span=self.sp(meta), var_span=at)
         return _Where(loop, body.where) if isinstance(body, _Where) else loop
 
     @v_args(meta=True)
@@ -340,11 +348,11 @@ class _Build(Transformer):
         return _Open(s.While(c[1], (), span=self.sp(meta)))
 
     def loop_in(self, c):
-        return (str(c[0]), c[2], "∈")
+        return (str(c[0]), c[2], "∈", _span(self.file, c[0]))
 
     def loop_range(self, c):
         binder = "←" if isinstance(c[1], Token) and c[1].type == "ARROW" else "="
-        return (str(c[0]), c[-1], binder)
+        return (str(c[0]), c[-1], binder, _span(self.file, c[0]))
 
     @v_args(meta=True)
     def range(self, meta, c):
@@ -491,6 +499,11 @@ class _Build(Transformer):
         parts = [x for x in c if not isinstance(x, Token) or x.type in ("NAME", "NUMBER")]
         index, lo, hi, body = parts[0], parts[1], parts[2], parts[3]
         return s.Sum(str(index), lo, self._dim(hi), None, body, span=self.sp(meta))
+
+    @v_args(meta=True)
+    def sum_free(self, meta, c):
+        index = next(t for t in c if isinstance(t, Token) and t.type == "NAME")
+        return s.Sum(str(index), None, None, None, c[-1], span=self.sp(meta))
 
     @v_args(meta=True)
     def sum_over(self, meta, c):

@@ -132,7 +132,7 @@ class Sum:
     index: str
     lo: Expr | None  # Σ_{i=lo}^{hi}
     hi: Expr | None
-    over: Expr | None  # Σ_{i∈over}
+    over: Expr | None  # Σ_{i∈over}; all three None: Σ_u, over the family the body indexes
     body: Expr
     span: Span = _span()
 
@@ -190,6 +190,23 @@ class Sequences:
 
 
 @dataclass(frozen=True)
+class Iso:
+    """``V ≅ [N_V]``: a set named for the set it is identified with (the vocabulary)."""
+
+    name: str
+    of: Type
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Simplex:
+    """``Δ(V)``: the probability distributions over a finite set."""
+
+    over: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
 class Tensor:
     """elem^{d1×d2×…}."""
 
@@ -198,7 +215,7 @@ class Tensor:
     span: Span = _span()
 
 
-Type = Scalar | Interval | Bits | IntRange | Finite | Sequences | Tensor
+Type = Scalar | Interval | Bits | IntRange | Finite | Sequences | Iso | Simplex | Tensor
 
 # ---------------------------------------------------------------- declarations
 
@@ -294,6 +311,7 @@ class For:
     binder: str = "∈"  # "∈", "=" or "←"
     end_number: str | None = None  # the step number of a numbered `end` line
     span: Span = _span()
+    var_span: Span = _span()  # where the loop variable is written, for diagnostics
 
 
 @dataclass(frozen=True)

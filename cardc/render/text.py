@@ -180,6 +180,8 @@ class Renderer:
     def sum_text(self, node: s.Sum, tail: bool) -> str:
         if node.over is not None:
             head = f"Σ_{{{node.index}∈{self.text(node.over)}}}"
+        elif node.lo is None and node.hi is None:  # Σ_u: braces only where the index needs them
+            head = f"Σ_{node.index}" if re.fullmatch(r"\w+", node.index) else f"Σ_{{{node.index}}}"
         else:
             lo = "" if node.lo is None else self.text(node.lo)
             hi = "" if node.hi is None else self.text(node.hi)
@@ -209,6 +211,12 @@ class Renderer:
 
     def sequences_text(self, node: s.Sequences, tail: bool) -> str:
         return f"{node.of}*"
+
+    def iso_text(self, node: s.Iso, tail: bool) -> str:
+        return f"{node.name} ≅ {self.text(node.of)}"
+
+    def simplex_text(self, node: s.Simplex, tail: bool) -> str:
+        return f"Δ({node.over})"
 
     def tensor_text(self, node: s.Tensor, tail: bool) -> str:
         return f"{self.text(node.elem)}^{{{'×'.join(self.text(d) for d in node.dims)}}}"
