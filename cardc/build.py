@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+import os
+import tempfile
 import types
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +16,6 @@ from .diagnostics import CardError, Diagnostics
 from .library import Library, load
 from .lower import LowerError, Lowering
 from .spelling import python_name
-
-
-@dataclass
-class Target:
-    alg: s.Algorithm
-    path: Path  # where its generated module lives
 
 
 def model_cards(lib: Library, checker: Checker, files: list[str] | None = None,
@@ -81,18 +77,13 @@ def load_module(text: str, name: str) -> types.ModuleType:
 
 
 def instantiate(checker: Checker, alg: s.Algorithm, values: dict[str, float], fuse: bool = True):
-    """Generate `alg`'s module, then build its class with these hyperparameter values."""
-    import inspect
-
+    """Generate `alg`'s module, then build its class; `values` are keyed by Python name."""
     text = source(checker, alg, fuse)
     module = load_module(text, python_name(alg.name).lower())
     cls = getattr(module, python_name(alg.name))
     wanted = inspect.signature(cls).parameters
-    kwargs: dict[str, int | float] = {}
-    for card_name, value in values.items():
-        py = python_name(card_name)
-        if py in wanted:
-            kwargs[py] = int(value) if wanted[py].annotation in (int, "int") else float(value)
+    kwargs = {py: int(v) if wanted[py].annotation in (int, "int") else float(v)
+              for py, v in values.items() if py in wanted}
     missing = [p for p, v in wanted.items() if v.default is v.empty and p not in kwargs]
     if missing:
         raise ValueError(f"'{alg.name}' needs values for {', '.join(missing)}: "
@@ -126,9 +117,7 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
         diags = Diagnostics(sources=lib.diags.sources)
         diags.error(err.span, err.message, err.hint)
         raise CardError(diags) from None
-    model, kwargs = instantiate(checker, alg, values, fuse)
-    import os
-
+    model, kwargs = instantiate(checker, alg, {python_name(k): v for k, v in values.items()}, fuse)
     files = [f.path for f in lib.files if f.path in lib.diags.sources]
     base = os.path.commonpath([os.path.abspath(p) for p in [*files, card]])
     base = base if os.path.isdir(base) else os.path.dirname(base)
@@ -141,8 +130,6 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
 
 def rebuild_model(meta: dict[str, Any]):
     """The model a checkpoint's metadata describes, compiled again from its recorded cards."""
-    import tempfile
-
     try:
         cards, card, name = meta["cards"], meta["card"], meta["name"]
         hypers = dict(meta["hyperparameters"])
@@ -155,13 +142,7 @@ def rebuild_model(meta: dict[str, Any]):
                 raise ValueError(f"checkpoint metadata names an unsafe card path '{path}'")
             (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
             (Path(tmp) / rel).write_text(text, encoding="utf-8")
-        lib, targets = load([Path(tmp) / card], root=tmp)
-        checker, diags = check(lib)
-        if diags.errors:
-            raise CardError(diags)
+        lib, checker, _ = checked([str(Path(tmp) / card)], tmp)
         alg = find_card(lib, checker, str(Path(tmp) / card), name)
-        values = {k: v for k, v in hypers.items()}
-        sig = checker.info(alg).sig
-        by_py = {python_name(h): h for h in sig.hypers}
-        model, _ = instantiate(checker, alg, {by_py.get(k, k): v for k, v in values.items()})
+        model, _ = instantiate(checker, alg, hypers)
     return model

@@ -96,6 +96,13 @@ class Body:
     def emit(self, st: ir.Stmt) -> None:
         self.out.append(st)
 
+    def child(self) -> Body:
+        """A body for a loop's steps: same card, scope and device; its own statements."""
+        body = Body(self.low, self.alg, self.info, self.scope, self.dim_of, self.lead)
+        body.device, body.runtime_used, body.loop_index = self.device, self.runtime_used, \
+            dict(self.loop_index)
+        return body
+
     def fresh(self, name: str) -> str:
         taken = {n for st in self.out if isinstance(st, ir.Assign) for n in st.targets}
         taken |= {local_name(n) for n in self.scope.values}
@@ -128,7 +135,7 @@ class Body:
             return
         name = local_name(st.target.id)
         self.emit(ir.Assign((name,), val.code, self.note(step, val)))
-        self.scope.values[st.target.id] = Val(ir.Ref(name), val.ty, val.lifted, val.heads)
+        self.scope.values[st.target.id] = Val(ir.Ref(name), val.ty, val.lifted)
 
     def stmt_Return(self, st: s.Return, step: s.Step) -> None:
         val = self.expr(st.value)
@@ -172,8 +179,7 @@ class Body:
     def layer_loop(self, st: s.For, step: s.Step, stack: tuple[str, ModuleSlot]) -> None:
         pattern, slot = stack
         local = self.fresh(slot.attr)
-        body = Body(self.low, self.alg, self.info, self.scope, self.dim_of, self.lead)
-        body.device, body.runtime_used = self.device, self.runtime_used
+        body = self.child()
         self.scope.loop_modules[pattern] = ir.Ref(local)
         for sub in st.body:
             body.step(sub)
@@ -193,9 +199,8 @@ class Body:
                              self.ty(sub.stmt.value))
                 self.scope.values[target.id] = fam
                 self.emit(ir.Assign((fam.local,), ir.Seq((), "list"), self.note(step)))
-        body = Body(self.low, self.alg, self.info, self.scope, self.dim_of, self.lead)
-        body.device, body.runtime_used = self.device, self.runtime_used
-        body.loop_index = {**self.loop_index, st.var: ir.Ref(var)}
+        body = self.child()
+        body.loop_index[st.var] = ir.Ref(var)
         for sub in st.body:
             body.step(sub)
         self.emit(ir.Loop(var, _call("range", count), tuple(body.out), self.note(step)))

@@ -79,7 +79,7 @@ class Lowering:
                                    ctor_type(ty)))
         known = set(ctor)
         for name, d in sig.definitions.items():
-            m.derived.append((local_name(name), dim_expr(d, lambda x: ir.Ref(local_name(x)))))
+            m.derived.append((local_name(name), _ctor_dim(d)))
             known.add(name)
         scope = Scope()
         for name, entry in sig.tree.members.items():
@@ -114,17 +114,11 @@ class Lowering:
 
     def runtime_dims(self, sig) -> dict[str, ir.Expr]:
         """Dimensions read off the inputs at call time: T of X ∈ ℝ^{T×D}."""
-        declared = set(card_names(sig))
-        out: dict[str, ir.Expr] = {}
+        shapes: dict[str, ir.Expr] = {}
         for name, ty in sig.inputs:
-            for k, d in enumerate(ty.shape):
-                syms = d.symbols if d is not None else set()
-                if len(syms) == 1 and d == Dim.sym(next(iter(syms))) and d not in declared:
-                    sym = next(iter(syms))
-                    if sym not in declared and sym not in out:
-                        shape = ir.Attr(ir.Ref(local_name(name)), "shape")
-                        out[sym] = ir.Sub(shape, (ir.Lit(str(k - len(ty.shape))),))
-        return out
+            _note_dims(shapes, local_name(name), ty.shape, negative=True)
+        declared = set(card_names(sig))
+        return {sym: e for sym, e in shapes.items() if sym not in declared}
 
     @staticmethod
     def is_language_model(sig) -> bool:
@@ -160,10 +154,9 @@ class Lowering:
     # ------------------------------------------------------------------ parameters
     def store(self, alg, calls, name: str, entry: Entry, m: ir.Module, scope: Scope,
               var: str | None) -> None:
-        ctor = lambda d: dim_expr(d, lambda x: ir.Ref(local_name(x.lstrip("?"))))  # noqa: E731
         if isinstance(entry, Ty):
             attr = attr_name(name)
-            shape = tuple(ctor(d) for d in entry.shape)
+            shape = tuple(_ctor_dim(d) for d in entry.shape)
             m.params.append(ir.Param(attr, shape, _init(name, entry, shape),
                                      ir.Note(_shape(entry.shape), self.decl_line(alg, name))))
             scope.tensors[name] = ir.Ref(f"self.{attr}")
@@ -184,7 +177,7 @@ class Lowering:
         attr = attr_name(name, var)
         kwargs = tuple((local_name(a), v) for a in self.ctor_args(callee)
                        if (v := self.ctor_kwarg(callee, call, a)) is not None)
-        count = None if over is None else dim_expr(over, lambda x: ir.Ref(local_name(x)))
+        count = None if over is None else _ctor_dim(over)
         m.submodules.append(ir.Submodule(attr, cls.name, kwargs, count,
                                          ir.Note(None, self.decl_line(alg, name))))
         scope.modules[name] = ModuleSlot(attr, callee, var)
@@ -203,7 +196,7 @@ class Lowering:
             given = call.hypers[arg]
             return _ctor_value(given.value if isinstance(given, s.Arg) else given)
         if arg in call.bind:
-            return dim_expr(call.bind[arg], lambda x: ir.Ref(local_name(x.lstrip("?"))))
+            return _ctor_dim(call.bind[arg])
         if arg in sig.defaults:
             return None
         return ir.Ref(local_name(arg))
@@ -215,14 +208,13 @@ class Lowering:
         groups: dict[tuple, list[tuple[str, Ty]]] = {}
         for member, ty in members:
             groups.setdefault(ty.shape, []).append((member, ty))
-        ctor = lambda d: dim_expr(d, lambda x: ir.Ref(local_name(x.lstrip("?"))))  # noqa: E731
         for shape, group in groups.items():
             if not shape:
                 raise LowerError(alg.span, f"'{name}': scalar families are not supported yet")
             attr = _stem([g[0] for g in group], fam.var)
             count = Dim.const(len(group))
             full = shape[:-1] + (count * fam.over * shape[-1],)
-            dims = tuple(ctor(d) for d in full)
+            dims = tuple(_ctor_dim(d) for d in full)
             first, ty = group[0]
             m.params.append(ir.Param(attr, dims, _init(first, ty, dims),
                                      ir.Note(_shape(full), self.decl_line(alg, first))))
@@ -363,6 +355,11 @@ class Lowering:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _ctor_dim(d: Dim) -> ir.Expr:
+    """A dimension inside `__init__`, where hyperparameters are the constructor's arguments."""
+    return dim_expr(d, lambda sym: ir.Ref(local_name(sym.lstrip("?"))))
 
 
 def _note_dims(shapes: dict[str, ir.Expr], arg: str, dims, negative: bool) -> None:

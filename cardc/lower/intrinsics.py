@@ -203,7 +203,7 @@ class Passes:
                                         f"{local_name(st.var)}"), ty)
         sdpa = _call("F.scaled_dot_product_attention", *(ir.Ref(n) for n in names), **mask)
         body.emit(ir.Assign((fam.local,), sdpa, body.note(step, None, head_shape)))
-        fam.stacked = Val(ir.Ref(fam.local), Ty(ty.shape), True, body.dim(wq.over))
+        fam.stacked = Val(ir.Ref(fam.local), Ty(ty.shape), True)
         body.scope.values[assign.target.id] = fam
         return True
 

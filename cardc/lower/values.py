@@ -60,7 +60,6 @@ class Val:
     code: ir.Expr
     ty: Ty
     lifted: bool = False
-    heads: ir.Expr | None = None  # a map over heads kept stacked: axis -3 of (…, H, T, d)
 
 
 @dataclass
@@ -134,8 +133,6 @@ def shape_text(val: Val, lead: str, names: dict[Dim, str]) -> str:
     """`(B, T, D)`: the physical shape, batch axes first; `names` spells derived sizes."""
     dims = [display(names.get(d, str(d))).replace("?", "") if d is not None else "1"
             for d in val.ty.shape]
-    if val.heads is not None:
-        dims = dims[:-2] + ["H", *dims[-2:]] if len(dims) >= 2 else dims
     if val.lifted:
         dims = [lead, *dims]
     if not dims:
