@@ -188,6 +188,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeInputError) as err:
         raise UsageError(str(err)) from None
     resolve_device(cfg.device)  # before any output: a missing GPU is reported up front
+    import torch
+
+    torch.manual_seed(cfg.seed)  # the initial weights too: a run is reproducible from its seed
     model = build_model(args.card, args.preset, _overrides(args.set), args.library, args.name)
     params = sum(p.numel() for p in model.parameters())
     print(f"training {model.card_meta['name']} ({args.preset or 'no preset'}, {params:,} parameters) "

@@ -95,3 +95,15 @@ def test_missing_gpu_is_reported_before_anything_is_written(tmp_path):
               "--out", str(tmp_path / "run"))
     assert r.returncode == 1 and "CUDA is not available" in r.stderr
     assert not (tmp_path / "run").exists() and r.stdout == ""
+
+
+def test_same_seed_same_initial_weights(tmp_path):
+    runs = []
+    for k in range(2):
+        out = tmp_path / f"r{k}"
+        r = cardc("train", "cards/gpt2.card", "--preset", "tiny", *SMALL, "--steps", "0",
+                  "--batch-size", "2", "--block-size", "8", "--out", str(out))
+        assert r.returncode == 0, r.stderr
+        runs.append((out / "metrics.jsonl").read_text().splitlines()[0])
+    first = [json.loads(line) for line in runs]
+    assert first[0]["val_loss"] == first[1]["val_loss"]
