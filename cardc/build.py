@@ -18,10 +18,8 @@ from .lower import LowerError, Lowering
 from .spelling import python_name
 
 
-def model_cards(lib: Library, checker: Checker, files: list[str] | None = None,
-                column_major: bool = False) -> list[s.Algorithm]:
-    """Cards nobody calls that own parameters: the models. Column-major ones (the paper's own
-    layout) are listed only when asked for: their lowering is not written yet."""
+def model_cards(lib: Library, checker: Checker, files: list[str] | None = None) -> list[s.Algorithm]:
+    """Cards nobody calls that own parameters: the models."""
     called = {id(ci.callee) for info in checker.infos.values() for ci in info.calls.values()}
     out = []
     for card_file, alg in lib.algorithms():
@@ -30,13 +28,19 @@ def model_cards(lib: Library, checker: Checker, files: list[str] | None = None,
         info = checker.infos.get(id(alg))
         if alg.name is None or info is None or id(alg) in called or not info.sig.tree.members:
             continue
-        if (info.sig.layout == "column") == column_major:
-            out.append(alg)
+        out.append(alg)
     return out
 
 
-def module_path(alg: s.Algorithm, out_dir: str | Path) -> Path:
-    return Path(out_dir) / f"{python_name(alg.name).lower()}.py"
+def module_path(lib: Library, alg: s.Algorithm, out_dir: str | Path,
+                root: str | Path | None) -> Path:
+    """generated/<the card's folder under the library root>/<card name>.py."""
+    folder = Path(lib.file_of(alg).path).parent
+    try:
+        sub = folder.resolve().relative_to(Path(root).resolve()) if root else Path()
+    except ValueError:
+        sub = Path()
+    return Path(out_dir) / sub / f"{python_name(alg.name).lower()}.py"
 
 
 def checked(paths: list[str], library: str | None) -> tuple[Library, Checker, list[str]]:

@@ -424,9 +424,36 @@ class _Body:
     def run(self) -> None:
         for step in self.alg.steps:
             self.step(step)
+        for call in self.info.calls.values():  # sizes no step fixes become the card's own
+            for d in call.bind.values():
+                for sym in d.symbols:
+                    if sym.startswith("?") and sym not in self.solved:
+                        self.solved[sym] = Dim.sym(sym[1:])
+                        self.sig.hypers.setdefault(sym[1:], Ty(elem="ℕ", value=Dim.sym(sym[1:])))
         if self.solved:
             solved = substitute(self.sig.tree, self.solved)
             self.sig.tree.members.update(solved.members)
+            for call in self.info.calls.values():  # a callee's free sizes, as the card fixed them
+                call.bind = {k: subst_dim(v, self.solved) for k, v in call.bind.items()}
+        self.adopt_sizes()
+
+    def adopt_sizes(self) -> None:
+        """A bundle declared `see (4)` has the callee's shapes in the callee's symbols; the call
+        that receives it says what they are here."""
+        def adopt(members: dict[str, Entry], given: str, bind: dict[str, Dim]) -> None:
+            for key, entry in members.items():
+                if isinstance(entry, BundleTy) and entry.card is None:
+                    adopt(entry.members, given, bind)
+                elif isinstance(entry, BundleTy) and key == given:
+                    members[key] = substitute(entry, bind)
+                elif isinstance(entry, FamilyTy) and isinstance(entry.entry, BundleTy) and \
+                        entry.entry.card and instance(key, entry.var, given) is not None:
+                    members[key] = FamilyTy(entry.var, entry.over, substitute(entry.entry, bind))
+
+        for call in self.info.calls.values():
+            for given in call.params.values():
+                if isinstance(given, s.Name):
+                    adopt(self.sig.tree.members, given.id, call.bind)
         if self.alg.name and self.alg.outputs and not self.returned:
             self.error(self.alg.span, f"'{self.alg.name}' never returns its output",
                        hint="end the card with 'return …'")

@@ -179,6 +179,7 @@ class Module:
     body: list[Stmt]
     language_model: bool = False  # forward(idx, targets) also returns the cross-entropy loss
     max_seq_len: Expr | None = None
+    probabilities: bool = False  # forward returns a softmax (the paper's P), not logits
 
 
 @dataclass

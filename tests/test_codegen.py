@@ -63,10 +63,14 @@ def _pair(fused_cls, literal_cls, **kwargs):
 
 
 def test_generated_modules_are_up_to_date_and_deterministic(library):
-    checker, gpt2 = library
-    text = source(checker, gpt2)
-    assert text == source(checker, gpt2)
-    assert (ROOT / module_path(gpt2, "generated")).read_text(encoding="utf-8") == text
+    checker, _ = library
+    models = model_cards(checker.lib, checker)
+    assert {m.name for m in models} >= {"GPT2", "DTransformer", "ETransformer", "EDTransformer"}
+    for alg in models:
+        text = source(checker, alg)
+        assert text == source(checker, alg)
+        path = ROOT / module_path(checker.lib, alg, "generated", ROOT / "cards")
+        assert path.read_text(encoding="utf-8") == text, path
 
 
 def test_generated_file_has_banner_card_lines_and_only_torch_imports():

@@ -7,6 +7,7 @@ the checked card: shapes come from the checker's types, never re-derived here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .. import ir
@@ -14,7 +15,7 @@ from .. import syntax as s
 from ..checker import CallInfo, CardInfo, instance
 from ..dims import Dim
 from ..spelling import display
-from ..types import BundleTy, FamilyTy, Ty
+from ..types import BundleTy, FamilyTy, Ty, subst_dim
 from .values import (
     Family,
     LowerError,
@@ -48,6 +49,47 @@ def _int(n: int) -> ir.Lit:
     return ir.Lit(str(n))
 
 
+def _mT(code: ir.Expr) -> ir.Expr:
+    return ir.Attr(code, "mT")
+
+
+def _like(x: Val, code: ir.Expr, ty: Ty | None = None) -> Val:
+    """`code` computed elementwise from `x`: same layout, batch and position axes."""
+    return replace(x, code=code, ty=ty if ty is not None else x.ty)
+
+
+def bound_sizes(alg: s.Algorithm, info: CardInfo) -> dict[str, Dim]:
+    """Sizes that steps name: `ℓ ← length(x)` binds ℓ to the length of x."""
+    out: dict[str, Dim] = {}
+
+    def visit(steps) -> None:
+        for step in steps:
+            st = step.stmt
+            if isinstance(st, s.Assign) and isinstance(st.target, s.Name):
+                ty = info.types.get(id(st.value))
+                if isinstance(ty, Ty) and ty.value is not None:
+                    out[st.target.id] = ty.value
+            visit(getattr(st, "body", ()) if isinstance(getattr(st, "body", ()), tuple) else ())
+
+    visit(alg.steps)
+    return out
+
+
+def _linear_bias(a: Val, b: Val) -> bool:
+    return isinstance(a.code, ir.Call) and a.code.func == ir.Ref("F.linear") and \
+        len(a.code.args) == 2 and a.flipped and b.flipped and not b.lifted and not b.rows and \
+        len(b.ty.shape) == 2 and b.ty.shape[1] is None
+
+
+def _is_all(item) -> bool:
+    return isinstance(item, s.Slice) and item.lo is None and item.hi is None
+
+
+def _is_ones_row(e: s.Expr) -> bool:
+    """`1^⊺`, the row of ones that broadcasts a column vector: `b 1^⊺`."""
+    return isinstance(e, s.Transpose) and isinstance(e.operand, s.Num) and e.operand.text == "1"
+
+
 class Body:
     """Lowers the steps of `alg` in `scope`; `dim` maps a dimension symbol to Python."""
 
@@ -69,6 +111,11 @@ class Body:
         self.max_seq_len: ir.Expr | None = None
         self.runtime_used: set[str] = set()
         self.defined = {d: name for name, d in info.sig.definitions.items()}  # D/H → d
+        self.column = info.sig.layout == "column"  # matrices that are not parameters flip
+        self.bound = bound_sizes(alg, info)  # ℓ ← length(x): ℓ is |x|
+        for name, d in self.bound.items():
+            self.defined.setdefault(d, name)
+        self.positions: tuple[str, Dim] | None = None  # inside a map over positions: t, ℓ
 
     # ------------------------------------------------------------------ helpers
     def fail(self, node, message: str, hint: str | None = None):
@@ -90,6 +137,10 @@ class Body:
             return self.dim_of(self.defined[d])
         return dim_expr(d, self.dim_of)
 
+    def size(self, e: s.Expr) -> Dim:
+        """The dimension an expression such as ℓ or L_enc stands for."""
+        return subst_dim(self.low.dim_value(self.alg, e), self.bound)
+
     def dim_text(self, d: Dim) -> str:
         return display(self.defined.get(d, str(d))).replace("?", "")
 
@@ -101,6 +152,7 @@ class Body:
         body = Body(self.low, self.alg, self.info, self.scope, self.dim_of, self.lead)
         body.device, body.runtime_used, body.loop_index = self.device, self.runtime_used, \
             dict(self.loop_index)
+        body.max_seq_len = self.max_seq_len
         return body
 
     def fresh(self, name: str) -> str:
@@ -130,12 +182,14 @@ class Body:
         val = self.expr(st.value)
         family = self.family_of(st.target.id)
         if family is not None:
+            family.flipped = val.flipped
             self.emit(ir.Assign((), _method(ir.Ref(family.local), "append", val.code),
                                 self.note(step, val, display(st.target.id))))
             return
         name = local_name(st.target.id)
-        self.emit(ir.Assign((name,), val.code, self.note(step, val)))
-        self.scope.values[st.target.id] = Val(ir.Ref(name), val.ty, val.lifted)
+        if val.code != ir.Ref(name):  # `ℓ ← length(x)` where ℓ is already read off x
+            self.emit(ir.Assign((name,), val.code, self.note(step, val)))
+        self.scope.values[st.target.id] = _like(val, ir.Ref(name))
 
     def stmt_Return(self, st: s.Return, step: s.Step) -> None:
         val = self.expr(st.value)
@@ -147,6 +201,8 @@ class Body:
         if stack is not None:
             return self.layer_loop(st, step, stack)
         if st.style == "map" or isinstance(st.over, s.Concat):
+            if self.indexes_by(st.body, st.var):
+                return self.position_map(st, step)
             if self.low.fuse and self.low.passes.head_map(self, st, step):
                 return None
             return self.map_loop(st, step)
@@ -177,20 +233,110 @@ class Body:
         return found
 
     def layer_loop(self, st: s.For, step: s.Step, stack: tuple[str, ModuleSlot]) -> None:
+        """A stack of layers: `for block in self.block`, or by index when the layers' own
+        tensors (γ^1_l) are stacked beside their modules."""
         pattern, slot = stack
-        local = self.fresh(slot.attr)
         body = self.child()
-        self.scope.loop_modules[pattern] = ir.Ref(local)
+        used = [name for name, sl in self.scope.modules.items()
+                if sl.var is not None and self.uses_family(st.body, name, sl.var, st.var)]
+        by_index = len(used) > 1 or any(
+            self.uses_family(st.body, name, fam.var, st.var)
+            for name, fam in self.scope.stacked.items() if fam.axis == "lead")
+        if by_index:
+            local = self.fresh(local_name(st.var))
+            body.loop_index[st.var] = ir.Ref(local)
+            for name in used:
+                attr = ir.Ref(f"self.{self.scope.modules[name].attr}")
+                self.scope.loop_modules[name] = ir.Sub(attr, (ir.Ref(local),))
+            over = _call("range", self.loop_count(st))
+        else:
+            local = self.fresh(slot.attr)
+            self.scope.loop_modules[pattern] = ir.Ref(local)
+            over = ir.Ref(f"self.{slot.attr}")
         for sub in st.body:
             body.step(sub)
-        self.scope.loop_modules.pop(pattern)
-        self.emit(ir.Loop(local, ir.Ref(f"self.{slot.attr}"), tuple(body.out), self.note(step)))
+        for name in used:
+            self.scope.loop_modules.pop(name, None)
+        self.max_seq_len = self.max_seq_len or body.max_seq_len
+        self.emit(ir.Loop(local, over, tuple(body.out), self.note(step)))
+
+    def loop_count(self, st: s.For) -> ir.Expr:
+        if isinstance(st.over, s.Range):
+            return self.dim(self.size(st.over.last))
+        if isinstance(st.over, s.Concat) and len(st.over.items) == 1:
+            return self.dim(self.size(st.over.items[0]))
+        return self.fail(st.over, "expected a range such as [L] or 1, 2, …, L")
+
+    def indexes_by(self, body, var: str) -> bool:
+        """Whether `var` indexes a value somewhere in `body` (X[:, t]): a map over positions."""
+        found = False
+
+        def visit(node):
+            nonlocal found
+            if isinstance(node, s.Index) and any(getattr(i, "id", None) == var
+                                                 for i in node.items):
+                found = True
+            elif isinstance(node, tuple):
+                for x in node:
+                    visit(x)
+            elif hasattr(node, "__dataclass_fields__"):
+                for f in node.__dataclass_fields__:
+                    if f != "span":
+                        visit(getattr(node, f))
+
+        visit(body)
+        return found
+
+    def position_map(self, st: s.For, step: s.Step) -> None:
+        """`for t ∈ [ℓ] : X̃[:, t] ← f(X[:, t])` or `e_t ← …`: every column at once.
+
+        Columns of a flipped matrix are its rows, so `X[:, t]` is all of X with the position
+        axis in front of the card's own. Steps may read column t of anything, never another
+        column, which is what makes the iterations independent."""
+        size = self.size(st.over.items[0]) \
+            if isinstance(st.over, s.Concat) and len(st.over.items) == 1 else None
+        if size is None:
+            self.fail(st.over, "expected a range such as [ℓ]")
+        outer, self.positions = self.positions, (st.var, size)
+        try:
+            for sub in st.body:
+                self.position_step(sub, st.var, size)
+        finally:
+            self.positions = outer
+
+    def position_step(self, step: s.Step, var: str, size: Dim) -> None:
+        st = step.stmt
+        if not isinstance(st, s.Assign):
+            self.fail(step, "a map over positions holds assignments only")
+        val = self.expr(st.value)
+        if val.rows != (size,):
+            self.fail(st.value, f"this value does not depend on '{display(var)}'")
+        target = st.target
+        column = isinstance(target, s.Index) and isinstance(target.base, s.Name) and \
+            len(target.items) == 2 and isinstance(target.items[0], s.Slice) and \
+            target.items[0].lo is None and target.items[0].hi is None and \
+            getattr(target.items[1], "id", None) == var
+        if column:  # X̃[:, t] ← v: X̃ is the matrix of all columns, stored flipped
+            name = target.base.id
+            ty = Ty((*val.ty.shape, size), val.ty.elem)
+            whole = replace(val, ty=ty, rows=(), flipped=True)
+            local = local_name(name)
+            self.emit(ir.Assign((local,), val.code, self.note(step, whole)))
+            self.scope.values[name] = _like(whole, ir.Ref(local))
+        elif isinstance(target, s.Name) and instance(target.id, var, target.id) is not None:
+            local = self.fresh(attr_name(target.id, var))
+            self.emit(ir.Assign((local,), val.code, self.note(step, val)))
+            self.scope.values[target.id] = Family(var, local, val.ty, _like(val, ir.Ref(local)),
+                                                  positions=True)
+        else:
+            self.fail(target, f"a map over '{display(var)}' assigns 'X[:, {display(var)}]' "
+                              f"or a value named for '{display(var)}'")
 
     def map_loop(self, st: s.For, step: s.Step) -> None:
         """`for h ∈ [H] : Y^h ← f(…)`, literally: a Python loop that collects a list."""
         if not isinstance(st.over, s.Concat) or len(st.over.items) != 1:
             self.fail(st.over, "expected a range such as [H]")
-        count = self.dim(self.low.dim_value(self.alg, st.over.items[0]))
+        count = self.dim(self.size(st.over.items[0]))
         var = local_name(st.var)
         for sub in st.body:
             target = sub.stmt.target if isinstance(sub.stmt, s.Assign) else None
@@ -225,7 +371,7 @@ class Body:
         current = self.expr(body.then.target.base)
         rank = len(st.vars)
         shape = current.ty.shape[-rank:]
-        self.point = {v: (k, rank, shape[k]) for k, v in enumerate(st.vars)}
+        self.point = {v: (self.physical(current, k), rank, shape[k]) for k, v in enumerate(st.vars)}
         try:
             cond = self.expr(body.cond)
             value = self.expr(body.then.value)
@@ -237,7 +383,12 @@ class Body:
             code = _method(current.code, "masked_fill", cond.code, value.code)
         name = local_name(target)
         self.emit(ir.Assign((name,), code, self.note(step, current)))
-        self.scope.values[target] = Val(ir.Ref(name), current.ty, current.lifted)
+        self.scope.values[target] = _like(current, ir.Ref(name))
+
+    @staticmethod
+    def physical(val: Val, k: int) -> int:
+        """Where card axis `k` of a matrix sits among its physical card axes (0-based)."""
+        return len(val.ty.shape) + val.axis(k)
 
     # ------------------------------------------------------------------ expressions
     def expr(self, e: s.Expr) -> Val:
@@ -255,6 +406,11 @@ class Body:
         name = e.id
         if name in self.point:
             return self.arange(name)
+        if self.positions and name == self.positions[0]:
+            size = self.positions[1]
+            code = _call("torch.arange", _int(1), ir.Bin("+", self.dim(size), _int(1)),
+                         device=self.device_expr())
+            return Val(code, Ty(elem="ℕ"), rows=(size,))
         if self.sum_axis and name == self.sum_axis[0]:
             self.fail(e, "a sum index can only index the last axis here")
         if name in self.loop_index:
@@ -283,6 +439,12 @@ class Body:
                 continue  # the family itself, outside a loop over it
             h = self.loop_index.get(idx) if idx in self.loop_index else _int(int(idx) - 1)
             store = ir.Ref(st.storage)
+            if st.axis == "lead":  # a layer's own tensor: one slice of (L, …)
+                return Val(ir.Sub(store, (h,)), Ty(st.shape))
+            if st.axis == "first":  # heads stacked on the output axis: (H·d_out, d_in)
+                dims = (self.dim(st.over), self.dim(st.shape[0]))
+                view = _method(store, "unflatten", _int(0), ir.Seq(dims))
+                return Val(ir.Sub(view, (h,)), Ty(st.shape))
             dims = (_int(st.count), self.dim(st.over), self.dim(st.shape[-1]))
             view = _method(store, "unflatten", _int(-1), ir.Seq(dims))
             code = ir.Sub(view, (ir.Ref("..."), _int(st.index), h, ir.SliceX(None, None)))
@@ -304,22 +466,70 @@ class Body:
         return self.device
 
     def expr_BinOp(self, e: s.BinOp) -> Val:
+        if e.op == " " and _is_ones_row(e.right):
+            return self.ones_row(e)
         a, b = self.expr(e.left), self.expr(e.right)
         ty = self.ty(e)
         if e.op in (" ", "·"):
             op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
+            if op == "@" and self.column:
+                return self.matmul(e, a, b, ty)
         elif e.op in COMPARE:
             op = COMPARE[e.op]
         else:
             op = {"+": "+", "−": "-", "⊙": "*", "/": "/"}.get(e.op)
             if op is None:
                 self.fail(e, f"code generation does not handle '{e.op}' yet")
+        if op == "+" and _linear_bias(a, b):  # F.linear(X, W) + b 1^⊺ → F.linear(X, W, b)
+            return replace(a, code=ir.Call(a.code.func, (*a.code.args, b.code)), ty=ty)
         if op != "@":
             a, b = self.align(a, b), self.align(b, a)
+            a, b = self.same_layout(a, b), self.same_layout(b, a)
             rank = max(len(a.ty.shape), len(b.ty.shape))
             if self.sum_axis or self.point:
                 ty = Ty((a.ty if len(a.ty.shape) == rank else b.ty).shape, ty.elem)
-        return Val(ir.Bin(op, a.code, b.code), ty, a.lifted or b.lifted)
+        return Val(ir.Bin(op, a.code, b.code), ty, a.lifted or b.lifted,
+                   a.flipped or b.flipped, a.rows or b.rows)
+
+    def ones_row(self, e: s.BinOp) -> Val:
+        """`b 1^⊺`: the column b repeated across columns, which broadcasting does for free
+        when the matrix is stored flipped."""
+        b = self.expr(e.left)
+        if len(b.ty.shape) != 1:
+            self.fail(e, "'1^⊺' broadcasts a vector into columns")
+        ty = Ty((b.ty.shape[0], None), b.ty.elem)
+        if self.column:
+            return Val(b.code, ty, b.lifted, True, b.rows)
+        return Val(ir.Sub(b.code, (ir.Ref("..."), ir.SliceX(None, None), ir.Ref("None"))),
+                   ty, b.lifted, False, b.rows)
+
+    def same_layout(self, a: Val, other: Val) -> Val:
+        """An elementwise operand stored the other way round than its partner is turned."""
+        if len(a.ty.shape) != 2 or len(other.ty.shape) != 2 or a.flipped == other.flipped:
+            return a
+        if None in a.ty.shape or a.lifted and not other.lifted:
+            return a  # the partner turns instead
+        return replace(a, code=_mT(a.code), flipped=other.flipped)
+
+    def matmul(self, e: s.BinOp, a: Val, b: Val, ty: Ty) -> Val:
+        """A · B in a column-major card. The product is stored flipped when B is, as
+        (A B)^⊺ = B^⊺ A^⊺; a parameter on the left becomes `F.linear`, nn.Linear's product."""
+        lifted, rows = a.lifted or b.lifted, a.rows or b.rows
+        plain = not a.lifted and not a.rows and not a.flipped  # a parameter in card layout
+        if len(a.ty.shape) == 2 and len(b.ty.shape) == 1:  # W e: a vector again
+            if plain:
+                return Val(_call("F.linear", b.code, a.code), ty, lifted, False, rows)
+            left = a.code if a.flipped else _mT(a.code)
+            return Val(ir.Bin("@", b.code, left), ty, lifted, False, rows)
+        if len(a.ty.shape) != 2 or len(b.ty.shape) != 2:
+            self.fail(e, "code generation multiplies matrices and matrix–vector pairs only")
+        if not b.flipped:
+            left = _mT(a.code) if a.flipped else a.code
+            return Val(ir.Bin("@", left, b.code), ty, lifted, False, rows)
+        if plain:
+            return Val(_call("F.linear", b.code, a.code), ty, lifted, True, rows)
+        right = a.code if a.flipped else _mT(a.code)
+        return Val(ir.Bin("@", b.code, right), ty, lifted, True, rows)
 
     def align(self, a: Val, other: Val) -> Val:
         """A batched value of lower card rank gains trailing axes to broadcast against `other`."""
@@ -332,25 +542,27 @@ class Body:
     def expr_Unary(self, e: s.Unary) -> Val:
         x = self.expr(e.operand)
         if e.op == "−":
-            return Val(ir.Un("-", x.code), x.ty, x.lifted)
+            return _like(x, ir.Un("-", x.code))
         if e.op == "¬":
-            return Val(ir.Un("~", x.code), x.ty, x.lifted)
+            return _like(x, ir.Un("~", x.code))
         if e.op == "√":
-            if x.lifted or x.ty.shape or self.sum_axis:
-                return Val(_call("torch.sqrt", x.code), x.ty, x.lifted)
+            if x.lifted or x.rows or x.ty.shape or self.sum_axis:
+                return _like(x, _call("torch.sqrt", x.code))
             self.low.program.imports.add("math")
             return Val(_call("math.sqrt", x.code), x.ty)
         return self.fail(e, f"code generation does not handle '{e.op}' yet")
 
     def expr_Power(self, e: s.Power) -> Val:
         x, p = self.expr(e.base), self.expr(e.exponent)
-        return Val(ir.Bin("**", x.code, p.code), x.ty, x.lifted)
+        return _like(x, ir.Bin("**", x.code, p.code))
 
     def expr_Transpose(self, e: s.Transpose) -> Val:
         x = self.expr(e.operand)
         if len(x.ty.shape) != 2:
             self.fail(e, "code generation transposes matrices only")
         ty = Ty(x.ty.shape[::-1], x.ty.elem)
+        if self.column:  # the storage stays; only how its axes read changes
+            return replace(x, ty=ty, flipped=not x.flipped)
         if x.lifted:
             return Val(_method(x.code, "transpose", _int(-2), _int(-1)), ty, True)
         return Val(ir.Attr(x.code, "T"), ty)
@@ -362,7 +574,18 @@ class Body:
             return Val(base.code, Ty((self.sum_axis[1],)), base.lifted)
         if self.point and all(getattr(i, "id", None) in self.point for i in e.items):
             return self.point_index(e)
+        if self.positions and len(e.items) in (1, 2) and \
+                getattr(e.items[-1], "id", None) == self.positions[0]:
+            return self.position_index(e)
         base = self.expr(e.base)
+        if len(e.items) == 2 and len(base.ty.shape) == 2 and _is_all(e.items[0]) and \
+                not isinstance(e.items[1], s.Slice):
+            idx = self.expr(e.items[1])
+            if idx.lifted or idx.rows:  # W_e[:, x[t]]: the columns the tokens pick
+                if base.lifted:
+                    self.fail(e, "code generation picks columns of parameters only")
+                cols = base.code if base.flipped else _mT(base.code)
+                return Val(ir.Sub(cols, (idx.code,)), self.ty(e), idx.lifted, False, idx.rows)
         items: list[ir.Expr | ir.SliceX] = [ir.Ref("...")] if base.lifted else []
         lifted = base.lifted
         for k, item in enumerate(e.items):
@@ -376,6 +599,24 @@ class Body:
             else:
                 items.append(ir.Bin("-", idx.code, _int(1)))
         return Val(ir.Sub(base.code, tuple(items)), self.ty(e), lifted)
+
+    def position_index(self, e: s.Index) -> Val:
+        """`X[:, t]`, `x[t]` or `W_p[:, t]` in a map over positions t ∈ [ℓ]: every position."""
+        var, size = self.positions
+        base = self.expr(e.base)
+        ty = self.ty(e)
+        if len(e.items) == 2 and not _is_all(e.items[0]):
+            self.fail(e, f"a map over '{display(var)}' reads whole columns 'X[:, {display(var)}]'")
+        if base.lifted and base.rows:
+            self.fail(e, "positions of a value already mapped over positions")
+        if base.lifted:  # columns of a flipped matrix are its rows; a sequence's items, itself
+            if len(e.items) == 2 and not base.flipped:
+                self.fail(e, "code generation reads columns of flipped matrices only")
+            return Val(base.code, ty, True, False, (size,))
+        # a parameter: its first ℓ columns, as rows (W_p[:, t] for t ≤ ℓ)
+        self.max_seq_len = self.max_seq_len or self.dim(base.ty.shape[-1])
+        stored = base.code if len(e.items) == 1 or base.flipped else _mT(base.code)
+        return Val(ir.Sub(stored, (ir.SliceX(None, self.dim(size)),)), ty, False, False, (size,))
 
     def slice(self, item: s.Slice, base: Val, axis: int) -> ir.SliceX:
         """1-based inclusive [lo : hi] → 0-based half-open [lo − 1 : hi]."""
@@ -393,7 +634,8 @@ class Body:
         """`Mask[t, t′]` under ∀t, t′: the whole tensor, transposed if the order differs."""
         base = self.expr(e.base)
         order = [self.point[i.id][0] for i in e.items]
-        if order == sorted(order):
+        stored = [self.physical(base, k) for k in range(len(e.items))]
+        if order == stored:
             return base
         if len(order) == 2:
             return Val(_method(base.code, "transpose", _int(-2), _int(-1)), base.ty, base.lifted)
@@ -421,20 +663,29 @@ class Body:
         fam = self.family_of(items[0].id) if isinstance(items[0], s.Name) else None
         ty = self.ty(e)
         if fam is not None and any(isinstance(x, s.Ellipsis_) for x in e.items):
+            if fam.positions:  # [e_1, …, e_ℓ]: the columns, already stored as rows
+                return replace(fam.stacked, ty=ty, rows=(), flipped=True)
             if fam.stacked is not None:  # (…, H, T, d) → (…, T, H·d)
                 moved = _method(fam.stacked.code, "transpose", _int(-3), _int(-2))
-                return Val(_method(moved, "flatten", _int(-2)), ty, True)
-            return self.join(ir.Ref(fam.local), fam.ty, e.sep, ty)
+                return Val(_method(moved, "flatten", _int(-2)), ty, True, self.column)
+            return self.join(ir.Ref(fam.local), fam.ty, e.sep, ty, flipped=fam.flipped)
         vals = [self.expr(x) for x in items]
         code = ir.Seq(tuple(v.code for v in vals), "list")
-        return self.join(code, vals[0].ty, e.sep, ty, any(v.lifted for v in vals))
+        return self.join(code, vals[0].ty, e.sep, ty, any(v.lifted for v in vals),
+                         vals[0].flipped)
 
-    def join(self, items: ir.Expr, item: Ty, sep: str, ty: Ty, lifted: bool = True) -> Val:
+    def join(self, items: ir.Expr, item: Ty, sep: str, ty: Ty, lifted: bool = True,
+             flipped: bool = False) -> Val:
         if len(item.shape) == 1:  # vectors become columns (",") or rows (";")
+            if self.column:  # a matrix of columns is stored flipped: columns are rows
+                axis, flip = (-1, False) if sep == ";" else (-2, True)
+                return Val(_call("torch.stack", items, dim=_int(axis)), ty, lifted, flip)
             axis = -2 if sep == ";" else -1
             return Val(_call("torch.stack", items, dim=_int(axis)), ty, lifted)
         axis = -len(item.shape) if sep == ";" else -1
-        return Val(_call("torch.cat", items, dim=_int(axis)), ty, lifted)
+        if flipped:  # card axis 0 of a flipped matrix is the last physical one
+            axis = -1 if sep == ";" else -2
+        return Val(_call("torch.cat", items, dim=_int(axis)), ty, lifted, flipped)
 
     # ------------------------------------------------------------------ calls
     def expr_Call(self, e: s.Call) -> Val:
@@ -449,34 +700,51 @@ class Body:
         x = self.expr(e.args[0])
         ty = self.ty(e)
         if e.func in ("GELU", "GELU_tanh"):
-            return Val(self.low.passes.gelu(self, x.code, e.func == "GELU_tanh"), ty, x.lifted)
+            return _like(x, self.low.passes.gelu(self, x.code, e.func == "GELU_tanh"), ty)
         if e.func in ELEMENTWISE:
-            return Val(_call(ELEMENTWISE[e.func], x.code), ty, x.lifted)
-        if e.func == "softmax":
-            axis = 0 if self.info.sig.layout == "column" else -1
-            return Val(_call("torch.softmax", x.code, dim=_int(axis)), ty, x.lifted)
+            return _like(x, _call(ELEMENTWISE[e.func], x.code), ty)
+        if e.func == "softmax":  # over the first index in the paper's layout (its eq. 2)
+            axis = x.axis(0) if self.column and x.ty.shape else -1
+            return _like(x, _call("torch.softmax", x.code, dim=_int(axis)), ty)
         if e.func in ("mean", "var"):
             return Val(_method(x.code, e.func, _int(-1), **(
                 {"unbiased": ir.Lit("False")} if e.func == "var" else {})), ty, x.lifted)
         if e.func == "max":
             return Val(_method(x.code, "amax", _int(-1)), ty, x.lifted)
         if e.func == "length":
+            size = self.ty(e).value
+            if size is not None and not x.rows:
+                try:
+                    return Val(self.dim(size), Ty(elem="ℕ"))
+                except LowerError:
+                    pass
             return Val(ir.Sub(ir.Attr(x.code, "shape"), (_int(-1),)), Ty(elem="ℕ"))
         return self.fail(e, f"code generation does not know '{e.func}' yet")
 
     def call_card(self, e: s.Call, call: CallInfo) -> Val:
         ty = self.ty(e)
+        flipped = len(ty.shape) == 2 and \
+            self.low.checker.info(call.callee).sig.layout == "column"
+        rows = (self.positions[1],) if self.positions else ()
         if self.low.fuse:
             fused = self.low.passes.call(self, e, call)
             if fused is not None:
-                return Val(fused, ty, True)
+                return Val(fused, ty, True, flipped, rows)
         args = self.call_args(e, call)
         module = self.module_for(e, call)
         if module is not None:
-            return Val(ir.Call(module, tuple(a.code for a in args)), ty, True)
+            masks = [self.hyper_value(call, n, g) for n, g in call.hypers.items()
+                     if n in self.module_inputs(call.callee)]
+            return Val(ir.Call(module, tuple(a.code for a in args) + tuple(masks)), ty, True,
+                       flipped, rows)
         fn = self.low.function(call.callee)
         kwargs = self.call_params(e, call)
-        return Val(ir.Call(ir.Ref(fn), tuple(a.code for a in args), tuple(kwargs)), ty, True)
+        return Val(ir.Call(ir.Ref(fn), tuple(a.code for a in args), tuple(kwargs)), ty, True,
+                   flipped, rows)
+
+    def module_inputs(self, callee: s.Algorithm) -> list[str]:
+        """Tensor hyperparameters (a Mask) a module takes with its inputs at call time."""
+        return self.low.tensor_hypers(callee)
 
     def call_args(self, e: s.Call, call: CallInfo) -> list[Val]:
         sig = self.low.checker.info(call.callee).sig
@@ -540,17 +808,23 @@ class Body:
         vars_ = [i.id for i in rule.target.items if isinstance(i, s.Name)]
         if len(vars_) != len(shape):
             self.fail(rule, f"'{display(name)}' has {len(shape)} axes")
-        outer, self.point = self.point, {v: (k, len(shape), shape[k]) for k, v in enumerate(vars_)}
+        rank = len(shape)
+        flip = self.column and rank == 2  # stored flipped, like every matrix of the card
+        outer, self.point = self.point, {
+            v: (rank - 1 - k if flip else k, rank, shape[k]) for k, v in enumerate(vars_)}
         try:
-            return self.expr(rule.value)
+            return replace(self.expr(rule.value), flipped=flip)
         finally:
             self.point = outer
 
     def constant_mask(self, call: CallInfo, name: str, value: s.Expr) -> Val:
-        shape = tuple(self.dim(d) for d in self.callee_shape(call, name))
+        dims = self.callee_shape(call, name)
+        shape = tuple(self.dim(d) for d in dims)
+        flip = self.column and len(shape) == 2
         fill = "True" if isinstance(value, s.Num) and value.value else "False"
-        code = _call("torch.full", ir.Seq(shape), ir.Lit(fill), device=self.device_expr())
-        return Val(code, Ty(), False)
+        code = _call("torch.full", ir.Seq(shape[::-1] if flip else shape), ir.Lit(fill),
+                     device=self.device_expr())
+        return Val(code, Ty(dims, "𝔹"), False, flip)
 
     def callee_shape(self, call: CallInfo, name: str) -> tuple[Dim, ...]:
         from ..types import substitute

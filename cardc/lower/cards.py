@@ -9,7 +9,7 @@ from ..checker import CallInfo, Checker, expr_dim, instance, split_name
 from ..dims import Dim
 from ..info import preset_values
 from ..types import BundleTy, Entry, FamilyTy, Ty
-from .body import Body
+from .body import Body, bound_sizes
 from .intrinsics import Passes
 from .values import (
     LowerError,
@@ -72,11 +72,13 @@ class Lowering:
         sig = info.sig
         ctor = self.ctor_args(alg)
         m = ir.Module(local_name(alg.name), _doc(alg), self.origin(alg), [], [], [], [], [], [])
+        sizes = _tree_symbols(sig.tree)
         for name in ctor:
             ty = sig.hypers.get(name, Ty(elem="ℕ"))
             default = sig.defaults.get(name)
+            kind = "int" if name in sizes else ctor_type(ty)  # a size, however it was declared
             m.hypers.append(ir.Arg(local_name(name), _ctor_value(default) if default else None,
-                                   ctor_type(ty)))
+                                   kind))
         known = set(ctor)
         for name, d in sig.definitions.items():
             m.derived.append((local_name(name), _ctor_dim(d)))
@@ -84,26 +86,33 @@ class Lowering:
         scope = Scope()
         for name, entry in sig.tree.members.items():
             self.store(alg, info.calls, name, entry, m, scope, None)
-        runtime = self.runtime_dims(sig)
+        runtime = self.runtime_dims(alg)
+        aliases = {runtime[sym][0]: sym for sym in runtime}
 
         def dim_of(sym: str) -> ir.Expr:
             sym = sym.lstrip("?")
             if sym in known:
                 return ir.Ref(f"self.{local_name(sym)}")
+            sym = aliases.get(local_name(sym), sym)
             if sym in runtime:
                 used.add(sym)
-                return ir.Ref(local_name(sym))
+                return ir.Ref(runtime[sym][0])
             raise LowerError(alg.span, f"the dimension '{sym}' has no value in generated code")
 
         used: set[str] = set()
         body = Body(self, alg, info, scope, dim_of, "B")
         body.runtime_used = used
+        column = sig.layout == "column"
         for name, ty in sig.inputs:
             m.inputs.append(ir.Arg(local_name(name)))
-            scope.values[name] = Val(ir.Ref(local_name(name)), ty, True)
+            scope.values[name] = Val(ir.Ref(local_name(name)), ty, True, column and ty.rank == 2)
+        for name in self.tensor_hypers(alg):
+            ty = sig.hypers[name]
+            m.inputs.append(ir.Arg(local_name(name)))
+            scope.values[name] = Val(ir.Ref(local_name(name)), ty, False, column and ty.rank == 2)
         body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
         stmts = body.run()
-        prologue = [ir.Assign((local_name(d),), runtime[d]) for d in runtime if d in used]
+        prologue = [ir.Assign((runtime[d][0],), runtime[d][1]) for d in runtime if d in used]
         if top and self.is_language_model(sig):
             stmts = self.language_model(m, body, prologue, stmts)
             prologue = []
@@ -112,20 +121,37 @@ class Lowering:
         self.program.modules.append(m)
         return m
 
-    def runtime_dims(self, sig) -> dict[str, ir.Expr]:
-        """Dimensions read off the inputs at call time: T of X ∈ ℝ^{T×D}."""
+    def tensor_hypers(self, alg: s.Algorithm) -> list[str]:
+        """Hyperparameters that are tensors with no default (a Mask): given at call time."""
+        sig = self.checker.info(alg).sig
+        return [n for n in card_names(sig)
+                if sig.hypers[n].shape and sig.hypers[n].value is None and n not in sig.defaults]
+
+    def runtime_dims(self, alg: s.Algorithm) -> dict[str, tuple[str, ir.Expr]]:
+        """Sizes read off the inputs at call time (T of X ∈ ℝ^{T×D}), with their Python
+        names: a size a step names (`ℓ ← length(x)`) takes that name."""
+        info = self.checker.info(alg)
+        sig = info.sig
         shapes: dict[str, ir.Expr] = {}
         for name, ty in sig.inputs:
-            _note_dims(shapes, local_name(name), ty.shape, negative=True)
-        declared = set(card_names(sig))
-        return {sym: e for sym, e in shapes.items() if sym not in declared}
+            _note_dims(shapes, local_name(name), _stored(sig, ty.shape), negative=True)
+        fixed = set(card_names(sig)) | _tree_symbols(sig.tree)  # known when the module is built
+        named = {d: n for n, d in bound_sizes(alg, info).items()}
+        out = {}
+        for sym, e in shapes.items():
+            if sym in fixed:
+                continue
+            alias = named.get(Dim.sym(sym))
+            py = local_name(alias) if alias else local_name(sym.strip("|"))
+            out[sym] = (f"len_{py}" if sym.startswith("|") and not alias else py, e)
+        return out
 
     @staticmethod
     def is_language_model(sig) -> bool:
-        if len(sig.inputs) != 1 or sig.output is None:
+        """Token sequences in (a prompt, or a source and a target), a matrix of scores out."""
+        if not sig.inputs or sig.output is None or len(sig.output.shape) != 2:
             return False
-        x = sig.inputs[0][1]
-        return x.elem == "ℕ" and len(x.shape) == 1 and len(sig.output.shape) == 2
+        return all(x.elem == "ℕ" and len(x.shape) == 1 for _, x in sig.inputs)
 
     def language_model(self, m: ir.Module, body: Body, prologue, stmts) -> list[ir.Stmt]:
         """forward(x, targets=None): logits, and with targets also the cross-entropy loss."""
@@ -136,17 +162,26 @@ class Lowering:
             raise LowerError(body.alg.span, "the model card must end with 'return'")
         logits = local_name(body.alg.outputs[0]) if body.alg.outputs else "logits"
         guard = []
-        if m.max_seq_len is not None and prologue:
-            length = prologue[0].targets[0]
+        for length in [p.targets[0] for p in prologue] if m.max_seq_len is not None else []:
             msg = ir.Lit(f'f"sequence length {{{length}}} exceeds the model\'s '
                          f'{{self.max_seq_len}} positions"')
-            guard = [ir.If(ir.Bin(">", ir.Ref(length), ir.Ref("self.max_seq_len")),
-                           (ir.Raise("ValueError", msg),))]
-        flat = ir.Call(ir.Attr(ir.Ref(logits), "flatten"), (ir.Lit("0"), ir.Lit("-2")))
+            guard.append(ir.If(ir.Bin(">", ir.Ref(length), ir.Ref("self.max_seq_len")),
+                               (ir.Raise("ValueError", msg),)))
+        value, out = ret.value, []
+        if isinstance(value, ir.Call) and value.func == ir.Ref("torch.softmax") and \
+                value.kwargs == (("dim", ir.Lit("-1")),):
+            # P = softmax(Z) over the vocabulary: the loss −log P[target] is cross-entropy on Z
+            m.probabilities = True
+            z = "logits" if logits != "logits" else "Z"
+            out.append(ir.Assign((z,), value.args[0], ret.note))
+            value = ir.Call(value.func, (ir.Ref(z),), value.kwargs)
+        else:
+            z = logits
+        flat = ir.Call(ir.Attr(ir.Ref(z), "flatten"), (ir.Lit("0"), ir.Lit("-2")))
         loss = ir.Call(ir.Ref("F.cross_entropy"),
                        (flat, ir.Call(ir.Attr(ir.Ref("targets"), "flatten"))))
-        return [*prologue, *guard, *stmts[:-1],
-                ir.Assign((logits,), ret.value, ret.note),
+        return [*prologue, *guard, *stmts[:-1], *out,
+                ir.Assign((logits,), value, ret.note),
                 ir.If(ir.Bin("is", ir.Ref("targets"), ir.Lit("None")), (ir.Return(ir.Ref(logits)),)),
                 ir.Assign(("loss",), loss),
                 ir.Return(ir.Seq((ir.Ref(logits), ir.Ref("loss"))))]
@@ -205,22 +240,30 @@ class Lowering:
         """A family of tensors for a map: members of equal shape share one storage tensor."""
         members = self.flat_tensors(fam.entry) if isinstance(fam.entry, BundleTy) \
             else [(name, fam.entry)]
+        axis = "lead" if _layer_family(alg, name, fam.var) else \
+            "first" if self.checker.info(alg).sig.layout == "column" else "last"
         groups: dict[tuple, list[tuple[str, Ty]]] = {}
-        for member, ty in members:
-            groups.setdefault(ty.shape, []).append((member, ty))
-        for shape, group in groups.items():
+        for member, ty in members:  # column-major: one nn.Linear-shaped tensor per member
+            groups.setdefault(ty.shape if axis == "last" else (member,), []).append((member, ty))
+        for group in groups.values():
+            shape = group[0][1].shape
             if not shape:
                 raise LowerError(alg.span, f"'{name}': scalar families are not supported yet")
             attr = _stem([g[0] for g in group], fam.var)
             count = Dim.const(len(group))
-            full = shape[:-1] + (count * fam.over * shape[-1],)
+            if axis == "lead":
+                full = (count * fam.over, *shape) if len(group) > 1 else (fam.over, *shape)
+            elif axis == "first":
+                full = (count * fam.over * shape[0], *shape[1:])
+            else:
+                full = shape[:-1] + (count * fam.over * shape[-1],)
             dims = tuple(_ctor_dim(d) for d in full)
             first, ty = group[0]
             m.params.append(ir.Param(attr, dims, _init(first, ty, dims),
                                      ir.Note(_shape(full), self.decl_line(alg, first))))
             for k, (member, ty) in enumerate(group):
                 scope.stacked[member] = Stacked(f"self.{attr}", k, len(group), fam.over,
-                                                ty.shape, fam.var)
+                                                ty.shape, fam.var, axis)
 
     def flat_tensors(self, bundle: BundleTy) -> list[tuple[str, Ty]]:
         out: list[tuple[str, Ty]] = []
@@ -259,7 +302,7 @@ class Lowering:
         sig = info.sig
         out = [n for n in card_names(sig)
                if n in sig.hypers and not sig.hypers[n].shape and n not in sig.definitions]
-        runtime = set(self.runtime_dims(sig))
+        runtime = set(self.runtime_dims(alg))
 
         def want(sym: str) -> None:
             sym = sym.lstrip("?")
@@ -272,6 +315,8 @@ class Lowering:
                     for sym in (d.symbols if d is not None else ()):
                         want(sym)
             elif isinstance(entry, BundleTy):
+                if entry.card is not None:  # a callee's bundle: its sizes come with the call
+                    return
                 for e in entry.members.values():
                     walk(e)
             else:
@@ -310,10 +355,11 @@ class Lowering:
         args: list[ir.Arg] = []
         scope = Scope()
         shapes: dict[str, ir.Expr] = {}
+        column = sig.layout == "column"
         for arg, ty in sig.inputs:
             args.append(ir.Arg(local_name(arg)))
-            scope.values[arg] = Val(ir.Ref(local_name(arg)), ty, True)
-            _note_dims(shapes, local_name(arg), ty.shape, negative=True)
+            scope.values[arg] = Val(ir.Ref(local_name(arg)), ty, True, column and ty.rank == 2)
+            _note_dims(shapes, local_name(arg), _stored(sig, ty.shape), negative=True)
         for pname, entry in sig.params:
             if pname in sig.hypers:
                 continue
@@ -327,13 +373,18 @@ class Lowering:
             if hty.shape or hty.value is None:
                 default = sig.defaults.get(hname)
                 args.append(ir.Arg(local_name(hname), _ctor_value(default) if default else None))
-                scope.values[hname] = Val(ir.Ref(local_name(hname)), hty)
+                scope.values[hname] = Val(ir.Ref(local_name(hname)), hty, False,
+                                          column and hty.rank == 2)
         used: dict[str, ir.Expr] = {}
+
+        bound = bound_sizes(alg, info)
 
         def dim_of(sym: str) -> ir.Expr:
             sym = sym.lstrip("?")
             if sym in sig.definitions:
                 return dim_expr(sig.definitions[sym], dim_of)
+            if sym in bound and sym not in shapes:
+                return dim_expr(bound[sym], dim_of)
             if sym not in shapes:
                 raise LowerError(alg.span, f"cannot tell the size '{sym}' from the arguments")
             used[sym] = shapes[sym]
@@ -355,6 +406,20 @@ class Lowering:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _tree_symbols(entry: Entry) -> set[str]:
+    """Every size a parameter's shape or a family's count names."""
+    if isinstance(entry, Ty):
+        return {sym.lstrip("?") for d in entry.shape if d is not None for sym in d.symbols}
+    if isinstance(entry, BundleTy):
+        return set().union(*(_tree_symbols(e) for e in entry.members.values()))
+    return {sym.lstrip("?") for sym in entry.over.symbols} | _tree_symbols(entry.entry)
+
+
+def _stored(sig, shape: tuple) -> tuple:
+    """A value's card shape in storage order: a column-major card's matrices are flipped."""
+    return shape[::-1] if sig.layout == "column" and len(shape) == 2 else shape
 
 
 def _ctor_dim(d: Dim) -> ir.Expr:
@@ -419,6 +484,30 @@ def _stem(members: list[str], var: str) -> str:
         parts.append("".join(rest))
     joined = "".join(parts) if all(len(p) == 1 for p in parts) else "_".join(parts)
     return local_name(f"{base}_{joined}") if base else local_name(joined)
+
+
+def _layer_family(alg: s.Algorithm, name: str, var: str) -> bool:
+    """Whether a `for … do` loop over layers indexes the family `name` by its variable."""
+    found = False
+
+    def visit(node, loop: str | None) -> None:
+        nonlocal found
+        if isinstance(node, s.For):
+            inner = node.var if node.style == "do" else loop
+            for step in node.body:
+                visit(step, inner)
+        elif isinstance(node, s.Name):
+            found = found or (loop is not None and instance(name, var, node.id) == loop)
+        elif isinstance(node, tuple):
+            for x in node:
+                visit(x, loop)
+        elif hasattr(node, "__dataclass_fields__"):
+            for f in node.__dataclass_fields__:
+                if f != "span":
+                    visit(getattr(node, f), loop)
+
+    visit(alg.steps, None)
+    return found
 
 
 def _init(name: str, ty: Ty, shape: tuple[ir.Expr, ...]) -> ir.Expr:

@@ -160,10 +160,12 @@ class Passes:
         call = body.info.calls.get(id(e))
         if call is None or not isinstance(assign.target, s.Name):
             return False
-        found = self.find(call.callee, "attention_head")
+        found = self.find(call.callee, "attention_head", "attention_head_cm")
         if found is None:
             return False
-        _, ren = found
+        which, ren = found
+        if which == "attention_head_cm":
+            return self.head_map_column(body, st, step, assign, call, ren)
         if len({str(a) for a in e.args}) != 1:  # cross-attention keeps the literal loop
             return False
         roles = self.stacked_roles(body, call, ren, st.var)
@@ -207,6 +209,55 @@ class Passes:
         body.scope.values[assign.target.id] = fam
         return True
 
+    def head_map_column(self, body: Body, st: s.For, step: s.Step, assign: s.Assign,
+                        call: CallInfo, ren: dict[str, str]) -> bool:
+        """The paper's heads: per-role projections (nn.Linear layout, heads stacked on the
+        output axis), then fused SDPA; Z ≠ X makes it cross-attention."""
+        e = assign.value
+        given = call.params.get(ren["W_qkv"])
+        entry = body.info.types.get(id(given))
+        bundle = dict(body.low.checker.info(call.callee).sig.params).get(ren["W_qkv"])
+        if not isinstance(entry, BundleTy) or not isinstance(bundle, BundleTy):
+            return False
+        theirs = [n for n, _ in body.low.flat_tensors(bundle)]
+        mine = [n for n, _ in body.low.flat_tensors(entry)]
+        slots = {}
+        for role in ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v"):
+            if ren[role] not in theirs or len(theirs) != len(mine):
+                return False
+            slot = body.scope.stacked.get(mine[theirs.index(ren[role])])
+            if slot is None or slot.axis != "first" or slot.var != st.var:
+                return False
+            slots[role] = slot
+        mask = self.mask(body, call, ren["Mask"], key_first=True)
+        if mask is None:
+            return False
+        x = body.expr(e.args[0])
+        z = body.expr(e.args[1]) if len(e.args) > 1 else x
+        heads = body.dim(slots["W_q"].over)
+        lx, lz = body.dim_text(x.ty.shape[1]), body.dim_text(z.ty.shape[1])
+        h = body.dim_text(slots["W_q"].over)
+        names = []
+        for role, src, length in (("q", x, lx), ("k", z, lz), ("v", z, lz)):
+            w, b = slots[f"W_{role}"], slots[f"b_{role}"]
+            proj = _call("F.linear", src.code, ir.Ref(w.storage), ir.Ref(b.storage))
+            split = _method(_method(proj, "unflatten", ir.Lit("-1"),
+                                    ir.Seq((heads, body.dim(w.shape[0])))),
+                            "transpose", ir.Lit("-3"), ir.Lit("-2"))
+            name = body.fresh(local_name(ren[role.upper()]))
+            shape = f"(B, {h}, {length}, {body.dim_text(w.shape[0])})"
+            body.emit(ir.Assign((name,), split, body.note(step, None, shape)))
+            names.append(name)
+        ty = body.ty(e)
+        fam = Family(st.var, body.fresh(f"{local_name(assign.target.id.split('^')[0])}_"
+                                        f"{local_name(st.var)}"), ty)
+        sdpa = _call("F.scaled_dot_product_attention", *(ir.Ref(n) for n in names), **mask)
+        shape = f"(B, {h}, {lx}, {body.dim_text(slots['W_v'].shape[0])})"
+        body.emit(ir.Assign((fam.local,), sdpa, body.note(step, None, shape)))
+        fam.stacked = Val(ir.Ref(fam.local), Ty(ty.shape), True)
+        body.scope.values[assign.target.id] = fam
+        return True
+
     def stacked_roles(self, body: Body, call: CallInfo, ren: dict[str, str], var: str):
         """The stacked storage of W_q, W_k, W_v (and b_q, b_k, b_v), in one tensor each."""
         given = call.params.get(ren["W_qkv"])
@@ -240,16 +291,23 @@ class Passes:
             return None
         return weights, biases
 
-    def mask(self, body: Body, call: CallInfo, name: str) -> dict[str, ir.Expr] | None:
-        """SDPA's masking arguments for a rule over (query t, key t′)."""
+    def mask(self, body: Body, call: CallInfo, name: str,
+             key_first: bool = False) -> dict[str, ir.Expr] | None:
+        """SDPA's masking arguments for a rule over (query t, key t′), or (key, query) in the
+        paper's layout; SDPA wants a (query, key) mask, which is how a flipped one is stored."""
         given = call.hypers.get(name)
         if given is None:
             return None
         if isinstance(given, s.Arg) and given.op == "≡":
             return {} if isinstance(given.value, s.Num) and given.value.value == 1 else None
         if not (isinstance(given, s.Arg) and isinstance(given.target, s.Index)):
-            return {"attn_mask": body.expr(given).code}
+            val = body.expr(given)
+            if key_first and not val.flipped:
+                return {"attn_mask": ir.Attr(val.code, "mT")}
+            return {"attn_mask": val.code}
         q, k = (getattr(i, "id", None) for i in given.target.items)
+        if key_first:
+            q, k = k, q
         cond = given.value.cond if isinstance(given.value, s.Iverson) else given.value
         if isinstance(cond, s.BinOp) and isinstance(cond.left, s.Name) and \
                 isinstance(cond.right, s.Name):

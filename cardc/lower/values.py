@@ -5,6 +5,12 @@ that depends on a model input carries leading batch axes in front (`B`, and the 
 card was mapped over). Ops on a card's own axes therefore act on the trailing axes, and the
 batch comes for free. Parameters carry no batch axes and broadcast from the right.
 
+Column-major cards (the paper's X ∈ ℝ^{d×ℓ}, W X) are lowered to the same row-major tensors: a
+matrix that is not a parameter is stored *flipped*, its card axes reversed, so the paper's
+activations sit as (B, ℓ, d) like everyone else's. A transpose then only toggles the flag, `W X`
+becomes `F.linear(X, W)`, and a per-position map over columns acts on the rows at once.
+Parameters keep the card's own layout, which for `W ∈ ℝ^{d_out×d_in}` is `nn.Linear`'s.
+
 Roles of cards. The model card and every card handed a whole parameter bundle become
 `nn.Module`s (a bundle passed in a loop over layers becomes an `nn.ModuleList`); a card handed
 individual tensors becomes a function. A family of parameter tensors indexed by a head (or any
@@ -60,6 +66,13 @@ class Val:
     code: ir.Expr
     ty: Ty
     lifted: bool = False
+    flipped: bool = False  # a matrix stored with its two card axes swapped
+    rows: tuple[Dim, ...] = ()  # axes of a map over positions, between batch and card axes
+
+    def axis(self, k: int) -> int:
+        """The physical axis (counted from the right) of card axis `k`."""
+        rank = len(self.ty.shape)
+        return -1 - k if self.flipped else k - rank
 
 
 @dataclass
@@ -72,6 +85,8 @@ class Stacked:
     over: Dim  # the family's size
     shape: tuple[Dim, ...]  # the member's own shape
     var: str
+    axis: str = "last"  # stacked along: "last" (heads, row-major), "first" (heads, column-
+    # major: the output axis, nn.Linear's), "lead" (layers: a new leading axis)
 
 
 @dataclass
@@ -82,6 +97,8 @@ class Family:
     local: str
     ty: Ty
     stacked: Val | None = None
+    positions: bool = False  # a map over positions: `stacked` holds every member as rows
+    flipped: bool = False  # members are matrices stored flipped
 
 
 @dataclass
@@ -133,6 +150,9 @@ def shape_text(val: Val, lead: str, names: dict[Dim, str]) -> str:
     """`(B, T, D)`: the physical shape, batch axes first; `names` spells derived sizes."""
     dims = [display(names.get(d, str(d))).replace("?", "") if d is not None else "1"
             for d in val.ty.shape]
+    if val.flipped:
+        dims.reverse()
+    dims = [display(names.get(d, str(d))).replace("?", "") for d in val.rows] + dims
     if val.lifted:
         dims = [lead, *dims]
     if not dims:

@@ -33,6 +33,8 @@ def generate(
             logits = model(context)
             if isinstance(logits, tuple):  # tolerate models that always return (logits, loss)
                 logits = logits[0]
+            if getattr(model, "returns", "logits") == "probabilities":  # the paper's P
+                logits = logits.clamp_min(torch.finfo(logits.dtype).tiny).log()
             nxt = _pick(logits[:, -1, :].float(), temperature, top_k, generator)
             idx = torch.cat([idx, nxt.to(idx.device)], dim=1)
     finally:
