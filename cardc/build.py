@@ -44,11 +44,32 @@ def module_path(lib: Library, alg: s.Algorithm, out_dir: str | Path,
 
 
 def checked(paths: list[str], library: str | None) -> tuple[Library, Checker, list[str]]:
+    """The library, checked; errors in the given cards or anything they call are fatal, errors
+    elsewhere in the library (the paper's faithful, defective cards) are not."""
     lib, targets = load(paths, root=library)
     checker, diags = check(lib)
-    if diags.errors:
-        raise CardError(diags)
+    wanted = {str(Path(t)) for t in targets}
+    used = files_used(lib, checker, wanted)
+    errors = [d for d in diags.errors if d.span.file in used or d.span.file not in
+              {f.path for f in lib.files}]
+    if errors:
+        raise CardError(Diagnostics(errors, diags.sources))
     return lib, checker, targets
+
+
+def files_used(lib: Library, checker: Checker, files: set[str]) -> set[str]:
+    """The given card files and every file their cards call into, transitively."""
+    used = set(files)
+    todo = [a for f in lib.files if f.path in files for a in f.algorithms]
+    seen: set[int] = set()
+    while todo:
+        alg = todo.pop()
+        if id(alg) in seen or id(alg) not in checker.infos:
+            continue
+        seen.add(id(alg))
+        used.add(lib.file_of(alg).path)
+        todo += [call.callee for call in checker.infos[id(alg)].calls.values()]
+    return used
 
 
 def source(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> str:

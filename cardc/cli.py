@@ -106,13 +106,15 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from .build import files_used
     from .checker import check
     from .info import PresetError, summarize
 
     _require_cards([args.card])
     lib, _ = load([args.card], root=args.library)
     checker, diags = check(lib)
-    if _report(diags):
+    used = files_used(lib, checker, {str(Path(args.card))})
+    if _report(Diagnostics([d for d in diags.items if d.span.file in used], diags.sources)):
         return EXIT_ERROR
     card_file = next(f for f in lib.files if Path(f.path) == Path(args.card))
     algs = [a for a in card_file.algorithms if a.name and (args.name in (None, a.name))]
@@ -131,15 +133,25 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import checked, model_cards, module_path, source
+    from .build import checked, files_used, model_cards, module_path, source
+    from .checker import check
     from .runtime.atomic import write_text_atomic
 
     _require_cards(args.paths)
-    lib, checker, targets = checked(args.paths, args.library)
+    # Cards named one by one must check; a folder's cards that do not are skipped with a note
+    # (cards/paper/faithful keeps the paper's defects on purpose).
+    checked([p for p in args.paths if not Path(p).is_dir()], args.library)
+    lib, targets = load(args.paths, root=args.library)
+    checker, diags = check(lib)
     wanted = [f.path for f in lib.files if f.path in {str(Path(t)) for t in targets}]
+    broken = {d.span.file for d in diags.errors}
     stale, written = [], []
     expected = set()
     for alg in model_cards(lib, checker, wanted):
+        if files_used(lib, checker, {lib.file_of(alg).path}) & broken:
+            print(f"note: skipped {alg.name} ({lib.file_of(alg).path}): it does not check "
+                  "(see 'cardc check')", file=sys.stderr)
+            continue
         path = module_path(lib, alg, args.out, args.library)
         expected.add(path)
         text = source(checker, alg)

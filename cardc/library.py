@@ -21,13 +21,21 @@ class Library:
         return [(f, a) for f in self.files for a in f.algorithms if a.name]
 
     def find(self, name: str, near: s.CardFile | None = None) -> s.Algorithm | None:
-        """A name resolves in the calling card's own file first, then across the library."""
+        """A name resolves lexically: in the calling card's own file, then its folder, then
+        each folder above it, then anywhere in the library. So a variant of a card (the paper's
+        faithful Algorithm 9 in paper/faithful/) sits beside the card it varies."""
+        found = [(f, a) for f, a in self.algorithms() if a.name == name]
+        if not found:
+            return None
         if near is not None:
-            for alg in near.algorithms:
-                if alg.name == name:
-                    return alg
-        found = [a for _, a in self.algorithms() if a.name == name]
-        return found[0] if found else None
+            for f, a in found:
+                if f is near:
+                    return a
+            for folder in Path(near.path).parents:
+                for f, a in found:
+                    if Path(f.path).parent == folder:
+                        return a
+        return min(found, key=lambda fa: len(Path(fa[0].path).parts))[1]
 
     def file_of(self, alg: s.Algorithm) -> s.CardFile:
         return next(f for f in self.files if any(a is alg for a in f.algorithms))
@@ -60,11 +68,12 @@ def load(paths: list[str | Path], root: str | Path | None = DEFAULT_ROOT) -> tup
 
 
 def _report_duplicates(lib: Library) -> None:
-    first: dict[str, s.Algorithm] = {}
-    for _, alg in lib.algorithms():
-        if alg.name in first and first[alg.name].span.file != alg.span.file:
-            prior = first[alg.name]
+    first: dict[tuple[str, Path], s.Algorithm] = {}
+    for card_file, alg in lib.algorithms():
+        key = (alg.name, Path(card_file.path).parent)
+        if key in first and first[key].span.file != alg.span.file:
+            prior = first[key]
             lib.diags.error(alg.span, f"a card named '{alg.name}' is already defined",
                             notes=((prior.span, "first defined here"),),
-                            hint="card names are unique across a library")
-        first.setdefault(alg.name, alg)
+                            hint="card names are unique within a folder")
+        first.setdefault(key, alg)

@@ -20,6 +20,9 @@ from cardc.parser import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(V=61, D=32, H=4, D_f=48, N=2, ctx=24, eps=1e-5)
+# every card but the paper's two faithful defects (cards/paper/faithful)
+CLEAN = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cards").rglob("*.card")
+               if "faithful" not in p.parts)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def library():
     old = os.getcwd()
     os.chdir(ROOT)  # generated banners name cards by their path from the repository root
     try:
-        lib, checker, _ = checked(["cards"], "cards")
+        lib, checker, _ = checked(CLEAN, "cards")
         gpt2 = next(a for a in model_cards(lib, checker) if a.name == "GPT2")
         yield checker, gpt2
     finally:
@@ -64,7 +67,7 @@ def _pair(fused_cls, literal_cls, **kwargs):
 
 def test_generated_modules_are_up_to_date_and_deterministic(library):
     checker, _ = library
-    models = model_cards(checker.lib, checker)
+    models = model_cards(checker.lib, checker, CLEAN)
     assert {m.name for m in models} >= {"GPT2", "DTransformer", "ETransformer", "EDTransformer"}
     for alg in models:
         text = source(checker, alg)

@@ -27,7 +27,7 @@ def paper():
     old = os.getcwd()
     os.chdir(ROOT)
     try:
-        lib, checker, _ = checked(["cards/paper"], "cards")
+        lib, checker, _ = checked([f"cards/paper/{n.lower()}.card" for n in SIZES], "cards")
         yield lib, checker
     finally:
         os.chdir(old)
