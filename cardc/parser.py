@@ -67,10 +67,11 @@ def _prose(token: Token) -> str:
 class _Build(Transformer):
     """lark tree → AST nodes and Line records."""
 
-    def __init__(self, file: str, diags: Diagnostics):
+    def __init__(self, file: str, diags: Diagnostics, source: str):
         super().__init__()
         self.file = file
         self.diags = diags
+        self.source = source  # the text parsed, for constructs read back from it
 
     def sp(self, meta: Any) -> s.Span:
         return _span(self.file, meta)
@@ -189,7 +190,7 @@ class _Build(Transformer):
         except lark.LarkError:
             return None
         col = tok.column + offset + (len(text) - len(stripped))
-        decl = _Build(self.file, self.diags).transform(tree)
+        decl = _Build(self.file, self.diags, stripped).transform(tree)
         return _shift(decl, tok.line, col - 1)
 
     def items(self, c):
@@ -346,7 +347,9 @@ class _Build(Transformer):
 
     @v_args(meta=True)
     def sample(self, meta, c):
-        weights = self._power_name(c[5])
+        weights = c[5]
+        if not self.source[c[4].end_pos:].lstrip().startswith("("):  # (W^{e/d}) is a name
+            weights = self._power_name(weights)
         return self._where(s.Sample(str(c[1]), str(c[3]), weights, span=self.sp(meta)), c)
 
     def _power_name(self, e: s.Expr) -> s.Expr:
@@ -358,7 +361,7 @@ class _Build(Transformer):
             tree = _lark().parse(m.group(2), start="sum")
         except lark.LarkError:
             return e
-        exponent = _Build(self.file, self.diags).transform(tree)
+        exponent = _Build(self.file, self.diags, m.group(2)).transform(tree)
         sp = e.span
         exponent = _shift(exponent, sp.line, sp.col - 1 + len(m.group(1)) + 2)
         base = s.Name(m.group(1), span=s.Span(sp.file, sp.line, sp.col, sp.line, sp.col + len(m.group(1))))
@@ -697,9 +700,7 @@ def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None) -> 
     except lark.LarkError as err:
         _syntax_error(err, file, diags, text)
         return s.CardFile(file, ())
-    build = _Build(file, diags)
-    build.source = text
-    lines = build.transform(tree)
+    lines = _Build(file, diags, text).transform(tree)
     return s.CardFile(file, tuple(_Layout(file, diags).algorithms(lines)))
 
 

@@ -142,7 +142,7 @@ class Renderer:
             return base + "²"
         if isinstance(node.base, s.Name):  # "X^{e}" would read as the name X^{e}
             base = f"({base})"
-        return f"{base}^{{{self.text(node.exponent)}}}"
+        return f"{base}^{{{self.sub(node.exponent, SUM)}}}"
 
     def transpose_text(self, node: s.Transpose, tail: bool) -> str:
         return self.sub(node.operand, POSTFIX) + "^⊺"
@@ -151,11 +151,11 @@ class Renderer:
         base = self.sub(node.base, POSTFIX)
         if not _INDEXABLE_END.search(unicodedata.normalize("NFD", base)):  # ∞[i]
             base = f"({base})"
-        return f"{base}[{', '.join(self.text(i) for i in node.items)}]"
+        return f"{base}[{', '.join(self.sub(i, SUM) for i in node.items)}]"
 
     def slice_text(self, node: s.Slice, tail: bool) -> str:
-        lo = "" if node.lo is None else self.text(node.lo)
-        hi = "" if node.hi is None else self.text(node.hi)
+        lo = "" if node.lo is None else self.sub(node.lo, SUM)
+        hi = "" if node.hi is None else self.sub(node.hi, SUM)
         if lo and hi:
             return f"{lo} : {hi}"
         return f"{lo}:{hi}"
@@ -174,19 +174,19 @@ class Renderer:
         return "…"
 
     def concat_text(self, node: s.Concat, tail: bool) -> str:
-        return "[" + f"{node.sep} ".join(self.text(i) for i in node.items) + "]"
+        return "[" + f"{node.sep} ".join(self.sub(i, SUM) for i in node.items) + "]"
 
     def iverson_text(self, node: s.Iverson, tail: bool) -> str:
         return f"[[{self.text(node.cond)}]]"
 
     def sum_text(self, node: s.Sum, tail: bool) -> str:
         if node.over is not None:
-            head = f"Σ_{{{node.index}∈{self.text(node.over)}}}"
+            head = f"Σ_{{{node.index}∈{self.sub(node.over, SUM)}}}"
         elif node.lo is None and node.hi is None:  # Σ_u: braces only where the index needs them
             head = f"Σ_{node.index}" if re.fullmatch(r"\w+", node.index) else f"Σ_{{{node.index}}}"
         else:
-            lo = "" if node.lo is None else self.text(node.lo)
-            hi = "" if node.hi is None else self.text(node.hi)
+            lo = "" if node.lo is None else self.sub(node.lo, SUM)
+            hi = "" if node.hi is None else self.sub(node.hi, SUM)
             head = f"Σ_{{{node.index}={lo}}}^{{{hi}}}"
         return f"{head} {self.sub(node.body, PRODUCT, tail)}"
 
@@ -353,11 +353,13 @@ class Renderer:
         return f"sample a token {node.var} from {node.dist} ∝ {self.weights_text(node.weights)}"
 
     def weights_text(self, node: s.Expr) -> str:
-        """`p^{1/τ}` as the paper writes it: the parser reads that name back as a power."""
+        """`p^{1/τ}` as the paper writes it: there the parser reads such a name as a power."""
         if isinstance(node, s.Power) and isinstance(node.base, s.Name) and node.exponent != s.Num("2"):
-            exponent = self.text(node.exponent)
+            exponent = self.sub(node.exponent, SUM)
             if not re.search(r"[{}\n]", exponent) and not re.search(r"[′']$", node.base.id):
                 return f"{node.base.id}^{{{exponent}}}"
+        if isinstance(node, s.Name) and node.id.endswith("}"):  # W^{e/d} itself, not a power
+            return f"({node.id})"
         return self.text(node)
 
     def for_text(self, node: s.For, tail: bool) -> str:
