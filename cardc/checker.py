@@ -3,6 +3,9 @@
 Each card is checked in its own symbols. A call unifies the callee's declared shapes with the
 caller's, rewrites the callee's output and parameters in the caller's symbols, and lets a
 callee's input of shape ℝ^{D} take an ℝ^{T×D} argument row by row (row lifting).
+Tokens carry the size of their vocabulary, so a token indexes a vocabulary axis and nothing else.
+A parameter bundle declared by prose alone takes the structure of the card it is passed to, and
+training steps do arithmetic on bundles (θ − η · ∇loss(θ)).
 Errors are collected as diagnostics; checking goes on after each one.
 """
 

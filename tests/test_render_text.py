@@ -500,6 +500,12 @@ def test_annotation_still_ends_a_step(tail):
     assert alg.steps[0].annotation == s.Decl(("Y",), s.Tensor(s.Scalar("ℝ"), (s.Name("d"),)))
 
 
+# an annotation's interval type once read its brackets from a source the sub-parser lacked
+def test_annotation_with_an_interval():
+    (alg,) = parse_clean("Algorithm: Y <- F(X)\n1 Y <- X  ▷ Y ∈ (0, 1]\n").algorithms
+    assert alg.steps[0].annotation.type == s.Interval(s.Num("0"), s.Num("1"), False, True)
+
+
 def test_prose_with_ascii_in_stays_prose():
     (alg,) = parse_clean("Algorithm: Y <- F(X)\nInput: X in R^{d}, used in the first layer, "
                          "as in (4)\n1 return X").algorithms
