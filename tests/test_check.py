@@ -174,8 +174,8 @@ def _paper(name: str) -> str:
 def _checked(name: str):
     lib, _ = load(["cards"])
     checker, diags = check(lib)
-    assert not diags.errors
     alg = lib.find(name)
+    assert not [d for d in diags.errors if d.span.file == lib.file_of(alg).path]
     return alg, checker.infos[id(alg)]
 
 
