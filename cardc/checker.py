@@ -3,12 +3,16 @@
 Each card is checked in its own symbols. A call unifies the callee's declared shapes with the
 caller's, rewrites the callee's output and parameters in the caller's symbols, and lets a
 callee's input of shape ℝ^{D} take an ℝ^{T×D} argument row by row (row lifting).
+Tokens carry the size of their vocabulary, so a token indexes a vocabulary axis and nothing else.
+A parameter bundle declared by prose alone takes the structure of the card it is passed to, and
+training steps do arithmetic on bundles (θ − η · ∇loss(θ)).
 Errors are collected as diagnostics; checking goes on after each one.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, field, replace
 
 from . import syntax as s
@@ -16,12 +20,14 @@ from .diagnostics import Diagnostics
 from .dims import ONE, Dim
 from .library import Library
 from .render.text import render_expr
-from .spelling import display
-from .types import BundleTy, Entry, FamilyTy, Ty, subst_dim, substitute
+from .spelling import canonical_name, display
+from .types import BundleTy, Entry, FamilyTy, FuncTy, SetTy, Ty, subst_dim, substitute
 
 ELEMENTWISE = {"GELU", "GELU_tanh", "ReLU", "SiLU", "σ", "exp", "log", "tanh"}
 REDUCING = {"mean", "var", "max"}
 BUILTINS = ELEMENTWISE | REDUCING | {"softmax", "length"}
+# the paper's special tokens (§4) are the last IDs of the vocabulary V: N_V − 2, N_V − 1, N_V
+SPECIAL_TOKENS = {"mask_token": 2, "bos_token": 1, "eos_token": 0}
 SCALAR = Ty()
 
 
@@ -38,6 +44,7 @@ class Signature:
     definitions: dict[str, Dim]
     tree: BundleTy  # every parameter, for counting and code generation
     layout: str | None  # "row", "column" or None when the card does not say
+    elements: dict[str, FamilyTy] = field(default_factory=dict)  # x_n of a dataset x_{1:N}
 
 
 @dataclass
@@ -98,11 +105,13 @@ class Checker:
         for kind in ("Hyperparameters", "Input", "Output", "Parameters"):
             for item in alg.decls(kind):
                 env.declare(kind, item)
+        env.link_datasets()
         env.declare_implicit_dims()
         inputs = []
         for name in alg.args:
             if name not in env.inputs:
-                self.diags.error(alg.span, f"argument '{display(name)}' is not declared in Input")
+                self.diags.error(alg.span, f"argument '{display(name)}' is not declared in Input",
+                                 hint=env.dataset_hint(name))
             inputs.append((name, env.inputs.get(name, SCALAR)))
         if alg.name is None:  # a titled card has no header: its inputs are those it declares
             inputs = list(env.inputs.items())
@@ -118,7 +127,8 @@ class Checker:
                 entry = SCALAR
             params.append((name, entry))
         return Signature(alg, inputs, outs[0] if outs else None, params, env.hypers,
-                         env.defaults, env.definitions, env.params, _layout(alg, env))
+                         env.defaults, env.definitions, env.params, _layout(alg, env),
+                         env.elements)
 
 
 # ------------------------------------------------------------------ declarations
@@ -131,14 +141,25 @@ class _DeclEnv:
         self.hypers: dict[str, Ty] = {}
         self.defaults: dict[str, s.Expr] = {}
         self.definitions: dict[str, Dim] = {}
-        self.inputs: dict[str, Ty] = {}
-        self.outputs: dict[str, Ty] = {}
+        self.inputs: dict[str, Entry] = {}
+        self.outputs: dict[str, Entry] = {}
         self.params = BundleTy()
+        self.datasets: list[s.Dataset] = []
+        self.elements: dict[str, FamilyTy] = {}
 
     def error(self, span, msg, hint=None):
         self.c.diags.error(span, msg, hint)
 
     def declare(self, kind: str, item: s.Item) -> None:
+        if isinstance(item, s.Sentence):
+            self.sentence(kind, item)
+            return
+        if isinstance(item, s.Dataset):
+            if kind != "Input":
+                self.error(item.span, f"a dataset belongs under Input, not {kind}")
+                return
+            self.dataset(item)
+            return
         if kind == "Parameters":
             self.params.members.update(self.param_entries(item, {}))
             return
@@ -147,12 +168,59 @@ class _DeclEnv:
             return
         for name in item.names:
             ty = self.decl_type(item, name)
+            if kind != "Hyperparameters" and item.type is None and item.value is None:
+                ty = BundleTy()  # `θ, initial parameters`: its structure comes from its use
             if kind == "Hyperparameters":
                 self.hyper(name, item, ty)
             elif kind == "Input":
                 self.inputs[name] = ty
             else:
                 self.outputs[name] = ty
+
+    def sentence(self, kind: str, item: s.Sentence) -> None:
+        """A block written as a sentence declares the header's symbols that it mentions."""
+        header = [*self.alg.outputs, *self.alg.args, *self.alg.params]
+        words = {canonical_name(w.rstrip(".")) for w in re.findall(r"[^\s,;:()]+", item.text)}
+        named = [n for n in header if n in words]
+        if not named:
+            self.error(item.span, "this sentence declares nothing: it names no symbol of the header",
+                       hint="name what it declares, as in 'Input: Trained transformer parameters θ̂.'")
+        table: dict[str, Entry] = {"Input": self.inputs, "Output": self.outputs,
+                                   "Parameters": self.params.members,
+                                   "Hyperparameters": self.hypers}[kind]
+        for name in named:
+            table.setdefault(name, Ty() if kind == "Hyperparameters" else BundleTy())
+
+    def dataset(self, item: s.Dataset) -> None:
+        """{x_n}_{n=1}^{N}: each x_n is a sequence of tokens of V, with a length of its own."""
+        lo, hi = self.dim(item.lo), self.dim(item.hi)
+        size = hi - lo + ONE if lo is not None and hi is not None else ONE
+        vocab = self.set_size("V")
+        for elem in item.elems:
+            seq = Ty((Dim.sym(f"|{elem}|"),), "ℕ", vocab=vocab)
+            self.elements[elem] = FamilyTy(item.index, size, seq)
+        self.datasets.append(item)
+
+    def link_datasets(self) -> None:
+        """The header names a dataset's elements as x_{1:N}: each such argument is an input."""
+        for item in self.datasets:
+            span = f"{_flat(item.lo)}:{_flat(item.hi)}"
+            for elem in item.elems:
+                arg = next((a for a in self.alg.args
+                            if (instance(elem, item.index, a) or "").replace(" ", "") == span), None)
+                if arg is None:
+                    if not any(split_name(a)[0] == split_name(elem)[0] for a in self.alg.args):
+                        self.error(item.span, f"the header takes no argument for '{display(elem)}'",
+                                   hint=f"name it in the header as {display(_whole(elem, item))}")
+                    continue  # else the header's misspelled argument is reported
+                self.inputs.setdefault(arg, self.elements[elem])
+
+    def dataset_hint(self, arg: str) -> str | None:
+        for item in self.datasets:
+            for elem in item.elems:
+                if split_name(elem)[0] == split_name(arg)[0]:
+                    return f"the dataset declares {display(elem)}: write {display(_whole(elem, item))}"
+        return None
 
     def declare_implicit_dims(self) -> None:
         """Symbols used in declared shapes are dimensions of the card even when undeclared."""
@@ -162,7 +230,7 @@ class _DeclEnv:
             if isinstance(entry, FamilyTy):
                 self.implicit(entry.over)
             if isinstance(ty, Ty):
-                for d in ty.shape:
+                for d in (*ty.shape, ty.vocab):
                     if d is not None:
                         self.implicit(d)
 
@@ -221,12 +289,21 @@ class _DeclEnv:
             return Ty()
         if isinstance(t, s.Tensor):
             dims = tuple(self.dim(x) or Dim.sym("?") for x in t.dims)
-            return Ty(dims, _elem(t.elem))
-        if isinstance(t, s.Sequences):
-            return Ty((Dim.sym(f"|{name or d.names[0]}|"),), "ℕ")  # z, x ∈ V*: |z| and |x|
+            return Ty(dims, _elem(t.elem), vocab=self.vocab(t.elem))
+        if isinstance(t, s.Sequences):  # z, x ∈ V*: |z| and |x|
+            return Ty((Dim.sym(f"|{name or d.names[0]}|"),), "ℕ", vocab=self.set_size(t.of))
         if isinstance(t, s.Simplex):  # Δ(V): a vector of probabilities, one per element of V
             return Ty((self.set_size(t.over),), "ℝ")
-        return Ty((), _elem(t))
+        return Ty((), _elem(t), vocab=self.vocab(t))
+
+    def vocab(self, t: s.Type) -> Dim | None:
+        """Token IDs: {1..N} and V ≅ [N] are vocabularies ([N] alone may number positions)."""
+        if isinstance(t, s.IntRange):
+            lo, hi = _dim(t.lo, self.definitions, None), _dim(t.hi, self.definitions, None)
+            return hi - lo + ONE if lo is not None and hi is not None else None
+        if isinstance(t, s.Iso):
+            return self.set_size(t.name)
+        return None
 
     def set_size(self, name: str) -> Dim:
         """|V|: from a declaration `V ≅ [N]` in this card, else the paper's own name N_V."""
@@ -256,7 +333,7 @@ def _decls(alg: s.Algorithm) -> list[s.Decl]:
     def go(item: s.Item) -> None:
         if isinstance(item, s.Decl):
             out.append(item)
-        else:
+        elif isinstance(item, (s.Bundle, s.Family)):
             for sub in item.items:
                 go(sub)
 
@@ -264,6 +341,19 @@ def _decls(alg: s.Algorithm) -> list[s.Decl]:
         for item in block.items:
             go(item)
     return out
+
+
+def _flat(e: s.Expr) -> str:
+    """An expression as a name's subscript spells it: x_{1:N_data}."""
+    return unicodedata.normalize("NFD", render_expr(e)).replace(" ", "")
+
+
+def _whole(elem: str, item: s.Dataset) -> str:
+    """x_n of {x_n}_{n=1}^{N} as the header names the whole dataset: x_{1:N}."""
+    base, decor = split_name(elem)
+    parts = [f"{k}{{{_flat(item.lo)}:{_flat(item.hi)}}}" if v == item.index else
+             f"{k}{v}" if len(v) == 1 else f"{k}{{{v}}}" for k, v in decor]
+    return base + "".join(parts)
 
 
 def _is_integral_expr(e: s.Expr) -> bool:
@@ -410,7 +500,12 @@ class _Body:
         self.assigned: dict[str, s.Span] = {}  # the step that last gave a name its value
 
     def base_scope(self) -> dict[str, Entry]:
-        scope: dict[str, Entry] = dict(self.sig.hypers)
+        vocab = _DeclEnv(self.c, self.alg).set_size("V")  # special tokens belong to V
+        scope: dict[str, Entry] = {
+            name: Ty(elem="ℕ", value=vocab - Dim.const(back), vocab=vocab)
+            for name, back in SPECIAL_TOKENS.items()}
+        scope.update(self.sig.hypers)
+        scope.update(self.sig.elements)
         scope.update({n: t for n, t in self.sig.inputs})
         scope.update(self.sig.tree.members)
         for _name, entry in self.sig.tree.members.items():
@@ -464,16 +559,22 @@ class _Body:
             if name in scope:
                 return self.enter_family(scope[name], name, span)
         for pattern, (var, _over, ty) in self.families.items():
-            idx = instance(pattern, var, name)
-            if idx is not None:
+            if self.known_index(instance(pattern, var, name)):
                 return ty
         for scope in reversed(self.scopes):
             for key, entry in scope.items():
-                if isinstance(entry, FamilyTy) and instance(key, entry.var, name) is not None:
+                if isinstance(entry, FamilyTy) and self.known_index(instance(key, entry.var, name)):
                     return entry.entry
         hint = _suggest(name, [k for sc in self.scopes for k in sc])
         self.error(span, f"unknown name '{display(name)}'", hint)
         raise CheckError
+
+    def known_index(self, idx: str | None) -> bool:
+        """e_1, W_{l+1}, x_m: a member of a family where the index is a number or names in scope."""
+        if idx is None:
+            return False
+        words = re.findall(r"[^\W\d][\w\u0302\u0303′]*", idx)
+        return all(w in self.loop_vars or self.try_lookup(w) is not None for w in words)
 
     def enter_family(self, entry: Entry, name: str, span: s.Span) -> Entry:
         if isinstance(entry, FamilyTy):
@@ -509,18 +610,49 @@ class _Body:
         value = self.expr(st.value)
         target = st.target
         if isinstance(target, s.Name):
+            self.reassign(target, value)
             self.assign_name(target.id, value)
             self.assigned[target.id] = st.span
             return value
         if isinstance(target, s.Index) and isinstance(target.base, s.Name):
-            return self.assign_indexed(target, value)
-        if isinstance(target, s.Call):  # loss(θ) = …: a function of the parameters
-            self.bind(target.func, value)
+            return self.assign_indexed(target, self.as_tensor(st.value, value))
+        if isinstance(target, s.Call):  # P(θ) ← …, loss(θ) = …: functions of the parameters
+            self.define_function(target, st.value, value)
             return value
         self.error(target.span, "cannot assign to this expression")
         raise CheckError
 
-    def assign_name(self, name: str, value: Ty) -> None:
+    def reassign(self, target: s.Name, value: Entry) -> None:
+        """Parameters stay parameters of one card; a sequence of tokens stays one (it may grow)."""
+        old = self.try_lookup(target.id)
+        name = display(target.id)
+        if isinstance(old, BundleTy):
+            if not isinstance(value, BundleTy) or not old.same_kind(value):
+                self.error(target.span, f"'{name}' is {old}; cannot assign {value} to it")
+                raise CheckError
+            _adopt(old, value)
+        elif _is_sequence(old) and not (_is_sequence(value) and _same_vocab(old, value)):
+            self.error(target.span, f"'{name}' is a sequence of tokens; cannot assign {value} to it",
+                       hint="a sequence may be reassigned a sequence of the same vocabulary, "
+                            "such as [x, y]")
+            raise CheckError
+
+    def define_function(self, target: s.Call, body: s.Expr, value: Entry) -> None:
+        """`P(θ) ← DTransformer(x | θ)`: P is the value, as a function of θ."""
+        params = []
+        for arg in target.args:
+            if not isinstance(arg, s.Name) or target.params:
+                self.error(arg.span, f"the parameters of '{display(target.func)}' must be names")
+                raise CheckError
+            self.expr(arg)  # the parameter must be in scope
+            if not any(n.id == arg.id for n in _names(body)):
+                self.error(arg.span, f"'{display(target.func)}({display(arg.id)})' is defined by an "
+                                     f"expression that does not use '{display(arg.id)}'")
+            params.append(arg.id)
+        self.bind(target.func, FuncTy(tuple(params), value))
+        self.info.types[id(target)] = value
+
+    def assign_name(self, name: str, value: Entry) -> None:
         for var in self.loop_vars:
             if any(v == var for _, v in split_name(name)[1]):
                 self.families[name] = (var, self.loop_vars[var], value)
@@ -541,7 +673,7 @@ class _Body:
                 else:
                     self.error(item.span, "cannot infer the size of this axis")
                     raise CheckError
-            ty = Ty(tuple(shape) + tuple(rest), value.elem)
+            ty = Ty(tuple(shape) + tuple(rest), value.elem, vocab=value.vocab)
             self.bind(name, ty)
             self.info.types[id(target)] = ty
             return ty
@@ -556,17 +688,52 @@ class _Body:
                 return scope[name]
         return None
 
-    def stmt_return(self, st: s.Return) -> Ty:
+    def stmt_return(self, st: s.Return) -> Entry:
         self.returned = True
         value = self.expr(st.value)
         out = self.sig.output
         if st.name and self.alg.outputs and st.name not in self.alg.outputs:
             self.error(st.span, f"returns '{display(st.name)}' but the header promises "
                                 f"'{display(self.alg.outputs[0])}'")
-        if out is not None and isinstance(value, Ty) and not same_shape(out, value):
+        if isinstance(out, BundleTy):  # θ̂, the trained parameters: those of the card trained
+            if not isinstance(value, BundleTy) or not out.same_kind(value):
+                self.error(st.value.span, f"returns {value} but Output declares {out}")
+            else:
+                _adopt(out, value)
+            return value
+        if out is None:
+            return value
+        if not isinstance(value, Ty):
+            self.error(st.value.span, f"returns {value} but Output declares {out}")
+        elif not same_shape(self.free_length(out, value), value):
             self.error(st.value.span, f"returns {value} but Output declares {out}",
                        hint="the returned value must have the declared output shape")
+        elif not _same_vocab(out, value):
+            self.error(st.value.span, f"returns tokens of a vocabulary of {_d(value.vocab)}, "
+                                      f"but Output declares one of {_d(out.vocab)}")
         return value
+
+    def free_length(self, out: Ty, value: Ty) -> Ty:
+        """An Output y ∈ V* has whatever length the card gives it: |y| is free."""
+        own = {Dim.sym(f"|{o}|") for o in self.alg.outputs}
+        if out.rank == 1 and out.shape[0] in own and value.rank == 1:
+            return replace(out, shape=value.shape)
+        return out
+
+    def stmt_sample(self, st: s.Sample) -> Ty:
+        """sample a token y from q ∝ w: q is the distribution w normalised, y a token of it."""
+        weights = self.tensor(st.weights)
+        size = weights.shape[0] if weights.rank == 1 else None
+        if size is None:  # y is still a token, of a vocabulary not known here
+            self.error(st.weights.span, f"a token is sampled from a vector of weights, not {weights}",
+                       hint="index one column: p ← P[:, t]")
+            size = Dim.sym("?N_V")
+        self.bind(st.dist, Ty((size,), "ℝ"))
+        token = Ty(elem="ℕ", vocab=size)
+        self.reassign(s.Name(st.var, span=st.span), token)
+        self.assign_name(st.var, token)
+        self.assigned[st.var] = st.span
+        return token
 
     def stmt_for(self, st: s.For) -> None:
         over = self.dim_of(st.over.last) if isinstance(st.over, s.Range) else self.set_size(st.over)
@@ -578,6 +745,7 @@ class _Body:
         for var in bound:
             self.loop_vars[var] = over
             self.bind(var, Ty(elem="ℕ", value=Dim.sym(var)))
+        self.grow_sequences(st.body)
         for step in st.body:
             self.step(step)
         inner = self.scopes.pop()
@@ -593,10 +761,11 @@ class _Body:
         names = _names(st.body)
         if any(n.id == st.var or st.var in (v for _, v in split_name(n.id)[1]) for n in names):
             return None
+        nested = _bound_vars(st.body)  # x_n in a loop over n inside this one is bound there
         free: dict[str, s.Name] = {}
         for n in names:
             entry = self.try_lookup(n.id)
-            if isinstance(entry, FamilyTy) and entry.var not in self.loop_vars:
+            if isinstance(entry, FamilyTy) and entry.var not in self.loop_vars.keys() | nested:
                 free.setdefault(entry.var, n)
         if len(free) != 1:
             return None
@@ -628,14 +797,28 @@ class _Body:
         self.stmt(st.then)
 
     def stmt_while(self, st: s.While) -> None:
-        self.expr(st.cond)
+        cond = self.tensor(st.cond)
+        if cond.shape:
+            self.error(st.cond.span, f"a condition must be a single truth value, not {cond}")
+        self.grow_sequences(st.body)
         for step in st.body:
             self.step(step)
 
+    def grow_sequences(self, body: tuple[s.Step, ...]) -> None:
+        """A sequence the loop appends to (x ← [x, y]) has a new length on each pass: |x|′."""
+        for name in _appended(body):
+            entry = self.try_lookup(name)
+            if _is_sequence(entry):
+                self.bind(name, replace(entry, shape=(Dim.sym(f"|{name}|′"),)))
+
     def set_size(self, e: s.Expr) -> Dim:
+        """The n of a set of indices: [n], or a subset of [n] built as {t ∈ [n] : …}."""
         if isinstance(e, s.Concat) and len(e.items) == 1:
             return self.dim_of(e.items[0])
-        self.error(e.span, "expected a set such as [ℓ]")
+        ty = self.expr(e)
+        if isinstance(ty, SetTy):
+            return ty.of
+        self.error(e.span, f"expected a set such as [ℓ] or {{t ∈ [ℓ] : …}}, not {ty}")
         raise CheckError
 
     def dim_of(self, e: s.Expr) -> Dim:
@@ -656,11 +839,21 @@ class _Body:
         return ty
 
     def tensor(self, e: s.Expr) -> Ty:
-        ty = self.expr(e)
+        return self.as_tensor(e, self.expr(e))
+
+    def as_tensor(self, e: s.Expr, ty: Entry) -> Ty:
         if not isinstance(ty, Ty):
-            self.error(e.span, f"'{_text(e)}' is {ty}, not a tensor")
+            hint = None
+            if isinstance(ty, FuncTy):
+                hint = f"write {display(_text(e))}({', '.join(map(display, ty.params))})"
+            self.error(e.span, f"'{_text(e)}' is {ty}, not a tensor", hint)
             raise CheckError
         return substitute(ty, self.solved) if self.solved else ty
+
+    def operand(self, e: s.Expr) -> Ty | BundleTy:
+        """A tensor, or a parameter bundle: θ − η · ∇loss(θ) is arithmetic on bundles."""
+        ty = self.expr(e)
+        return ty if isinstance(ty, BundleTy) else self.as_tensor(e, ty)
 
     def solve(self, a: tuple, b: tuple) -> bool:
         """Bind inference variables (?d_out) so that two shapes agree; False if they cannot."""
@@ -690,7 +883,13 @@ class _Body:
         if e.op == " " and isinstance(e.left, s.Name) and e.left.id in BUILTINS \
                 and self.try_lookup(e.left.id) is None:
             return self.apply_builtin(e.left.id, [self.tensor(e.right)], e)
-        a, b = self.tensor(e.left), self.tensor(e.right)
+        if e.op == " " and isinstance(e.left, s.Unary) and e.left.op == "−" \
+                and isinstance(e.left.operand, s.Name) and e.left.operand.id in BUILTINS \
+                and self.try_lookup(e.left.operand.id) is None:  # −log p reads as −(log p)
+            return self.apply_builtin(e.left.operand.id, [self.tensor(e.right)], e)
+        a, b = self.operand(e.left), self.operand(e.right)
+        if isinstance(a, BundleTy) or isinstance(b, BundleTy):
+            return self.bundle_arithmetic(e, a, b)
         if e.op in ("+", "−", "⊙"):
             return self.broadcast(a, b, e)
         if e.op == "/":
@@ -700,14 +899,29 @@ class _Body:
             return Ty(a.shape, "ℝ")
         return self.product(a, b, e)
 
+    def bundle_arithmetic(self, e: s.BinOp, a: Ty | BundleTy, b: Ty | BundleTy) -> BundleTy:
+        """Bundles of one card add and subtract; a scalar scales one (θ − η · ∇loss(θ))."""
+        if e.op in ("+", "−", "⊙") and isinstance(a, BundleTy) and isinstance(b, BundleTy):
+            if a.same_kind(b):
+                return a if a.members else b
+            self.error(e.span, f"cannot {_WORDS[e.op]} {a} and {b}",
+                       hint="parameters of different cards do not match")
+            raise CheckError
+        scaled, scale = (b, a) if isinstance(b, BundleTy) else (a, b)
+        if e.op in ("·", " ", "/") and isinstance(scale, Ty) and not scale.shape \
+                and (e.op != "/" or scale is b):
+            return scaled
+        self.error(e.span, f"cannot {_WORDS.get(e.op, 'combine')} {a} and {b}",
+                   hint="bundles add to bundles of the same card and scale by scalars")
+        raise CheckError
+
     def broadcast(self, a: Ty, b: Ty, e: s.BinOp) -> Ty:
         shape = broadcast_shape(a.shape, b.shape)
         if shape is None and self.solve(a.shape, b.shape):
             a, b = substitute(a, self.solved), substitute(b, self.solved)
             shape = broadcast_shape(a.shape, b.shape)
         if shape is None:
-            word = {"+": "add", "−": "subtract", "⊙": "multiply element-wise"}[e.op]
-            self.error(e.span, f"cannot {word} {a} and {b}",
+            self.error(e.span, f"cannot {_WORDS[e.op]} {a} and {b}",
                        hint="shapes must match, or one must be a scalar or a trailing part of the other")
             raise CheckError
         elem = "ℝ" if "ℝ" in (a.elem, b.elem) else a.elem
@@ -765,18 +979,33 @@ class _Body:
                 notes.append((self.declared[operand.id], f"'{name}' is declared {ty} here"))
         return tuple(notes)
 
-    def expr_unary(self, e: s.Unary) -> Ty:
+    def expr_unary(self, e: s.Unary) -> Entry:
+        if e.op == "∇":
+            return self.gradient(e)
         ty = self.tensor(e.operand)
         if e.op == "¬":
             return Ty(ty.shape, "𝔹")
-        if e.op == "∇":
-            return ty
         value = -ty.value if e.op == "−" and ty.value is not None else None
         return Ty(ty.shape, "ℝ" if e.op == "√" else ty.elem, value)
 
+    def gradient(self, e: s.Unary) -> Entry:
+        """∇loss(θ): the gradient of a scalar function of θ with respect to θ, shaped like θ."""
+        f = e.operand
+        if not isinstance(f, s.Call) or len(f.args) != 1 or f.params:
+            self.error(e.span, "∇ takes the gradient of a function of one variable",
+                       hint="define the function first, as 'loss(θ) = …', then write ∇loss(θ)")
+            raise CheckError
+        value = self.tensor(f)
+        if value.shape:
+            self.error(e.span, f"∇ needs a scalar to differentiate; {display(render_expr(f))} is {value}")
+            raise CheckError
+        return self.expr(f.args[0])
+
     def expr_power(self, e: s.Power) -> Ty:
         ty = self.tensor(e.base)
-        self.tensor(e.exponent)
+        exponent = self.tensor(e.exponent)
+        if exponent.shape:
+            self.error(e.exponent.span, f"an exponent must be a scalar, not {exponent}")
         return Ty(ty.shape)
 
     def expr_transpose(self, e: s.Transpose) -> Ty:
@@ -811,13 +1040,18 @@ class _Body:
             ity = self.tensor(item)
             if ity.elem not in ("ℕ", "𝔹") and not isinstance(item, s.Name):
                 self.error(item.span, f"an index must be a whole number, not {ity}")
+            if not dims_equal(ity.vocab, size) and not _is_var(size) and not _is_var(ity.vocab):
+                self.error(item.span, f"a token of a vocabulary of {_d(ity.vocab)} indexes an axis "
+                                      f"of {_d(size)}", hint="tokens index the vocabulary axis")
             shape += list(ity.shape)  # a vector of token IDs gathers rows
-        return Ty(tuple(shape) + base.shape[len(e.items):], base.elem)
+        return Ty(tuple(shape) + base.shape[len(e.items):], base.elem, vocab=base.vocab)
 
     def expr_concat(self, e: s.Concat) -> Ty:
         items = [x for x in e.items if not isinstance(x, s.Ellipsis_)]
         tys = [self.tensor(x) for x in items]
         first = tys[0]
+        if e.sep == "," and any(ty.vocab is not None and ty.rank <= 1 for ty in tys):
+            return self.tokens(e, items, tys)
         for x, ty in zip(items[1:], tys[1:], strict=False):
             if not same_shape(first, ty):
                 self.error(x.span, f"cannot concatenate {ty} with {first}")
@@ -830,6 +1064,21 @@ class _Body:
         if e.sep == ";":
             return Ty((count * first.shape[0],) + first.shape[1:])
         return Ty(first.shape[:-1] + (count * first.shape[-1],))
+
+    def tokens(self, e: s.Concat, items: list[s.Expr], tys: list[Ty]) -> Ty:
+        """[x, y], [bos_token]: tokens and sequences joined into one sequence."""
+        if any(isinstance(x, s.Ellipsis_) for x in e.items):
+            self.error(e.span, "cannot tell how many tokens '…' stands for")
+            raise CheckError
+        vocab = next(ty.vocab for ty in tys if ty.vocab is not None)
+        length = Dim.const(0)
+        for x, ty in zip(items, tys, strict=True):
+            if ty.rank > 1 or ty.vocab is None or not _same_vocab(ty, Ty(vocab=vocab)):
+                self.error(x.span, f"cannot join {ty} into a sequence of tokens of a vocabulary "
+                                   f"of {_d(vocab)}", hint="join tokens and sequences of tokens")
+                raise CheckError
+            length = length + (ty.shape[0] if ty.shape and ty.shape[0] is not None else ONE)
+        return Ty((length,), "ℕ", vocab=vocab)
 
     def concat_count(self, e: s.Concat, items: list[s.Expr]) -> Dim:
         if not any(isinstance(x, s.Ellipsis_) for x in e.items):
@@ -856,6 +1105,8 @@ class _Body:
         return Ty(elem="𝔹")
 
     def expr_sum(self, e: s.Sum) -> Ty:
+        if e.over is not None:
+            self.set_size(e.over)  # Σ_{t∈T̃}: over a set of indices
         self.scopes.append({e.index: Ty(elem="ℕ", value=Dim.sym(e.index))})
         try:
             body = self.tensor(e.body)
@@ -869,13 +1120,67 @@ class _Body:
         callee = self.c.lib.find(e.func, self.file)
         if callee is None:
             local = self.try_lookup(e.func)
-            if local is not None:  # P(θ): a value written as a function of the parameters
-                return local
-            names = [a.name for _, a in self.c.lib.algorithms()] + sorted(BUILTINS)
+            if isinstance(local, FuncTy):  # P(θ): a value written as a function of θ
+                return self.apply_function(e, local)
+            if local is not None:
+                self.error(e.span, f"'{display(e.func)}' is {local}, not a function",
+                           hint=f"define it as a function of its parameters: "
+                                f"{display(e.func)}(θ) ← …")
+                raise CheckError
+            names = [a.name for _, a in self.c.lib.algorithms()] + sorted(BUILTINS) + [
+                k for sc in self.scopes for k, v in sc.items() if isinstance(v, FuncTy)]
             self.error(e.span, f"unknown card or function '{display(e.func)}'",
                        _suggest(e.func, names))
             raise CheckError
         return self.call_card(callee, e)
+
+    def apply_function(self, e: s.Call, f: FuncTy) -> Entry:
+        """P(θ) as defined; P(φ) with φ of θ's type stands for the same value at φ."""
+        if len(e.args) != len(f.params) or e.params:
+            self.error(e.span, f"'{display(e.func)}' is {f}: it takes {len(f.params)} argument(s)")
+            raise CheckError
+        for arg, param in zip(e.args, f.params, strict=True):
+            got, want = self.expr(arg), self.try_lookup(param)
+            if not _same_entry(got, want):
+                self.error(arg.span, f"'{display(e.func)}' is a function of {display(param)}, "
+                                     f"which is {want}; given {got}")
+                raise CheckError
+        return f.result
+
+    def expr_choice(self, e: s.Choice) -> Ty:
+        """a or b randomly with probability p or q: options alike, one scalar per option."""
+        options = [self.tensor(x) for x in e.options]
+        for x, ty in zip(e.options[1:], options[1:], strict=True):
+            if not same_shape(ty, options[0]) or ty.elem != options[0].elem \
+                    or not _same_vocab(ty, options[0]):
+                self.error(x.span, f"the options of a random choice differ: {options[0]} and {ty}")
+                raise CheckError
+        if len(e.probs) != len(e.options):
+            self.error(e.span, f"{len(e.options)} options but {len(e.probs)} probabilities",
+                       hint="give one probability per option")
+        for p in e.probs:
+            ty = self.tensor(p)
+            if ty.shape:
+                self.error(p.span, f"a probability must be a scalar, not {ty}")
+        first = options[0]
+        return Ty(first.shape, first.elem, vocab=first.vocab)
+
+    def expr_setbuilder(self, e: s.SetBuilder) -> SetTy:
+        """{t ∈ [ℓ] : c}: the indices of [ℓ] where c holds."""
+        size = self.set_size(e.domain)
+        outer = self.loop_vars.get(e.var)
+        self.loop_vars[e.var] = size
+        self.scopes.append({e.var: Ty(elem="ℕ", value=Dim.sym(e.var))})
+        try:
+            cond = self.tensor(e.cond)
+        finally:
+            self.scopes.pop()
+            self.loop_vars.pop(e.var)
+            if outer is not None:
+                self.loop_vars[e.var] = outer
+        if cond.shape:
+            self.error(e.cond.span, f"a set's condition must be a single truth value, not {cond}")
+        return SetTy(size)
 
     def apply_builtin(self, name: str, args: list[Ty], e: s.Expr) -> Ty:
         if len(args) != 1:
@@ -914,6 +1219,13 @@ class _Body:
                                      f"{_shown(want, bind)}, got {got}",
                            notes=((callee.span, f"'{callee.name}' is declared here"),))
                 raise CheckError
+            if want.vocab is not None and got.vocab is not None \
+                    and not self.unify((want.vocab,), (got.vocab,), bind):
+                self.error(arg.span, f"'{callee.name}' expects tokens of a vocabulary of "
+                                     f"{_d(subst_dim(want.vocab, bind))}, got tokens of one of "
+                                     f"{_d(got.vocab)}",
+                           notes=((callee.span, f"'{callee.name}' is declared here"),))
+                raise CheckError
         params, hypers = self.bind_params(sig, e, bind)
         for name, dim in sig.definitions.items():
             if name not in bind:
@@ -925,10 +1237,11 @@ class _Body:
                     bind[name] = mine.value
                 else:  # inferred from later use (X + MHAttention(X̃ | …) fixes d_out = d_e)
                     bind[name] = Dim.sym("?" + name)
-        out = sig.output or Ty()
-        out = substitute(out, bind)
+        out = substitute(sig.output or Ty(), bind)
         self.info.calls[id(e)] = CallInfo(callee, dict(bind), lift, params, hypers)
-        return Ty(lift + out.shape, out.elem)
+        if not isinstance(out, Ty):  # a training card returns parameters
+            return out
+        return Ty(lift + out.shape, out.elem, vocab=out.vocab)
 
     def bind_params(self, sig: Signature, e: s.Call, bind: dict[str, Dim]):
         params: dict[str, s.Expr] = {}
@@ -1011,6 +1324,65 @@ class _Body:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+_WORDS = {"+": "add", "−": "subtract", "⊙": "multiply element-wise", "·": "multiply",
+          " ": "multiply", "/": "divide"}
+
+
+def _adopt(bundle: BundleTy, other: BundleTy) -> None:
+    """A bundle known only by name (θ, prose-declared) takes the structure it is used with."""
+    if not bundle.members and other.members:
+        bundle.members.update(other.members)
+        bundle.card = other.card
+
+
+def _is_sequence(entry: Entry | None) -> bool:
+    return isinstance(entry, Ty) and entry.rank == 1 and entry.vocab is not None
+
+
+def _same_vocab(a: Ty, b: Ty) -> bool:
+    return a.vocab is None or b.vocab is None or a.vocab == b.vocab or _is_var(a.vocab) \
+        or _is_var(b.vocab)
+
+
+def _same_entry(a: Entry | None, b: Entry | None) -> bool:
+    if isinstance(a, BundleTy) and isinstance(b, BundleTy):
+        return a.same_kind(b)
+    if isinstance(a, Ty) and isinstance(b, Ty):
+        return same_shape(a, b)
+    return a == b
+
+
+def _appended(body: tuple[s.Step, ...]) -> list[str]:
+    """Names a loop body appends to: x ← [x, y]."""
+    out = []
+    for step in body:
+        st = step.stmt
+        if isinstance(st, s.Assign) and isinstance(st.target, s.Name) \
+                and isinstance(st.value, s.Concat) and st.target in st.value.items:
+            out.append(st.target.id)
+        elif isinstance(st, (s.For, s.While)):
+            out += _appended(st.body)
+    return out
+
+
+def _bound_vars(node: object) -> set[str]:
+    """The variables that loops, sums and set-builders inside a node bind."""
+    out: set[str] = set()
+    if isinstance(node, (s.For, s.SetBuilder)):
+        out.add(node.var)
+    elif isinstance(node, s.ForAll):
+        out.update(node.vars)
+    elif isinstance(node, s.Sum):
+        out.add(node.index)
+    if isinstance(node, tuple):
+        for x in node:
+            out |= _bound_vars(x)
+    elif hasattr(node, "__dataclass_fields__"):
+        for f in node.__dataclass_fields__:
+            out |= _bound_vars(getattr(node, f))
+    return out
 
 
 def _members(b: BundleTy) -> dict[str, Entry]:

@@ -26,7 +26,8 @@ GRAMMAR = Path(__file__).with_name("grammar.lark")
 
 @cache
 def _lark() -> lark.Lark:
-    return lark.Lark(GRAMMAR.read_text(encoding="utf-8"), parser="lalr", start=["start", "annot"],
+    return lark.Lark(GRAMMAR.read_text(encoding="utf-8"), parser="lalr",
+                     start=["start", "annot", "sum"],
                      propagate_positions=True, maybe_placeholders=False, cache=False)
 
 
@@ -66,10 +67,11 @@ def _prose(token: Token) -> str:
 class _Build(Transformer):
     """lark tree → AST nodes and Line records."""
 
-    def __init__(self, file: str, diags: Diagnostics):
+    def __init__(self, file: str, diags: Diagnostics, source: str):
         super().__init__()
         self.file = file
         self.diags = diags
+        self.source = source  # the text parsed, for constructs read back from it
 
     def sp(self, meta: Any) -> s.Span:
         return _span(self.file, meta)
@@ -121,6 +123,12 @@ class _Build(Transformer):
         kind = str(c[0]).rstrip(": \t")
         items = c[1] if len(c) == 3 else []
         return self._line("block", meta, None, (kind, items), c[-1], column=meta.column)
+
+    @v_args(meta=True)
+    def sentence_line(self, meta, c):
+        kind = str(c[0]).rstrip(": \t")
+        sentence = s.Sentence(c[1].strip(), span=_span(self.file, c[1]))
+        return self._line("block", meta, None, (kind, [sentence]), c[-1], column=meta.column)
 
     @v_args(meta=True)
     def preset_line(self, meta, c):
@@ -182,7 +190,7 @@ class _Build(Transformer):
         except lark.LarkError:
             return None
         col = tok.column + offset + (len(text) - len(stripped))
-        decl = _Build(self.file, self.diags).transform(tree)
+        decl = _Build(self.file, self.diags, stripped).transform(tree)
         return _shift(decl, tok.line, col - 1)
 
     def items(self, c):
@@ -207,6 +215,15 @@ class _Build(Transformer):
     @v_args(meta=True)
     def prose_decl(self, meta, c):
         return s.Decl((str(c[0]),), prose=_prose(c[1]), span=self.sp(meta))
+
+    @v_args(meta=True)
+    def dataset(self, meta, c):
+        elems, index, lo, hi = c[0], str(c[1]), c[2], self._dim(c[3])
+        prose = _prose(c[4]) if len(c) > 4 else None
+        return s.Dataset(tuple(elems), index, lo, hi, prose, span=self.sp(meta))
+
+    def dataset_elems(self, c):
+        return [str(t) for t in c if isinstance(t, Token) and t.type == "NAME"]
 
     def decl_value(self, c):
         return ("=", c[0])
@@ -327,6 +344,28 @@ class _Build(Transformer):
         if where is None:
             return stmt
         return _Where(stmt, where.lstrip(",").strip()[len("where"):].strip())
+
+    @v_args(meta=True)
+    def sample(self, meta, c):
+        weights = c[5]
+        if not self.source[c[4].end_pos:].lstrip().startswith("("):  # (W^{e/d}) is a name
+            weights = self._power_name(weights)
+        return self._where(s.Sample(str(c[1]), str(c[3]), weights, span=self.sp(meta)), c)
+
+    def _power_name(self, e: s.Expr) -> s.Expr:
+        """`p^{1/τ}` lexes as one name; in `q ∝ p^{1/τ}` it is p to the power 1/τ."""
+        m = re.fullmatch(r"(.+)\^\{([^{}]*)\}", e.id) if isinstance(e, s.Name) else None
+        if m is None:
+            return e
+        try:
+            tree = _lark().parse(m.group(2), start="sum")
+        except lark.LarkError:
+            return e
+        exponent = _Build(self.file, self.diags, m.group(2)).transform(tree)
+        sp = e.span
+        exponent = _shift(exponent, sp.line, sp.col - 1 + len(m.group(1)) + 2)
+        base = s.Name(m.group(1), span=s.Span(sp.file, sp.line, sp.col, sp.line, sp.col + len(m.group(1))))
+        return s.Power(base, exponent, span=sp)
 
     @v_args(meta=True)
     def for_do(self, meta, c):
@@ -495,6 +534,22 @@ class _Build(Transformer):
         return (";", tuple(_item(x, self.file) for x in c if not _is_punct(x)))
 
     @v_args(meta=True)
+    def choice(self, meta, c):
+        split = next(i for i, x in enumerate(c) if isinstance(x, Token) and x.type == "RANDOMLY")
+        options = tuple(x for x in c[:split] if not isinstance(x, Token))
+        probs = tuple(x for x in c[split + 1:] if not isinstance(x, Token))
+        return s.Choice(options, probs, span=self.sp(meta))
+
+    @v_args(meta=True)
+    def set_builder(self, meta, c):
+        parts = [x for x in c if not isinstance(x, Token) or x.type == "NAME"]
+        return s.SetBuilder(str(parts[0]), parts[1], parts[2], span=self.sp(meta))
+
+    @v_args(meta=True)
+    def set_eq(self, meta, c):
+        return s.BinOp("=", c[0], c[-1], span=self.sp(meta))
+
+    @v_args(meta=True)
     def sum_range(self, meta, c):
         parts = [x for x in c if not isinstance(x, Token) or x.type in ("NAME", "NUMBER")]
         index, lo, hi, body = parts[0], parts[1], parts[2], parts[3]
@@ -645,9 +700,7 @@ def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None) -> 
     except lark.LarkError as err:
         _syntax_error(err, file, diags, text)
         return s.CardFile(file, ())
-    build = _Build(file, diags)
-    build.source = text
-    lines = build.transform(tree)
+    lines = _Build(file, diags, text).transform(tree)
     return s.CardFile(file, tuple(_Layout(file, diags).algorithms(lines)))
 
 
@@ -721,7 +774,7 @@ class _Layout:
         if ln.kind != "items" or ln.number is not None:
             return False
         for item in ln.payload:
-            if isinstance(item, (list, s.Bundle, s.Family)):
+            if isinstance(item, (list, s.Bundle, s.Family, s.Dataset)):
                 continue
             if _definition(item):
                 continue  # a definition such as d = D/H
@@ -756,7 +809,7 @@ class _Layout:
         for item in ln.payload:
             if isinstance(item, list):
                 items += item
-            elif isinstance(item, (s.Bundle, s.Family)):
+            elif isinstance(item, (s.Bundle, s.Family, s.Dataset, s.Sentence)):
                 items.append(item)
             elif _definition(item):
                 bind, where = (item.stmt, item.where) if isinstance(item, _Where) else (item, None)
@@ -786,7 +839,7 @@ class _Layout:
                 continue
             if ln.kind != "items":
                 continue
-            if len(ln.payload) != 1 or isinstance(ln.payload[0], (list, s.Bundle, s.Family)):
+            if len(ln.payload) != 1 or isinstance(ln.payload[0], (list, s.Bundle, s.Family, s.Dataset)):
                 self.diags.error(ln.span, "expected one statement on this line",
                                  hint="declarations belong in the Input/Output/Parameters blocks")
                 continue
@@ -820,7 +873,7 @@ def _definition(item) -> bool:
 
 
 def _add_prose(item: s.Item, text: str) -> s.Item:
-    if isinstance(item, (s.Decl, s.Bundle)):
+    if isinstance(item, (s.Decl, s.Bundle, s.Dataset)):
         return replace(item, prose=_join(item.prose, text))
     if isinstance(item, s.Family) and item.items:  # For h ∈ [H], W consisting of:  ▷ …
         return replace(item, items=(_add_prose(item.items[0], text),))

@@ -137,7 +137,27 @@ class Sum:
     span: Span = _span()
 
 
-Expr = Name | Num | BinOp | Unary | Power | Transpose | Slice | Index | Arg | Call | Ellipsis_ | Concat | Iverson | Sum
+@dataclass(frozen=True)
+class Choice:
+    """``a or b randomly with probability p or q``: one of the options, drawn at random."""
+
+    options: tuple[Expr, ...]
+    probs: tuple[Expr, ...]  # one probability per option
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class SetBuilder:
+    """``{t ∈ [ℓ] : cond}``: the elements of a set for which a condition holds."""
+
+    var: str
+    domain: Expr
+    cond: Expr  # `=` here is a comparison: BinOp("=", …)
+    span: Span = _span()
+
+
+Expr = (Name | Num | BinOp | Unary | Power | Transpose | Slice | Index | Arg | Call | Ellipsis_ | Concat
+        | Iverson | Sum | Choice | SetBuilder)
 
 # ---------------------------------------------------------------------- types
 
@@ -257,7 +277,33 @@ class Family:
     span: Span = _span()
 
 
-Item = Decl | Bundle | Family
+@dataclass(frozen=True)
+class Dataset:
+    """``{x_n}_{n=1}^{N_data}`` or ``{(z_n, x_n)}_{n=1}^{N_data}``: a family of examples.
+
+    The header names the whole family with the index range as a subscript: ``x_{1:N_data}``.
+    """
+
+    elems: tuple[str, ...]  # x_n, or z_n and x_n for pairs
+    index: str
+    lo: Expr
+    hi: Expr
+    prose: str | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """A block written as prose: ``Input: Trained transformer parameters θ̂.``
+
+    It declares the header's symbols that it mentions; their types are inferred from use.
+    """
+
+    text: str
+    span: Span = _span()
+
+
+Item = Decl | Bundle | Family | Dataset | Sentence
 
 
 @dataclass(frozen=True)
@@ -336,7 +382,18 @@ class While:
     span: Span = _span()
 
 
-Stmt = Assign | Return | For | ForAll | If | While
+@dataclass(frozen=True)
+class Sample:
+    """``sample a token y from q ∝ p^{1/τ}``: draw `var` from the distribution `dist`, whose
+    probabilities are proportional to `weights`."""
+
+    var: str
+    dist: str
+    weights: Expr
+    span: Span = _span()
+
+
+Stmt = Assign | Return | For | ForAll | If | While | Sample
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""What the checker knows about a value: tensors with symbolic shapes, bundles, families."""
+"""What the checker knows about a value: tensors with symbolic shapes, bundles, families,
+sets of indices and values written as functions of parameters."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class Ty:
     value: Dim | None = None  # a known integer value: hyperparameters, lengths, loop indices
     init: s.Expr | None = None  # parameters: the declared initial value or distribution
     init_dist: s.Expr | None = None
+    vocab: Dim | None = None  # token IDs (a token, a sequence): the size of their vocabulary
 
     @property
     def rank(self) -> int:
@@ -44,6 +46,14 @@ class BundleTy:
     def __str__(self) -> str:
         return f"parameters of {self.card}" if self.card else "a parameter bundle"
 
+    def same_kind(self, other: BundleTy) -> bool:
+        """Bundles of one card (or one structure); an empty bundle is not inferred yet."""
+        if self is other or not self.members or not other.members:
+            return True
+        if self.card and other.card:
+            return self.card == other.card
+        return list(self.members) == list(other.members)
+
 
 @dataclass
 class FamilyTy:
@@ -57,7 +67,28 @@ class FamilyTy:
         return f"a family over [{display(str(self.over))}]"
 
 
-Entry = Ty | BundleTy | FamilyTy
+@dataclass(frozen=True)
+class SetTy:
+    """A set of indices drawn from [of]: `{t ∈ [ℓ] : …}`."""
+
+    of: Dim
+
+    def __str__(self) -> str:
+        return f"a subset of [{display(str(self.of))}]"
+
+
+@dataclass(frozen=True)
+class FuncTy:
+    """`P(θ) ← …`: a value written as a function of the named parameters."""
+
+    params: tuple[str, ...]
+    result: Entry
+
+    def __str__(self) -> str:
+        return f"a function of {', '.join(display(p) for p in self.params)}"
+
+
+Entry = Ty | BundleTy | FamilyTy | SetTy | FuncTy
 
 
 def substitute(entry: Entry, bind: dict[str, Dim]) -> Entry:
@@ -65,9 +96,14 @@ def substitute(entry: Entry, bind: dict[str, Dim]) -> Entry:
     if isinstance(entry, Ty):
         shape = tuple(None if d is None else subst_dim(d, bind) for d in entry.shape)
         value = None if entry.value is None else subst_dim(entry.value, bind)
-        return replace(entry, shape=shape, value=value)
+        vocab = None if entry.vocab is None else subst_dim(entry.vocab, bind)
+        return replace(entry, shape=shape, value=value, vocab=vocab)
     if isinstance(entry, BundleTy):
         return BundleTy({k: substitute(v, bind) for k, v in entry.members.items()}, entry.card)
+    if isinstance(entry, SetTy):
+        return SetTy(subst_dim(entry.of, bind))
+    if isinstance(entry, FuncTy):
+        return FuncTy(entry.params, substitute(entry.result, bind))
     return FamilyTy(entry.var, subst_dim(entry.over, bind), substitute(entry.entry, bind))
 
 

@@ -8,8 +8,10 @@ import pytest
 
 from cardc.checker import check
 from cardc.cli import main
+from cardc.dims import Dim
 from cardc.info import summarize
 from cardc.library import load
+from cardc.types import BundleTy, FamilyTy, SetTy, Ty
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = sorted((ROOT / "tests" / "golden").glob("*.card"))
@@ -163,3 +165,151 @@ def test_a_loop_using_its_variable_reports_each_unbound_use(tmp_path):
         "'W_l' is indexed by 'l', which no enclosing loop binds",
         "'U_l' is indexed by 'l', which no enclosing loop binds",
     ]
+
+
+# ------------------------------------------------ the paper's Algorithms 11–15: training, inference
+
+
+def _check_in_library(text: str, tmp_path: Path) -> list[str]:
+    """Errors of a card that calls the library's models (DTransformer, …)."""
+    path = tmp_path / "t.card"
+    path.write_text(text, encoding="utf-8")
+    lib, _ = load([path], root="cards")
+    _, diags = check(lib)
+    return [d.message for d in diags.errors if d.span.file == str(path)]
+
+
+def _paper(name: str) -> str:
+    return (ROOT / "cards" / "paper" / f"{name}.card").read_text(encoding="utf-8")
+
+
+def _checked(name: str):
+    lib, _ = load(["cards"])
+    checker, diags = check(lib)
+    alg = lib.find(name)
+    assert not [d for d in diags.errors if d.span.file == lib.file_of(alg).path]
+    return alg, checker.infos[id(alg)]
+
+
+def _typed(alg, info, text: str):
+    """The type the checker gave the first expression of the card rendered as `text`."""
+    from cardc.render.text import render_expr
+
+    def walk(node):
+        if isinstance(node, tuple):
+            for x in node:
+                yield from walk(x)
+        elif hasattr(node, "__dataclass_fields__"):
+            yield node
+            for name in node.__dataclass_fields__:
+                yield from walk(getattr(node, name))
+
+    for node in walk(alg.steps):
+        if id(node) in info.types and render_expr(node) == text:
+            return info.types[id(node)]
+    raise AssertionError(f"no typed expression {text!r}")
+
+
+def test_training_signature_links_the_dataset_and_infers_the_parameters():
+    alg, info = _checked("DTraining")
+    (data, dataset), (theta, params) = info.sig.inputs
+    assert data == "x_{1:N_data}" and isinstance(dataset, FamilyTy)
+    assert dataset.var == "n" and dataset.over == Dim.sym("N_data")
+    assert dataset.entry == Ty((Dim.sym("|x_n|"),), "ℕ", vocab=Dim.sym("N_V"))  # x_n ∈ V*
+    assert theta == "θ" and isinstance(params, BundleTy) and params.card == "DTransformer"
+    assert info.sig.output.card == "DTransformer"  # θ̂, the trained θ
+    assert list(info.sig.output.members) == list(params.members)
+    assert {"N_data", "N_V", "N_epochs"} <= set(info.sig.hypers)
+
+
+def test_training_types():
+    alg, info = _checked("DTraining")
+    theta = dict(info.sig.inputs)["θ"]
+    assert _typed(alg, info, "P(θ)") == Ty((Dim.sym("N_V"), Dim.sym("|x_n|")))
+    assert _typed(alg, info, "P(θ)[x_n[t + 1], t]") == Ty()
+    assert _typed(alg, info, "loss(θ)") == Ty()
+    assert _typed(alg, info, "∇loss(θ)") is theta
+    assert _typed(alg, info, "θ − η · ∇loss(θ)") is theta
+
+
+def test_masked_training_types():
+    alg, info = _checked("ETraining")
+    n_v, length = Dim.sym("N_V"), Dim.sym("|x_n|")
+    choice = "mask_token or x_n[t] randomly with probability p_mask or 1 − p_mask"
+    assert _typed(alg, info, choice) == Ty(elem="ℕ", vocab=n_v)
+    assert _typed(alg, info, "x̃_n") == Ty((length,), "ℕ", vocab=n_v)
+    assert _typed(alg, info, "{t ∈ [ℓ] : x̃_n[t] = mask_token}") == SetTy(length)
+    assert _typed(alg, info, "T̃") == SetTy(length)
+    assert dict(info.sig.inputs)["θ"].card == "ETransformer"
+
+
+def test_sequence_to_sequence_training_links_both_halves_of_the_pairs():
+    _, info = _checked("EDTraining")
+    assert [name for name, _ in info.sig.inputs] == ["z_{1:N_data}", "x_{1:N_data}", "θ"]
+    assert dict(info.sig.inputs)["θ"].card == "EDTransformer"
+
+
+def test_inference_types():
+    alg, info = _checked("DInference")
+    n_v = Dim.sym("N_V")
+    assert dict(info.sig.inputs)["θ̂"].card == "DTransformer"  # declared by a sentence
+    assert _typed(alg, info, "y") == Ty(elem="ℕ", vocab=n_v)  # the sampled token
+    assert _typed(alg, info, "[x, y]") == Ty((Dim.sym("|x|′") + Dim.const(1),), "ℕ", vocab=n_v)
+    assert _typed(alg, info, "x[ℓ + 1 : ℓ + ℓ_gen]") == Ty((Dim.sym("ℓ_gen"),), "ℕ", vocab=n_v)
+    alg, info = _checked("EDInference")
+    assert _typed(alg, info, "[bos_token]") == Ty((Dim.const(1),), "ℕ", vocab=n_v)
+    assert _typed(alg, info, "eos_token") == Ty(elem="ℕ", value=n_v, vocab=n_v)
+
+
+@pytest.mark.parametrize(("card", "old", "new", "message"), [
+    ("dtraining", "length(x_n)", "length(x_m)", "unknown name 'x_m'"),
+    ("dtraining", "∇loss(θ)", "∇los(θ)", "unknown card or function 'los'"),
+    ("dtraining", "DTraining(x_{1:N_data}", "DTraining(x_{1:N}",
+     "argument 'x_{1:N}' is not declared in Input"),
+    ("dtraining", "DTraining(x_{1:N_data}, θ)", "DTraining(θ)",
+     "the header takes no argument for 'x_n'"),
+    ("dtraining", "∇loss(θ)", "∇P(θ)", "∇ needs a scalar to differentiate; P(θ) is ℝ^{N_V×|x_n|}"),
+    ("dtraining", "∇loss(θ)", "∇θ", "∇ takes the gradient of a function of one variable"),
+    ("dtraining", "θ − η · ∇loss(θ)", "θ − η", "cannot subtract parameters of DTransformer and ℝ"),
+    ("dtraining", "θ − η · ∇loss(θ)", "η · θ · θ",
+     "cannot multiply parameters of DTransformer and parameters of DTransformer"),
+    ("dtraining", "return θ̂ = θ", "return θ̂ = η",
+     "returns ℝ but Output declares a parameter bundle"),
+    ("dtraining", "P(θ)[x_n[t + 1], t]", "P(θ)[t, x_n[t + 1]]",
+     "a token of a vocabulary of N_V indexes an axis of |x_n|"),
+    ("dtraining", "log P(θ)[", "log P[", "'P' is a function of θ, not a tensor"),
+    ("dtraining", "P(θ) ← DTransformer(x_n | θ)", "P(θ) ← DTransformer(x_n | θ̂)",
+     "unknown name 'θ̂'"),
+    ("dtraining", "θ ← θ − η · ∇loss(θ)", "θ ← x_n",
+     "'θ' is parameters of DTransformer; cannot assign ℕ^{|x_n|} to it"),
+    ("etraining", "{t ∈ [ℓ] :", "{t ∈ x_n :",
+     "expected a set such as [ℓ] or {t ∈ [ℓ] : …}, not ℕ^{|x_n|}"),
+    ("etraining", "Σ_{t∈T̃}", "Σ_{t∈x_n}",
+     "expected a set such as [ℓ] or {t ∈ [ℓ] : …}, not ℕ^{|x_n|}"),
+    ("etraining", "mask_token or x_n[t]", "mask_token or η",
+     "the options of a random choice differ: ℕ and ℝ"),
+    ("etraining", "or 1 − p_mask", "or x_n", "a probability must be a scalar, not ℕ^{|x_n|}"),
+    ("etraining", "or 1 − p_mask", "or 1 − p_mask or p_mask", "2 options but 3 probabilities"),
+    ("etraining", "x̃_n[t] = mask_token", "x̃_n", "a set's condition must be a single truth value, "
+                                              "not ℕ^{|x_n|}"),
+    ("dinference", "q ∝ p^{1/τ}", "q ∝ P^{1/τ}",
+     "a token is sampled from a vector of weights, not ℝ^{N_V×|x|′}"),
+    ("dinference", "q ∝ p^{1/τ}", "q ∝ (p)^{p}", "an exponent must be a scalar, not ℝ^{N_V}"),
+    ("dinference", "x ← [x, y]", "x ← [x, p]",
+     "cannot join ℝ^{N_V} into a sequence of tokens of a vocabulary of N_V"),
+    ("dinference", "x ← [x, y]", "x ← p",
+     "'x' is a sequence of tokens; cannot assign ℝ^{N_V} to it"),
+    ("dinference", "parameters θ̂.", "parameters.",
+     "this sentence declares nothing: it names no symbol of the header"),
+    ("edinference", "while y ≠ eos_token do", "while ŷ do",
+     "a condition must be a single truth value, not ℕ^{1}"),
+])
+def test_training_and_inference_diagnostics(card, old, new, message, tmp_path):
+    text = _paper(card)
+    assert old in text
+    assert message in _check_in_library(text.replace(old, new), tmp_path)
+
+
+def test_training_cards_check_clean_on_their_own(tmp_path):
+    for card in ("dtraining", "etraining", "edtraining", "dinference", "edinference"):
+        assert _check_in_library(_paper(card), tmp_path) == []

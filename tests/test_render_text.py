@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -253,6 +254,12 @@ def _extend(children):
                   st.sampled_from(["i", "t"]), children, children, children),
         st.builds(lambda i, over, body: s.Sum(i, None, None, over, body),
                   st.sampled_from(["i", "t"]), children, children),
+        st.builds(lambda o, p: s.Choice(tuple(o), tuple(p)),
+                  st.lists(children, min_size=2, max_size=3),
+                  st.lists(children, min_size=2, max_size=3)),
+        st.builds(s.SetBuilder, st.sampled_from(["i", "t"]), children,
+                  children | st.builds(s.BinOp, st.sampled_from(["=", "≤", "≠"]), children,
+                                       children)),
     )
 
 
@@ -312,8 +319,10 @@ untyped_decls = st.one_of(
     st.builds(lambda n, p: s.Decl((n,), prose=p), st.sampled_from(NAMES), words),
     st.builds(lambda n, v, p: s.Decl((n,), value=v, prose=p), st.sampled_from(NAMES), small,
               st.none() | words))
+datasets = st.builds(lambda e, hi, p: s.Dataset(tuple(e), "n", s.Num("1"), hi, p),
+                     st.sampled_from([("x_n",), ("z_n", "x_n")]), names, st.none() | words)
 items = st.recursive(
-    typed_decls | untyped_decls,
+    typed_decls | untyped_decls | datasets,
     lambda c: st.one_of(
         st.builds(lambda n, i, p, intro: s.Bundle(n, tuple(i), p, intro),
                   st.sampled_from(["W", "θ"]), st.lists(c, max_size=3), st.none() | decl_words,
@@ -321,8 +330,15 @@ items = st.recursive(
         st.builds(lambda i, over, it: s.Family(i, s.Concat((over,)), tuple(it)),
                   st.sampled_from(["l", "h"]), names, st.lists(c, max_size=3))),
     max_leaves=6)
-blocks = st.builds(lambda k, i: s.Block(k, tuple(i)),
+def _nfd(text: str) -> str:
+    return unicodedata.normalize("NFD", text)
+
+
+SENTENCES = ["Trained transformer parameters θ̂.", "A seq2seq transformer and its parameters θ."]
+blocks = st.builds(lambda k, first, i: s.Block(k, tuple(first) + tuple(i)),
                    st.sampled_from(["Input", "Output", "Hyperparameters", "Parameters"]),
+                   st.lists(st.sampled_from(SENTENCES).map(lambda t: s.Sentence(_nfd(t))),
+                            max_size=1),
                    st.lists(items, max_size=4))
 presets = st.builds(lambda n, v, p: s.Preset(n, tuple(v), p), st.sampled_from(["tiny", "gpt2"]),
                     st.lists(st.tuples(st.sampled_from(NAMES), small), min_size=1, max_size=3),
@@ -332,7 +348,8 @@ targets = names | st.builds(lambda n, i: s.Index(n, (i,)), names, small)
 simple_stmts = st.one_of(
     st.builds(s.Assign, targets, small),
     st.builds(lambda t, v: s.Assign(t, v, "="), targets, small),
-    st.builds(s.Return, small, st.none() | st.sampled_from(["Y", canonical_name("Ṽ")])))
+    st.builds(s.Return, small, st.none() | st.sampled_from(["Y", canonical_name("Ṽ")])),
+    st.builds(s.Sample, st.sampled_from(["y", "t"]), st.sampled_from(["q", "p"]), small))
 conds = small | st.builds(s.BinOp, st.sampled_from(["≤", "<", "≠"]), small, small)
 loop_over = st.builds(lambda n: s.Concat((n,)), names) | st.builds(
     lambda first, last: s.Range(tuple(first), last), st.lists(nums, min_size=1, max_size=2), names)
@@ -483,6 +500,12 @@ def test_annotation_still_ends_a_step(tail):
     assert alg.steps[0].annotation == s.Decl(("Y",), s.Tensor(s.Scalar("ℝ"), (s.Name("d"),)))
 
 
+# an annotation's interval type once read its brackets from a source the sub-parser lacked
+def test_annotation_with_an_interval():
+    (alg,) = parse_clean("Algorithm: Y <- F(X)\n1 Y <- X  ▷ Y ∈ (0, 1]\n").algorithms
+    assert alg.steps[0].annotation.type == s.Interval(s.Num("0"), s.Num("1"), False, True)
+
+
 def test_prose_with_ascii_in_stays_prose():
     (alg,) = parse_clean("Algorithm: Y <- F(X)\nInput: X in R^{d}, used in the first layer, "
                          "as in (4)\n1 return X").algorithms
@@ -628,3 +651,182 @@ def test_sum_with_a_decorated_index_keeps_its_braces():
     alg = _alg(s.Step(s.Assign(s.Name("Y"), s.Sum("t′", None, None, None, s.Name("x_t′"))), "1"))
     assert render_algorithm(alg).endswith("1 Y ← Σ_{t′} x_t′")
     assert _round_trip(alg) == alg
+
+
+# ------------------------------------------------ the paper's Algorithms 11–15: training, inference
+
+
+def _paper_card(name: str) -> s.Algorithm:
+    (alg,) = parse_clean((ROOT / f"cards/paper/{name}.card").read_text(encoding="utf-8")).algorithms
+    return alg
+
+
+def _stmts_of(alg: s.Algorithm) -> list[s.Stmt]:
+    """Every statement of a card, loop bodies flattened, in order."""
+    out = []
+
+    def go(steps):
+        for step in steps:
+            out.append(step.stmt)
+            if isinstance(step.stmt, (s.For, s.While)):
+                go(step.stmt.body)
+
+    go(alg.steps)
+    return out
+
+
+def _n(text: str) -> s.Name:
+    return s.Name(canonical_name(text))
+
+
+def test_paper_masked_training_text():
+    lines = render_algorithm(_paper_card("etraining")).splitlines()
+    assert lines[:3] == ["Algorithm 12: θ̂ ← ETraining(x_{1:N_data}, θ)",
+                         "/* Training by masked language modelling */",
+                         "Input: {x_n}_{n=1}^{N_data}, a dataset of sequences."]
+    assert lines[6:] == [
+        " 1 for i = 1, 2, …, N_epochs do",
+        " 2     for n = 1, 2, …, N_data do",
+        " 3         ℓ ← length(x_n)",
+        " 4         for t = 1, 2, …, ℓ do",
+        " 5             x̃_n[t] ← mask_token or x_n[t] randomly with probability p_mask or 1 − p_mask",
+        " 6         end",
+        " 7         T̃ ← {t ∈ [ℓ] : x̃_n[t] = mask_token}",
+        " 8         P(θ) ← ETransformer(x̃_n | θ)",
+        " 9         loss(θ) = −Σ_{t∈T̃} log P(θ)[x_n[t], t]",
+        "10         θ ← θ − η · ∇loss(θ)",
+        "11     end",
+        "12 end",
+        "13 return θ̂ = θ",
+    ]
+
+
+def test_paper_inference_text():
+    lines = render_algorithm(_paper_card("dinference")).splitlines()
+    assert lines[2] == "Input: Trained transformer parameters θ̂."
+    assert "5     sample a token y from q ∝ p^{1/τ}" in lines
+    assert lines[-1] == "8 return y = x[ℓ + 1 : ℓ + ℓ_gen]"
+    lines = render_algorithm(_paper_card("edinference")).splitlines()
+    assert lines[2] == "Input: A seq2seq transformer and trained parameters θ̂ of the transformer."
+    assert lines[6:9] == ["1 ŷ ← [bos_token]", "2 y ← 0", "3 while y ≠ eos_token do"]
+
+
+def test_datasets():
+    alg = _paper_card("dtraining")
+    assert alg.args == ("x_{1:N_data}", "θ")
+    assert alg.blocks[0].items == (s.Dataset(("x_n",), "n", s.Num("1"), s.Name("N_data"),
+                                             "a dataset of sequences."),)
+    (pairs,) = _paper_card("edtraining").blocks[0].items
+    assert pairs.elems == ("z_n", "x_n")
+    assert render_card(s.CardFile("<t>", (_paper_card("edtraining"),))).splitlines()[2] == \
+        "Input: {(z_n, x_n)}_{n=1}^{N_data}, a dataset of sequence pairs."
+
+
+def test_prose_only_declarations():
+    alg = _paper_card("dinference")
+    sentence = s.Sentence(canonical_name("Trained transformer parameters θ̂."))
+    assert alg.blocks[0].items == (sentence,)
+    (theta,) = _paper_card("dtraining").blocks[1].items
+    assert theta == s.Decl(("θ",), prose="initial decoder-only transformer parameters.")
+
+
+@pytest.mark.parametrize("line", [
+    "Input: W consisting of:", "Parameters: θ includes all of the following parameters:",
+    "Input: X in R^{d}, the input", "Input: For l ∈ [L]:", "Input: return Y",
+    "Hyperparameters: H, number of attention heads"])
+def test_a_sentence_is_only_a_sentence(line):
+    (alg,) = parse_clean(f"Algorithm: Y ← F(X)\n{line}\n1 return X\n").algorithms
+    assert not any(isinstance(item, s.Sentence) for b in alg.blocks for item in b.items)
+
+
+def test_function_valued_steps_and_gradients():
+    stmts = _stmts_of(_paper_card("dtraining"))
+    theta = _n("θ")
+    p_theta = s.Call("P", (theta,))
+    assert stmts[3] == s.Assign(p_theta, s.Call("DTransformer", (_n("x_n"),), (theta,), True))
+    loss = stmts[4]
+    assert loss.op == "=" and loss.target == s.Call("loss", (theta,))
+    total = loss.value.operand
+    assert isinstance(total, s.Sum) and total.hi == s.BinOp("−", _n("ℓ"), s.Num("1"))
+    next_token = s.Index(_n("x_n"), (s.BinOp("+", _n("t"), s.Num("1")),))
+    assert total.body == s.BinOp(" ", s.Name("log"), s.Index(p_theta, (next_token, _n("t"))))
+    step = s.BinOp("·", _n("η"), s.Unary("∇", s.Call("loss", (theta,))))
+    assert stmts[5] == s.Assign(theta, s.BinOp("−", theta, step))
+    assert _stmts_of(_paper_card("dtraining"))[-1] == s.Return(theta, canonical_name("θ̂"))
+
+
+def test_random_choice_and_set_builder():
+    stmts = _stmts_of(_paper_card("etraining"))
+    x_t = s.Index(_n("x_n"), (_n("t"),))
+    masked = s.Index(_n("x̃_n"), (_n("t"),))
+    assert stmts[4] == s.Assign(masked, s.Choice(
+        (s.Name("mask_token"), x_t), (_n("p_mask"), s.BinOp("−", s.Num("1"), _n("p_mask")))))
+    assert stmts[5] == s.Assign(_n("T̃"), s.SetBuilder(
+        "t", s.Concat((_n("ℓ"),)), s.BinOp("=", masked, s.Name("mask_token"))))
+    assert stmts[7].value.operand.over == _n("T̃")
+
+
+def test_sampling_and_sequences():
+    stmts = _stmts_of(_paper_card("dinference"))
+    assert stmts[4] == s.Sample("y", "q", s.Power(s.Name("p"), s.BinOp("/", s.Num("1"), _n("τ"))))
+    assert stmts[5] == s.Assign(s.Name("x"), s.Concat((s.Name("x"), s.Name("y"))))
+    ell = _n("ℓ")
+    assert stmts[-1].value == s.Index(s.Name("x"), (s.Slice(s.BinOp("+", ell, s.Num("1")),
+                                                             s.BinOp("+", ell, _n("ℓ_gen"))),))
+    stmts = _stmts_of(_paper_card("edinference"))
+    assert stmts[0].value == s.Concat((s.Name("bos_token"),))
+    assert stmts[2].cond == s.BinOp("≠", s.Name("y"), s.Name("eos_token"))
+
+
+@pytest.mark.parametrize("weights", ["p^{1/τ}", "(W^{e/d})", "(p′)^{2/τ}", "exp(p)", "p²",
+                                     "p^{(a or b randomly with probability c or d)}"])
+def test_sample_weights_round_trip(weights):
+    text = f"Algorithm: y ← F(p)\n1 sample a token y from q ∝ {weights}\n"
+    card = parse_clean(text)
+    assert render_card(card) == text
+    assert isinstance(card.algorithms[0].steps[0].stmt.weights, s.Name) == (weights == "(W^{e/d})")
+
+
+ASCII_TRAINING = """\
+Algorithm 12: theta^ <- ETraining(x_{1:N_data}, theta)
+Input: {x_n}_{n=1}^{N_data}, a dataset of sequences.
+Input: Trained parameters theta.
+Output: theta^, the trained parameters.
+Hyperparameters: N_epochs in NN, eta in (0, inf), p_mask in (0, 1)
+ 1 for n = 1, 2, ..., N_data do
+ 2     x~_n[t] <- mask_token or x_n[t] randomly with probability p_mask or 1 - p_mask
+ 3     T~ <- {t in [ell] : x~_n[t] = mask_token}
+ 4     loss(theta) = -sum_{t in T~} log P(theta)[x_n[t], t]
+ 5     theta <- theta - eta * grad loss(theta)
+ 6     sample a token y from q propto p^{1/tau}
+ 7     while y != eos_token do
+ 8         x <- [x, y]
+ 9     end
+10 end
+11 return theta^ = theta
+"""
+
+UNICODE_TRAINING = """\
+Algorithm 12: θ̂ ← ETraining(x_{1:N_data}, θ)
+Input: {x_n}_{n=1}^{N_data}, a dataset of sequences.
+Input: Trained parameters theta.
+Output: θ̂, the trained parameters.
+Hyperparameters: N_epochs ∈ ℕ, η ∈ (0, ∞), p_mask ∈ (0, 1)
+ 1 for n = 1, 2, …, N_data do
+ 2     x̃_n[t] ← mask_token or x_n[t] randomly with probability p_mask or 1 − p_mask
+ 3     T̃ ← {t ∈ [ℓ] : x̃_n[t] = mask_token}
+ 4     loss(θ) = −Σ_{t∈T̃} log P(θ)[x_n[t], t]
+ 5     θ ← θ − η · ∇loss(θ)
+ 6     sample a token y from q ∝ p^{1/τ}
+ 7     while y ≠ eos_token do
+ 8         x ← [x, y]
+ 9     end
+10 end
+11 return θ̂ = θ
+"""
+
+
+def test_training_notation_in_ascii():
+    card = parse_clean(ASCII_TRAINING)
+    assert card == parse_clean(UNICODE_TRAINING)
+    assert render_card(card) == UNICODE_TRAINING  # prose is kept as written

@@ -41,8 +41,8 @@ from .. import syntax as s
 from ..diagnostics import Diagnostics
 from ..spelling import display
 
-# precedence levels, loosest first, as in grammar.lark
-COND, SUM, PRODUCT, UNARY, TIGHT, POSTFIX, ATOM = range(7)
+# precedence levels, loosest first, as in grammar.lark (a random choice is an ?expr)
+CHOICE, COND, SUM, PRODUCT, UNARY, TIGHT, POSTFIX, ATOM = range(8)
 
 _BINARY = {"+": SUM, "−": SUM, "·": PRODUCT, "⊙": PRODUCT, "/": PRODUCT, " ": PRODUCT}
 _POSTFIX_NODES = (s.Power, s.Transpose, s.Index)
@@ -90,6 +90,8 @@ class Renderer:
             return {"−": UNARY, "¬": COND}.get(node.op, TIGHT)
         if isinstance(node, s.Sum):
             return TIGHT
+        if isinstance(node, s.Choice):
+            return CHOICE
         if isinstance(node, _POSTFIX_NODES):
             return POSTFIX
         return ATOM
@@ -140,7 +142,7 @@ class Renderer:
             return base + "²"
         if isinstance(node.base, s.Name):  # "X^{e}" would read as the name X^{e}
             base = f"({base})"
-        return f"{base}^{{{self.text(node.exponent)}}}"
+        return f"{base}^{{{self.sub(node.exponent, SUM)}}}"
 
     def transpose_text(self, node: s.Transpose, tail: bool) -> str:
         return self.sub(node.operand, POSTFIX) + "^⊺"
@@ -149,11 +151,11 @@ class Renderer:
         base = self.sub(node.base, POSTFIX)
         if not _INDEXABLE_END.search(unicodedata.normalize("NFD", base)):  # ∞[i]
             base = f"({base})"
-        return f"{base}[{', '.join(self.text(i) for i in node.items)}]"
+        return f"{base}[{', '.join(self.sub(i, SUM) for i in node.items)}]"
 
     def slice_text(self, node: s.Slice, tail: bool) -> str:
-        lo = "" if node.lo is None else self.text(node.lo)
-        hi = "" if node.hi is None else self.text(node.hi)
+        lo = "" if node.lo is None else self.sub(node.lo, SUM)
+        hi = "" if node.hi is None else self.sub(node.hi, SUM)
         if lo and hi:
             return f"{lo} : {hi}"
         return f"{lo}:{hi}"
@@ -172,21 +174,34 @@ class Renderer:
         return "…"
 
     def concat_text(self, node: s.Concat, tail: bool) -> str:
-        return "[" + f"{node.sep} ".join(self.text(i) for i in node.items) + "]"
+        return "[" + f"{node.sep} ".join(self.sub(i, SUM) for i in node.items) + "]"
 
     def iverson_text(self, node: s.Iverson, tail: bool) -> str:
         return f"[[{self.text(node.cond)}]]"
 
     def sum_text(self, node: s.Sum, tail: bool) -> str:
         if node.over is not None:
-            head = f"Σ_{{{node.index}∈{self.text(node.over)}}}"
+            head = f"Σ_{{{node.index}∈{self.sub(node.over, SUM)}}}"
         elif node.lo is None and node.hi is None:  # Σ_u: braces only where the index needs them
             head = f"Σ_{node.index}" if re.fullmatch(r"\w+", node.index) else f"Σ_{{{node.index}}}"
         else:
-            lo = "" if node.lo is None else self.text(node.lo)
-            hi = "" if node.hi is None else self.text(node.hi)
+            lo = "" if node.lo is None else self.sub(node.lo, SUM)
+            hi = "" if node.hi is None else self.sub(node.hi, SUM)
             head = f"Σ_{{{node.index}={lo}}}^{{{hi}}}"
         return f"{head} {self.sub(node.body, PRODUCT, tail)}"
+
+    def choice_text(self, node: s.Choice, tail: bool) -> str:
+        options = " or ".join(self.sub(x, SUM) for x in node.options)
+        probs = " or ".join(self.sub(x, SUM) for x in node.probs)
+        return f"{options} randomly with probability {probs}"
+
+    def setbuilder_text(self, node: s.SetBuilder, tail: bool) -> str:
+        cond = node.cond
+        if isinstance(cond, s.BinOp) and cond.op == "=":
+            text = f"{self.sub(cond.left, SUM)} = {self.sub(cond.right, SUM)}"
+        else:
+            text = self.sub(cond, COND)
+        return f"{{{node.var} ∈ {self.sub(node.domain, SUM)} : {text}}}"
 
     def range_text(self, node: s.Range, tail: bool) -> str:
         return ", ".join([*(self.text(x) for x in node.first), "…", self.text(node.last)])
@@ -295,11 +310,23 @@ class Renderer:
             head += ":"
         return [INDENT * depth + head, *self.item_lines(items, depth + 1)]
 
+    def dataset_lines(self, node: s.Dataset, depth: int) -> list[str]:
+        elems = node.elems[0] if len(node.elems) == 1 else f"({', '.join(node.elems)})"
+        text = f"{{{elems}}}_{{{node.index}={self.text(node.lo)}}}^{{{self.text(node.hi)}}}"
+        if node.prose is not None:
+            text += prose_suffix(node.prose)
+        return [INDENT * depth + text]
+
+    def sentence_lines(self, node: s.Sentence, depth: int) -> list[str]:
+        return [INDENT * depth + node.text]  # reads back only as the first item of a block
+
     def block_lines(self, node: s.Block, depth: int) -> list[str]:
         head = f"{node.kind}:"
         items = node.items
         if not items:
             return [head]
+        if isinstance(items[0], s.Sentence):  # Input: Trained transformer parameters θ̂.
+            return [f"{head} {items[0].text}", *self.item_lines(items[1:], depth + 1)]
         if len(items) == 1 and not isinstance(items[0], s.Decl):  # Parameters: W consisting of:
             first, *rest = self.item_lines(items, depth)
             return [f"{head} {first}", *rest]
@@ -321,6 +348,19 @@ class Renderer:
     def return_text(self, node: s.Return, tail: bool) -> str:
         name = f"{node.name} = " if node.name is not None else ""
         return f"return {name}{self.text(node.value)}"
+
+    def sample_text(self, node: s.Sample, tail: bool) -> str:
+        return f"sample a token {node.var} from {node.dist} ∝ {self.weights_text(node.weights)}"
+
+    def weights_text(self, node: s.Expr) -> str:
+        """`p^{1/τ}` as the paper writes it: there the parser reads such a name as a power."""
+        if isinstance(node, s.Power) and isinstance(node.base, s.Name) and node.exponent != s.Num("2"):
+            exponent = self.sub(node.exponent, SUM)
+            if not re.search(r"[{}\n]", exponent) and not re.search(r"[′']$", node.base.id):
+                return f"{node.base.id}^{{{exponent}}}"
+        if isinstance(node, s.Name) and node.id.endswith("}"):  # W^{e/d} itself, not a power
+            return f"({node.id})"
+        return self.text(node)
 
     def for_text(self, node: s.For, tail: bool) -> str:
         over = self.text(node.over)
