@@ -20,7 +20,8 @@ from .spelling import python_name
 
 def model_cards(lib: Library, checker: Checker, files: list[str] | None = None) -> list[s.Algorithm]:
     """Cards nobody calls that own parameters: the models."""
-    called = {id(ci.callee) for info in checker.infos.values() for ci in info.calls.values()}
+    called = {id(ci.callee) for info in checker.infos.values() if info.sig.tree.members
+              for ci in info.calls.values()}  # a training card calls its model; a model calls parts
     out = []
     for card_file, alg in lib.algorithms():
         if files is not None and card_file.path not in files:
