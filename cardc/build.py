@@ -16,6 +16,7 @@ from .diagnostics import CardError, Diagnostics
 from .library import Library, load
 from .lower import LowerError, Lowering
 from .spelling import python_name
+from .types import BundleTy
 
 
 def model_cards(lib: Library, checker: Checker, files: list[str] | None = None) -> list[s.Algorithm]:
@@ -31,6 +32,25 @@ def model_cards(lib: Library, checker: Checker, files: list[str] | None = None) 
             continue
         out.append(alg)
     return out
+
+
+def procedure_cards(lib: Library, checker: Checker,
+                    files: list[str] | None = None) -> list[s.Algorithm]:
+    """Training and inference cards: handed a model's parameters θ as an input."""
+    out = []
+    for card_file, alg in lib.algorithms():
+        info = checker.infos.get(id(alg))
+        if info is None or files is not None and card_file.path not in files:
+            continue
+        if any(isinstance(ty, BundleTy) for _, ty in info.sig.inputs):
+            out.append(alg)
+    return out
+
+
+def generated_cards(lib: Library, checker: Checker,
+                    files: list[str] | None = None) -> list[s.Algorithm]:
+    """Everything `cardc build` writes a file for: models, then training and inference."""
+    return model_cards(lib, checker, files) + procedure_cards(lib, checker, files)
 
 
 def module_path(lib: Library, alg: s.Algorithm, out_dir: str | Path,
@@ -76,7 +96,10 @@ def files_used(lib: Library, checker: Checker, files: set[str]) -> set[str]:
 def source(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> str:
     """The generated Python module for a model card."""
     try:
-        program = Lowering(checker, fuse).model(alg)
+        lowering = Lowering(checker, fuse)
+        inputs = checker.info(alg).sig.inputs
+        program = lowering.procedure(alg) if any(isinstance(ty, BundleTy) for _, ty in inputs) \
+            else lowering.model(alg)
     except LowerError as err:
         diags = Diagnostics(sources=checker.lib.diags.sources)
         diags.error(err.span, err.message, err.hint)

@@ -133,7 +133,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import checked, files_used, model_cards, module_path, source
+    from .build import checked, files_used, generated_cards, module_path, source
     from .checker import check
     from .runtime.atomic import write_text_atomic
 
@@ -147,7 +147,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     broken = {d.span.file for d in diags.errors}
     stale, written = [], []
     expected = set()
-    for alg in model_cards(lib, checker, wanted):
+    for alg in generated_cards(lib, checker, wanted):
         if files_used(lib, checker, {lib.file_of(alg).path}) & broken:
             print(f"note: skipped {alg.name} ({lib.file_of(alg).path}): it does not check "
                   "(see 'cardc check')", file=sys.stderr)
@@ -200,12 +200,62 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
     torch.manual_seed(cfg.seed)  # the initial weights too: a run is reproducible from its seed
+    recipe = _training_card(args)
+    if recipe is not None:
+        return _train_with_card(args, out, *recipe)
     model = build_model(args.card, args.preset, _overrides(args.set), args.library, args.name)
     params = sum(p.numel() for p in model.parameters())
     print(f"training {model.card_meta['name']} ({args.preset or 'no preset'}, {params:,} parameters) "
           f"for {cfg.steps} steps; writing {out}/")
     Path(out).mkdir(parents=True, exist_ok=True)
     train(model, cfg, model.card_meta)
+    return EXIT_OK
+
+
+def _training_card(args: argparse.Namespace):
+    """The training card in the file, with its checker, if the file holds one (DTraining)."""
+    from .build import checked, default_library, procedure_cards
+    from .types import BundleTy
+
+    lib, checker, _ = checked([args.card], args.library or default_library(args.card))
+    file = next(f.path for f in lib.files if Path(f.path) == Path(args.card))
+    cards = [a for a in procedure_cards(lib, checker, [file])  # training: θ̂ comes out
+             if args.name in (None, a.name) and isinstance(checker.info(a).sig.output, BundleTy)]
+    return (lib, checker, cards[0]) if cards else None
+
+
+def _train_with_card(args: argparse.Namespace, out: str, lib, checker, alg) -> int:
+    """`cardc train cards/paper/etraining.card --preset tiny`: the card's own loop."""
+    from .build import build_model, load_module, source
+    from .info import PresetError, preset_values
+    from .runtime.recipe import run_training_card
+    from .spelling import python_name
+
+    info = checker.info(alg)
+    model_card = next(c.callee for c in info.calls.values() if checker.info(c.callee).sig.tree.members)
+    names = [n for d in alg.decls("Hyperparameters") for n in getattr(d, "names", ())]
+    overrides = _overrides(args.set)
+    mine = {k: v for k, v in overrides.items() if k in names}  # the rest are the model's
+    model = build_model(lib.file_of(model_card).path, args.preset,
+                        {k: v for k, v in overrides.items() if k not in mine}, args.library,
+                        model_card.name)
+    try:
+        values = preset_values(info.sig, args.preset, mine)
+    except PresetError as err:
+        d = Diagnostics(sources=lib.diags.sources)
+        d.error(err.span, err.message, err.hint)
+        raise CardError(d) from None
+    hypers = {python_name(n): values[n] for n in names if n in values}
+    hypers = {k: int(v) if info.sig.hypers[n].elem == "ℕ" else float(v)
+              for n in names if (k := python_name(n)) in hypers for v in [hypers[k]]}
+    fn = getattr(load_module(source(checker, alg), python_name(alg.name).lower()),
+                 python_name(alg.name))
+    params = sum(p.numel() for p in model.parameters())
+    print(f"training {model_card.name} ({args.preset or 'no preset'}, {params:,} parameters) "
+          f"with {alg.name}, the card's own loop; writing {out}/")
+    run_training_card(fn, model, hypers, out, examples=args.examples,
+                      length=min(args.block_size, int(getattr(model, "max_seq_len", 64))),
+                      seed=args.seed, data_path=args.data, name=alg.name)
     return EXIT_OK
 
 
@@ -296,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--name", help="which card of the file (default: its model card)")
     t.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     t.add_argument("--steps", type=int, default=1000)
+    t.add_argument("--examples", type=int, default=2000,
+                   help="examples in the dataset of a training card (default: 2000)")
     t.add_argument("--out", help="run folder (default: runs/CARD-PRESET)")
     t.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     t.add_argument("--data", help="a text file to train on (default: the embedded corpus)")

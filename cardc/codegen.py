@@ -10,7 +10,7 @@ import jinja2
 from . import ir
 
 # Python operator precedence, loosest first; postfix forms (calls, subscripts) bind tightest.
-_PREC = {"|": 1, "&": 2, "is": 3, "<": 3, "<=": 3, ">": 3, ">=": 3, "==": 3, "!=": 3,
+_PREC = {"|": 1, "&": 2, "is": 3, "is not": 3, "<": 3, "<=": 3, ">": 3, ">=": 3, "==": 3, "!=": 3,
          "+": 4, "-": 4, "*": 5, "/": 5, "@": 5, "//": 5, "%": 5, "unary": 6, "**": 7}
 _ATOM = 9
 
@@ -96,7 +96,16 @@ def _loop(st: ir.Loop, indent: str) -> list[str]:
 
 
 def _if(st: ir.If, indent: str) -> list[str]:
-    return [f"{indent}if {expr_py(st.cond)}:"] + body_lines(st.body, indent + "    ")
+    lines = [f"{indent}if {expr_py(st.cond)}:{note_py(st.note)}"]
+    lines += body_lines(st.body, indent + "    ")
+    if st.orelse:
+        lines += [f"{indent}else:"] + body_lines(st.orelse, indent + "    ")
+    return lines
+
+
+def _while(st: ir.While, indent: str) -> list[str]:
+    head = f"{indent}while {expr_py(st.cond)}:{note_py(st.note)}"
+    return [head] + body_lines(st.body, indent + "    ")
 
 
 def _raise(st: ir.Raise, indent: str) -> list[str]:
@@ -110,7 +119,8 @@ def _return(st: ir.Return, indent: str) -> list[str]:
     return [f"{indent}return {text}{note_py(st.note)}"]
 
 
-_STMT = {"Assign": _assign, "Loop": _loop, "If": _if, "Raise": _raise, "Return": _return}
+_STMT = {"Assign": _assign, "Loop": _loop, "If": _if, "While": _while, "Raise": _raise,
+         "Return": _return}
 
 
 def body_lines(body, indent: str) -> list[str]:

@@ -110,6 +110,15 @@ class Loop:
 class If:
     cond: Expr
     body: tuple[Stmt, ...]
+    orelse: tuple[Stmt, ...] = ()
+    note: Note = Note()
+
+
+@dataclass(frozen=True)
+class While:
+    cond: Expr
+    body: tuple[Stmt, ...]
+    note: Note = Note()
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,7 @@ class Return:
     note: Note = Note()
 
 
-Stmt = Assign | Loop | If | Raise | Return
+Stmt = Assign | Loop | If | While | Raise | Return
 
 # ------------------------------------------------------------------ definitions
 

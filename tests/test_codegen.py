@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cardc.build import checked, load_module, model_cards, module_path, source
+from cardc.build import checked, generated_cards, load_module, model_cards, module_path, source
 from cardc.diagnostics import CardError
 from cardc.lower.intrinsics import match, patterns
 from cardc.parser import parse
@@ -67,8 +67,10 @@ def _pair(fused_cls, literal_cls, **kwargs):
 
 def test_generated_modules_are_up_to_date_and_deterministic(library):
     checker, _ = library
-    models = model_cards(checker.lib, checker, CLEAN)
-    assert {m.name for m in models} >= {"GPT2", "DTransformer", "ETransformer", "EDTransformer"}
+    models = generated_cards(checker.lib, checker, CLEAN)
+    assert {m.name for m in models} >= {"GPT2", "DTransformer", "ETransformer", "EDTransformer",
+                                        "DTraining", "ETraining", "EDTraining", "DInference",
+                                        "EDInference"}
     for alg in models:
         text = source(checker, alg)
         assert text == source(checker, alg)

@@ -684,7 +684,7 @@ def test_paper_masked_training_text():
     assert lines[:3] == ["Algorithm 12: θ̂ ← ETraining(x_{1:N_data}, θ)",
                          "/* Training by masked language modelling */",
                          "Input: {x_n}_{n=1}^{N_data}, a dataset of sequences."]
-    assert lines[6:] == [
+    assert lines[7:] == [
         " 1 for i = 1, 2, …, N_epochs do",
         " 2     for n = 1, 2, …, N_data do",
         " 3         ℓ ← length(x_n)",
@@ -708,7 +708,7 @@ def test_paper_inference_text():
     assert lines[-1] == "8 return y = x[ℓ + 1 : ℓ + ℓ_gen]"
     lines = render_algorithm(_paper_card("edinference")).splitlines()
     assert lines[2] == "Input: A seq2seq transformer and trained parameters θ̂ of the transformer."
-    assert lines[6:9] == ["1 ŷ ← [bos_token]", "2 y ← 0", "3 while y ≠ eos_token do"]
+    assert lines[7:10] == ["1 ŷ ← [bos_token]", "2 y ← 0", "3 while y ≠ eos_token do"]
 
 
 def test_datasets():

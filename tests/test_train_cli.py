@@ -107,3 +107,16 @@ def test_same_seed_same_initial_weights(tmp_path):
         runs.append((out / "metrics.jsonl").read_text().splitlines()[0])
     first = [json.loads(line) for line in runs]
     assert first[0]["val_loss"] == first[1]["val_loss"]
+
+
+@pytest.mark.parametrize("card", ["dtraining", "etraining", "edtraining"])
+def test_train_runs_the_papers_training_cards(card, tmp_path):
+    """`cardc train` on a training card runs the card's own loop on the model it calls."""
+    r = cardc("train", f"cards/paper/{card}.card", "--preset", "tiny", "--examples", "300",
+              "--block-size", "32", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "the card's own loop" in r.stdout
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    vals = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(vals) == 2 and vals[1] < vals[0]
+    assert (tmp_path / "model.safetensors").stat().st_size > 0

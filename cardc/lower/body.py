@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 ELEMENTWISE = {"ReLU": "torch.relu", "SiLU": "F.silu", "σ": "torch.sigmoid", "exp": "torch.exp",
                "log": "torch.log", "tanh": "torch.tanh"}
+SPECIAL_TOKENS = {"mask_token": 3, "bos_token": 2, "eos_token": 1}  # 0-based: N_V − k
 COMPARE = {"≤": "<=", "<": "<", "≥": ">=", ">": ">", "=": "==", "≠": "!="}
 
 
@@ -81,6 +82,13 @@ def _linear_bias(a: Val, b: Val) -> bool:
         len(b.ty.shape) == 2 and b.ty.shape[1] is None
 
 
+def _dec(code: ir.Expr) -> ir.Expr:
+    """A 1-based index made 0-based; `i + 1 − 1` is just i."""
+    if isinstance(code, ir.Bin) and code.op == "+" and code.right == ir.Lit("1"):
+        return code.left
+    return ir.Bin("-", code, _int(1))
+
+
 def _is_all(item) -> bool:
     return isinstance(item, s.Slice) and item.lo is None and item.hi is None
 
@@ -116,6 +124,12 @@ class Body:
         for name, d in self.bound.items():
             self.defined.setdefault(d, name)
         self.positions: tuple[str, Dim] | None = None  # inside a map over positions: t, ℓ
+        self.ranged: dict[str, Val] = {}  # Σ_{t=a}^{b}, {t ∈ [ℓ] : …}: t as every value at once
+        self.procedure = False  # a training or inference card: loops run, models are arguments
+        self.datasets: dict[str, tuple[str, str, Ty]] = {}  # x_n → (list, index n, type)
+        self.prologue: list[ir.Stmt] = []  # set up once, before the steps (an optimizer)
+        self.domain: Val | None = None  # the values of t in `T̃ ← {t ∈ [ℓ] : …}`
+        self.sets: dict[str, Val] = {}  # T̃ ← {t ∈ [ℓ] : …}: the values t ranges over
 
     # ------------------------------------------------------------------ helpers
     def fail(self, node, message: str, hint: str | None = None):
@@ -153,6 +167,8 @@ class Body:
         body.device, body.runtime_used, body.loop_index = self.device, self.runtime_used, \
             dict(self.loop_index)
         body.max_seq_len = self.max_seq_len
+        body.procedure, body.datasets, body.sets = self.procedure, self.datasets, self.sets
+        body.prologue, body.ranged = self.prologue, self.ranged
         return body
 
     def fresh(self, name: str) -> str:
@@ -176,6 +192,16 @@ class Body:
         method(step.stmt, step)
 
     def stmt_Assign(self, st: s.Assign, step: s.Step) -> None:
+        if self.procedure and isinstance(st.target, s.Call):  # P(θ) ← …: P, a function of θ
+            st = replace(st, target=s.Name(st.target.func, span=st.target.span))
+        if self.procedure and isinstance(st.target, s.Name) and \
+                self.is_model(self.scope.values.get(st.target.id)):
+            if self.update(st, step):
+                return
+            self.fail(st, "code generation updates parameters as 'θ ← θ − η · ∇loss(θ)' only")
+        if isinstance(st.value, s.SetBuilder) and isinstance(st.target, s.Name):
+            self.sets[st.target.id] = self.arange_of(st.value.var, st.value.domain, step)
+            self.domain = self.sets[st.target.id]
         if not isinstance(st.target, s.Name):
             self.fail(st.target, "code generation handles assignments to a name only here",
                       hint="assign the whole value, e.g. 'X ← …'")
@@ -191,6 +217,10 @@ class Body:
             self.emit(ir.Assign((name,), val.code, self.note(step, val)))
         self.scope.values[st.target.id] = _like(val, ir.Ref(name))
 
+    @staticmethod
+    def is_model(val) -> bool:
+        return isinstance(val, Val) and isinstance(val.ty, BundleTy)
+
     def stmt_Return(self, st: s.Return, step: s.Step) -> None:
         val = self.expr(st.value)
         self.returned = val
@@ -200,6 +230,8 @@ class Body:
         stack = self.module_stack(st)
         if stack is not None:
             return self.layer_loop(st, step, stack)
+        if self.procedure:
+            return self.procedure_loop(st, step)
         if st.style == "map" or isinstance(st.over, s.Concat):
             if self.indexes_by(st.body, st.var):
                 return self.position_map(st, step)
@@ -207,6 +239,147 @@ class Body:
                 return None
             return self.map_loop(st, step)
         return self.fail(st, "code generation does not handle this loop yet")
+
+    # ------------------------------------------------------------------ procedures
+    def procedure_loop(self, st: s.For, step: s.Step) -> None:
+        """A loop of a training or inference card. Over a dataset's index it visits each
+        example (a batch of one); a loop whose variable indexes positions (`x̃_n[t] ← …`) is
+        computed for every position at once; any other loop runs as written."""
+        elems = [e for e, (_, var, _) in self.datasets.items() if var == st.var]
+        if self.indexes_by(st.body, st.var) and not elems:
+            return self.ranged_steps(st, step)
+        var = self.fresh(local_name(st.var))
+        body = self.child()
+        body.loop_index[st.var] = ir.Ref(var)
+        for elem in elems:
+            local = local_name(elem)
+            examples, _, ty = self.datasets[elem]
+            item = ir.Sub(ir.Ref(examples), (ir.Ref(var),))
+            body.emit(ir.Assign((local,), ir.Sub(item, (ir.Ref("None"),)),
+                                ir.Note(None, self.line(step), "a batch of one example")))
+            self.scope.values[elem] = Val(ir.Ref(local), ty, True)
+        count = _call("len", ir.Ref(self.datasets[elems[0]][0])) if elems else \
+            self.loop_count(st)
+        for sub in st.body:
+            body.step(sub)
+        self.emit(ir.Loop(var, _call("range", count), tuple(body.out), self.note(step)))
+
+    def ranged_steps(self, st: s.For, step: s.Step) -> None:
+        """`for t = 1, …, ℓ do x̃_n[t] ← f(t) end`: each step for every t at once."""
+        t = self.arange_of(st.var, st.over)
+        outer, self.ranged = self.ranged, {**self.ranged, st.var: t}
+        try:
+            for sub in st.body:
+                stmt = sub.stmt
+                if not (isinstance(stmt, s.Assign) and isinstance(stmt.target, s.Index)
+                        and isinstance(stmt.target.base, s.Name) and len(stmt.target.items) == 1
+                        and getattr(stmt.target.items[0], "id", None) == st.var):
+                    self.fail(sub, f"a loop over positions assigns 'x[{display(st.var)}]' only")
+                val = self.expr(stmt.value)
+                name = stmt.target.base.id
+                local = local_name(name)
+                self.emit(ir.Assign((local,), val.code, self.note(sub, val)))
+                self.scope.values[name] = replace(val, code=ir.Ref(local), rows=(),
+                                                  ty=Ty((t.rows[0],), val.ty.elem, vocab=val.ty.vocab))
+        finally:
+            self.ranged = outer
+
+    def arange_of(self, var: str, over, where=None) -> Val:
+        """The values a variable ranges over, as a tensor: 1, …, n or a, …, b."""
+        if isinstance(over, s.Range):
+            lo, hi = over.first[0], over.last
+        elif isinstance(over, s.Concat) and len(over.items) == 1:
+            lo, hi = s.Num("1"), over.items[0]
+        else:
+            return self.fail(over, "expected a range such as [ℓ] or 1, 2, …, ℓ")
+        first, last = self.expr(lo).code, self.expr(hi).code
+        end = last.left if isinstance(last, ir.Bin) and last.op == "-" and \
+            last.right == ir.Lit("1") else ir.Bin("+", last, _int(1))
+        code = _call("torch.arange", first, end, device=self.device_expr())
+        local = self.fresh(local_name(var))
+        self.emit(ir.Assign((local,), code,
+                            ir.Note(None, self.line(where or over), f"every {display(var)}")))
+        size = Dim.sym(hi.id) if isinstance(hi, s.Name) and isinstance(lo, s.Num) and \
+            lo.text == "1" else Dim.sym(var)
+        return Val(ir.Ref(local), Ty(elem="ℕ"), rows=(size,))
+
+    def update(self, st: s.Assign, step: s.Step) -> bool:
+        """`θ ← θ − η · ∇loss(θ)`: a step of gradient descent, which is torch.optim.SGD."""
+        v = st.value
+        if not (isinstance(v, s.BinOp) and v.op == "−" and isinstance(v.left, s.Name)
+                and v.left.id == st.target.id and isinstance(v.right, s.BinOp)
+                and v.right.op in ("·", " ") and isinstance(v.right.right, s.Unary)
+                and v.right.right.op == "∇" and isinstance(v.right.right.operand, s.Call)):
+            return False
+        model = self.scope.values[st.target.id].code
+        rate = self.expr(v.right.left).code
+        loss = self.expr(s.Name(v.right.right.operand.func, span=v.span))
+        if not any("optimizer" in getattr(st, "targets", ()) for st in self.prologue):
+            self.prologue.append(ir.Assign(("optimizer",), _call(
+                "torch.optim.SGD", _method(model, "parameters"), lr=rate),
+                ir.Note(None, self.line(step), "θ ← θ − η · ∇loss(θ)")))
+        self.emit(ir.Assign((), _method(ir.Ref("optimizer"), "zero_grad"), self.note(step)))
+        total = _method(loss.code, "sum")
+        self.emit(ir.Assign((), _method(total, "backward")))
+        self.emit(ir.Assign((), _method(ir.Ref("optimizer"), "step")))
+        self.emit(ir.If(ir.Bin("is not", ir.Ref("report"), ir.Ref("None")),
+                        (ir.Assign((), _call("report", _method(total, "item"))),)))
+        return True
+
+    def stmt_Sample(self, st: s.Sample, step: s.Step) -> None:
+        """`sample a token y from q ∝ p^{1/τ}`: q = softmax(log p / τ); τ → 0 is the arg-max."""
+        w = st.weights
+        if isinstance(w, s.Power) and isinstance(w.exponent, s.BinOp) and w.exponent.op == "/" \
+                and isinstance(w.exponent.left, s.Num) and w.exponent.left.value == 1:
+            p, tau = self.expr(w.base), self.expr(w.exponent.right)
+            logits = ir.Bin("/", _call("torch.log", p.code), tau.code)
+        else:
+            p, tau = self.expr(w), None
+            logits = _call("torch.log", p.code)
+        y, q = local_name(st.var), self.fresh(local_name(st.dist))
+        draw = (ir.Assign((q,), _call("torch.softmax", logits, dim=_int(-1)), self.note(step)),
+                ir.Assign((y,), ir.Sub(_call("torch.multinomial", ir.Ref(q), _int(1)),
+                                       (ir.Ref("..."), _int(0)))))
+        if tau is None:
+            self.out.extend(draw)
+        else:
+            greedy = ir.Assign((y,), _method(p.code, "argmax", _int(-1)))
+            self.emit(ir.If(ir.Bin("==", tau.code, _int(0)), (greedy,), draw,
+                            ir.Note(None, None, "the limit τ → 0: the most probable token")))
+        self.scope.values[st.var] = Val(ir.Ref(y), Ty(elem="ℕ"), True)
+
+    def stmt_While(self, st: s.While, step: s.Step) -> None:
+        if not self.procedure:
+            self.fail(step, "code generation does not handle 'while' steps in a model yet",
+                      hint="a forward pass runs a fixed number of steps")
+        cond = self.expr(st.cond)
+        body = self.child()
+        for sub in st.body:
+            body.step(sub)
+        test = _method(_call("torch.as_tensor", cond.code), "any")  # any row not done yet
+        self.emit(ir.While(test, tuple(body.out), self.note(step)))
+
+    def expr_Choice(self, e: s.Choice) -> Val:
+        """`a or b randomly with probability p or 1 − p`: a where a uniform draw falls below p."""
+        if len(e.options) != 2:
+            self.fail(e, "code generation draws between two options only")
+        a, b = (self.expr(o) for o in e.options)
+        p = self.expr(e.probs[0])
+        shaped = b if (b.lifted or b.rows) else a
+        u = _call("torch.rand_like", shaped.code, dtype=ir.Ref("torch.float"))
+        code = _call("torch.where", ir.Bin("<", u, p.code), a.code, b.code)
+        return replace(shaped, code=code, ty=self.ty(e) if self.ty(e).shape == shaped.ty.shape
+                       else shaped.ty)
+
+    def expr_SetBuilder(self, e: s.SetBuilder) -> Val:
+        """`{t ∈ [ℓ] : c}`: a mask over the domain, true where c holds."""
+        t, self.domain = self.domain or self.arange_of(e.var, e.domain, e), None
+        outer, self.ranged = self.ranged, {**self.ranged, e.var: t}
+        try:
+            cond = self.expr(e.cond)
+        finally:
+            self.ranged = outer
+        return replace(cond, ty=Ty((t.rows[0],), "𝔹"), rows=())
 
     def module_stack(self, st: s.For) -> tuple[str, ModuleSlot] | None:
         for name, slot in self.scope.modules.items():
@@ -406,6 +579,8 @@ class Body:
         name = e.id
         if name in self.point:
             return self.arange(name)
+        if name in self.ranged:
+            return self.ranged[name]
         if self.positions and name == self.positions[0]:
             size = self.positions[1]
             code = _call("torch.arange", _int(1), ir.Bin("+", self.dim(size), _int(1)),
@@ -425,6 +600,11 @@ class Body:
         stacked = self.stacked(name)
         if stacked is not None:
             return stacked
+        if name in SPECIAL_TOKENS and name not in self.info.sig.hypers:
+            # the paper's §4: N_V − 2, N_V − 1, N_V of [N_V]; 0-based IDs are one less
+            vocab = self.ty(e).vocab or Dim.sym("N_V")
+            code = ir.Bin("-", self.dim(vocab), _int(SPECIAL_TOKENS[name]))
+            return Val(code, Ty(elem="ℕ", vocab=vocab))
         hyper = self.info.sig.hypers.get(name)
         if hyper is not None and hyper.value is not None:
             return Val(self.dim(hyper.value), Ty(elem="ℕ"))
@@ -468,6 +648,10 @@ class Body:
     def expr_BinOp(self, e: s.BinOp) -> Val:
         if e.op == " " and _is_ones_row(e.right):
             return self.ones_row(e)
+        if e.op == " " and isinstance(e.left, s.Name) and e.left.id in ELEMENTWISE and \
+                e.left.id not in self.scope.values:  # `log P[…]`: a function applied by juxtaposition
+            x = self.expr(e.right)
+            return _like(x, _call(ELEMENTWISE[e.left.id], x.code), self.ty(e))
         a, b = self.expr(e.left), self.expr(e.right)
         ty = self.ty(e)
         if e.op in (" ", "·"):
@@ -586,6 +770,8 @@ class Body:
                     self.fail(e, "code generation picks columns of parameters only")
                 cols = base.code if base.flipped else _mT(base.code)
                 return Val(ir.Sub(cols, (idx.code,)), self.ty(e), idx.lifted, False, idx.rows)
+        if self.procedure:
+            return self.procedure_index(e, base)
         items: list[ir.Expr | ir.SliceX] = [ir.Ref("...")] if base.lifted else []
         lifted = base.lifted
         for k, item in enumerate(e.items):
@@ -599,6 +785,35 @@ class Body:
             else:
                 items.append(ir.Bin("-", idx.code, _int(1)))
         return Val(ir.Sub(base.code, tuple(items)), self.ty(e), lifted)
+
+    def procedure_index(self, e: s.Index, base: Val) -> Val:
+        """Indexing in a training or inference card, where indices may be tensors: positions
+        for every t at once (x_n[t + 1]), or tokens (P(θ)[x_n[t + 1], t]). Positions are
+        1-based in the card; token IDs are 0-based in tensors, as every tokenizer makes them."""
+        ty = self.ty(e)
+        vals = [item if isinstance(item, s.Slice) else self.expr(item) for item in e.items]
+        stored = vals[::-1] if base.flipped else vals  # physical order of the card's axes
+
+        def index(v) -> ir.Expr | ir.SliceX:
+            if isinstance(v, s.Slice):
+                return self.slice(v, base, 0)
+            return v.code if v.ty.vocab is not None else _dec(v.code)
+
+        tensors = [v for v in stored if isinstance(v, Val) and (v.rows or v.lifted)]
+        rows = next((v.rows for v in tensors if v.rows), ())
+        if not tensors:
+            code = ir.Sub(base.code, (ir.Ref("..."), *map(index, stored)) if base.lifted
+                          else tuple(map(index, stored)))
+            return Val(code, ty, base.lifted, False, base.rows)
+        last = stored[-1]
+        if isinstance(last, Val) and last.lifted:  # tokens pick along the last axis: a gather
+            lead = [ir.Ref("...")] + [index(v) for v in stored[:-1]] + [ir.SliceX(None, None)]
+            picked = ir.Sub(base.code, tuple(lead)) if len(stored) > 1 else base.code
+            tok = ir.Sub(last.code, (ir.Ref("..."), ir.Ref("None")))
+            code = ir.Sub(_method(picked, "gather", _int(-1), tok), (ir.Ref("..."), _int(0)))
+            return Val(code, ty, True, False, rows)
+        code = ir.Sub(base.code, (ir.Ref("..."), *map(index, stored)))
+        return Val(code, ty, base.lifted or any(v.lifted for v in tensors), False, rows)
 
     def position_index(self, e: s.Index) -> Val:
         """`X[:, t]`, `x[t]` or `W_p[:, t]` in a map over positions t ∈ [ℓ]: every position."""
@@ -646,6 +861,8 @@ class Body:
 
     def expr_Sum(self, e: s.Sum) -> Val:
         """Σ_{i=1}^{n} f(x[i]): f on the whole last axis of x, then a sum over it."""
+        if self.procedure:
+            return self.ranged_sum(e)
         if e.over is not None or not (isinstance(e.lo, s.Num) and e.lo.text == "1"):
             self.fail(e, "code generation handles sums Σ_{i=1}^{n} only")
         size = self.low.dim_value(self.alg, e.hi)
@@ -658,8 +875,28 @@ class Body:
             self.fail(e, f"the sum over '{display(e.index)}' must index the last axis")
         return Val(_method(body.code, "sum", _int(-1)), Ty(), body.lifted)
 
+    def ranged_sum(self, e: s.Sum) -> Val:
+        """Σ_{t=a}^{b} f(t) or Σ_{t∈T̃} f(t): f for every t at once, then summed."""
+        if e.over is not None:
+            if not (isinstance(e.over, s.Name) and e.over.id in self.sets):
+                self.fail(e.over, "code generation sums over a set built with {t ∈ … : …}")
+            t, mask = self.sets[e.over.id], self.expr(e.over)
+        else:
+            t, mask = self.arange_of(e.index, s.Range((e.lo,), e.hi), e), None
+        outer, self.ranged = self.ranged, {**self.ranged, e.index: t}
+        try:
+            body = self.expr(e.body)
+        finally:
+            self.ranged = outer
+        code = body.code
+        if mask is not None:
+            code = _call("torch.where", mask.code, code, ir.Lit("0.0"))
+        return Val(_method(code, "sum", _int(-1)), Ty(), body.lifted)
+
     def expr_Concat(self, e: s.Concat) -> Val:
         items = [x for x in e.items if not isinstance(x, s.Ellipsis_)]
+        if self.procedure and e.sep == "," and self.ty(e).elem == "ℕ":
+            return self.sequence(e, items)
         fam = self.family_of(items[0].id) if isinstance(items[0], s.Name) else None
         ty = self.ty(e)
         if fam is not None and any(isinstance(x, s.Ellipsis_) for x in e.items):
@@ -673,6 +910,26 @@ class Body:
         code = ir.Seq(tuple(v.code for v in vals), "list")
         return self.join(code, vals[0].ty, e.sep, ty, any(v.lifted for v in vals),
                          vals[0].flipped)
+
+    def sequence(self, e: s.Concat, items: list[s.Expr]) -> Val:
+        """`[x, y]`, `[bos_token]`: tokens and sequences joined into one sequence."""
+        parts = []
+        for item in items:
+            v = self.expr(item)
+            if v.ty.shape:
+                parts.append(v.code)
+            elif v.lifted:
+                parts.append(ir.Sub(v.code, (ir.Ref("..."), ir.Ref("None"))))
+            else:  # a constant token, once per row of the batch
+                batch = ir.Sub(ir.Attr(self.batch_source(), "shape"), (ir.SliceX(None, _int(-1)),))
+                parts.append(_call("torch.full", ir.Seq((ir.Un("*", batch), _int(1))), v.code,
+                                   device=self.device_expr()))
+        code = parts[0] if len(parts) == 1 else _call("torch.cat", ir.Seq(tuple(parts), "list"),
+                                                       dim=_int(-1))
+        return Val(code, self.ty(e), True)
+
+    def batch_source(self) -> ir.Expr:
+        return ir.Ref(local_name(self.info.sig.inputs[0][0]))
 
     def join(self, items: ir.Expr, item: Ty, sep: str, ty: Ty, lifted: bool = True,
              flipped: bool = False) -> Val:
@@ -689,6 +946,8 @@ class Body:
 
     # ------------------------------------------------------------------ calls
     def expr_Call(self, e: s.Call) -> Val:
+        if self.procedure and isinstance(self.scope.values.get(e.func), Val):
+            return self.scope.values[e.func]  # P(θ): the value P, computed from θ
         info = self.info.calls.get(id(e))
         if info is None:
             return self.builtin(e)
@@ -755,6 +1014,8 @@ class Body:
         for given in call.params.values():
             if not isinstance(given, s.Name):
                 continue
+            if self.is_model(self.scope.values.get(given.id)):  # a model handed to a procedure
+                return self.scope.values[given.id].code
             if given.id in self.scope.modules and self.scope.modules[given.id].var is None:
                 return ir.Ref(f"self.{self.scope.modules[given.id].attr}")
             for pattern, ref in self.scope.loop_modules.items():

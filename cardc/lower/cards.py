@@ -398,6 +398,76 @@ class Lowering:
             ir.Function(name, _doc(alg), self.origin(alg), args, prologue + stmts))
         return name
 
+    # ------------------------------------------------------------------ procedures
+    def procedure(self, alg: s.Algorithm) -> ir.Program:
+        """A training or inference card: a function of its data, its hyperparameters and a
+        model (the θ it is handed, an nn.Module of the card it calls)."""
+        info = self.checker.info(alg)
+        sig = info.sig
+        name = local_name(alg.name)
+        args: list[ir.Arg] = []
+        scope = Scope()
+        body = Body(self, alg, info, scope, lambda sym: dim_of(sym), "B")
+        body.procedure = True
+        datasets = {d.elems[0]: d for b in alg.blocks for d in b.items if isinstance(d, s.Dataset)}
+        datasets.update({e: d for d in list(datasets.values()) for e in d.elems})
+        models: list[str] = []
+        for arg, ty in sig.inputs:
+            base = split_name(arg)[0]
+            data = next((d for e, d in datasets.items() if split_name(e)[0] == base), None)
+            if data is not None and isinstance(ty, FamilyTy):
+                elem = next(e for e in data.elems if split_name(e)[0] == base)
+                body.datasets[elem] = (local_name(base), data.index,
+                                       ty.entry if isinstance(ty.entry, Ty) else Ty((None,), "ℕ"))
+                args.append(ir.Arg(local_name(base)))
+            elif isinstance(ty, BundleTy):
+                py = local_name(arg)
+                args.append(ir.Arg(py))
+                scope.values[arg] = Val(ir.Ref(py), ty)  # type: ignore[arg-type]
+                models.append(arg)
+            else:
+                args.append(ir.Arg(local_name(arg)))
+                scope.values[arg] = Val(ir.Ref(local_name(arg)), ty, True)
+        for hname in card_names(sig):
+            args.append(ir.Arg(local_name(hname)))
+            scope.values[hname] = Val(ir.Ref(local_name(hname)), sig.hypers[hname])
+        elems = list(body.datasets)
+        first = local_name(elems[0]) if elems else local_name(sig.inputs[0][0])
+        body.device = ir.Attr(ir.Ref(first), "device")
+
+        def dim_of(sym: str) -> ir.Expr:
+            sym = sym.lstrip("?")
+            if sym in scope.values and isinstance(scope.values[sym], Val):
+                return scope.values[sym].code
+            for call in info.calls.values():  # the model's own sizes: theta.N_V
+                model = next((g.id for g in call.params.values()
+                              if isinstance(g, s.Name) and g.id in models), None)
+                for k, d in call.bind.items():
+                    if model and d == Dim.sym(sym) and not k.startswith("|"):
+                        return ir.Attr(ir.Ref(local_name(model)), local_name(k))
+            for elem, (examples, _, _) in body.datasets.items():
+                if sym == f"|{elem}|":
+                    return ir.Sub(ir.Attr(ir.Ref(local_name(elem)), "shape"), (ir.Lit("-1"),))
+                if sym == "N_data":
+                    return ir.Call(ir.Ref("len"), (ir.Ref(examples),))
+            for arg, _ in sig.inputs:
+                if sym == f"|{arg}|":
+                    return ir.Sub(ir.Attr(ir.Ref(local_name(arg)), "shape"), (ir.Lit("-1"),))
+            raise LowerError(alg.span, f"the size '{sym}' has no value in generated code")
+
+        stmts = body.run()
+        for preset in alg.presets:
+            values = preset_values(sig, preset.name, {})
+            self.program.presets[preset.name] = {
+                local_name(k): _number(values[k], sig.hypers[k]) for k in card_names(sig)
+                if k in values}
+        if body.prologue:
+            args.append(ir.Arg("report", ir.Lit("None")))
+        self.program.functions.append(
+            ir.Function(name, _doc(alg), self.origin(alg), args, body.prologue + stmts))
+        self.program.doc = f"{alg.name}, generated from its card. {_doc(alg)}"
+        return self.program
+
     def dim_value(self, alg: s.Algorithm, e: s.Expr) -> Dim:
         d = expr_dim(e, self.checker.info(alg).sig.definitions)
         if d is None:

@@ -148,6 +148,8 @@ def dim_expr(d: Dim, name_of) -> ir.Expr:
 
 def shape_text(val: Val, lead: str, names: dict[Dim, str]) -> str:
     """`(B, T, D)`: the physical shape, batch axes first; `names` spells derived sizes."""
+    if not isinstance(val.ty, Ty):  # a model handed to a procedure
+        return ""
     dims = [display(names.get(d, str(d))).replace("?", "") if d is not None else "1"
             for d in val.ty.shape]
     if val.flipped:
