@@ -24,11 +24,11 @@ def model_cards(lib: Library, checker: Checker, files: list[str] | None = None) 
     called = {id(ci.callee) for info in checker.infos.values() if info.sig.tree.members
               for ci in info.calls.values()}  # a training card calls its model; a model calls parts
     out = []
-    for card_file, alg in lib.algorithms():
+    for card_file, alg in ((f, a) for f in lib.files for a in f.algorithms):
         if files is not None and card_file.path not in files:
             continue
         info = checker.infos.get(id(alg))
-        if alg.name is None or info is None or id(alg) in called or not info.sig.tree.members:
+        if alg.label is None or info is None or id(alg) in called or not info.sig.tree.members:
             continue
         out.append(alg)
     return out
@@ -61,7 +61,7 @@ def module_path(lib: Library, alg: s.Algorithm, out_dir: str | Path,
         sub = folder.resolve().relative_to(Path(root).resolve()) if root else Path()
     except ValueError:
         sub = Path()
-    return Path(out_dir) / sub / f"{python_name(alg.name).lower()}.py"
+    return Path(out_dir) / sub / f"{python_name(alg.label).lower()}.py"
 
 
 def checked(paths: list[str], library: str | None) -> tuple[Library, Checker, list[str]]:
@@ -128,14 +128,14 @@ def load_module(text: str, name: str) -> types.ModuleType:
 def instantiate(checker: Checker, alg: s.Algorithm, values: dict[str, float], fuse: bool = True):
     """Generate `alg`'s module, then build its class; `values` are keyed by Python name."""
     text = source(checker, alg, fuse)
-    module = load_module(text, python_name(alg.name).lower())
-    cls = getattr(module, python_name(alg.name))
+    module = load_module(text, python_name(alg.label).lower())
+    cls = getattr(module, python_name(alg.label))
     wanted = inspect.signature(cls).parameters
     kwargs = {py: int(v) if wanted[py].annotation in (int, "int") else float(v)
               for py, v in values.items() if py in wanted}
     missing = [p for p, v in wanted.items() if v.default is v.empty and p not in kwargs]
     if missing:
-        raise ValueError(f"'{alg.name}' needs values for {', '.join(missing)}: "
+        raise ValueError(f"'{alg.label}' needs values for {', '.join(missing)}: "
                          "choose a preset or set them")
     return cls(**kwargs), kwargs
 

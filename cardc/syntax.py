@@ -7,6 +7,7 @@ Identifiers are stored in canonical (Unicode) spelling.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -425,6 +426,13 @@ class Algorithm:
     presets: tuple[Preset, ...] = ()
     steps: tuple[Step, ...] = ()
     span: Span = _span()
+
+    @property
+    def label(self) -> str | None:
+        """The name; a titled card (`Algorithm 1: Token embedding.`) is named for its title."""
+        if self.name or not self.title:
+            return self.name
+        return "".join(w[:1].upper() + w[1:] for w in re.split(r"[^0-9A-Za-z]+", self.title) if w)
 
     def decls(self, kind: str) -> tuple[Item, ...]:
         return tuple(item for b in self.blocks if b.kind == kind for item in b.items)

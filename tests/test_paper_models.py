@@ -167,3 +167,57 @@ def test_paper_dtransformer_equals_the_row_major_gpt2_card(paper, tmp_path):
     with torch.no_grad():
         dt.W[0].W_q[[0, D // H]] = dt.W[0].W_q[[D // H, 0]]
     assert (dt(x) - P).abs().max() > 1e-3
+
+
+# ------------------------------------------------------------------ Algorithms 1, 2, 3 and 7
+
+
+@pytest.fixture(scope="module")
+def titled():
+    old = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        names = ["token_embedding", "positional_embedding", "single_query_attention",
+                 "unembedding"]
+        lib, checker, _ = checked([f"cards/paper/{n}.card" for n in names], "cards")
+        yield {a.label: (checker, a) for f in lib.files for a in f.algorithms if a.title}
+    finally:
+        os.chdir(old)
+
+
+def _titled(titled, label: str, **sizes):
+    checker, alg = titled[label]
+    model, _ = instantiate(checker, alg, sizes)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    return model
+
+
+@torch.no_grad()
+def test_token_and_positional_embeddings_pick_columns(titled):
+    tok = _titled(titled, "TokenEmbedding", d_e=5, N_V=9)
+    v = torch.tensor([0, 8, 3])  # token IDs, 0-based
+    torch.testing.assert_close(tok(v), tok.W_e[:, v].T)
+    pos = _titled(titled, "PositionalEmbedding", d_e=5, l_max=7)
+    position = torch.tensor([1, 7])  # positions, 1-based as the card writes them
+    torch.testing.assert_close(pos(position), pos.W_p[:, position - 1].T)
+
+
+@torch.no_grad()
+def test_unembedding_is_a_distribution(titled):
+    un = _titled(titled, "Unembedding", N_V=9, d_e=5)
+    e = torch.randn(4, 5)
+    torch.testing.assert_close(un(e), torch.softmax(e @ un.W_u.T, dim=-1))
+
+
+@torch.no_grad()
+def test_single_query_attention_matches_its_definition(titled):
+    att = _titled(titled, "BasicSingleQueryAttention", d_in=6, d_out=3, d_attn=4)
+    e, context = torch.randn(2, 6), torch.randn(2, 5, 6)  # one token, five context tokens each
+    q = e @ att.W_q.T + att.b_q
+    k = context @ att.W_k.T + att.b_k
+    v = context @ att.W_v.T + att.b_v
+    alpha = torch.softmax((k @ q[..., None])[..., 0] / 2.0, dim=-1)  # √d_attn = 2
+    torch.testing.assert_close(att(e, context), (alpha[..., None] * v).sum(-2))

@@ -82,6 +82,18 @@ def _linear_bias(a: Val, b: Val) -> bool:
         len(b.ty.shape) == 2 and b.ty.shape[1] is None
 
 
+def _names_in(node) -> list[str]:
+    if isinstance(node, s.Name):
+        return [node.id]
+    out: list[str] = []
+    for f in getattr(node, "__dataclass_fields__", {}):
+        if f != "span":
+            v = getattr(node, f)
+            for x in v if isinstance(v, tuple) else (v,):
+                out += _names_in(x)
+    return out
+
+
 def _dec(code: ir.Expr) -> ir.Expr:
     """A 1-based index made 0-based; `i + 1 − 1` is just i."""
     if isinstance(code, ir.Bin) and code.op == "+" and code.right == ir.Lit("1"):
@@ -129,6 +141,7 @@ class Body:
         self.datasets: dict[str, tuple[str, str, Ty]] = {}  # x_n → (list, index n, type)
         self.prologue: list[ir.Stmt] = []  # set up once, before the steps (an optimizer)
         self.domain: Val | None = None  # the values of t in `T̃ ← {t ∈ [ℓ] : …}`
+        self.family_vars: set[str] = set()  # Σ_u over a family's members: u
         self.sets: dict[str, Val] = {}  # T̃ ← {t ∈ [ℓ] : …}: the values t ranges over
 
     # ------------------------------------------------------------------ helpers
@@ -482,6 +495,8 @@ class Body:
         if not isinstance(st, s.Assign):
             self.fail(step, "a map over positions holds assignments only")
         val = self.expr(st.value)
+        if size is None and val.rows:  # a map over a family: its members are the rows
+            size = val.rows[0]
         if val.rows != (size,):
             self.fail(st.value, f"this value does not depend on '{display(var)}'")
         target = st.target
@@ -524,6 +539,15 @@ class Body:
             body.step(sub)
         self.emit(ir.Loop(var, _call("range", count), tuple(body.out), self.note(step)))
 
+    def member(self, name: str) -> tuple[Family | None, str | None]:
+        """The family `name` belongs to, and its index there: k_u → (k_t's family, u)."""
+        for pattern, fam in self.scope.values.items():
+            if isinstance(fam, Family):
+                index = instance(pattern, fam.var, name)
+                if index is not None:
+                    return fam, index
+        return None, None
+
     def family_of(self, name: str) -> Family | None:
         for pattern, fam in self.scope.values.items():
             if isinstance(fam, Family) and (pattern == name or
@@ -532,8 +556,15 @@ class Body:
         return None
 
     def stmt_ForAll(self, st: s.ForAll, step: s.Step) -> None:
-        """`∀t, t′, if c then S[t, t′] ← v`: a masked fill of S where c holds."""
+        """`∀t, t′, if c then S[t, t′] ← v`: a masked fill of S where c holds. `∀t: k_t ← f(e_t)`
+        (one variable, a family on each side) is a map over the family's members."""
         body = st.body
+        if len(st.vars) == 1 and isinstance(body, s.Assign):
+            outer, self.positions = self.positions, (st.vars[0], None)
+            try:
+                return self.position_step(s.Step(body, span=step.span), st.vars[0], None)
+            finally:
+                self.positions = outer
         if not (isinstance(body, s.If) and isinstance(body.then, s.Assign)
                 and isinstance(body.then.target, s.Index)
                 and isinstance(body.then.target.base, s.Name)
@@ -593,6 +624,10 @@ class Body:
         found = self.scope.values.get(name)
         if isinstance(found, Val):
             return found
+        fam, index = self.member(name)  # k_t under ∀t, or k_u under Σ_u
+        current = index in self.family_vars or bool(self.positions and index == self.positions[0])
+        if fam is not None and fam.positions and current:
+            return fam.stacked
         if isinstance(found, Family):
             self.fail(e, f"'{display(name)}' is a family of values; concatenate it first")
         if name in self.scope.tensors:
@@ -700,6 +735,10 @@ class Body:
         (A B)^⊺ = B^⊺ A^⊺; a parameter on the left becomes `F.linear`, nn.Linear's product."""
         lifted, rows = a.lifted or b.lifted, a.rows or b.rows
         plain = not a.lifted and not a.rows and not a.flipped  # a parameter in card layout
+        if len(a.ty.shape) == 1 and len(b.ty.shape) == 1:  # q^⊺ k: a dot product
+            left = a.code if a.rows or not b.rows else \
+                ir.Sub(a.code, (ir.Ref("..."), ir.Ref("None"), ir.SliceX(None, None)))
+            return Val(_method(ir.Bin("*", left, b.code), "sum", _int(-1)), ty, lifted, False, rows)
         if len(a.ty.shape) == 2 and len(b.ty.shape) == 1:  # W e: a vector again
             if plain:
                 return Val(_call("F.linear", b.code, a.code), ty, lifted, False, rows)
@@ -742,6 +781,8 @@ class Body:
 
     def expr_Transpose(self, e: s.Transpose) -> Val:
         x = self.expr(e.operand)
+        if len(x.ty.shape) == 1 and self.column:  # q^⊺ k: a vector stays; the product dots
+            return x
         if len(x.ty.shape) != 2:
             self.fail(e, "code generation transposes matrices only")
         ty = Ty(x.ty.shape[::-1], x.ty.elem)
@@ -769,7 +810,9 @@ class Body:
                 if base.lifted:
                     self.fail(e, "code generation picks columns of parameters only")
                 cols = base.code if base.flipped else _mT(base.code)
-                return Val(ir.Sub(cols, (idx.code,)), self.ty(e), idx.lifted, False, idx.rows)
+                # token IDs are 0-based in tensors; a position (W_p[:, ℓ]) is 1-based
+                pick = idx.code if idx.ty.vocab is not None or idx.rows else _dec(idx.code)
+                return Val(ir.Sub(cols, (pick,)), self.ty(e), idx.lifted, False, idx.rows)
         if self.procedure:
             return self.procedure_index(e, base)
         items: list[ir.Expr | ir.SliceX] = [ir.Ref("...")] if base.lifted else []
@@ -863,6 +906,8 @@ class Body:
         """Σ_{i=1}^{n} f(x[i]): f on the whole last axis of x, then a sum over it."""
         if self.procedure:
             return self.ranged_sum(e)
+        if e.over is None and self.sums_family(e):
+            return self.family_sum(e)
         if e.over is not None or not (isinstance(e.lo, s.Num) and e.lo.text == "1"):
             self.fail(e, "code generation handles sums Σ_{i=1}^{n} only")
         size = self.low.dim_value(self.alg, e.hi)
@@ -874,6 +919,24 @@ class Body:
         if len(body.ty.shape) != 1:
             self.fail(e, f"the sum over '{display(e.index)}' must index the last axis")
         return Val(_method(body.code, "sum", _int(-1)), Ty(), body.lifted)
+
+    def sums_family(self, e: s.Sum) -> bool:
+        """Σ_u f(k_u) or Σ_{t=1}^{T} α_t v_t: the index names members of a family."""
+        members = [self.member(n) for n in _names_in(e.body)]
+        return any(fam is not None and fam.positions and index == e.index
+                   for fam, index in members)
+
+    def family_sum(self, e: s.Sum) -> Val:
+        """A sum over a family's members: its rows axis, summed."""
+        self.family_vars.add(e.index)
+        try:
+            body = self.expr(e.body)
+        finally:
+            self.family_vars.discard(e.index)
+        axis = -1 - len(body.ty.shape)
+        keep = {"keepdim": ir.Lit("True")} if not body.ty.shape else {}  # Σ_u: one per example
+        code = _method(body.code, "sum", _int(axis), **keep)
+        return Val(code, body.ty, body.lifted, False, ())
 
     def ranged_sum(self, e: s.Sum) -> Val:
         """Σ_{t=a}^{b} f(t) or Σ_{t∈T̃} f(t): f for every t at once, then summed."""

@@ -3,6 +3,8 @@ what each constructor needs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import ir
 from .. import syntax as s
 from ..checker import CallInfo, Checker, expr_dim, instance, split_name
@@ -12,6 +14,7 @@ from ..types import BundleTy, Entry, FamilyTy, Ty
 from .body import Body, bound_sizes
 from .intrinsics import Passes
 from .values import (
+    Family,
     LowerError,
     ModuleSlot,
     Scope,
@@ -27,6 +30,8 @@ from .values import (
 
 
 def _doc(alg: s.Algorithm) -> str:
+    if alg.name is None:
+        return (alg.title or "").rstrip(".")
     head = f"{', '.join(alg.outputs)} ← {alg.name}({', '.join(alg.args)}"
     head += f" | {', '.join(alg.params)})" if alg.params else ")"
     text = " ".join(c.strip() for c in alg.comments) or (alg.title or "")
@@ -71,7 +76,7 @@ class Lowering:
         info = self.checker.info(alg)
         sig = info.sig
         ctor = self.ctor_args(alg)
-        m = ir.Module(local_name(alg.name), _doc(alg), self.origin(alg), [], [], [], [], [], [])
+        m = ir.Module(local_name(alg.label), _doc(alg), self.origin(alg), [], [], [], [], [], [])
         sizes = _tree_symbols(sig.tree)
         for name in ctor:
             ty = sig.hypers.get(name, Ty(elem="ℕ"))
@@ -105,7 +110,14 @@ class Lowering:
         column = sig.layout == "column"
         for name, ty in sig.inputs:
             m.inputs.append(ir.Arg(local_name(name)))
-            scope.values[name] = Val(ir.Ref(local_name(name)), ty, True, column and ty.rank == 2)
+            val = Val(ir.Ref(local_name(name)), ty, True, column and ty.rank == 2)
+            var = _member_var(alg, name)
+            if var is not None:  # e_t, t ∈ [T]: the whole family, its members as rows
+                scope.values[name] = Family(var, local_name(name), ty,
+                                            replace(val, rows=(Dim.sym(var.upper()),)),
+                                            positions=True)
+            else:
+                scope.values[name] = val
         for name in self.tensor_hypers(alg):
             ty = sig.hypers[name]
             m.inputs.append(ir.Arg(local_name(name)))
@@ -348,7 +360,7 @@ class Lowering:
     def function(self, alg: s.Algorithm) -> str:
         if id(alg) in self._functions:
             return self._functions[id(alg)]
-        name = local_name(alg.name)
+        name = local_name(alg.label)
         self._functions[id(alg)] = name
         info = self.checker.info(alg)
         sig = info.sig
@@ -404,7 +416,7 @@ class Lowering:
         model (the θ it is handed, an nn.Module of the card it calls)."""
         info = self.checker.info(alg)
         sig = info.sig
-        name = local_name(alg.name)
+        name = local_name(alg.label)
         args: list[ir.Arg] = []
         scope = Scope()
         body = Body(self, alg, info, scope, lambda sym: dim_of(sym), "B")
@@ -465,7 +477,7 @@ class Lowering:
             args.append(ir.Arg("report", ir.Lit("None")))
         self.program.functions.append(
             ir.Function(name, _doc(alg), self.origin(alg), args, body.prologue + stmts))
-        self.program.doc = f"{alg.name}, generated from its card. {_doc(alg)}"
+        self.program.doc = f"{alg.label}, generated from its card. {_doc(alg)}"
         return self.program
 
     def dim_value(self, alg: s.Algorithm, e: s.Expr) -> Dim:
@@ -554,6 +566,29 @@ def _stem(members: list[str], var: str) -> str:
         parts.append("".join(rest))
     joined = "".join(parts) if all(len(p) == 1 for p in parts) else "_".join(parts)
     return local_name(f"{base}_{joined}") if base else local_name(joined)
+
+
+def _member_var(alg: s.Algorithm, name: str) -> str | None:
+    """`e_t` when a step quantifies over t (∀t, Σ_t): an input that is a family of vectors."""
+    _, decor = split_name(name)
+    bound = set()
+
+    def visit(node) -> None:
+        if isinstance(node, tuple):
+            for x in node:
+                visit(x)
+        elif isinstance(node, s.ForAll):
+            bound.update(node.vars)
+        elif isinstance(node, s.Sum):
+            bound.add(node.index)
+        for f in getattr(node, "__dataclass_fields__", {}):
+            if f != "span":
+                v = getattr(node, f)
+                for x in v if isinstance(v, tuple) else (v,):
+                    visit(x)
+
+    visit(alg.steps)
+    return next((v for _, v in decor if v in bound), None)
 
 
 def _layer_family(alg: s.Algorithm, name: str, var: str) -> bool:
