@@ -280,6 +280,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     load_state(model, state)
     device = resolve_device(args.device)
     model.to(device)
+    if args.card:
+        return _sample_with_card(args, model, meta, device)
     prompt = encode(args.prompt) or [10]
     with torch.no_grad():  # the vocabulary is the width of the logits, whatever the card calls it
         vocab = model(torch.zeros(1, 1, dtype=torch.long, device=device)).shape[-1]
@@ -289,6 +291,52 @@ def cmd_sample(args: argparse.Namespace) -> int:
     gen = torch.Generator(device=device).manual_seed(args.seed)
     out = generate(model, idx, args.tokens, args.temperature, args.top_k, gen)
     print(decode(out[0].tolist()))
+    return EXIT_OK
+
+
+def _sample_with_card(args: argparse.Namespace, model, meta, device) -> int:
+    """`cardc sample RUN --card cards/paper/dinference.card`: the inference card samples.
+
+    --tokens and --temperature set the card's ℓ_gen and τ; a prompt of integers is read as
+    token IDs (the reversal task's), any other prompt as UTF-8 bytes."""
+    import torch
+
+    from .build import checked, default_library, load_module, procedure_cards, source
+    from .runtime.data import decode, encode
+    from .spelling import python_name
+    from .types import Ty
+
+    _require_cards([args.card])
+    lib, checker, _ = checked([args.card], default_library(args.card))
+    file = next(f.path for f in lib.files if Path(f.path) == Path(args.card))
+    cards = [a for a in procedure_cards(lib, checker, [file])
+             if isinstance(checker.info(a).sig.output, Ty)]
+    if not cards:
+        raise UsageError(f"{args.card} holds no inference card (one that is handed θ̂)")
+    alg = cards[0]
+    info = checker.info(alg)
+    callee = next((c.callee.name for c in info.calls.values()
+                   if checker.info(c.callee).sig.tree.members), None)
+    if callee != meta.get("name"):
+        raise UsageError(f"{alg.name} samples from {callee}, but {args.dir} holds "
+                         f"{meta.get('name')}")
+    given = {"ℓ_gen": args.tokens, "τ": args.temperature}
+    declared = [n for d in alg.decls("Hyperparameters") for n in getattr(d, "names", ())]
+    hypers = {python_name(n): given[n] for n in declared if n in given}
+    words = args.prompt.split()
+    numeric = bool(words) and all(w.isdigit() for w in words)
+    ids = [int(w) for w in words] if numeric else encode(args.prompt) or [10]
+    prompt = torch.tensor([ids], dtype=torch.long, device=device)
+    fn = getattr(load_module(source(checker, alg), python_name(alg.name).lower()),
+                 python_name(alg.name))
+    torch.manual_seed(args.seed)
+    model.eval()
+    with torch.no_grad():
+        try:
+            out = fn(prompt, model, **hypers)[0].tolist()
+        except ValueError as err:  # the model's positions ran out before the card stopped
+            raise RuntimeInputError(f"{alg.name} did not finish: {err}") from None
+    print(" ".join(map(str, out)) if numeric else decode(out))
     return EXIT_OK
 
 
@@ -367,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--top-k", type=int)
     sa.add_argument("--seed", type=int, default=1337)
     sa.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    sa.add_argument("--card", help="an inference card to sample with (DInference, EDInference)")
     sa.set_defaults(run=cmd_sample)
 
     for sp in (c, i, b, t):

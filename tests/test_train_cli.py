@@ -120,3 +120,20 @@ def test_train_runs_the_papers_training_cards(card, tmp_path):
     vals = [r["val_loss"] for r in records if "val_loss" in r]
     assert len(vals) == 2 and vals[1] < vals[0]
     assert (tmp_path / "model.safetensors").stat().st_size > 0
+
+
+def test_sample_with_the_papers_inference_card(tmp_path):
+    r = cardc("train", "cards/paper/dtraining.card", "--preset", "tiny", "--examples", "100",
+              "--block-size", "16", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    r = cardc("sample", str(tmp_path), "--card", "cards/paper/dinference.card", "--prompt", "ab",
+              "--tokens", "12", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    assert 1 <= len(r.stdout.encode()) <= 12 * 3 + 1  # ℓ_gen = 12 bytes, decoded
+    again = cardc("sample", str(tmp_path), "--card", "cards/paper/dinference.card", "--prompt",
+                  "ab", "--tokens", "12", "--temperature", "0")
+    assert again.stdout == r.stdout  # τ = 0 is the arg-max: deterministic
+    wrong = cardc("sample", str(tmp_path), "--card", "cards/paper/edinference.card")
+    assert wrong.returncode == 2
+    assert "EDInference samples from EDTransformer" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
