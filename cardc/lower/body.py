@@ -95,10 +95,30 @@ def _names_in(node) -> list[str]:
 
 
 def _dec(code: ir.Expr) -> ir.Expr:
-    """A 1-based index made 0-based; `i + 1 − 1` is just i."""
-    if isinstance(code, ir.Bin) and code.op == "+" and code.right == ir.Lit("1"):
-        return code.left
-    return ir.Bin("-", code, _int(1))
+    """A 1-based index made 0-based, its integer constants folded: `ℓ + (i + 1) − 1 − 1` is
+    `ℓ + i − 1`."""
+    terms: list[tuple[int, ir.Expr]] = []
+    constant = -1
+
+    def collect(e: ir.Expr, sign: int) -> None:
+        nonlocal constant
+        if isinstance(e, ir.Bin) and e.op in "+-":
+            collect(e.left, sign)
+            collect(e.right, sign if e.op == "+" else -sign)
+        elif isinstance(e, ir.Lit) and e.text.lstrip("-").isdigit():
+            constant += sign * int(e.text)
+        else:
+            terms.append((sign, e))
+
+    collect(code, 1)
+    if not terms or terms[0][0] < 0:
+        return ir.Bin("-", code, _int(1))
+    out = terms[0][1]
+    for sign, e in terms[1:]:
+        out = ir.Bin("+" if sign > 0 else "-", out, e)
+    if constant:
+        out = ir.Bin("+" if constant > 0 else "-", out, _int(abs(constant)))
+    return out
 
 
 def _is_all(item) -> bool:
@@ -881,7 +901,7 @@ class Body:
         lo = None
         if item.lo is not None and not (isinstance(item.lo, s.Num) and item.lo.text == "1"):
             lo_val = self.expr(item.lo)
-            lo = ir.Bin("-", lo_val.code, _int(1))
+            lo = _dec(lo_val.code)
         hi = None if item.hi is None else self.expr(item.hi).code
         runtime = isinstance(item.hi, s.Name) and item.hi.id in self.runtime_used
         if lo is None and runtime and not base.lifted and base.ty.shape:

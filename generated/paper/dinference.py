@@ -19,11 +19,11 @@ def DInference(x, theta_hat, l_gen, tau):
     l = x.shape[-1]  # [dinference.card:8]
     for i in range(l_gen):  # [dinference.card:9]
         P = theta_hat(x)  # (B, |x|′, N_V)  [dinference.card:10]
-        p = P[..., l + (i + 1) - 1 - 1, :]  # (B, N_V)  [dinference.card:11]
+        p = P[..., l + i - 1, :]  # (B, N_V)  [dinference.card:11]
         if tau == 0:  # the limit τ → 0: the most probable token
             y = p.argmax(-1)
         else:
             q = torch.softmax(torch.log(p) / tau, dim=-1)  # [dinference.card:12]
             y = torch.multinomial(q, 1)[..., 0]
         x = torch.cat([x, y[..., None]], dim=-1)  # (B, 1 + |x|′)  [dinference.card:13]
-    return x[..., l + 1 - 1:l + l_gen]  # (B, ℓ_gen)  [dinference.card:15]
+    return x[..., l:l + l_gen]  # (B, ℓ_gen)  [dinference.card:15]
