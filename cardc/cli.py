@@ -219,15 +219,19 @@ def _training_card(args: argparse.Namespace):
 
     lib, checker, _ = checked([args.card], args.library or default_library(args.card))
     file = next(f.path for f in lib.files if Path(f.path) == Path(args.card))
-    cards = [a for a in procedure_cards(lib, checker, [file])  # training: θ̂ comes out
-             if args.name in (None, a.name) and isinstance(checker.info(a).sig.output, BundleTy)]
+    procedures = [a for a in procedure_cards(lib, checker, [file]) if args.name in (None, a.name)]
+    cards = [a for a in procedures  # a training card hands back θ̂; an inference card samples
+             if isinstance(checker.info(a).sig.output, BundleTy)]
+    if procedures and not cards:
+        raise UsageError(f"{procedures[0].name} is an inference card: sample with it, "
+                         f"'cardc sample RUN --card {args.card}'")
     return (lib, checker, cards[0]) if cards else None
 
 
 def _train_with_card(args: argparse.Namespace, out: str, lib, checker, alg) -> int:
     """`cardc train cards/paper/etraining.card --preset tiny`: the card's own loop."""
     from .build import build_model, load_module, source
-    from .info import PresetError, preset_values
+    from .info import PresetError, check_ranges, preset_values
     from .runtime.recipe import run_training_card
     from .spelling import python_name
 
@@ -239,8 +243,11 @@ def _train_with_card(args: argparse.Namespace, out: str, lib, checker, alg) -> i
     model = build_model(lib.file_of(model_card).path, args.preset,
                         {k: v for k, v in overrides.items() if k not in mine}, args.library,
                         model_card.name)
+    if args.examples < 1:
+        raise UsageError("--examples must be >= 1")
     try:
         values = preset_values(info.sig, args.preset, mine)
+        check_ranges(alg, values)
     except PresetError as err:
         d = Diagnostics(sources=lib.diags.sources)
         d.error(err.span, err.message, err.hint)

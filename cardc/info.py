@@ -65,6 +65,26 @@ def preset_values(sig: Signature, preset: str | None, overrides: dict[str, float
     return env
 
 
+def check_ranges(alg: s.Algorithm, values: dict[str, float]) -> None:
+    """Hyperparameter values inside the intervals the card declares (`η ∈ (0, ∞)`)."""
+    for d in alg.decls("Hyperparameters"):
+        if not (isinstance(d, s.Decl) and isinstance(d.type, s.Interval)):
+            continue
+        lo, hi = (_number(b, values) for b in (d.type.lo, d.type.hi))
+        for name in d.names:
+            v = values.get(name)
+            if v is None:
+                continue
+            above = v >= lo if d.type.lo_closed else v > lo
+            below = v <= hi if d.type.hi_closed else v < hi
+            if not (above and below):
+                left, right = "[(" [not d.type.lo_closed], "])" [not d.type.hi_closed]
+                shown = [("−∞" if b < 0 else "∞") if abs(b) == float("inf") else f"{b:g}"
+                         for b in (lo, hi)]
+                raise PresetError(d.span, f"'{name}' = {v:g} lies outside {left}{shown[0]}, "
+                                          f"{shown[1]}{right}, where the card declares it")
+
+
 def evaluate(dim: Dim, env: dict[str, float], span: s.Span) -> Fraction:
     try:
         return dim.evaluate(env)

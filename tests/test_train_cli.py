@@ -137,3 +137,20 @@ def test_sample_with_the_papers_inference_card(tmp_path):
     assert wrong.returncode == 2
     assert "EDInference samples from EDTransformer" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["train", "cards/paper/dinference.card", "--preset", "tiny"], 2, "is an inference card"),
+    (["train", "cards/paper/etraining.card", "--preset", "tiny", "--set", "η=-1"], 1,
+     "'η' = -1 lies outside (0, ∞)"),
+    (["train", "cards/paper/etraining.card", "--preset", "tiny", "--set", "p_mask=2"], 1,
+     "'p_mask' = 2 lies outside (0, 1)"),
+    (["train", "cards/paper/etraining.card", "--preset", "tiny", "--examples", "0"], 2,
+     "--examples must be >= 1"),
+    (["train", "cards/paper/etraining.card", "--preset", "huge"], 1, "no preset 'huge'"),
+])
+def test_training_cards_reject_bad_input(args, code, message, tmp_path):
+    r = cardc(*args, "--out", str(tmp_path / "run"))
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run" / "model.safetensors").exists()
