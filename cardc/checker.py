@@ -26,6 +26,10 @@ from .types import BundleTy, Entry, FamilyTy, FuncTy, SetTy, Ty, subst_dim, subs
 ELEMENTWISE = {"GELU", "GELU_tanh", "ReLU", "SiLU", "σ", "exp", "log", "tanh"}
 REDUCING = {"mean", "var", "max"}
 BUILTINS = ELEMENTWISE | REDUCING | {"softmax", "length"}
+# θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ): an update a training card may name instead of
+# writing θ − η · ∇loss(θ); its hyperparameters are the learning rate, the two decay rates of
+# the moment estimates and the weight decay (Loshchilov & Hutter), any trailing ones omitted
+OPTIMIZERS = {"AdamW": 4}
 # the paper's special tokens (§4) are the last IDs of the vocabulary V: N_V − 2, N_V − 1, N_V
 SPECIAL_TOKENS = {"mask_token": 2, "bos_token": 1, "eos_token": 0}
 SCALAR = Ty()
@@ -1115,6 +1119,8 @@ class _Body:
         return Ty(body.shape)
 
     def expr_call(self, e: s.Call) -> Ty:
+        if e.func in OPTIMIZERS and self.c.lib.find(e.func, self.file) is None:
+            return self.apply_optimizer(e)
         if e.func in BUILTINS and self.c.lib.find(e.func, self.file) is None:
             return self.apply_builtin(e.func, [self.tensor(a) for a in e.args], e)
         callee = self.c.lib.find(e.func, self.file)
@@ -1133,6 +1139,28 @@ class _Body:
                        _suggest(e.func, names))
             raise CheckError
         return self.call_card(callee, e)
+
+    def apply_optimizer(self, e: s.Call) -> Entry:
+        """AdamW(θ, ∇loss(θ) | η, …): parameters and their gradient in, parameters out."""
+        if len(e.args) != 2:
+            self.error(e.span, f"{e.func} takes the parameters and their gradient",
+                       hint=f"write {e.func}(θ, ∇loss(θ) | η)")
+            raise CheckError
+        theta, grad = (self.expr(a) for a in e.args)
+        if not isinstance(theta, BundleTy) or not _same_entry(theta, grad):
+            self.error(e.span, f"{e.func} updates parameters with their gradient; given "
+                               f"{theta} and {grad}")
+            raise CheckError
+        if len(e.params) > OPTIMIZERS[e.func]:
+            self.error(e.span, f"{e.func} takes at most {OPTIMIZERS[e.func]} hyperparameters "
+                               "(η, β_1, β_2, λ)")
+            raise CheckError
+        for p in e.params:
+            ty = self.expr(p)
+            if not isinstance(ty, Ty) or ty.shape:
+                self.error(p.span, f"a hyperparameter of {e.func} is a number, not {ty}")
+                raise CheckError
+        return theta
 
     def apply_function(self, e: s.Call, f: FuncTy) -> Entry:
         """P(θ) as defined; P(φ) with φ of θ's type stands for the same value at φ."""

@@ -153,3 +153,44 @@ def test_edinference_starts_at_bos_and_halts_at_eos(paper):
         model.W_u[18] = 1.0
     out = sample(torch.tensor([[1, 2, 3]]), model, tau=0.0)
     assert out[0, 0] == 19 - 2 and out[0, -1] == 19 - 1
+
+
+def test_a_card_that_names_adamw_steps_with_adamw(tmp_path):
+    """cards/gpt2_training.card: DTraining on the row-major GPT-2 card, updating with AdamW."""
+    old = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        lib, checker, _ = checked(["cards/gpt2_training.card"], "cards")
+        alg = lib.find("GPT2Training")
+        fn = load_module(source(checker, alg), "gpt2training").GPT2Training
+        gpt2 = lib.find("GPT2")
+        sizes = dict(V=19, D=8, H=2, D_f=12, N=1, ctx=16)
+        torch.manual_seed(0)
+        model, _ = instantiate(checker, gpt2, sizes)
+        torch.manual_seed(0)
+        reference, _ = instantiate(checker, gpt2, sizes)
+    finally:
+        os.chdir(old)
+    data = _sequences(3, 9)
+    fn(data, model, N_epochs=1, eta=0.01, beta_1=0.8, beta_2=0.9, lambda_=0.1)
+    opt = torch.optim.AdamW(reference.parameters(), lr=0.01, betas=(0.8, 0.9), weight_decay=0.1)
+    for x in data:  # the card's loss: −Σ_t log softmax(P[t, :])[x[t + 1]], by hand
+        logits = reference(x[None])[0]
+        loss = F.cross_entropy(logits[:-1], x[1:], reduction="sum")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        if name.endswith("attn.b_qkv"):  # the key bias cannot change attention: its gradient
+            p, q = torch.cat([p[:8], p[16:]]), torch.cat([q[:8], q[16:]])  # is rounding noise,
+        torch.testing.assert_close(p, q, msg=name)  # which AdamW scales up to ±η
+
+
+def test_adamw_needs_parameters_and_their_gradient(tmp_path):
+    from cardc.cli import main
+
+    card = (ROOT / "cards" / "gpt2_training.card").read_text(encoding="utf-8")
+    bad = tmp_path / "bad.card"
+    bad.write_text(card.replace("AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ)", "AdamW(θ, loss(θ) | η)"),
+                   encoding="utf-8")
+    assert main(["check", str(bad), "--library", str(ROOT / "cards")]) == 1

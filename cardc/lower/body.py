@@ -231,7 +231,8 @@ class Body:
                 self.is_model(self.scope.values.get(st.target.id)):
             if self.update(st, step):
                 return
-            self.fail(st, "code generation updates parameters as 'θ ← θ − η · ∇loss(θ)' only")
+            self.fail(st, "code generation updates parameters as 'θ ← θ − η · ∇loss(θ)' or "
+                          "'θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ)'")
         if isinstance(st.value, s.SetBuilder) and isinstance(st.target, s.Name):
             self.sets[st.target.id] = self.arange_of(st.value.var, st.value.domain, step)
             self.domain = self.sets[st.target.id]
@@ -337,20 +338,16 @@ class Body:
         return Val(ir.Ref(local), Ty(elem="ℕ"), rows=(size,))
 
     def update(self, st: s.Assign, step: s.Step) -> bool:
-        """`θ ← θ − η · ∇loss(θ)`: a step of gradient descent, which is torch.optim.SGD."""
-        v = st.value
-        if not (isinstance(v, s.BinOp) and v.op == "−" and isinstance(v.left, s.Name)
-                and v.left.id == st.target.id and isinstance(v.right, s.BinOp)
-                and v.right.op in ("·", " ") and isinstance(v.right.right, s.Unary)
-                and v.right.right.op == "∇" and isinstance(v.right.right.operand, s.Call)):
-            return False
+        """`θ ← θ − η · ∇loss(θ)` is torch.optim.SGD; `θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ)`
+        is torch.optim.AdamW. Either is made once, before the loops, and steps here."""
         model = self.scope.values[st.target.id].code
-        rate = self.expr(v.right.left).code
-        loss = self.expr(s.Name(v.right.right.operand.func, span=v.span))
-        if not any("optimizer" in getattr(st, "targets", ()) for st in self.prologue):
-            self.prologue.append(ir.Assign(("optimizer",), _call(
-                "torch.optim.SGD", _method(model, "parameters"), lr=rate),
-                ir.Note(None, self.line(step), "θ ← θ − η · ∇loss(θ)")))
+        found = self.optimizer(st.value, st.target.id, model)
+        if found is None:
+            return False
+        make, loss_name = found
+        loss = self.expr(s.Name(loss_name, span=st.value.span))
+        if not any("optimizer" in getattr(x, "targets", ()) for x in self.prologue):
+            self.prologue.append(ir.Assign(("optimizer",), make, self.note(step)))
         self.emit(ir.Assign((), _method(ir.Ref("optimizer"), "zero_grad"), self.note(step)))
         total = _method(loss.code, "sum")
         self.emit(ir.Assign((), _method(total, "backward")))
@@ -358,6 +355,31 @@ class Body:
         self.emit(ir.If(ir.Bin("is not", ir.Ref("report"), ir.Ref("None")),
                         (ir.Assign((), _call("report", _method(total, "item"))),)))
         return True
+
+    def optimizer(self, v: s.Expr, theta: str, model: ir.Expr) -> tuple[ir.Call, str] | None:
+        params = _method(model, "parameters")
+
+        def gradient(g) -> str | None:  # ∇loss(θ) → "loss"
+            ok = isinstance(g, s.Unary) and g.op == "∇" and isinstance(g.operand, s.Call)
+            return g.operand.func if ok else None
+
+        if isinstance(v, s.BinOp) and v.op == "−" and getattr(v.left, "id", None) == theta \
+                and isinstance(v.right, s.BinOp) and v.right.op in ("·", " ") \
+                and gradient(v.right.right):
+            rate = self.expr(v.right.left).code
+            return _call("torch.optim.SGD", params, lr=rate), gradient(v.right.right)
+        if isinstance(v, s.Call) and v.func == "AdamW" and len(v.args) == 2 \
+                and getattr(v.args[0], "id", None) == theta and gradient(v.args[1]):
+            values = [self.expr(p.value if isinstance(p, s.Arg) else p).code for p in v.params]
+            kwargs: dict[str, ir.Expr] = {}
+            if values:
+                kwargs["lr"] = values[0]
+            if len(values) >= 3:
+                kwargs["betas"] = ir.Seq((values[1], values[2]))
+            if len(values) >= 4:
+                kwargs["weight_decay"] = values[3]
+            return _call("torch.optim.AdamW", params, **kwargs), gradient(v.args[1])
+        return None
 
     def stmt_Sample(self, st: s.Sample, step: s.Step) -> None:
         """`sample a token y from q ∝ p^{1/τ}`: q = softmax(log p / τ); τ → 0 is the arg-max."""

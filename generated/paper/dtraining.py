@@ -16,7 +16,7 @@ def DTraining(x, theta, N_epochs, eta, report=None):
 
     Card: cards/paper/dtraining.card:1
     """
-    optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # θ ← θ − η · ∇loss(θ)  [dtraining.card:13]
+    optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # [dtraining.card:13]
     for i in range(N_epochs):  # [dtraining.card:8]
         for n in range(len(x)):  # [dtraining.card:9]
             x_n = x[n][None]  # a batch of one example  [dtraining.card:9]

@@ -16,7 +16,7 @@ def EDTraining(z, x, theta, N_epochs, eta, report=None):
 
     Card: cards/paper/edtraining.card:1
     """
-    optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # θ ← θ − η · ∇loss(θ)  [edtraining.card:13]
+    optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # [edtraining.card:13]
     for i in range(N_epochs):  # [edtraining.card:8]
         for n in range(len(z)):  # [edtraining.card:9]
             z_n = z[n][None]  # a batch of one example  [edtraining.card:9]

@@ -16,7 +16,7 @@ def ETraining(x, theta, N_epochs, eta, p_mask, report=None):
 
     Card: cards/paper/etraining.card:1
     """
-    optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # θ ← θ − η · ∇loss(θ)  [etraining.card:17]
+    optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # [etraining.card:17]
     for i in range(N_epochs):  # [etraining.card:8]
         for n in range(len(x)):  # [etraining.card:9]
             x_n = x[n][None]  # a batch of one example  [etraining.card:9]
