@@ -884,6 +884,13 @@ class _Body:
             self.tensor(e.left)
             self.tensor(e.right)
             return Ty(elem="𝔹")
+        if e.op == "∧":  # both sides are conditions
+            for side in (e.left, e.right):
+                ty = self.tensor(side)
+                if ty.elem != "𝔹" or ty.shape:
+                    self.error(side.span, f"'∧' joins conditions; this is {ty}")
+                    raise CheckError
+            return Ty(elem="𝔹")
         if e.op == " " and isinstance(e.left, s.Name) and e.left.id in BUILTINS \
                 and self.try_lookup(e.left.id) is None:
             return self.apply_builtin(e.left.id, [self.tensor(e.right)], e)

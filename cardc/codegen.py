@@ -10,8 +10,8 @@ import jinja2
 from . import ir
 
 # Python operator precedence, loosest first; postfix forms (calls, subscripts) bind tightest.
-_PREC = {"|": 1, "&": 2, "is": 3, "is not": 3, "<": 3, "<=": 3, ">": 3, ">=": 3, "==": 3, "!=": 3,
-         "+": 4, "-": 4, "*": 5, "/": 5, "@": 5, "//": 5, "%": 5, "unary": 6, "**": 7}
+_PREC = {"is": 1, "is not": 1, "<": 1, "<=": 1, ">": 1, ">=": 1, "==": 1, "!=": 1, "|": 2,
+         "&": 3, "+": 4, "-": 4, "*": 5, "/": 5, "@": 5, "//": 5, "%": 5, "unary": 6, "**": 7}
 _ATOM = 9
 
 
@@ -43,7 +43,8 @@ def _bin(e: ir.Bin) -> tuple[str, int]:
     p = _PREC[e.op]
     if e.op == "**":  # right-associative, and tighter than a unary minus on its left
         return f"{expr_py(e.left, p + 1)} ** {expr_py(e.right, _PREC['unary'])}", p
-    return f"{expr_py(e.left, p)} {e.op} {expr_py(e.right, p + 1)}", p
+    left = p + 1 if p == _PREC["<"] else p  # comparisons chain in Python: never nest them bare
+    return f"{expr_py(e.left, left)} {e.op} {expr_py(e.right, p + 1)}", p
 
 
 def _un(e: ir.Un) -> tuple[str, int]:

@@ -440,6 +440,10 @@ class _Build(Transformer):
         return s.BinOp(_OPS.get(str(c[1]), str(c[1])), c[0], c[2], span=self.sp(meta))
 
     @v_args(meta=True)
+    def conj(self, meta, c):
+        return s.BinOp("∧", c[0], c[2], span=self.sp(meta))
+
+    @v_args(meta=True)
     def neg(self, meta, c):
         return s.Unary("−", c[1], span=self.sp(meta))
 

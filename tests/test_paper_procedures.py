@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from cardc.build import checked, instantiate, load_module, source
 
 ROOT = Path(__file__).resolve().parent.parent
-CARDS = ["dtraining", "etraining", "edtraining", "dinference", "edinference"]
+CARDS = ["dtraining", "etraining", "edtraining", "dinference", "edinference",
+         "edinference_guarded"]
 SIZES = {
     "DTransformer": dict(N_V=19, l_max=16, L=1, H=2, d_e=8, d_mlp=12, d_attn=4, d_mid=4),
     "ETransformer": dict(N_V=19, l_max=16, L=1, H=2, d_e=8, d_mlp=12, d_f=6, d_attn=4, d_mid=4),
@@ -194,3 +195,21 @@ def test_adamw_needs_parameters_and_their_gradient(tmp_path):
     bad.write_text(card.replace("AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ)", "AdamW(θ, loss(θ) | η)"),
                    encoding="utf-8")
     assert main(["check", str(bad), "--library", str(ROOT / "cards")]) == 1
+
+
+class _Chatter(_Countdown):
+    """Never says eos_token."""
+
+    def forward(self, z, y):
+        logits = torch.zeros(*y.shape, self.N_V)
+        logits[..., 3] = 1.0
+        return F.softmax(logits, dim=-1)
+
+
+@torch.no_grad()
+def test_the_guard_a_card_states_stops_a_model_that_never_says_eos(paper):
+    sample = _fn(paper, "EDInferenceGuarded")
+    assert sample(torch.tensor([[1, 2]]), _Chatter(), tau=0.0, l_out=6).tolist() == \
+        [[5, 3, 3, 3, 3, 3]]  # bos_token, then tokens until ŷ holds ℓ_out of them
+    assert sample(torch.tensor([[1, 2]]), _Countdown(), tau=0.0, l_out=16).tolist() == \
+        [[5, 2, 2, 2, 6]]  # eos_token first

@@ -830,3 +830,14 @@ def test_training_notation_in_ascii():
     card = parse_clean(ASCII_TRAINING)
     assert card == parse_clean(UNICODE_TRAINING)
     assert render_card(card) == UNICODE_TRAINING  # prose is kept as written
+
+
+def test_conjunction_in_conditions_round_trips():
+    src = ("Algorithm: y ← F(x)\nInput: x ∈ ℝ\nOutput: y ∈ ℝ\n1 y ← x\n"
+           "2 while y < 3 and ¬y > 5 ∧ 1 ≤ 2 do\n3     y ← y + 1\n4 end\n5 return y\n")
+    card = parse_clean(src)
+    text = render_card(card)
+    assert "2 while y < 3 ∧ ¬y > 5 ∧ 1 ≤ 2 do" in text
+    assert parse_clean(text) == card
+    cond = card.algorithms[0].steps[1].stmt.cond
+    assert cond.op == "∧" and cond.left.op == "∧"  # groups to the left

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 ELEMENTWISE = {"ReLU": "torch.relu", "SiLU": "F.silu", "σ": "torch.sigmoid", "exp": "torch.exp",
                "log": "torch.log", "tanh": "torch.tanh"}
 SPECIAL_TOKENS = {"mask_token": 3, "bos_token": 2, "eos_token": 1}  # 0-based: N_V − k
-COMPARE = {"≤": "<=", "<": "<", "≥": ">=", ">": ">", "=": "==", "≠": "!="}
+COMPARE = {"≤": "<=", "<": "<", "≥": ">=", ">": ">", "=": "==", "≠": "!=", "∧": "&"}
 
 
 def _call(func: str, *args: ir.Expr, **kwargs: ir.Expr) -> ir.Call:
@@ -1077,7 +1077,7 @@ class Body:
             return Val(_method(x.code, "amax", _int(-1)), ty, x.lifted)
         if e.func == "length":
             size = self.ty(e).value
-            if size is not None and not x.rows:
+            if size is not None and not x.rows and not self.procedure:  # lengths change in loops
                 try:
                     return Val(self.dim(size), Ty(elem="ℕ"))
                 except LowerError:

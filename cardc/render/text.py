@@ -42,7 +42,7 @@ from ..diagnostics import Diagnostics
 from ..spelling import display
 
 # precedence levels, loosest first, as in grammar.lark (a random choice is an ?expr)
-CHOICE, COND, SUM, PRODUCT, UNARY, TIGHT, POSTFIX, ATOM = range(8)
+CHOICE, CONJ, COND, SUM, PRODUCT, UNARY, TIGHT, POSTFIX, ATOM = range(9)
 
 _BINARY = {"+": SUM, "−": SUM, "·": PRODUCT, "⊙": PRODUCT, "/": PRODUCT, " ": PRODUCT}
 _POSTFIX_NODES = (s.Power, s.Transpose, s.Index)
@@ -85,6 +85,8 @@ class Renderer:
 
     def precedence(self, node: object) -> int:
         if isinstance(node, s.BinOp):
+            if node.op == "∧":
+                return CONJ
             return _BINARY.get(node.op, COND)  # anything else is a comparison
         if isinstance(node, s.Unary):
             return {"−": UNARY, "¬": COND}.get(node.op, TIGHT)
@@ -121,6 +123,8 @@ class Renderer:
 
     def binop_text(self, node: s.BinOp, tail: bool) -> str:
         prec = self.precedence(node)
+        if prec == CONJ:  # c ∧ c′, grouping to the left
+            return f"{self.sub(node.left, CONJ)} ∧ {self.sub(node.right, COND, tail)}"
         if prec == COND:  # comparisons: sum CMP sum, not associative
             return f"{self.sub(node.left, SUM)} {node.op} {self.sub(node.right, SUM, tail)}"
         left = self.sub(node.left, prec, tail=prec == SUM)
@@ -373,7 +377,7 @@ class Renderer:
         return f"{head} do"
 
     def while_text(self, node: s.While, tail: bool) -> str:
-        return f"while {self.sub(node.cond, COND)} do"
+        return f"while {self.sub(node.cond, CONJ)} do"
 
     def forall_text(self, node: s.ForAll, tail: bool) -> str:
         names = ", ".join(node.vars)
@@ -382,7 +386,7 @@ class Renderer:
         return f"∀{names}: {self.text(node.body)}"
 
     def if_text(self, node: s.If, tail: bool) -> str:
-        return f"if {self.sub(node.cond, COND)} then {self.text(node.then)}"
+        return f"if {self.sub(node.cond, CONJ)} then {self.text(node.then)}"
 
     # ------------------------------------------------------------------ steps and algorithms
 
