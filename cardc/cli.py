@@ -309,6 +309,7 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device) -> int:
     import torch
 
     from .build import checked, default_library, load_module, procedure_cards, source
+    from .info import PresetError, preset_values
     from .runtime.data import decode, encode
     from .spelling import python_name
     from .types import Ty
@@ -327,9 +328,22 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device) -> int:
     if callee != meta.get("name"):
         raise UsageError(f"{alg.name} samples from {callee}, but {args.dir} holds "
                          f"{meta.get('name')}")
-    given = {"ℓ_gen": args.tokens, "τ": args.temperature}
     declared = [n for d in alg.decls("Hyperparameters") for n in getattr(d, "names", ())]
-    hypers = {python_name(n): given[n] for n in declared if n in given}
+    given = {"ℓ_gen": args.tokens, "τ": args.temperature, **_overrides(args.set)}
+    preset = alg.presets[0].name if alg.presets else None  # the card's own defaults, if any
+    try:
+        # τ = 0 is the limit τ → 0 the sampler implements (arg-max), so intervals are not
+        # enforced here; --temperature is never negative
+        values = preset_values(info.sig, preset, {n: v for n, v in given.items() if n in declared})
+    except PresetError as err:
+        d = Diagnostics(sources=lib.diags.sources)
+        d.error(err.span, err.message, err.hint)
+        raise CardError(d) from None
+    missing = [n for n in declared if n not in values]
+    if missing:
+        raise UsageError(f"{alg.name} needs {', '.join(missing)}: set it with --set NAME=VALUE")
+    hypers = {python_name(n): int(values[n]) if info.sig.hypers[n].elem == "ℕ" else values[n]
+              for n in declared}
     words = args.prompt.split()
     numeric = bool(words) and all(w.isdigit() for w in words)
     ids = [int(w) for w in words] if numeric else encode(args.prompt) or [10]
@@ -423,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--seed", type=int, default=1337)
     sa.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     sa.add_argument("--card", help="an inference card to sample with (DInference, EDInference)")
+    sa.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a hyperparameter of the inference card (with --card)")
     sa.set_defaults(run=cmd_sample)
 
     for sp in (c, i, b, t):

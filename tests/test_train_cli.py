@@ -154,3 +154,17 @@ def test_training_cards_reject_bad_input(args, code, message, tmp_path):
     assert r.returncode == code, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_sample_sets_an_inference_cards_own_hyperparameters(tmp_path):
+    r = cardc("train", "cards/paper/edtraining.card", "--preset", "tiny", "--examples", "20",
+              "--set", "N_epochs=1", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    guarded = ["sample", str(tmp_path), "--card", "cards/paper/edinference_guarded.card",
+               "--prompt", "3 1 4", "--temperature", "0"]
+    r = cardc(*guarded, "--set", "ℓ_out=3")
+    assert r.returncode == 0, r.stderr
+    out = [int(w) for w in r.stdout.split()]
+    assert out[0] == 32 - 2 and (len(out) == 3 or out[-1] == 32 - 1)  # bos, then ≤ ℓ_out tokens
+    r = cardc(*guarded, "--set", "ℓ_out=x")
+    assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -17,15 +17,15 @@ def EDInferenceGuarded(z, theta_hat, tau, l_out):
 
     Card: cards/paper/edinference_guarded.card:1
     """
-    y_hat = torch.full((*z.shape[:-1], 1), theta_hat.N_V - 2, device=z.device)  # (B, 1)  [edinference_guarded.card:8]
-    y = 0  # [edinference_guarded.card:9]
-    while torch.as_tensor((y != theta_hat.N_V - 1) & (y_hat.shape[-1] < l_out)).any():  # [edinference_guarded.card:10]
-        P = theta_hat(z, y_hat)  # (B, |ŷ|′, N_V)  [edinference_guarded.card:11]
-        p = P[..., y_hat.shape[-1] - 1, :]  # (B, N_V)  [edinference_guarded.card:12]
+    y_hat = torch.full((*z.shape[:-1], 1), theta_hat.N_V - 2, device=z.device)  # (B, 1)  [edinference_guarded.card:9]
+    y = 0  # [edinference_guarded.card:10]
+    while torch.as_tensor((y != theta_hat.N_V - 1) & (y_hat.shape[-1] < l_out)).any():  # [edinference_guarded.card:11]
+        P = theta_hat(z, y_hat)  # (B, |ŷ|′, N_V)  [edinference_guarded.card:12]
+        p = P[..., y_hat.shape[-1] - 1, :]  # (B, N_V)  [edinference_guarded.card:13]
         if tau == 0:  # the limit τ → 0: the most probable token
             y = p.argmax(-1)
         else:
-            q = torch.softmax(torch.log(p) / tau, dim=-1)  # [edinference_guarded.card:13]
+            q = torch.softmax(torch.log(p) / tau, dim=-1)  # [edinference_guarded.card:14]
             y = torch.multinomial(q, 1)[..., 0]
-        y_hat = torch.cat([y_hat, y[..., None]], dim=-1)  # (B, 1 + |ŷ|′)  [edinference_guarded.card:14]
-    return y_hat  # (B, 1 + |ŷ|′)  [edinference_guarded.card:16]
+        y_hat = torch.cat([y_hat, y[..., None]], dim=-1)  # (B, 1 + |ŷ|′)  [edinference_guarded.card:15]
+    return y_hat  # (B, 1 + |ŷ|′)  [edinference_guarded.card:17]
