@@ -168,3 +168,12 @@ def test_sample_sets_an_inference_cards_own_hyperparameters(tmp_path):
     assert out[0] == 32 - 2 and (len(out) == 3 or out[-1] == 32 - 1)  # bos, then ≤ ℓ_out tokens
     r = cardc(*guarded, "--set", "ℓ_out=x")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_the_gpt2_sampling_card_decodes_like_the_built_in_sampler(run_dir):
+    """cards/gpt2_sampling.card at τ = 0 and the built-in greedy sampler agree token for token."""
+    common = ["sample", str(run_dir), "--prompt", "ab", "--tokens", "10", "--temperature", "0"]
+    built_in = cardc(*common)
+    card = cardc(*common, "--card", "cards/gpt2_sampling.card")
+    assert built_in.returncode == 0 and card.returncode == 0, card.stderr
+    assert built_in.stdout == "ab" + card.stdout

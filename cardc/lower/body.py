@@ -388,6 +388,10 @@ class Body:
                 and isinstance(w.exponent.left, s.Num) and w.exponent.left.value == 1:
             p, tau = self.expr(w.base), self.expr(w.exponent.right)
             logits = ir.Bin("/", _call("torch.log", p.code), tau.code)
+        elif isinstance(w, s.Call) and w.func == "exp" and len(w.args) == 1 and \
+                isinstance(w.args[0], s.BinOp) and w.args[0].op == "/":  # q ∝ exp(z/τ)
+            p, tau = self.expr(w.args[0].left), self.expr(w.args[0].right)
+            logits = ir.Bin("/", p.code, tau.code)
         else:
             p, tau = self.expr(w), None
             logits = _call("torch.log", p.code)
