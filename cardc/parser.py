@@ -750,11 +750,21 @@ class _Layout:
                 blocks.append(s.Block(current[0], tuple(self.nest_items(decl_lines, current[2])),
                                       span=current[1]))
 
+        loose: list[Line] = []  # comments after a block: they introduce a step, or go on top
         for ln in rest:
-            if step_lines and ln.kind in ("block", "preset", "comment"):
+            if step_lines and ln.kind in ("block", "preset"):
                 self.diags.error(ln.span, f"a {ln.kind} line cannot follow the steps",
                                  hint="put Input/Output/Parameters/Preset lines before step 1")
                 continue
+            if ln.kind == "comment" and (step_lines or blocks or current is not None):
+                loose.append(ln)  # /* Encode the context sequence: */
+                continue
+            if ln.kind in ("block", "preset") or (current is not None and not step_lines
+                                                  and self.is_declaration(ln)):
+                comments += [c.payload for c in loose]
+            else:
+                step_lines += loose
+            loose = []
             if ln.kind == "comment":
                 comments.append(ln.payload)
             elif ln.kind == "block":
@@ -831,7 +841,15 @@ class _Layout:
         root: list[s.Step] = []
         # the stack holds (open statement, its body, its step, closing style, indent)
         stack: list[tuple[Any, list[s.Step], Line, int]] = []
+        pending: list[str] = []  # comment lines waiting for the step they introduce
+        self.step_comments: dict[int, tuple[str, ...]] = {}
         for ln in lines:
+            if ln.kind == "comment":
+                pending.append(ln.payload)
+                continue
+            if ln.kind == "items" and pending:
+                self.step_comments[id(ln)] = tuple(pending)
+                pending = []
             while stack and getattr(stack[-1][0], "style", "do") == "block" \
                     and ln.indent <= stack[-1][3]:
                 self.close(stack, root)
@@ -852,7 +870,8 @@ class _Layout:
                 stack.append((item.stmt, [], ln, ln.indent))
                 continue
             stmt, where = (item.stmt, item.where) if isinstance(item, _Where) else (item, None)
-            step = s.Step(stmt, ln.number, ln.annotation, ln.note, where, span=ln.span)
+            step = s.Step(stmt, ln.number, ln.annotation, ln.note, where,
+                          self.step_comments.get(id(ln), ()), span=ln.span)
             (stack[-1][1] if stack else root).append(step)
         while stack:
             stmt, _, ln, _ = stack[-1]
@@ -866,7 +885,8 @@ class _Layout:
         stmt = replace(stmt, body=tuple(body))
         if end_number is not None:
             stmt = replace(stmt, end_number=end_number)
-        step = s.Step(stmt, ln.number, ln.annotation, ln.note, None, span=ln.span)
+        step = s.Step(stmt, ln.number, ln.annotation, ln.note, None,
+                      self.step_comments.get(id(ln), ()), span=ln.span)
         (stack[-1][1] if stack else root).append(step)
 
 

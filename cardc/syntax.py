@@ -406,6 +406,7 @@ class Step:
     annotation: Decl | None = None  # ▷ X ∈ ℝ^{…} or [[X ∈ ℝ^{…}]]: checked
     note: str | None = None  # ▷ free text
     where: str | None = None  # ", where …" prose
+    comments: tuple[str, ...] = ()  # /* … */ lines just before the step
     span: Span = _span()
 
 

@@ -301,7 +301,7 @@ def test_inference_types():
      "'x' is a sequence of tokens; cannot assign ℝ^{N_V} to it"),
     ("dinference", "parameters θ̂.", "parameters.",
      "this sentence declares nothing: it names no symbol of the header"),
-    ("edinference", "while y ≠ eos_token do", "while ŷ do",
+    ("edinference", "while y ≠ eos_token do", "while x̂ do",
      "a condition must be a single truth value, not ℕ^{1}"),
 ])
 def test_training_and_inference_diagnostics(card, old, new, message, tmp_path):

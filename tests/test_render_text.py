@@ -708,7 +708,7 @@ def test_paper_inference_text():
     assert lines[-1] == "8 return y = x[ℓ + 1 : ℓ + ℓ_gen]"
     lines = render_algorithm(_paper_card("edinference")).splitlines()
     assert lines[2] == "Input: A seq2seq transformer and trained parameters θ̂ of the transformer."
-    assert lines[7:10] == ["1 ŷ ← [bos_token]", "2 y ← 0", "3 while y ≠ eos_token do"]
+    assert lines[7:10] == ["1 x̂ ← [bos_token]", "2 y ← 0", "3 while y ≠ eos_token do"]
 
 
 def test_datasets():
@@ -841,3 +841,15 @@ def test_conjunction_in_conditions_round_trips():
     assert parse_clean(text) == card
     cond = card.algorithms[0].steps[1].stmt.cond
     assert cond.op == "∧" and cond.left.op == "∧"  # groups to the left
+
+
+def test_comments_between_steps_stay_with_the_step_they_introduce():
+    """Algorithm 8 heads its three phases with comments: /* Encode the context sequence: */."""
+    card = parse_clean(render_card(parse_clean((ROOT / "cards/paper/edtransformer.card")
+                                               .read_text(encoding="utf-8"))))
+    steps = card.algorithms[0].steps
+    assert steps[0].comments == ("Encode the context sequence:",)
+    assert steps[4].comments == ("Decode the primary sequence, conditioning on the context:",)
+    assert steps[-1].comments == ("Derive conditional probabilities and return:",)
+    lines = render_card(card).splitlines()
+    assert lines[lines.index(" 1 ℓ_z ← length(z)") - 1] == "/* Encode the context sequence: */"

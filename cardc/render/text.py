@@ -406,7 +406,7 @@ class Renderer:
             line += f"  ▷ {self.text(node.annotation)}"
         if node.note is not None:
             line += f"  ▷ {node.note}"
-        out = [line]
+        out = [f"/* {c} */" for c in node.comments] + [line]
         opens = isinstance(stmt, s.While) or isinstance(stmt, s.For) and stmt.style != "map"
         if opens:
             for step in stmt.body:
