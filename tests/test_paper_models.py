@@ -221,3 +221,19 @@ def test_single_query_attention_matches_its_definition(titled):
     v = context @ att.W_v.T + att.b_v
     alpha = torch.softmax((k @ q[..., None])[..., 0] / 2.0, dim=-1)  # √d_attn = 2
     torch.testing.assert_close(att(e, context), (alpha[..., None] * v).sum(-2))
+
+
+def test_a_map_that_reads_another_column_is_refused(tmp_path):
+    """`for t ∈ [ℓ] : X̃[:, t] ← X[:, t − 1]` ties iterations together: a located error, not
+    wrong code."""
+    from cardc.diagnostics import CardError
+
+    text = (ROOT / "cards/paper/dtransformer.card").read_text(encoding="utf-8")
+    lib_dir = tmp_path / "cards"
+    shutil.copytree(ROOT / "cards" / "paper", lib_dir / "paper")
+    card = lib_dir / "paper" / "dtransformer.card"
+    card.write_text(text.replace("layer_norm(X[:, t] | γ^1_l, β^1_l)",
+                                 "layer_norm(X[:, t − 1] | γ^1_l, β^1_l)"), encoding="utf-8")
+    lib, checker, _ = checked([str(card)], str(lib_dir))
+    with pytest.raises(CardError, match="may read column 't' only"):
+        source(checker, lib.find("DTransformer", lib.files[0]))

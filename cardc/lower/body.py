@@ -848,6 +848,11 @@ class Body:
         if self.positions and len(e.items) in (1, 2) and \
                 getattr(e.items[-1], "id", None) == self.positions[0]:
             return self.position_index(e)
+        if self.positions and any(self.positions[0] in _names_in(i) and
+                                  not isinstance(i, (s.Name, s.Index)) for i in e.items):
+            var = display(self.positions[0])  # X[:, t − 1] would tie iterations together
+            self.fail(e, f"a map over '{var}' may read column '{var}' only, as 'X[:, {var}]'",
+                      hint="code generation vectorises a map whose iterations are independent")
         base = self.expr(e.base)
         if len(e.items) == 2 and len(base.ty.shape) == 2 and _is_all(e.items[0]) and \
                 not isinstance(e.items[1], s.Slice):
