@@ -104,6 +104,10 @@ def _if(st: ir.If, indent: str) -> list[str]:
     return lines
 
 
+def _comment(st: ir.Comment, indent: str) -> list[str]:
+    return [f"{indent}# {one_line(st.text)}"]
+
+
 def _while(st: ir.While, indent: str) -> list[str]:
     head = f"{indent}while {expr_py(st.cond)}:{note_py(st.note)}"
     return [head] + body_lines(st.body, indent + "    ")
@@ -120,8 +124,8 @@ def _return(st: ir.Return, indent: str) -> list[str]:
     return [f"{indent}return {text}{note_py(st.note)}"]
 
 
-_STMT = {"Assign": _assign, "Loop": _loop, "If": _if, "While": _while, "Raise": _raise,
-         "Return": _return}
+_STMT = {"Assign": _assign, "Loop": _loop, "If": _if, "While": _while, "Comment": _comment,
+         "Raise": _raise, "Return": _return}
 
 
 def body_lines(body, indent: str) -> list[str]:
@@ -163,5 +167,9 @@ _ENV.filters.update(arg=arg_py, doc=doc_py, line=one_line)
 def generate(program: ir.Program) -> str:
     """The source text of `program`; it is parsed before anyone gets to write it."""
     text = _ENV.get_template("model.py.j2").render(p=program)
+    used = {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)}
+    for name, line in (("F", "import torch.nn.functional as F\n"), ("nn", "from torch import nn\n")):
+        if name not in used:  # a file of functions alone needs neither
+            text = text.replace(line, "", 1)
     ast.parse(text)
     return text

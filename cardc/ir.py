@@ -115,6 +115,13 @@ class If:
 
 
 @dataclass(frozen=True)
+class Comment:
+    """A line of the card's own commentary (`/* Encode the context sequence: */`)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class While:
     cond: Expr
     body: tuple[Stmt, ...]
@@ -133,7 +140,7 @@ class Return:
     note: Note = Note()
 
 
-Stmt = Assign | Loop | If | While | Raise | Return
+Stmt = Assign | Loop | If | While | Comment | Raise | Return
 
 # ------------------------------------------------------------------ definitions
 

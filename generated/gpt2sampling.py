@@ -4,8 +4,6 @@ the paper's DInference (Algorithm 14) writes it for the row-major card, whose ro
 'cardc sample RUN --card cards/gpt2_sampling.card' runs these steps."""
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 PRESETS = {
     "tiny": dict(l_gen=100, tau=0.8),

@@ -5,8 +5,6 @@ plain gradient descent: 'cardc train cards/gpt2_training.card' runs these steps,
 changes the recipe."""
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 PRESETS = {
     "tiny": dict(N_epochs=1, eta=0.001, beta_1=0.9, beta_2=0.95, lambda_=0.1),

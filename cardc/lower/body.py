@@ -218,6 +218,8 @@ class Body:
         return self.out
 
     def step(self, step: s.Step) -> None:
+        for text in step.comments:
+            self.emit(ir.Comment(text))
         kind = type(step.stmt).__name__
         method = getattr(self, "stmt_" + kind, None)
         if method is None:

@@ -3,8 +3,6 @@
 it for prediction."""
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 PRESETS = {
     "tiny": dict(l_gen=200, tau=0.8),

@@ -3,8 +3,6 @@
 prediction."""
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 PRESETS = {
     "tiny": dict(tau=0.0),

@@ -3,8 +3,6 @@
 the length guard the paper leaves out: it stops at eos_token, or once x̂ holds ℓ_out tokens."""
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 PRESETS = {
     "tiny": dict(tau=0.0, l_out=16),

@@ -3,8 +3,6 @@
 seq2seq model"""
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 PRESETS = {
     "tiny": dict(N_epochs=3, eta=0.02),

@@ -103,6 +103,7 @@ class EDTransformer(nn.Module):
             raise ValueError(f"sequence length {l_z} exceeds the model's {self.max_seq_len} positions")
         if l_x > self.max_seq_len:
             raise ValueError(f"sequence length {l_x} exceeds the model's {self.max_seq_len} positions")
+        # Encode the context sequence:
         e = self.W_e.mT[z] + self.W_p.mT[:l_z]  # (B, ℓ_z, d_e)  [edtransformer.card:24]
         Z = e  # (B, ℓ_z, d_e)  [edtransformer.card:25]
         for l in range(self.L_enc):  # [edtransformer.card:26]
@@ -110,6 +111,7 @@ class EDTransformer(nn.Module):
             Z = F.layer_norm(Z, (self.d_e,), self.gamma1[l], self.beta1[l], 0.0)  # (B, ℓ_z, d_e)  [edtransformer.card:28]
             Z = Z + F.linear(torch.relu(F.linear(Z, self.W_mlp1[l], self.b_mlp1[l])), self.W_mlp2[l]) + self.b_mlp2[l]  # (B, ℓ_z, d_e)  [edtransformer.card:29]
             Z = F.layer_norm(Z, (self.d_e,), self.gamma2[l], self.beta2[l], 0.0)  # (B, ℓ_z, d_e)  [edtransformer.card:30]
+        # Decode the primary sequence, conditioning on the context:
         e_ = self.W_e.mT[x] + self.W_p.mT[:l_x]  # (B, ℓ_x, d_e)  [edtransformer.card:34]
         X = e_  # (B, ℓ_x, d_e)  [edtransformer.card:35]
         for l in range(self.L_dec):  # [edtransformer.card:36]
@@ -119,6 +121,7 @@ class EDTransformer(nn.Module):
             X = F.layer_norm(X, (self.d_e,), self.gamma4[l], self.beta4[l], 0.0)  # (B, ℓ_x, d_e)  [edtransformer.card:40]
             X = X + F.linear(torch.relu(F.linear(X, self.W_mlp3[l], self.b_mlp3[l])), self.W_mlp4[l]) + self.b_mlp4[l]  # (B, ℓ_x, d_e)  [edtransformer.card:41]
             X = F.layer_norm(X, (self.d_e,), self.gamma5[l], self.beta5[l], 0.0)  # (B, ℓ_x, d_e)  [edtransformer.card:42]
+        # Derive conditional probabilities and return:
         logits = F.linear(X, self.W_u)  # (B, ℓ_x, N_V)  [edtransformer.card:45]
         P = torch.softmax(logits, dim=-1)  # (B, ℓ_x, N_V)  [edtransformer.card:45]
         if targets is None:

@@ -3,8 +3,6 @@
 modelling"""
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 PRESETS = {
     "tiny": dict(N_epochs=1, eta=0.01, p_mask=0.15),

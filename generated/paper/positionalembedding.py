@@ -2,7 +2,6 @@
 """PositionalEmbedding, generated from its card. Positional embedding"""
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 

@@ -2,7 +2,6 @@
 """TokenEmbedding, generated from its card. Token embedding"""
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
