@@ -109,9 +109,9 @@ def source(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> str:
 
 def find_card(lib: Library, checker: Checker, card: str, name: str | None) -> s.Algorithm:
     file = next((f for f in lib.files if Path(f.path) == Path(card)), None)
-    algs = [a for a in (file.algorithms if file else ()) if a.name]
+    algs = [a for a in (file.algorithms if file else ()) if a.label]
     if name is not None:
-        algs = [a for a in algs if a.name == name]
+        algs = [a for a in algs if name in (a.name, a.label)]
     models = [a for a in model_cards(lib, checker, [file.path]) if a in algs] if file else []
     chosen = models or algs
     if not chosen:

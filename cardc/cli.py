@@ -117,7 +117,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if _report(Diagnostics([d for d in diags.items if d.span.file in used], diags.sources)):
         return EXIT_ERROR
     card_file = next(f for f in lib.files if Path(f.path) == Path(args.card))
-    algs = [a for a in card_file.algorithms if a.name and (args.name in (None, a.name))]
+    algs = [a for a in card_file.algorithms if a.label and (args.name in (None, a.name, a.label))]
     if not algs:
         raise UsageError(f"no card named '{args.name}' in {args.card}")
     alg = algs[0]

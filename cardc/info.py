@@ -130,4 +130,4 @@ def _fmt(v: float) -> str:
 def summarize(sig: Signature, preset: str | None, overrides: dict[str, float] | None = None) -> Summary:
     env = preset_values(sig, preset, overrides or {})
     params = count(sig.tree, env, sig.alg.span) if isinstance(sig.tree, BundleTy) else 0
-    return Summary(sig.alg.name or "", preset, env, params)
+    return Summary(sig.alg.label or "", preset, env, params)

@@ -313,3 +313,11 @@ def test_training_and_inference_diagnostics(card, old, new, message, tmp_path):
 def test_training_cards_check_clean_on_their_own(tmp_path):
     for card in ("dtraining", "etraining", "edtraining", "dinference", "edinference"):
         assert _check_in_library(_paper(card), tmp_path) == []
+
+
+def test_info_names_a_titled_card_by_its_title(capsys):
+    args = ["info", "cards/paper/single_query_attention.card", "--set", "d_in=4", "--set",
+            "d_out=3", "--set", "d_attn=2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("BasicSingleQueryAttention") and "parameters: 35" in out
