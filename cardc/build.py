@@ -171,7 +171,7 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
     base = os.path.commonpath([os.path.abspath(p) for p in [*files, card]])
     base = base if os.path.isdir(base) else os.path.dirname(base)
     rel = lambda p: Path(os.path.relpath(os.path.abspath(p), base)).as_posix()  # noqa: E731
-    model.card_meta = {"card": rel(card), "name": alg.name, "preset": preset,
+    model.card_meta = {"card": rel(card), "name": alg.label, "preset": preset,
                        "hyperparameters": kwargs,
                        "cards": {rel(p): lib.diags.sources[p] for p in files}}
     return model

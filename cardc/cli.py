@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from pathlib import Path
 
@@ -204,6 +205,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if recipe is not None:
         return _train_with_card(args, out, *recipe)
     model = build_model(args.card, args.preset, _overrides(args.set), args.library, args.name)
+    inputs = list(inspect.signature(model.forward).parameters)
+    if inputs[1:] != ["targets"]:  # the built-in trainer feeds token windows and their targets
+        raise UsageError(f"{model.card_meta['name']} is not a language model (one token sequence "
+                         "in, scores over the vocabulary out); train it with a training card, "
+                         "as cards/paper/edtraining.card trains EDTransformer")
     params = sum(p.numel() for p in model.parameters())
     print(f"training {model.card_meta['name']} ({args.preset or 'no preset'}, {params:,} parameters) "
           f"for {cfg.steps} steps; writing {out}/")

@@ -177,3 +177,13 @@ def test_the_gpt2_sampling_card_decodes_like_the_built_in_sampler(run_dir):
     card = cardc(*common, "--card", "cards/gpt2_sampling.card")
     assert built_in.returncode == 0 and card.returncode == 0, card.stderr
     assert built_in.stdout == "ab" + card.stdout
+
+
+@pytest.mark.parametrize("card, sets", [
+    ("cards/paper/unembedding.card", ["--set", "N_V=10", "--set", "d_e=4"]),
+    ("cards/paper/edtransformer.card", ["--preset", "tiny"]),
+])
+def test_train_refuses_a_card_that_is_not_a_language_model(card, sets, tmp_path):
+    r = cardc("train", card, *sets, "--steps", "2", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "is not a language model" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
