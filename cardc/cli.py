@@ -295,6 +295,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
     model.to(device)
     if args.card:
         return _sample_with_card(args, model, meta, device)
+    if list(inspect.signature(model.forward).parameters)[1:] != ["targets"]:
+        raise UsageError(f"{meta.get('name')} is not a language model; sample with an inference "
+                         "card, e.g. --card cards/paper/edinference.card")
     prompt = encode(args.prompt) or [10]
     with torch.no_grad():  # the vocabulary is the width of the logits, whatever the card calls it
         vocab = model(torch.zeros(1, 1, dtype=torch.long, device=device)).shape[-1]

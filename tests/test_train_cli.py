@@ -168,6 +168,8 @@ def test_sample_sets_an_inference_cards_own_hyperparameters(tmp_path):
     assert out[0] == 32 - 2 and (len(out) == 3 or out[-1] == 32 - 1)  # bos, then ≤ ℓ_out tokens
     r = cardc(*guarded, "--set", "ℓ_out=x")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = cardc("sample", str(tmp_path))  # an encoder–decoder needs its inference card
+    assert r.returncode == 2 and "sample with an inference card" in r.stderr
 
 
 def test_the_gpt2_sampling_card_decodes_like_the_built_in_sampler(run_dir):
