@@ -47,6 +47,18 @@ def procedure_cards(lib: Library, checker: Checker,
     return out
 
 
+def called_model(checker: Checker, alg: s.Algorithm) -> s.Algorithm | None:
+    """The model a training or inference card runs: the card it calls that owns parameters."""
+    return next((c.callee for c in checker.info(alg).calls.values()
+                 if checker.info(c.callee).sig.tree.members), None)
+
+
+def procedure_function(checker: Checker, alg: s.Algorithm):
+    """A training or inference card's generated function, ready to call."""
+    name = python_name(alg.label)
+    return getattr(load_module(source(checker, alg), name.lower()), name)
+
+
 def generated_cards(lib: Library, checker: Checker,
                     files: list[str] | None = None) -> list[s.Algorithm]:
     """Everything `cardc build` writes a file for: models, then training and inference."""
@@ -69,13 +81,17 @@ def checked(paths: list[str], library: str | None) -> tuple[Library, Checker, li
     elsewhere in the library (the paper's faithful, defective cards) are not."""
     lib, targets = load(paths, root=library)
     checker, diags = check(lib)
-    wanted = {str(Path(t)) for t in targets}
-    used = files_used(lib, checker, wanted)
+    require_clean(lib, checker, diags, {str(Path(t)) for t in targets})
+    return lib, checker, targets
+
+
+def require_clean(lib: Library, checker: Checker, diags: Diagnostics, files: set[str]) -> None:
+    """Raise the errors in `files`, in the cards they call, or in no card file at all."""
+    used = files_used(lib, checker, files)
     errors = [d for d in diags.errors if d.span.file in used or d.span.file not in
               {f.path for f in lib.files}]
     if errors:
         raise CardError(Diagnostics(errors, diags.sources))
-    return lib, checker, targets
 
 
 def files_used(lib: Library, checker: Checker, files: set[str]) -> set[str]:
@@ -163,9 +179,7 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
     try:
         values = preset_values(checker.info(alg).sig, preset, dict(overrides or {}))
     except PresetError as err:
-        diags = Diagnostics(sources=lib.diags.sources)
-        diags.error(err.span, err.message, err.hint)
-        raise CardError(diags) from None
+        raise err.card_error(lib.diags.sources) from None
     model, kwargs = instantiate(checker, alg, {python_name(k): v for k, v in values.items()}, fuse)
     files = [f.path for f in lib.files if f.path in lib.diags.sources]
     base = os.path.commonpath([os.path.abspath(p) for p in [*files, card]])

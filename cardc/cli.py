@@ -126,24 +126,22 @@ def cmd_info(args: argparse.Namespace) -> int:
         overrides = _overrides(args.set)
         summary = summarize(checker.infos[id(alg)].sig, args.preset, overrides)
     except PresetError as err:
-        d = Diagnostics(sources=diags.sources)
-        d.error(err.span, err.message, err.hint)
-        return _report(d)
+        return _report(err.card_error(diags.sources).diagnostics)
     print(summary.text())
     return EXIT_OK
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import checked, files_used, generated_cards, module_path, source
+    from .build import files_used, generated_cards, module_path, require_clean, source
     from .checker import check
     from .runtime.atomic import write_text_atomic
 
     _require_cards(args.paths)
-    # Cards named one by one must check; a folder's cards that do not are skipped with a note
-    # (cards/paper/faithful keeps the paper's defects on purpose).
-    checked([p for p in args.paths if not Path(p).is_dir()], args.library)
     lib, targets = load(args.paths, root=args.library)
     checker, diags = check(lib)
+    # Cards named one by one must check; a folder's cards that do not are skipped with a note
+    # (cards/paper/faithful keeps the paper's defects on purpose).
+    require_clean(lib, checker, diags, {str(Path(p)) for p in args.paths if not Path(p).is_dir()})
     wanted = [f.path for f in lib.files if f.path in {str(Path(t)) for t in targets}]
     broken = {d.span.file for d in diags.errors}
     stale, written = [], []
@@ -236,14 +234,14 @@ def _training_card(args: argparse.Namespace):
 
 def _train_with_card(args: argparse.Namespace, out: str, lib, checker, alg) -> int:
     """`cardc train cards/paper/etraining.card --preset tiny`: the card's own loop."""
-    from .build import build_model, load_module, source
+    from .build import build_model, called_model, procedure_function
     from .info import PresetError, check_ranges, preset_values
+    from .lower.values import card_names
     from .runtime.recipe import run_training_card
-    from .spelling import python_name
 
     info = checker.info(alg)
-    model_card = next(c.callee for c in info.calls.values() if checker.info(c.callee).sig.tree.members)
-    names = [n for d in alg.decls("Hyperparameters") for n in getattr(d, "names", ())]
+    model_card = called_model(checker, alg)
+    names = card_names(info.sig)
     overrides = _overrides(args.set)
     mine = {k: v for k, v in overrides.items() if k in names}  # the rest are the model's
     model = build_model(lib.file_of(model_card).path, args.preset,
@@ -255,14 +253,9 @@ def _train_with_card(args: argparse.Namespace, out: str, lib, checker, alg) -> i
         values = preset_values(info.sig, args.preset, mine)
         check_ranges(alg, values)
     except PresetError as err:
-        d = Diagnostics(sources=lib.diags.sources)
-        d.error(err.span, err.message, err.hint)
-        raise CardError(d) from None
-    hypers = {python_name(n): values[n] for n in names if n in values}
-    hypers = {k: int(v) if info.sig.hypers[n].elem == "ℕ" else float(v)
-              for n in names if (k := python_name(n)) in hypers for v in [hypers[k]]}
-    fn = getattr(load_module(source(checker, alg), python_name(alg.name).lower()),
-                 python_name(alg.name))
+        raise err.card_error(lib.diags.sources) from None
+    hypers = _typed(info.sig, [n for n in names if n in values], values)
+    fn = procedure_function(checker, alg)
     params = sum(p.numel() for p in model.parameters())
     print(f"training {model_card.name} ({args.preset or 'no preset'}, {params:,} parameters) "
           f"with {alg.name}, the card's own loop; writing {out}/")
@@ -317,10 +310,10 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device) -> int:
     token IDs (the reversal task's), any other prompt as UTF-8 bytes."""
     import torch
 
-    from .build import checked, default_library, load_module, procedure_cards, source
+    from .build import called_model, checked, default_library, procedure_cards, procedure_function
     from .info import PresetError, preset_values
+    from .lower.values import card_names
     from .runtime.data import decode, encode
-    from .spelling import python_name
     from .types import Ty
 
     _require_cards([args.card])
@@ -332,12 +325,12 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device) -> int:
         raise UsageError(f"{args.card} holds no inference card (one that is handed θ̂)")
     alg = cards[0]
     info = checker.info(alg)
-    callee = next((c.callee.name for c in info.calls.values()
-                   if checker.info(c.callee).sig.tree.members), None)
+    runs_on = called_model(checker, alg)
+    callee = runs_on.name if runs_on else None
     if callee != meta.get("name"):
         raise UsageError(f"{alg.name} samples from {callee}, but {args.dir} holds "
                          f"{meta.get('name')}")
-    declared = [n for d in alg.decls("Hyperparameters") for n in getattr(d, "names", ())]
+    declared = card_names(info.sig)
     given = {"ℓ_gen": args.tokens, "τ": args.temperature, **_overrides(args.set)}
     preset = alg.presets[0].name if alg.presets else None  # the card's own defaults, if any
     try:
@@ -345,20 +338,16 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device) -> int:
         # enforced here; --temperature is never negative
         values = preset_values(info.sig, preset, {n: v for n, v in given.items() if n in declared})
     except PresetError as err:
-        d = Diagnostics(sources=lib.diags.sources)
-        d.error(err.span, err.message, err.hint)
-        raise CardError(d) from None
+        raise err.card_error(lib.diags.sources) from None
     missing = [n for n in declared if n not in values]
     if missing:
         raise UsageError(f"{alg.name} needs {', '.join(missing)}: set it with --set NAME=VALUE")
-    hypers = {python_name(n): int(values[n]) if info.sig.hypers[n].elem == "ℕ" else values[n]
-              for n in declared}
+    hypers = _typed(info.sig, declared, values)
     words = args.prompt.split()
     numeric = bool(words) and all(w.isdigit() for w in words)
     ids = [int(w) for w in words] if numeric else encode(args.prompt) or [10]
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
-    fn = getattr(load_module(source(checker, alg), python_name(alg.name).lower()),
-                 python_name(alg.name))
+    fn = procedure_function(checker, alg)
     torch.manual_seed(args.seed)
     model.eval()
     with torch.no_grad():
@@ -368,6 +357,15 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device) -> int:
             raise RuntimeInputError(f"{alg.name} did not finish: {err}") from None
     print(" ".join(map(str, out)) if numeric else decode(out))
     return EXIT_OK
+
+
+def _typed(sig, names: list[str], values: dict[str, float]) -> dict[str, int | float]:
+    """Hyperparameter values by Python name, whole numbers for ℕ: a generated function's
+    keyword arguments."""
+    from .spelling import python_name
+
+    return {python_name(n): int(values[n]) if sig.hypers[n].elem == "ℕ" else float(values[n])
+            for n in names}
 
 
 def _overrides(pairs: list[str]) -> dict[str, float]:

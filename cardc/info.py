@@ -7,6 +7,7 @@ from fractions import Fraction
 
 from . import syntax as s
 from .checker import Signature
+from .diagnostics import CardError, Diagnostics
 from .dims import Dim
 from .types import BundleTy, Entry, FamilyTy, Ty
 
@@ -15,6 +16,12 @@ class PresetError(Exception):
     def __init__(self, span: s.Span, message: str, hint: str | None = None):
         super().__init__(message)
         self.span, self.message, self.hint = span, message, hint
+
+    def card_error(self, sources: dict[str, str]) -> CardError:
+        """The located diagnostic a command reports."""
+        diags = Diagnostics(sources=sources)
+        diags.error(self.span, self.message, self.hint)
+        return CardError(diags)
 
 
 def _number(e: s.Expr, env: dict[str, float]) -> float:

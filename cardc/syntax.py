@@ -8,6 +8,7 @@ Identifiers are stored in canonical (Unicode) spelling.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -450,3 +451,15 @@ class CardFile:
 
     def __hash__(self) -> int:
         return hash(self.algorithms)
+
+
+def nodes(tree: object) -> Iterator[object]:
+    """Every node of `tree` (a node, or a tuple of them) and below it, spans left out."""
+    if isinstance(tree, tuple):
+        for item in tree:
+            yield from nodes(item)
+    elif hasattr(tree, "__dataclass_fields__") and not isinstance(tree, Span):
+        yield tree
+        for name in tree.__dataclass_fields__:
+            if name != "span":
+                yield from nodes(getattr(tree, name))

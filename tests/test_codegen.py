@@ -27,16 +27,12 @@ CLEAN = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cards").rglob("*.card"
 
 @pytest.fixture(scope="module")
 def library():
-    import os
-
-    old = os.getcwd()
-    os.chdir(ROOT)  # generated banners name cards by their path from the repository root
-    try:
+    # generated banners name cards by their path from the repository root
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
         lib, checker, _ = checked(CLEAN, "cards")
         gpt2 = next(a for a in model_cards(lib, checker) if a.name == "GPT2")
         yield checker, gpt2
-    finally:
-        os.chdir(old)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ the paper's DTransformer and the row-major GPT-2 card compute the same function.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -24,13 +23,10 @@ SIZES = {
 
 @pytest.fixture(scope="module")
 def paper():
-    old = os.getcwd()
-    os.chdir(ROOT)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
         lib, checker, _ = checked([f"cards/paper/{n.lower()}.card" for n in SIZES], "cards")
         yield lib, checker
-    finally:
-        os.chdir(old)
 
 
 def _models(paper, name: str):
@@ -174,15 +170,12 @@ def test_paper_dtransformer_equals_the_row_major_gpt2_card(paper, tmp_path):
 
 @pytest.fixture(scope="module")
 def titled():
-    old = os.getcwd()
-    os.chdir(ROOT)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
         names = ["token_embedding", "positional_embedding", "single_query_attention",
                  "unembedding"]
         lib, checker, _ = checked([f"cards/paper/{n}.card" for n in names], "cards")
         yield {a.label: (checker, a) for f in lib.files for a in f.algorithms if a.title}
-    finally:
-        os.chdir(old)
 
 
 def _titled(titled, label: str, **sizes):

@@ -4,7 +4,6 @@ training), and the samplers respect the temperature limits and stop at eos_token
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -26,13 +25,10 @@ SIZES = {
 
 @pytest.fixture(scope="module")
 def paper():
-    old = os.getcwd()
-    os.chdir(ROOT)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
         lib, checker, _ = checked([f"cards/paper/{c}.card" for c in CARDS], "cards")
         yield lib, checker
-    finally:
-        os.chdir(old)
 
 
 def _fn(paper, name: str):
@@ -158,9 +154,8 @@ def test_edinference_starts_at_bos_and_halts_at_eos(paper):
 
 def test_a_card_that_names_adamw_steps_with_adamw(tmp_path):
     """cards/gpt2_training.card: DTraining on the row-major GPT-2 card, updating with AdamW."""
-    old = os.getcwd()
-    os.chdir(ROOT)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
         lib, checker, _ = checked(["cards/gpt2_training.card"], "cards")
         alg = lib.find("GPT2Training")
         fn = load_module(source(checker, alg), "gpt2training").GPT2Training
@@ -170,8 +165,6 @@ def test_a_card_that_names_adamw_steps_with_adamw(tmp_path):
         model, _ = instantiate(checker, gpt2, sizes)
         torch.manual_seed(0)
         reference, _ = instantiate(checker, gpt2, sizes)
-    finally:
-        os.chdir(old)
     data = _sequences(3, 9)
     fn(data, model, N_epochs=1, eta=0.01, beta_1=0.8, beta_2=0.9, lambda_=0.1)
     opt = torch.optim.AdamW(reference.parameters(), lr=0.01, betas=(0.8, 0.9), weight_decay=0.1)

@@ -83,15 +83,7 @@ def _linear_bias(a: Val, b: Val) -> bool:
 
 
 def _names_in(node) -> list[str]:
-    if isinstance(node, s.Name):
-        return [node.id]
-    out: list[str] = []
-    for f in getattr(node, "__dataclass_fields__", {}):
-        if f != "span":
-            v = getattr(node, f)
-            for x in v if isinstance(v, tuple) else (v,):
-                out += _names_in(x)
-    return out
+    return [n.id for n in s.nodes(node) if isinstance(n, s.Name)]
 
 
 def _dec(code: ir.Expr) -> ir.Expr:
@@ -448,23 +440,10 @@ class Body:
                 return name, slot
         return None
 
-    def uses_family(self, body, pattern: str, var: str, loop_var: str) -> bool:
-        found = False
-
-        def visit(node):
-            nonlocal found
-            if isinstance(node, s.Name) and instance(pattern, var, node.id) == loop_var:
-                found = True
-            elif isinstance(node, tuple):
-                for x in node:
-                    visit(x)
-            elif hasattr(node, "__dataclass_fields__"):
-                for f in node.__dataclass_fields__:
-                    if f != "span":
-                        visit(getattr(node, f))
-
-        visit(body)
-        return found
+    @staticmethod
+    def uses_family(body, pattern: str, var: str, loop_var: str) -> bool:
+        return any(isinstance(n, s.Name) and instance(pattern, var, n.id) == loop_var
+                   for n in s.nodes(body))
 
     def layer_loop(self, st: s.For, step: s.Step, stack: tuple[str, ModuleSlot]) -> None:
         """A stack of layers: `for block in self.block`, or by index when the layers' own
@@ -501,25 +480,11 @@ class Body:
             return self.dim(self.size(st.over.items[0]))
         return self.fail(st.over, "expected a range such as [L] or 1, 2, …, L")
 
-    def indexes_by(self, body, var: str) -> bool:
+    @staticmethod
+    def indexes_by(body, var: str) -> bool:
         """Whether `var` indexes a value somewhere in `body` (X[:, t]): a map over positions."""
-        found = False
-
-        def visit(node):
-            nonlocal found
-            if isinstance(node, s.Index) and any(getattr(i, "id", None) == var
-                                                 for i in node.items):
-                found = True
-            elif isinstance(node, tuple):
-                for x in node:
-                    visit(x)
-            elif hasattr(node, "__dataclass_fields__"):
-                for f in node.__dataclass_fields__:
-                    if f != "span":
-                        visit(getattr(node, f))
-
-        visit(body)
-        return found
+        return any(isinstance(n, s.Index) and any(getattr(i, "id", None) == var for i in n.items)
+                   for n in s.nodes(body))
 
     def position_map(self, st: s.For, step: s.Step) -> None:
         """`for t ∈ [ℓ] : X̃[:, t] ← f(X[:, t])` or `e_t ← …`: every column at once.
@@ -591,17 +556,13 @@ class Body:
         """The family `name` belongs to, and its index there: k_u → (k_t's family, u)."""
         for pattern, fam in self.scope.values.items():
             if isinstance(fam, Family):
-                index = instance(pattern, fam.var, name)
+                index = fam.var if pattern == name else instance(pattern, fam.var, name)
                 if index is not None:
                     return fam, index
         return None, None
 
     def family_of(self, name: str) -> Family | None:
-        for pattern, fam in self.scope.values.items():
-            if isinstance(fam, Family) and (pattern == name or
-                                            instance(pattern, fam.var, name) is not None):
-                return fam
-        return None
+        return self.member(name)[0]
 
     def stmt_ForAll(self, st: s.ForAll, step: s.Step) -> None:
         """`∀t, t′, if c then S[t, t′] ← v`: a masked fill of S where c holds. `∀t: k_t ← f(e_t)`

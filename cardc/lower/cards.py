@@ -520,14 +520,7 @@ def _note_dims(shapes: dict[str, ir.Expr], arg: str, dims, negative: bool) -> No
 
 
 def _names(e) -> list[s.Name]:
-    if isinstance(e, s.Name):
-        return [e]
-    out = []
-    for f in getattr(e, "__dataclass_fields__", {}):
-        v = getattr(e, f)
-        for x in v if isinstance(v, tuple) else (v,):
-            out += _names(x)
-    return out
+    return [n for n in s.nodes(e) if isinstance(n, s.Name)]
 
 
 def _ctor_value(e: s.Expr) -> ir.Expr:
@@ -570,49 +563,21 @@ def _stem(members: list[str], var: str) -> str:
 
 def _member_var(alg: s.Algorithm, name: str) -> str | None:
     """`e_t` when a step quantifies over t (∀t, Σ_t): an input that is a family of vectors."""
-    _, decor = split_name(name)
     bound = set()
-
-    def visit(node) -> None:
-        if isinstance(node, tuple):
-            for x in node:
-                visit(x)
-        elif isinstance(node, s.ForAll):
+    for node in s.nodes(alg.steps):
+        if isinstance(node, s.ForAll):
             bound.update(node.vars)
         elif isinstance(node, s.Sum):
             bound.add(node.index)
-        for f in getattr(node, "__dataclass_fields__", {}):
-            if f != "span":
-                v = getattr(node, f)
-                for x in v if isinstance(v, tuple) else (v,):
-                    visit(x)
-
-    visit(alg.steps)
-    return next((v for _, v in decor if v in bound), None)
+    return next((v for _, v in split_name(name)[1] if v in bound), None)
 
 
 def _layer_family(alg: s.Algorithm, name: str, var: str) -> bool:
     """Whether a `for … do` loop over layers indexes the family `name` by its variable."""
-    found = False
-
-    def visit(node, loop: str | None) -> None:
-        nonlocal found
-        if isinstance(node, s.For):
-            inner = node.var if node.style == "do" else loop
-            for step in node.body:
-                visit(step, inner)
-        elif isinstance(node, s.Name):
-            found = found or (loop is not None and instance(name, var, node.id) == loop)
-        elif isinstance(node, tuple):
-            for x in node:
-                visit(x, loop)
-        elif hasattr(node, "__dataclass_fields__"):
-            for f in node.__dataclass_fields__:
-                if f != "span":
-                    visit(getattr(node, f), loop)
-
-    visit(alg.steps, None)
-    return found
+    return any(isinstance(loop, s.For) and loop.style == "do" and
+               any(isinstance(n, s.Name) and instance(name, var, n.id) == loop.var
+                   for n in s.nodes(loop.body))
+               for loop in s.nodes(alg.steps))
 
 
 def _init(name: str, ty: Ty, shape: tuple[ir.Expr, ...]) -> ir.Expr:
