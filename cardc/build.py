@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import linecache
 import os
+import re
 import tempfile
+import traceback
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +141,24 @@ def find_card(lib: Library, checker: Checker, card: str, name: str | None) -> s.
 
 
 def load_module(text: str, name: str) -> types.ModuleType:
+    filename = f"<cardc:{name}>"
+    # registered so tracebacks and card_line() can show the generated source
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
     module = types.ModuleType(name)
-    exec(compile(text, f"<cardc:{name}>", "exec"), module.__dict__)  # noqa: S102
+    exec(compile(text, filename, "exec"), module.__dict__)  # noqa: S102
     return module
+
+
+def card_line(err: BaseException) -> str | None:
+    """`gpt2_training.card:11`: the card step that generated the innermost line of generated
+    code an error passed through."""
+    found = None
+    for frame, line in traceback.walk_tb(err.__traceback__):
+        if frame.f_code.co_filename.startswith("<cardc:"):
+            match = re.search(r"\[([^\[\]]+\.card:\d+)\]",
+                              linecache.getline(frame.f_code.co_filename, line))
+            found = match.group(1) if match else found
+    return found
 
 
 def instantiate(checker: Checker, alg: s.Algorithm, values: dict[str, float], fuse: bool = True):
@@ -191,11 +211,11 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
     return model
 
 
-def rebuild_model(meta: dict[str, Any]):
-    """The model a checkpoint's metadata describes, compiled again from its recorded cards."""
+@contextlib.contextmanager
+def recorded_cards(meta: dict[str, Any]) -> Iterator[Path]:
+    """The card files a checkpoint records, written out to a temporary folder."""
     try:
-        cards, card, name = meta["cards"], meta["card"], meta["name"]
-        hypers = dict(meta["hyperparameters"])
+        cards = dict(meta["cards"])
     except (KeyError, TypeError) as err:
         raise ValueError(f"checkpoint metadata lacks {err}") from None
     with tempfile.TemporaryDirectory() as tmp:
@@ -205,7 +225,43 @@ def rebuild_model(meta: dict[str, Any]):
                 raise ValueError(f"checkpoint metadata names an unsafe card path '{path}'")
             (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
             (Path(tmp) / rel).write_text(text, encoding="utf-8")
-        lib, checker, _ = checked([str(Path(tmp) / card)], tmp)
-        alg = find_card(lib, checker, str(Path(tmp) / card), name)
+        yield Path(tmp)
+
+
+def rebuild_model(meta: dict[str, Any]):
+    """The model a checkpoint's metadata describes, compiled again from its recorded cards."""
+    try:
+        card, name = meta["card"], meta["name"]
+        hypers = dict(meta["hyperparameters"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"checkpoint metadata lacks {err}") from None
+    with recorded_cards(meta) as tmp:
+        lib, checker, _ = checked([str(tmp / card)], str(tmp))
+        alg = find_card(lib, checker, str(tmp / card), name)
         model, _ = instantiate(checker, alg, hypers)
     return model
+
+
+def record_sampler(meta: dict[str, Any], lib: Library, checker: Checker,
+                   model: s.Algorithm) -> None:
+    """Record in a model's checkpoint metadata the inference card that samples it (the one
+    nearest the model's card) with the cards it calls, so `cardc sample` runs it anywhere."""
+    model_file = lib.file_of(model).path
+    samplers = [a for a in procedure_cards(lib, checker)
+                if not isinstance(checker.info(a).sig.output, BundleTy)
+                and called_model(checker, a) is model]
+    if not samplers:
+        return
+    samplers.sort(key=lambda a: (Path(lib.file_of(a).path).parent != Path(model_file).parent,
+                                 lib.file_of(a).path))
+    sampler = lib.file_of(samplers[0]).path
+    base = Path(os.path.abspath(model_file)).parents[len(Path(meta["card"]).parts) - 1]
+    cards = {}
+    for path in sorted(files_used(lib, checker, {sampler})):
+        rel = Path(os.path.relpath(os.path.abspath(path), base))
+        if ".." in rel.parts:
+            return  # outside the folder the checkpoint's cards are recorded from
+        cards[rel.as_posix()] = lib.diags.sources[path]
+    meta["cards"] = {**cards, **meta["cards"]}
+    meta["sampler"] = {"card": Path(os.path.relpath(os.path.abspath(sampler), base)).as_posix(),
+                       "name": samplers[0].label}

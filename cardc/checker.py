@@ -23,9 +23,12 @@ from .render.text import render_expr
 from .spelling import canonical_name, display
 from .types import BundleTy, Entry, FamilyTy, FuncTy, SetTy, Ty, subst_dim, substitute
 
-ELEMENTWISE = {"GELU", "GELU_tanh", "ReLU", "SiLU", "σ", "exp", "log", "tanh"}
-REDUCING = {"mean", "var", "max"}
-BUILTINS = ELEMENTWISE | REDUCING | {"softmax", "length"}
+ELEMENTWISE = {"GELU", "GELU_tanh", "ReLU", "SiLU", "σ", "exp", "log", "tanh", "cos"}
+REDUCING = {"mean", "var", "max", "min"}
+# min(a, b) and max(a, b) of two numbers, as a learning-rate schedule writes them
+PAIRWISE = {"min", "max"}
+BUILTINS = ELEMENTWISE | REDUCING | PAIRWISE | {"softmax", "length"}
+CONSTANTS = {"π": "math.pi"}
 # θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ): an update a training card may name instead of
 # writing θ − η · ∇loss(θ); its hyperparameters are the learning rate, the two decay rates of
 # the moment estimates and the weight decay (Loshchilov & Hutter), any trailing ones omitted
@@ -569,6 +572,8 @@ class _Body:
             for key, entry in scope.items():
                 if isinstance(entry, FamilyTy) and self.known_index(instance(key, entry.var, name)):
                     return entry.entry
+        if name in CONSTANTS:
+            return SCALAR
         hint = _suggest(name, [k for sc in self.scopes for k in sc])
         self.error(span, f"unknown name '{display(name)}'", hint)
         raise CheckError
@@ -1116,13 +1121,19 @@ class _Body:
         return Ty(elem="𝔹")
 
     def expr_sum(self, e: s.Sum) -> Ty:
-        if e.over is not None:
-            self.set_size(e.over)  # Σ_{t∈T̃}: over a set of indices
+        # Σ_{t∈T̃} is over a set of indices; the index also binds members of families, as
+        # x_n of a dataset under Σ_{n=a}^{b} (a minibatch)
+        size = self.set_size(e.over) if e.over is not None else Dim.sym(e.index)
+        outer = self.loop_vars.get(e.index)
+        self.loop_vars[e.index] = size
         self.scopes.append({e.index: Ty(elem="ℕ", value=Dim.sym(e.index))})
         try:
             body = self.tensor(e.body)
         finally:
             self.scopes.pop()
+            self.loop_vars.pop(e.index)
+            if outer is not None:
+                self.loop_vars[e.index] = outer
         return Ty(body.shape)
 
     def expr_call(self, e: s.Call) -> Ty:
@@ -1218,6 +1229,12 @@ class _Body:
         return SetTy(size)
 
     def apply_builtin(self, name: str, args: list[Ty], e: s.Expr) -> Ty:
+        if name in PAIRWISE and len(args) == 2:
+            if any(a.shape for a in args):
+                self.error(e.span, f"{name}(a, b) compares two numbers, given {args[0]} and "
+                                   f"{args[1]}", hint=f"{name}(x) takes the {name} of a vector")
+                raise CheckError
+            return Ty(elem="ℕ") if all(a.elem == "ℕ" for a in args) else Ty()
         if len(args) != 1:
             self.error(e.span, f"{name} takes one argument")
             raise CheckError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import sys
 from pathlib import Path
 
@@ -182,87 +183,128 @@ def cmd_build(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# flags of `cardc train` that set a hyperparameter of the training card
+RECIPE_FLAGS = {"steps": "N_steps", "batch_size": "B", "block_size": "ℓ", "lr": "η"}
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from .build import build_model
+    """`cardc train MODEL.card` runs the training card that trains the model (its recipe);
+    `cardc train TRAINING.card` runs that card on the model it calls."""
+    from .build import build_model, called_model, procedure_function, record_sampler
     from .runtime.train import TrainConfig, resolve_device, train
 
     _require_cards([args.card])
     out = args.out or str(Path("runs") / (Path(args.card).stem + (f"-{args.preset}" if args.preset else "")))
+    for flag, least in (("steps", 0), ("batch_size", 1), ("block_size", 2), ("examples", 1),
+                        ("eval_every", 1)):
+        if getattr(args, flag) is not None and getattr(args, flag) < least:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= {least}")
+    if args.lr is not None and args.lr <= 0:
+        raise UsageError("--lr must be > 0")
     try:
-        cfg = TrainConfig(out_dir=out, steps=args.steps, batch_size=args.batch_size,
-                          block_size=args.block_size, lr=args.lr, eval_every=args.eval_every,
-                          device=args.device, seed=args.seed, data_path=args.data,
-                          compile=args.compile)
-    except (ValueError, RuntimeInputError) as err:
+        cfg = TrainConfig(out_dir=out, examples=args.examples, length=args.block_size or 128,
+                          eval_every=args.eval_every, device=args.device, seed=args.seed,
+                          data_path=args.data, compile=args.compile)
+    except RuntimeInputError as err:
         raise UsageError(str(err)) from None
     resolve_device(cfg.device)  # before any output: a missing GPU is reported up front
     import torch
 
-    torch.manual_seed(cfg.seed)  # the initial weights too: a run is reproducible from its seed
-    recipe = _training_card(args)
-    if recipe is not None:
-        return _train_with_card(args, out, *recipe)
-    model = build_model(args.card, args.preset, _overrides(args.set), args.library, args.name)
-    inputs = list(inspect.signature(model.forward).parameters)
-    if inputs[1:] != ["targets"]:  # the built-in trainer feeds token windows and their targets
-        raise UsageError(f"{model.card_meta['name']} is not a language model (one token sequence "
-                         "in, scores over the vocabulary out); train it with a training card, "
-                         "as cards/paper/edtraining.card trains EDTransformer")
+    torch.manual_seed(args.seed)  # the initial weights too: a run is reproducible from its seed
+    lib, checker, recipe = _recipe(args)
+    model_card = called_model(checker, recipe)
+    hypers, model_overrides = _recipe_values(args, lib, checker, recipe)
+    model = build_model(lib.file_of(model_card).path, args.preset, model_overrides,
+                        args.library, model_card.name)
+    record_sampler(model.card_meta, lib, checker, model_card)
     params = sum(p.numel() for p in model.parameters())
-    print(f"training {model.card_meta['name']} ({args.preset or 'no preset'}, {params:,} parameters) "
-          f"for {cfg.steps} steps; writing {out}/")
-    Path(out).mkdir(parents=True, exist_ok=True)
-    train(model, cfg, model.card_meta)
+    print(f"training {model_card.name} ({args.preset or 'no preset'}, {params:,} parameters) "
+          f"with {recipe.name} ({_shown_path(lib.file_of(recipe).path)}); writing {out}/")
+    train(model, procedure_function(checker, recipe), hypers, cfg, model.card_meta)
     return EXIT_OK
 
 
-def _training_card(args: argparse.Namespace):
-    """The training card in the file, with its checker, if the file holds one (DTraining)."""
-    from .build import checked, default_library, procedure_cards
+def _shown_path(path: str) -> str:
+    """A path relative to the working directory when it lies below it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def _recipe(args: argparse.Namespace):
+    """The training card to run: the one in the file, or else the library's card that trains
+    the file's model (--recipe names another)."""
+    from .build import (
+        called_model,
+        checked,
+        default_library,
+        find_card,
+        procedure_cards,
+        require_clean,
+    )
     from .types import BundleTy
 
-    lib, checker, _ = checked([args.card], args.library or default_library(args.card))
+    library = args.library or default_library(args.card)
+    lib, checker, _ = checked([args.card, *([args.recipe] if args.recipe else [])], library)
+
+    def training_cards(files: list[str] | None) -> list:
+        return [a for a in procedure_cards(lib, checker, files)  # they hand back θ̂
+                if isinstance(checker.info(a).sig.output, BundleTy)]
+
     file = next(f.path for f in lib.files if Path(f.path) == Path(args.card))
-    procedures = [a for a in procedure_cards(lib, checker, [file]) if args.name in (None, a.name)]
-    cards = [a for a in procedures  # a training card hands back θ̂; an inference card samples
-             if isinstance(checker.info(a).sig.output, BundleTy)]
-    if procedures and not cards:
-        raise UsageError(f"{procedures[0].name} is an inference card: sample with it, "
-                         f"'cardc sample RUN --card {args.card}'")
-    return (lib, checker, cards[0]) if cards else None
+    here = [a for a in procedure_cards(lib, checker, [file]) if args.name in (None, a.name)]
+    if here:
+        trains = [a for a in here if isinstance(checker.info(a).sig.output, BundleTy)]
+        if not trains:
+            raise UsageError(f"{here[0].name} is an inference card: sample with it, "
+                             f"'cardc sample RUN --card {args.card}'")
+        return lib, checker, trains[0]
+    model = find_card(lib, checker, args.card, args.name)
+    if args.recipe:
+        recipe_file = next(f.path for f in lib.files if Path(f.path) == Path(args.recipe))
+        found = training_cards([recipe_file])
+        if not found or called_model(checker, found[0]) is not model:
+            raise UsageError(f"{args.recipe} holds no training card for {model.label}")
+        return lib, checker, found[0]
+    found = [a for a in training_cards(None) if called_model(checker, a) is model]
+    if not found:
+        raise UsageError(f"no training card in {_shown_path(library)}/ trains {model.label}; "
+                         "write one (as "
+                         "cards/gpt2_training.card trains GPT2) or name it with --recipe")
+    found.sort(key=lambda a: (Path(lib.file_of(a).path).parent != Path(file).parent,
+                              lib.file_of(a).path))  # the model's own folder first
+    require_clean(lib, checker, checker.diags, {lib.file_of(found[0]).path})
+    return lib, checker, found[0]
 
 
-def _train_with_card(args: argparse.Namespace, out: str, lib, checker, alg) -> int:
-    """`cardc train cards/paper/etraining.card --preset tiny`: the card's own loop."""
-    from .build import build_model, called_model, procedure_function
+def _recipe_values(args: argparse.Namespace, lib, checker, recipe):
+    """The training card's hyperparameters (preset, flags, --set) and the model's overrides."""
     from .info import PresetError, check_ranges, preset_values
     from .lower.values import card_names
-    from .runtime.recipe import run_training_card
 
-    info = checker.info(alg)
-    model_card = called_model(checker, alg)
+    info = checker.info(recipe)
     names = card_names(info.sig)
     overrides = _overrides(args.set)
     mine = {k: v for k, v in overrides.items() if k in names}  # the rest are the model's
-    model = build_model(lib.file_of(model_card).path, args.preset,
-                        {k: v for k, v in overrides.items() if k not in mine}, args.library,
-                        model_card.name)
-    if args.examples < 1:
-        raise UsageError("--examples must be >= 1")
+    for flag, name in RECIPE_FLAGS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if name not in names and flag == "block_size":
+            continue  # the harness cuts examples of this length for a card without ℓ
+        if name not in names:
+            raise UsageError(f"--{flag.replace('_', '-')} sets {name}, which {recipe.name} "
+                             f"does not have; set its hyperparameters with --set NAME=VALUE")
+        mine[name] = value
     try:
         values = preset_values(info.sig, args.preset, mine)
-        check_ranges(alg, values)
+        check_ranges(recipe, values)
     except PresetError as err:
         raise err.card_error(lib.diags.sources) from None
-    hypers = _typed(info.sig, [n for n in names if n in values], values)
-    fn = procedure_function(checker, alg)
-    params = sum(p.numel() for p in model.parameters())
-    print(f"training {model_card.name} ({args.preset or 'no preset'}, {params:,} parameters) "
-          f"with {alg.name}, the card's own loop; writing {out}/")
-    run_training_card(fn, model, hypers, out, examples=args.examples,
-                      length=min(args.block_size, int(getattr(model, "max_seq_len", 64))),
-                      seed=args.seed, data_path=args.data, name=alg.name)
-    return EXIT_OK
+    missing = [n for n in names if n not in values]
+    if missing:
+        raise UsageError(f"{recipe.name} needs {', '.join(missing)}: set it with --set NAME=VALUE")
+    hypers = _typed(info.sig, names, values)
+    return hypers, {k: v for k, v in overrides.items() if k not in mine}
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -287,7 +329,16 @@ def cmd_sample(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model.to(device)
     if args.card:
-        return _sample_with_card(args, model, meta, device)
+        _require_cards([args.card])
+        return _sample_with_card(args, model, meta, device, args.card, None, echo=False)
+    sampler = meta.get("sampler")
+    if args.top_k is None and isinstance(sampler, dict) and "card" in sampler:
+        from .build import recorded_cards
+
+        with recorded_cards(meta) as root:  # the inference card recorded when it was trained
+            return _sample_with_card(args, model, meta, device, str(root / sampler["card"]),
+                                     str(root), echo=True)
+    # --top-k, or a checkpoint that records no inference card: the built-in sampler
     if list(inspect.signature(model.forward).parameters)[1:] != ["targets"]:
         raise UsageError(f"{meta.get('name')} is not a language model; sample with an inference "
                          "card, e.g. --card cards/paper/edinference.card")
@@ -303,26 +354,29 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _sample_with_card(args: argparse.Namespace, model, meta, device) -> int:
+def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
+                      library: str | None, echo: bool) -> int:
     """`cardc sample RUN --card cards/paper/dinference.card`: the inference card samples.
 
-    --tokens and --temperature set the card's ℓ_gen and τ; a prompt of integers is read as
-    token IDs (the reversal task's), any other prompt as UTF-8 bytes."""
+    --tokens and --temperature set the card's ℓ_gen and τ, and hyperparameters it shares with
+    the model (its context, ctx) take the model's values; a prompt of integers is read as
+    token IDs (the reversal task's), any other prompt as UTF-8 bytes. `echo` prints a text
+    prompt before the card's output."""
     import torch
 
     from .build import called_model, checked, default_library, procedure_cards, procedure_function
     from .info import PresetError, preset_values
     from .lower.values import card_names
     from .runtime.data import decode, encode
+    from .spelling import python_name
     from .types import Ty
 
-    _require_cards([args.card])
-    lib, checker, _ = checked([args.card], default_library(args.card))
-    file = next(f.path for f in lib.files if Path(f.path) == Path(args.card))
+    lib, checker, _ = checked([card], library or default_library(card))
+    file = next(f.path for f in lib.files if Path(f.path) == Path(card))
     cards = [a for a in procedure_cards(lib, checker, [file])
              if isinstance(checker.info(a).sig.output, Ty)]
     if not cards:
-        raise UsageError(f"{args.card} holds no inference card (one that is handed θ̂)")
+        raise UsageError(f"{card} holds no inference card (one that is handed θ̂)")
     alg = cards[0]
     info = checker.info(alg)
     runs_on = called_model(checker, alg)
@@ -331,7 +385,9 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device) -> int:
         raise UsageError(f"{alg.name} samples from {callee}, but {args.dir} holds "
                          f"{meta.get('name')}")
     declared = card_names(info.sig)
-    given = {"ℓ_gen": args.tokens, "τ": args.temperature, **_overrides(args.set)}
+    shared = {n: meta["hyperparameters"][python_name(n)] for n in declared
+              if python_name(n) in meta.get("hyperparameters", {})}
+    given = {**shared, "ℓ_gen": args.tokens, "τ": args.temperature, **_overrides(args.set)}
     preset = alg.presets[0].name if alg.presets else None  # the card's own defaults, if any
     try:
         # τ = 0 is the limit τ → 0 the sampler implements (arg-max), so intervals are not
@@ -355,7 +411,7 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device) -> int:
             out = fn(prompt, model, **hypers)[0].tolist()
         except ValueError as err:  # the model's positions ran out before the card stopped
             raise RuntimeInputError(f"{alg.name} did not finish: {err}") from None
-    print(" ".join(map(str, out)) if numeric else decode(out))
+    print(" ".join(map(str, out)) if numeric else (args.prompt if echo else "") + decode(out))
     return EXIT_OK
 
 
@@ -421,15 +477,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--preset")
     t.add_argument("--name", help="which card of the file (default: its model card)")
     t.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
-    t.add_argument("--steps", type=int, default=1000)
+    t.add_argument("--recipe", help="the training card to run (default: the library's card "
+                                    "that trains the model)")
+    t.add_argument("--steps", type=int, help="updates: the training card's N_steps")
     t.add_argument("--examples", type=int, default=2000,
-                   help="examples in the dataset of a training card (default: 2000)")
+                   help="examples in the dataset of a card that visits them one at a time "
+                        "(default: 2000)")
     t.add_argument("--out", help="run folder (default: runs/CARD-PRESET)")
     t.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     t.add_argument("--data", help="a text file to train on (default: the embedded corpus)")
-    t.add_argument("--batch-size", type=int, default=16)
-    t.add_argument("--block-size", type=int, default=128)
-    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--batch-size", type=int, help="the training card's minibatch size B")
+    t.add_argument("--block-size", type=int,
+                   help="tokens per training sequence: the training card's ℓ (default: 128)")
+    t.add_argument("--lr", type=float, help="the training card's (peak) learning rate η")
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--seed", type=int, default=1337)
     t.add_argument("--compile", action="store_true", help="torch.compile the model")

@@ -321,3 +321,22 @@ def test_info_names_a_titled_card_by_its_title(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert out.startswith("BasicSingleQueryAttention") and "parameters: 35" in out
+
+
+def test_schedules_compare_numbers_with_min_and_max(tmp_path):
+    card = ("Algorithm: y ← Schedule(x)\nInput: x ∈ ℝ^{D}\nOutput: y ∈ ℝ\n"
+            "Hyperparameters: D, N ∈ ℕ\n"
+            "1 return y = min(1, (1 + cos(π · max(0, D − N)/N))/2) · max(x)\n")
+    assert _check_text(card, tmp_path) == []
+    vector = card.replace("min(1, (1", "min(x, (1")
+    assert _check_text(vector, tmp_path) == ["min(a, b) compares two numbers, given ℝ^{D} and ℝ"]
+
+
+def test_a_sum_over_a_datasets_examples_binds_them(tmp_path):
+    card = ("Algorithm: s ← Total(x_{1:N_data})\nInput: {x_n}_{n=1}^{N_data}, sequences.\n"
+            "Output: s ∈ ℝ\nHyperparameters: B ∈ ℕ\n"
+            "1 return s = Σ_{n=1}^{B} length(x_n)\n")
+    assert _check_text(card, tmp_path) == []
+    unbound = card.replace("Σ_{n=1}^{B} length(x_n)", "Σ_{m=1}^{B} length(x_n)")
+    assert _check_text(unbound, tmp_path) == [
+        "'x_n' is indexed by 'n', which no enclosing loop binds"]

@@ -31,6 +31,11 @@ def paper():
         yield lib, checker
 
 
+def _into(losses: list[float]):
+    """A report callback keeping each update's loss."""
+    return lambda loss, lr: losses.append(loss.item())
+
+
 def _fn(paper, name: str):
     lib, checker = paper
     return getattr(load_module(source(checker, lib.find(name)), name.lower()), name)
@@ -58,7 +63,7 @@ def test_dtraining_takes_the_sgd_step_on_the_cards_loss(paper):
     reference = _model(paper, "DTransformer")
     (x,) = _sequences(1, 9)
     losses = []
-    train([x], model, N_epochs=1, eta=0.1, report=losses.append)
+    train([x], model, N_epochs=1, eta=0.1, report=_into(losses))
     logits = reference.forward(x[None], x[None])[0]  # P with targets: softmax of the logits
     loss = -torch.log(logits[0, torch.arange(8), x[1:]]).sum()
     loss.backward()
@@ -82,7 +87,7 @@ def test_training_lowers_the_cards_loss(paper, card, model_name):
     def measured() -> float:
         torch.manual_seed(5)
         seen = []
-        train(*data, model, N_epochs=1, eta=0.0, report=seen.append, **extra)
+        train(*data, model, N_epochs=1, eta=0.0, report=_into(seen), **extra)
         return sum(seen) / len(seen)
 
     before = measured()
@@ -98,12 +103,12 @@ def test_etraining_masks_what_p_mask_says(paper):
     model = _model(paper, "ETransformer")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     seen = []
-    train(_sequences(3, 8), model, N_epochs=1, eta=0.5, p_mask=0.0, report=seen.append)
+    train(_sequences(3, 8), model, N_epochs=1, eta=0.5, p_mask=0.0, report=_into(seen))
     assert seen == [0.0, 0.0, 0.0]  # nothing masked: no loss, no change
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     (x,) = _sequences(1, 8)
     seen = []
-    train([x], model, N_epochs=1, eta=0.0, p_mask=1.0, report=seen.append)
+    train([x], model, N_epochs=1, eta=0.0, p_mask=1.0, report=_into(seen))
     masked = torch.full((1, 8), 19 - 3)  # every token is mask_token (N_V − 2, 0-based N_V − 3)
     expected = -torch.log(model(masked)[0, torch.arange(8), x]).sum()
     assert seen == pytest.approx([expected.item()], rel=1e-5)
@@ -153,7 +158,8 @@ def test_edinference_starts_at_bos_and_halts_at_eos(paper):
 
 
 def test_a_card_that_names_adamw_steps_with_adamw(tmp_path):
-    """cards/gpt2_training.card: DTraining on the row-major GPT-2 card, updating with AdamW."""
+    """cards/gpt2_training.card: DTraining on the row-major GPT-2 card, on minibatches,
+    updating with AdamW (which decays the weight matrices only)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)
         lib, checker, _ = checked(["cards/gpt2_training.card"], "cards")
@@ -165,12 +171,17 @@ def test_a_card_that_names_adamw_steps_with_adamw(tmp_path):
         model, _ = instantiate(checker, gpt2, sizes)
         torch.manual_seed(0)
         reference, _ = instantiate(checker, gpt2, sizes)
-    data = _sequences(3, 9)
-    fn(data, model, N_epochs=1, eta=0.01, beta_1=0.8, beta_2=0.9, lambda_=0.1)
-    opt = torch.optim.AdamW(reference.parameters(), lr=0.01, betas=(0.8, 0.9), weight_decay=0.1)
-    for x in data:  # the card's loss: −Σ_t log softmax(P[t, :])[x[t + 1]], by hand
-        logits = reference(x[None])[0]
-        loss = F.cross_entropy(logits[:-1], x[1:], reduction="sum")
+    data = _sequences(6, 9)
+    fn(data, model, N_steps=2, B=3, l=9, eta=0.01, eta_min=0.01, N_warmup=1, beta_1=0.8,
+       beta_2=0.9, lambda_=0.1)
+    matrices = [p for p in reference.parameters() if p.ndim >= 2]
+    others = [p for p in reference.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": matrices}, {"params": others, "weight_decay": 0.0}],
+                            lr=0.01, betas=(0.8, 0.9), weight_decay=0.1)
+    for i in range(2):  # the card's loss: the mean of −log softmax(P[t, :])[x[t + 1]], by hand
+        x = torch.stack(data[3 * i:3 * i + 3])
+        logits = reference(x)
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten())
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -185,7 +196,7 @@ def test_adamw_needs_parameters_and_their_gradient(tmp_path):
 
     card = (ROOT / "cards" / "gpt2_training.card").read_text(encoding="utf-8")
     bad = tmp_path / "bad.card"
-    bad.write_text(card.replace("AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ)", "AdamW(θ, loss(θ) | η)"),
+    bad.write_text(card.replace("AdamW(θ, ∇loss(θ) | η_i, β_1, β_2, λ)", "AdamW(θ, loss(θ) | η)"),
                    encoding="utf-8")
     assert main(["check", str(bad), "--library", str(ROOT / "cards")]) == 1
 

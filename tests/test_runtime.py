@@ -27,7 +27,7 @@ from cardc.runtime.errors import RuntimeInputError
 from cardc.runtime.plot import plot_losses
 from cardc.runtime.progress import ProgressBar
 from cardc.runtime.sample import generate
-from cardc.runtime.train import TrainConfig, lr_at, resolve_device, train
+from cardc.runtime.train import TrainConfig, resolve_device, train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REQUIRED_KEYS = {"step", "train_loss", "val_loss", "tokens_per_s", "lr", "elapsed_s"}
@@ -122,30 +122,37 @@ def test_encode_decode_round_trip() -> None:
     assert decode(ids[:-1]).endswith("\ufffd")  # a cut character degrades, never raises
 
 
+def sgd_recipe(x, theta, N_steps, B, l, eta, report=None):  # noqa: E741 (the card's ℓ)
+    """A minibatch training card's function, written by hand: what the harness drives."""
+    opt = torch.optim.SGD(theta.parameters(), lr=eta)
+    for i in range(N_steps):
+        batch = torch.stack(x[i * B:(i + 1) * B])
+        loss = theta(batch[:, :-1], batch[:, 1:])[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if report is not None:
+            report(loss.detach(), eta)
+    return theta
+
+
 def test_train_end_to_end(tmp_path, corpus: bytes) -> None:
     data_file = tmp_path / "corpus.txt"
     data_file.write_bytes(corpus[:30_000])
     out = tmp_path / "run"
-    cfg = TrainConfig(
-        out_dir=str(out),
-        steps=60,
-        batch_size=8,
-        block_size=64,
-        lr=3e-2,
-        warmup=5,
-        eval_every=20,
-        eval_iters=4,
-        device="cpu",
-        data_path=str(data_file),
-    )
+    cfg = TrainConfig(out_dir=str(out), eval_every=20, eval_iters=4, device="cpu",
+                      data_path=str(data_file))
     torch.manual_seed(0)
     model = Bigram(max_seq_len=16)
     lines: list[str] = []
-    records = train(model, cfg, {"card": "bigram"}, log=lines.append, progress=False)
+    hypers = {"N_steps": 60, "B": 8, "l": 16, "eta": 3.0}
+    records = train(model, sgd_recipe, hypers, cfg, {"card": "bigram"}, log=lines.append,
+                    progress=False)
 
     assert [r["step"] for r in records] == [0, 20, 40, 60]
     assert records[-1]["val_loss"] < records[0]["val_loss"] - 0.5
     assert records[0]["tokens_per_s"] == 0.0 and records[-1]["tokens_per_s"] > 0
+    assert records[-1]["lr"] == 3.0 and records[-1]["card_loss"] is not None
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics == records
     assert all(m.keys() >= REQUIRED_KEYS for m in metrics)
@@ -154,24 +161,24 @@ def test_train_end_to_end(tmp_path, corpus: bytes) -> None:
     assert "->" in lines[-1] and len(lines) == 5
 
     meta, state = read_checkpoint(out)
-    assert meta["card"] == "bigram" and meta["block_size"] == 16  # capped at max_seq_len
+    assert meta["card"] == "bigram" and meta["block_size"] == 16 and meta["recipe"] == hypers
     assert math.isclose(meta["val_loss"], records[-1]["val_loss"])
     fresh = Bigram(max_seq_len=16)
     load_state(fresh, state)
     assert torch.equal(fresh.table.weight, model.table.weight)
 
 
-def test_lr_schedule() -> None:
-    cfg = TrainConfig(out_dir="unused", steps=100, lr=1.0, warmup=10, min_lr_ratio=0.1)
-    assert lr_at(0, cfg) == pytest.approx(0.1)
-    assert lr_at(9, cfg) == pytest.approx(1.0)
-    assert lr_at(100, cfg) == pytest.approx(0.1)
-    assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(10, 100))
+def test_train_refuses_sequences_longer_than_the_context(tmp_path) -> None:
+    cfg = TrainConfig(out_dir=str(tmp_path / "run"), device="cpu")
+    with pytest.raises(RuntimeInputError, match="ℓ = 17 tokens do not fit"):
+        train(Bigram(max_seq_len=16), sgd_recipe, {"N_steps": 1, "B": 1, "l": 17, "eta": 1.0},
+              cfg, {}, progress=False)
+    assert not (tmp_path / "run").exists()
 
 
 def test_bad_config_and_device() -> None:
-    with pytest.raises(RuntimeInputError, match="batch_size"):
-        TrainConfig(out_dir="x", batch_size=0)
+    with pytest.raises(RuntimeInputError, match="eval_every"):
+        TrainConfig(out_dir="x", eval_every=0)
     with pytest.raises(RuntimeInputError, match="bogus"):
         resolve_device("bogus")
     assert resolve_device("cpu") == torch.device("cpu")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .. import ir
 from .. import syntax as s
-from ..checker import CallInfo, CardInfo, instance
+from ..checker import CONSTANTS, PAIRWISE, CallInfo, CardInfo, instance
 from ..dims import Dim
 from ..spelling import display
 from ..types import BundleTy, FamilyTy, Ty, subst_dim
@@ -44,6 +44,20 @@ def _call(func: str, *args: ir.Expr, **kwargs: ir.Expr) -> ir.Call:
 
 def _method(obj: ir.Expr, name: str, *args: ir.Expr, **kwargs: ir.Expr) -> ir.Call:
     return ir.Call(ir.Attr(obj, name), args, tuple(kwargs.items()))
+
+
+def _log_of(code: ir.Expr) -> ir.Expr | None:
+    """log of softmax(z), or of entries picked from it: log_softmax(z), picked alike (one
+    kernel, and no log of an underflowed 0)."""
+    if isinstance(code, ir.Call) and code.func == ir.Ref("torch.softmax"):
+        return ir.Call(ir.Ref("torch.log_softmax"), code.args, code.kwargs)
+    if isinstance(code, ir.Sub):
+        inner = _log_of(code.obj)
+        return None if inner is None else ir.Sub(inner, code.items)
+    if isinstance(code, ir.Call) and isinstance(code.func, ir.Attr) and code.func.name == "gather":
+        inner = _log_of(code.func.obj)
+        return None if inner is None else ir.Call(ir.Attr(inner, "gather"), code.args, code.kwargs)
+    return None
 
 
 def _int(n: int) -> ir.Lit:
@@ -89,22 +103,31 @@ def _names_in(node) -> list[str]:
 def _dec(code: ir.Expr) -> ir.Expr:
     """A 1-based index made 0-based, its integer constants folded: `ℓ + (i + 1) − 1 − 1` is
     `ℓ + i − 1`."""
+    return _shift(code, -1)
+
+
+def _shift(code: ir.Expr, offset: int) -> ir.Expr:
+    """`code + offset` with the integer constants of its sums folded into one."""
     terms: list[tuple[int, ir.Expr]] = []
-    constant = -1
+    constant, literals = offset, 0
 
     def collect(e: ir.Expr, sign: int) -> None:
-        nonlocal constant
+        nonlocal constant, literals
         if isinstance(e, ir.Bin) and e.op in "+-":
             collect(e.left, sign)
             collect(e.right, sign if e.op == "+" else -sign)
         elif isinstance(e, ir.Lit) and e.text.lstrip("-").isdigit():
             constant += sign * int(e.text)
+            literals += 1
         else:
             terms.append((sign, e))
 
     collect(code, 1)
+    if offset == 0 and literals < 2:
+        return code  # nothing to fold
     if not terms or terms[0][0] < 0:
-        return ir.Bin("-", code, _int(1))
+        return ir.Bin("-", code, _int(-offset)) if offset < 0 else \
+            ir.Bin("+", code, _int(offset)) if offset else code
     out = terms[0][1]
     for sign, e in terms[1:]:
         out = ir.Bin("+" if sign > 0 else "-", out, e)
@@ -333,26 +356,37 @@ class Body:
 
     def update(self, st: s.Assign, step: s.Step) -> bool:
         """`θ ← θ − η · ∇loss(θ)` is torch.optim.SGD; `θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ)`
-        is torch.optim.AdamW. Either is made once, before the loops, and steps here."""
+        is torch.optim.AdamW. Either is made once, before the loops, and steps here; a rate
+        the loop computes (a schedule, η_i) is set before each step."""
         model = self.scope.values[st.target.id].code
         found = self.optimizer(st.value, st.target.id, model)
         if found is None:
             return False
-        make, loss_name = found
+        make, rate, loss_name = found
         loss = self.expr(s.Name(loss_name, span=st.value.span))
+        fixed = rate is None or all(n in self.info.sig.hypers or n in CONSTANTS
+                                    for n in _names_in(rate))
+        lr = self.expr(rate).code if rate is not None else None
+        if lr is not None and fixed:
+            make = ir.Call(make.func, make.args, (("lr", lr), *make.kwargs))
         if not any("optimizer" in getattr(x, "targets", ()) for x in self.prologue):
             self.prologue.append(ir.Assign(("optimizer",), make, self.note(step)))
+        if lr is not None and not fixed:
+            groups = ir.Attr(ir.Ref("optimizer"), "param_groups")
+            self.emit(ir.Loop("group", groups, (ir.Assign(('group["lr"]',), lr),),
+                              ir.Note(None, self.line(step), "this step's learning rate")))
         self.emit(ir.Assign((), _method(ir.Ref("optimizer"), "zero_grad"), self.note(step)))
         total = _method(loss.code, "sum")
         self.emit(ir.Assign((), _method(total, "backward")))
         self.emit(ir.Assign((), _method(ir.Ref("optimizer"), "step")))
+        told = (_method(total, "detach"), lr if lr is not None else ir.Lit("None"))
         self.emit(ir.If(ir.Bin("is not", ir.Ref("report"), ir.Ref("None")),
-                        (ir.Assign((), _call("report", _method(total, "item"))),)))
+                        (ir.Assign((), _call("report", *told)),)))
         return True
 
-    def optimizer(self, v: s.Expr, theta: str, model: ir.Expr) -> tuple[ir.Call, str] | None:
-        params = _method(model, "parameters")
-
+    def optimizer(self, v: s.Expr, theta: str, model: ir.Expr
+                  ) -> tuple[ir.Call, s.Expr | None, str] | None:
+        """The optimizer's constructor (without its rate), the rate and the loss's name."""
         def gradient(g) -> str | None:  # ∇loss(θ) → "loss"
             ok = isinstance(g, s.Unary) and g.op == "∇" and isinstance(g.operand, s.Call)
             return g.operand.func if ok else None
@@ -360,20 +394,30 @@ class Body:
         if isinstance(v, s.BinOp) and v.op == "−" and getattr(v.left, "id", None) == theta \
                 and isinstance(v.right, s.BinOp) and v.right.op in ("·", " ") \
                 and gradient(v.right.right):
-            rate = self.expr(v.right.left).code
-            return _call("torch.optim.SGD", params, lr=rate), gradient(v.right.right)
+            params = _method(model, "parameters")
+            return _call("torch.optim.SGD", params), v.right.left, gradient(v.right.right)
         if isinstance(v, s.Call) and v.func == "AdamW" and len(v.args) == 2 \
                 and getattr(v.args[0], "id", None) == theta and gradient(v.args[1]):
-            values = [self.expr(p.value if isinstance(p, s.Arg) else p).code for p in v.params]
+            given = [p.value if isinstance(p, s.Arg) else p for p in v.params]
+            values = [self.expr(p).code for p in given[1:]]
             kwargs: dict[str, ir.Expr] = {}
-            if values:
-                kwargs["lr"] = values[0]
+            if len(values) >= 2:
+                kwargs["betas"] = ir.Seq((values[0], values[1]))
             if len(values) >= 3:
-                kwargs["betas"] = ir.Seq((values[1], values[2]))
-            if len(values) >= 4:
-                kwargs["weight_decay"] = values[3]
-            return _call("torch.optim.AdamW", params, **kwargs), gradient(v.args[1])
+                kwargs["weight_decay"] = values[2]
+            make = _call("torch.optim.AdamW", self.decay_groups(model), **kwargs)
+            return make, given[0] if given else None, gradient(v.args[1])
         return None
+
+    @staticmethod
+    def decay_groups(model: ir.Expr) -> ir.Expr:
+        """AdamW's weight decay λ shrinks the weight matrices only: decaying gains and biases
+        pulls them toward 0, not toward their identity values."""
+        if not isinstance(model, ir.Ref):
+            return _method(model, "parameters")
+        params = f"{model.id}.parameters()"
+        return ir.Lit(f'[{{"params": [p for p in {params} if p.ndim >= 2]}}, '
+                      f'{{"params": [p for p in {params} if p.ndim < 2], "weight_decay": 0.0}}]')
 
     def stmt_Sample(self, st: s.Sample, step: s.Step) -> None:
         """`sample a token y from q ∝ p^{1/τ}`: q = softmax(log p / τ); τ → 0 is the arg-max."""
@@ -644,6 +688,9 @@ class Body:
         stacked = self.stacked(name)
         if stacked is not None:
             return stacked
+        if name in CONSTANTS and name not in self.info.sig.hypers:
+            self.low.program.imports.add("math")
+            return Val(ir.Ref(CONSTANTS[name]), Ty())
         if name in SPECIAL_TOKENS and name not in self.info.sig.hypers:
             # the paper's §4: N_V − 2, N_V − 1, N_V of [N_V]; 0-based IDs are one less
             vocab = self.ty(e).vocab or Dim.sym("N_V")
@@ -695,7 +742,8 @@ class Body:
         if e.op == " " and isinstance(e.left, s.Name) and e.left.id in ELEMENTWISE and \
                 e.left.id not in self.scope.values:  # `log P[…]`: a function applied by juxtaposition
             x = self.expr(e.right)
-            return _like(x, _call(ELEMENTWISE[e.left.id], x.code), self.ty(e))
+            log = _log_of(x.code) if e.left.id == "log" else None
+            return _like(x, log or _call(ELEMENTWISE[e.left.id], x.code), self.ty(e))
         a, b = self.expr(e.left), self.expr(e.right)
         ty = self.ty(e)
         if e.op in (" ", "·"):
@@ -716,8 +764,10 @@ class Body:
             rank = max(len(a.ty.shape), len(b.ty.shape))
             if self.sum_axis or self.point:
                 ty = Ty((a.ty if len(a.ty.shape) == rank else b.ty).shape, ty.elem)
-        return Val(ir.Bin(op, a.code, b.code), ty, a.lifted or b.lifted,
-                   a.flipped or b.flipped, a.rows or b.rows)
+        code = ir.Bin(op, a.code, b.code)
+        if op in "+-" and not (a.lifted or b.lifted or a.ty.shape or b.ty.shape):
+            code = _shift(code, 0)  # numbers: `(i + 1) − 1` is `i`
+        return Val(code, ty, a.lifted or b.lifted, a.flipped or b.flipped, a.rows or b.rows)
 
     def ones_row(self, e: s.BinOp) -> Val:
         """`b 1^⊺`: the column b repeated across columns, which broadcasting does for free
@@ -954,6 +1004,9 @@ class Body:
 
     def ranged_sum(self, e: s.Sum) -> Val:
         """Σ_{t=a}^{b} f(t) or Σ_{t∈T̃} f(t): f for every t at once, then summed."""
+        elems = [x for x, (_, var, _) in self.datasets.items() if var == e.index]
+        if elems and e.over is None:
+            return self.minibatch_sum(e, elems)
         if e.over is not None:
             if not (isinstance(e.over, s.Name) and e.over.id in self.sets):
                 self.fail(e.over, "code generation sums over a set built with {t ∈ … : …}")
@@ -969,6 +1022,30 @@ class Body:
         if mask is not None:
             code = _call("torch.where", mask.code, code, ir.Lit("0.0"))
         return Val(_method(code, "sum", _int(-1)), Ty(), body.lifted)
+
+    def minibatch_sum(self, e: s.Sum, elems: list[str]) -> Val:
+        """Σ_{n=a}^{b} f(x_n) over a dataset's examples: f of the minibatch x_a, …, x_b at
+        once (every example one row of a batch), then summed over the rows."""
+        lo, hi = self.expr(e.lo).code, self.expr(e.hi).code
+        outer = {elem: self.scope.values.get(elem) for elem in elems}
+        for elem in elems:
+            examples, _, ty = self.datasets[elem]
+            local = self.fresh(local_name(elem))
+            rows = ir.Sub(ir.Ref(examples), (ir.SliceX(_dec(lo), hi),))
+            self.emit(ir.Assign((local,), _call("torch.stack", rows),
+                                ir.Note(None, self.line(e), "a minibatch: one example per row")))
+            self.scope.values[elem] = Val(ir.Ref(local), ty, True)
+        try:
+            body = self.expr(e.body)
+        finally:
+            for elem, val in outer.items():
+                if val is None:
+                    self.scope.values.pop(elem, None)
+                else:
+                    self.scope.values[elem] = val
+        if not body.lifted or body.ty.shape:
+            self.fail(e, "a sum over a dataset's examples sums one number per example")
+        return Val(_method(body.code, "sum"), Ty())
 
     def expr_Concat(self, e: s.Concat) -> Val:
         items = [x for x in e.items if not isinstance(x, s.Ellipsis_)]
@@ -1031,6 +1108,14 @@ class Body:
         return self.call_card(e, info)
 
     def builtin(self, e: s.Call) -> Val:
+        if e.func in PAIRWISE and len(e.args) == 2:
+            return self.pairwise(e)
+        if e.func == "cos" and len(e.args) == 1:
+            x = self.expr(e.args[0])
+            if not x.lifted and not x.ty.shape:  # a number, as in a learning-rate schedule
+                self.low.program.imports.add("math")
+                return Val(_call("math.cos", x.code), Ty())
+            return _like(x, _call("torch.cos", x.code), self.ty(e))
         if len(e.args) != 1:
             self.fail(e, f"'{e.func}' takes one argument")
         x = self.expr(e.args[0])
@@ -1045,8 +1130,8 @@ class Body:
         if e.func in ("mean", "var"):
             return Val(_method(x.code, e.func, _int(-1), **(
                 {"unbiased": ir.Lit("False")} if e.func == "var" else {})), ty, x.lifted)
-        if e.func == "max":
-            return Val(_method(x.code, "amax", _int(-1)), ty, x.lifted)
+        if e.func in ("max", "min"):
+            return Val(_method(x.code, "a" + e.func, _int(-1)), ty, x.lifted)
         if e.func == "length":
             size = self.ty(e).value
             if size is not None and not x.rows and not self.procedure:  # lengths change in loops
@@ -1056,6 +1141,14 @@ class Body:
                     pass
             return Val(ir.Sub(ir.Attr(x.code, "shape"), (_int(-1),)), Ty(elem="ℕ"))
         return self.fail(e, f"code generation does not know '{e.func}' yet")
+
+    def pairwise(self, e: s.Call) -> Val:
+        """min(a, b), max(a, b): Python's for numbers, torch's element-wise for tensors."""
+        a, b = (self.expr(x) for x in e.args)
+        if a.lifted or b.lifted:
+            func = "torch.minimum" if e.func == "min" else "torch.maximum"
+            return Val(_call(func, a.code, b.code), Ty(), True)
+        return Val(_call(e.func, a.code, b.code), Ty())
 
     def call_card(self, e: s.Call, call: CallInfo) -> Val:
         ty = self.ty(e)

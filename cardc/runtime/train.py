@@ -1,8 +1,15 @@
-"""Training loop: AdamW with warmup + cosine decay, periodic evaluation, checkpoint and plot."""
+"""The harness around a training card: data, device, evaluation, progress and checkpoint.
+
+The card's generated function is the recipe: its loss, optimizer, learning-rate schedule and
+minibatches. This module hands it a dataset, watches every update through the function's
+`report(loss, η)` callback, measures a held-out loss and writes metrics.jsonl, loss.png and
+model.safetensors.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -20,45 +27,31 @@ from cardc.runtime.data import get_batch, load_corpus, split
 from cardc.runtime.errors import RuntimeInputError
 from cardc.runtime.plot import plot_losses
 from cardc.runtime.progress import ProgressBar, format_duration
+from cardc.runtime.tasks import reversal_pairs, windows
 
-BAR_EVERY = 10  # steps between progress-bar updates; each one costs a device sync
+BAR_EVERY = 10  # updates between progress-bar redraws; each one costs a device sync
+
+Recipe = Callable[..., Any]  # a training card's function: (datasets…, θ, hypers…, report=…)
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    """Hyper-parameters of one run; ``out_dir`` receives metrics, checkpoint and plot."""
+    """What the harness decides; the card decides everything about the updates."""
 
     out_dir: str
-    steps: int = 1000
-    batch_size: int = 16
-    block_size: int = 128
-    lr: float = 1e-3  # peak, reached at the end of warmup
-    min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
-    warmup: int = 50
-    weight_decay: float = 0.1  # matrices only; biases and norm gains are not decayed
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0  # <= 0 disables clipping
-    eval_every: int = 100
+    examples: int = 2000  # dataset size for a card that does not fix it (N_steps · B)
+    length: int = 128  # tokens per example for a card that does not fix it (ℓ)
+    eval_every: int = 100  # updates between held-out evaluations
     eval_iters: int = 20
+    eval_batch: int = 16
     device: str = "auto"
     seed: int = 1337
     data_path: str | None = None
     compile: bool = False
 
     def __post_init__(self) -> None:
-        checks = {
-            "steps": self.steps >= 0,
-            "batch_size": self.batch_size >= 1,
-            "block_size": self.block_size >= 1,
-            "lr": self.lr > 0,
-            "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
-            "warmup": self.warmup >= 0,
-            "weight_decay": self.weight_decay >= 0,
-            "eval_every": self.eval_every >= 1,
-            "eval_iters": self.eval_iters >= 1,
-        }
-        for name, ok in checks.items():
-            if not ok:
+        for name in ("examples", "length", "eval_every", "eval_iters", "eval_batch"):
+            if getattr(self, name) < 1:
                 raise RuntimeInputError(f"invalid training setting {name}={getattr(self, name)!r}")
 
 
@@ -77,205 +70,228 @@ def resolve_device(name: str) -> torch.device:
             raise RuntimeInputError(
                 f"device '{name}' requested but only {torch.cuda.device_count()} CUDA device(s) exist"
             )
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise RuntimeInputError(f"device '{name}' requested but MPS is not available")
     elif device.type != "cpu":
         raise RuntimeInputError(f"unsupported device '{name}' (use auto, cpu, cuda or cuda:N)")
     return device
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to ``cfg.lr``, then cosine decay to ``cfg.lr * cfg.min_lr_ratio``."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    min_lr = cfg.lr * cfg.min_lr_ratio
-    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - min_lr)
+def is_language_model(model: nn.Module) -> bool:
+    """One token sequence in, scores over the vocabulary out: forward(x, targets)."""
+    return list(inspect.signature(model.forward).parameters)[1:] == ["targets"]
 
 
-def effective_block_size(model: nn.Module, block_size: int) -> int:
-    """The configured block size, capped at the model's ``max_seq_len`` when it has one."""
-    limit = getattr(model, "max_seq_len", None)
-    if isinstance(limit, int) and not isinstance(limit, bool):
-        return min(block_size, limit)
-    return block_size
+def dataset_inputs(recipe: Recipe, hypers: dict[str, Any]) -> int:
+    """How many datasets the card reads: they precede θ, the hyperparameters and report."""
+    return recipe.__code__.co_argcount - 2 - len(hypers)
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW decaying only matrices (ndim >= 2): decaying gains and biases hurts."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise RuntimeInputError("model has no trainable parameters")
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(
-        [g for g in groups if g["params"]],
-        lr=cfg.lr,
-        betas=cfg.betas,
-        fused=True if device.type == "cuda" else None,
-    )
+@dataclass
+class Plan:
+    """The shape of a run, read off the card's hyperparameters."""
+
+    examples: int
+    length: int
+    per_update: int  # examples in one update: B for a minibatch card, else 1
+    updates: int | None  # known in advance when the card counts them
+
+    @classmethod
+    def of(cls, hypers: dict[str, Any], cfg: TrainConfig, model: nn.Module) -> Plan:
+        limit = getattr(model, "max_seq_len", None)
+        length = int(hypers.get("l", min(cfg.length, limit or cfg.length)))
+        if isinstance(limit, int) and length > limit:
+            raise RuntimeInputError(f"sequences of ℓ = {length} tokens do not fit the model's "
+                                    f"context of {limit}")
+        if "N_steps" in hypers and "B" in hypers:  # a minibatch card reads N_steps · B examples
+            steps, batch = int(hypers["N_steps"]), int(hypers["B"])
+            return cls(steps * batch, length, batch, steps)
+        epochs = hypers.get("N_epochs")
+        return cls(cfg.examples, length, 1, None if epochs is None else int(epochs) * cfg.examples)
+
+
+def make_data(model: nn.Module, inputs: int, count: int, length: int, tokens: torch.Tensor,
+              seed: int, device: torch.device) -> list[list[torch.Tensor]]:
+    """One list per dataset of the card: corpus windows, or (z_n, x_n) reversal pairs."""
+    if inputs == 2:
+        vocab = int(model.card_meta["hyperparameters"].get("N_V", 0)) or 32
+        pairs = reversal_pairs(count, vocab, 2, max(2, min(length, 6)), seed)
+        return [[z.to(device) for z, _ in pairs], [x.to(device) for _, x in pairs]]
+    return [[w.to(device) for w in windows(tokens, count, length, seed)]]
 
 
 @dataclass
 class _Run:
-    """Everything the step and eval helpers share."""
+    """Everything the callbacks of one run share."""
 
     cfg: TrainConfig
     model: nn.Module
-    forward: Callable[..., Any]
+    recipe: Recipe
+    hypers: dict[str, Any]
+    plan: Plan
     device: torch.device
-    block: int
-    train_data: torch.Tensor
-    val_data: torch.Tensor
+    splits: tuple[torch.Tensor, torch.Tensor]
+    val_data: list[list[torch.Tensor]]
     log: Callable[[str], Any] = print
     bar: ProgressBar | None = None
     start: float = field(default_factory=time.perf_counter)
     records: list[dict[str, Any]] = field(default_factory=list)
+    seen: list[torch.Tensor] = field(default_factory=list)  # the card's losses since the last record
+    tokens_per_example: float = 0.0  # all its datasets' tokens, for the throughput
+    updates: int = 0
+    lr: float | None = None
+    segment: tuple[float, int] = (0.0, 0)  # (time, updates) where throughput is measured from
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.device.type == "cuda":
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def loss(self, data: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        x, y = get_batch(data, self.cfg.batch_size, self.block, generator, self.device)
-        with self.autocast():
-            _, loss = self.forward(x, y)
-        return loss
 
-
-def _prepare(
-    model: nn.Module, cfg: TrainConfig, log: Callable[[str], Any], bar: ProgressBar | None
-) -> _Run:
-    device = resolve_device(cfg.device)
-    train_data, val_data = split(load_corpus(cfg.data_path))
-    block = effective_block_size(model, cfg.block_size)
-    for name, data in (("training", train_data), ("validation", val_data)):
-        if len(data) <= block:
-            raise RuntimeInputError(
-                f"corpus too small: {name} split has {len(data)} bytes, need more than {block}"
-            )
-    model.to(device).train()
-    forward = torch.compile(model) if cfg.compile else model
-    # The corpus is small (bytes), so keeping it on the device avoids a copy per batch.
-    data = train_data.to(device), val_data.to(device)
-    return _Run(cfg, model, forward, device, block, *data, log=log, bar=bar)
-
-
-@torch.no_grad()
-def _evaluate(run: _Run) -> tuple[float, float]:
-    """Mean train and val loss over ``eval_iters`` batches each."""
-    run.model.eval()
-    means = []
-    for data in (run.train_data, run.val_data):
-        # Same seed every time: every evaluation sees the same batches, so curves are comparable.
-        gen = torch.Generator().manual_seed(run.cfg.seed + 1)
-        losses = torch.stack([run.loss(data, gen).float() for _ in range(run.cfg.eval_iters)])
-        means.append(losses.mean())
-    run.model.train()
-    train_loss, val_loss = torch.stack(means).tolist()  # one sync for both
-    return train_loss, val_loss
-
-
-def train(
-    model: nn.Module,
-    cfg: TrainConfig,
-    meta: dict[str, Any],
-    log: Callable[[str], Any] = print,
-    *,
-    progress: bool = True,
-) -> list[dict[str, Any]]:
-    """Train ``model`` in place; write metrics, checkpoint and loss plot to ``cfg.out_dir``."""
+def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainConfig,
+          meta: dict[str, Any], log: Callable[[str], Any] = print, *,
+          progress: bool = True) -> list[dict[str, Any]]:
+    """Train ``model`` in place with the card's function; write the run to ``cfg.out_dir``."""
     json.dumps(meta)  # fail now, not after a long run, if the checkpoint metadata can't be saved
-    run = _prepare(model, cfg, log, ProgressBar(cfg.steps) if progress and cfg.steps else None)
-    torch.manual_seed(cfg.seed)  # dropout and any other in-model randomness
-    opt = make_optimizer(model, cfg, run.device)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    tokens_per_step = cfg.batch_size * run.block
-    _eval_and_log(run, step=0, lr=lr_at(0, cfg), tokens_per_s=0.0)
-    seg_start, seg_step = time.perf_counter(), 0
-    for step in range(cfg.steps):
-        lr = lr_at(step, cfg)
-        loss = _train_step(run, opt, gen, lr)
-        done = step + 1
-        if run.bar is not None and (done % BAR_EVERY == 0 or done == cfg.steps):
-            seconds = max(time.perf_counter() - seg_start, 1e-9)
-            run.bar.update(done, loss.item(), (done - seg_step) * tokens_per_step / seconds)
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            _sync(run.device)
-            seconds = max(time.perf_counter() - seg_start, 1e-9)
-            _eval_and_log(
-                run, step=done, lr=lr, tokens_per_s=(done - seg_step) * tokens_per_step / seconds
-            )
-            seg_start, seg_step = time.perf_counter(), done
+    device = resolve_device(cfg.device)
+    plan = Plan.of(hypers, cfg, model)
+    splits = split(load_corpus(cfg.data_path))
+    inputs = dataset_inputs(recipe, hypers)
+    train_data = make_data(model, inputs, plan.examples, plan.length, splits[0], cfg.seed, device)
+    val_data = make_data(model, inputs, max(50, cfg.examples // 10), plan.length, splits[1],
+                         cfg.seed + 1, device)
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    model.to(device).train()
+    bar = ProgressBar(plan.updates) if progress and plan.updates else None
+    run = _Run(cfg, model, recipe, hypers, plan, device, splits, val_data, log, bar,
+               tokens_per_example=sum(x.numel() for d in train_data for x in d)
+               / max(1, plan.examples))
+    torch.manual_seed(cfg.seed)  # dropout, masks and any other randomness of the recipe
+    theta = torch.compile(model) if cfg.compile else model
+    _record(run)
+    run.segment = (time.perf_counter(), 0)
+    with run.autocast():
+        try:
+            recipe(*train_data, theta, **hypers,
+                   report=lambda loss, lr: _on_update(run, loss, lr))
+        except (ArithmeticError, RuntimeError, ValueError, IndexError) as err:
+            raise RuntimeInputError(_failure(recipe, err)) from None
     if run.bar is not None:
         run.bar.close()
+    if run.records[-1]["step"] != run.updates or len(run.records) == 1:
+        _record(run)
     _finish(run, meta)
     return run.records
 
 
-def _train_step(
-    run: _Run, opt: torch.optim.Optimizer, gen: torch.Generator, lr: float
-) -> torch.Tensor:
-    for group in opt.param_groups:
-        group["lr"] = lr
-    loss = run.loss(run.train_data, gen)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if run.cfg.grad_clip > 0:
-        nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.grad_clip)
-    opt.step()
-    return loss.detach()
+def _failure(recipe: Recipe, err: Exception) -> str:
+    """One line naming the card step that failed, for an error inside the generated code."""
+    from cardc.build import card_line
+
+    where = card_line(err)
+    return f"{where + ': ' if where else ''}{recipe.__name__} failed: {err}"
 
 
-def _sync(device: torch.device) -> None:
-    # Kernels run asynchronously on CUDA; without a sync the throughput would be overstated.
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _on_update(run: _Run, loss: torch.Tensor, lr: Any) -> None:
+    """The card's report after each update: progress, and every eval_every a record."""
+    run.updates += 1
+    run.seen.append(loss.float())
+    run.lr = float(lr) if lr is not None else None
+    if run.bar is not None and run.updates % BAR_EVERY == 0:
+        run.bar.update(run.updates, run.seen[-1].item(), _throughput(run))
+    if run.updates % run.cfg.eval_every == 0:
+        _record(run, evaluate=is_language_model(run.model) or run.updates == run.plan.updates)
 
 
-def _eval_and_log(run: _Run, *, step: int, lr: float, tokens_per_s: float) -> None:
-    """Evaluate, append to metrics.jsonl (rewritten atomically) and log one line."""
-    train_loss, val_loss = _evaluate(run)
-    record = {
-        "step": step,
-        "train_loss": _finite(train_loss),
-        "val_loss": _finite(val_loss),
-        "tokens_per_s": round(tokens_per_s, 1),
-        "lr": lr,
-        "elapsed_s": round(time.perf_counter() - run.start, 3),
-    }
+def _throughput(run: _Run) -> float:
+    """Tokens per second of training since the last record."""
+    if run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)  # kernels run asynchronously
+    since, at = run.segment
+    tokens = (run.updates - at) * run.plan.per_update * run.tokens_per_example
+    return tokens / max(time.perf_counter() - since, 1e-9)
+
+
+def _record(run: _Run, evaluate: bool = True) -> None:
+    """Evaluate, append to metrics.jsonl (rewritten atomically) and log one line. A card's own
+    objective is measured only first and last: it costs an update per held-out example."""
+    tokens_per_s = _throughput(run) if run.updates else 0.0
+    train_loss, val_loss = _evaluate(run) if evaluate else (None, None)
+    card_loss = torch.stack(run.seen).mean().item() if run.seen else None
+    run.seen.clear()
+    record = {"step": run.updates, "train_loss": _finite(train_loss),
+              "val_loss": _finite(val_loss), "card_loss": card_loss,
+              "tokens_per_s": round(tokens_per_s, 1), "lr": run.lr,
+              "elapsed_s": round(time.perf_counter() - run.start, 3)}
     run.records.append(record)
     lines = "".join(json.dumps(r) + "\n" for r in run.records)
     write_text_atomic(os.path.join(run.cfg.out_dir, "metrics.jsonl"), lines)
     if run.bar is not None:
         run.bar.clear()
-    run.log(
-        f"step {step:>{len(str(run.cfg.steps))}}/{run.cfg.steps} | train {train_loss:.4f}"
-        f" | val {val_loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s"
-        f" | {record['elapsed_s']:.1f}s"
-    )
-    if record["train_loss"] is None or record["val_loss"] is None:
-        raise RuntimeInputError(
-            f"training diverged at step {step} (loss is not finite); try a lower learning rate"
-        )
+    total = f"/{run.plan.updates}" if run.plan.updates else ""
+    lr = f" | lr {run.lr:.2e}" if run.lr is not None else ""
+    shown = "".join(f"{k} {v:.4f} | " for k, v in (("train", train_loss), ("val", val_loss),
+                                                   ("card", card_loss)) if v is not None)
+    run.log(f"step {run.updates}{total} | {shown}{tokens_per_s:,.0f} tok/s{lr} | "
+            f"{record['elapsed_s']:.1f}s")
+    if any(v is not None and not math.isfinite(v) for v in (train_loss, val_loss, card_loss)):
+        raise RuntimeInputError(f"training diverged at update {run.updates} (loss is not "
+                                "finite); try a lower learning rate")
+    run.segment = (time.perf_counter(), run.updates)
 
 
-def _finite(x: float) -> float | None:
+def _evaluate(run: _Run) -> tuple[float | None, float]:
+    """Held-out loss: the mean next-token cross-entropy of a language model on both splits,
+    else the card's own objective on held-out examples with its learning rate at 0."""
+    was_training = run.model.training
+    run.model.eval()
+    try:
+        if is_language_model(run.model):
+            train_loss, val_loss = (_next_token_loss(run, data) for data in run.splits)
+            return train_loss, val_loss
+        return None, _card_objective(run)
+    finally:
+        run.model.train(was_training)
+
+
+@torch.no_grad()
+def _next_token_loss(run: _Run, data: torch.Tensor) -> float:
+    # The same batches at every evaluation, so the curve compares like with like.
+    gen = torch.Generator().manual_seed(run.cfg.seed + 1)
+    losses = []
+    for _ in range(run.cfg.eval_iters):
+        x, y = get_batch(data, run.cfg.eval_batch, run.plan.length - 1, gen, run.device)
+        with run.autocast():
+            losses.append(run.model(x, y)[1].float())
+    return torch.stack(losses).mean().item()
+
+
+def _card_objective(run: _Run) -> float:
+    """The card's loss over the held-out examples, one update per example at η = 0."""
+    losses: list[float] = []
+    rng = torch.get_rng_state()
+    torch.manual_seed(0)  # the same masks each time it is measured
+    frozen = {k: (0.0 if k.startswith("eta") else v) for k, v in run.hypers.items()}
+    if "N_epochs" in frozen:
+        frozen["N_epochs"] = 1
+    if "N_steps" in frozen:  # a minibatch card: as many minibatches as the examples fill
+        frozen["N_steps"] = max(1, len(run.val_data[0]) // int(frozen["B"]))
+    run.recipe(*run.val_data, run.model, **frozen,
+               report=lambda loss, lr: losses.append(loss.item()))
+    torch.set_rng_state(rng)
+    return sum(losses) / max(1, len(losses))
+
+
+def _finite(x: float | None) -> float | None:
     # JSON has no NaN/Infinity; null keeps metrics.jsonl parseable by strict readers.
-    return x if math.isfinite(x) else None
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _finish(run: _Run, meta: dict[str, Any]) -> None:
     """Save the checkpoint and plot, then log the run summary."""
     first, last = run.records[0]["val_loss"], run.records[-1]["val_loss"]
-    saved = {**meta, "train_config": asdict(run.cfg), "block_size": run.block, "val_loss": last}
+    saved = {**meta, "train_config": asdict(run.cfg), "recipe": run.hypers,
+             "block_size": run.plan.length, "val_loss": last}
     path = save_checkpoint(run.cfg.out_dir, run.model, saved)
     plot_losses(run.records, os.path.join(run.cfg.out_dir, "loss.png"))
     wall = time.perf_counter() - run.start
-    run.log(
-        f"val loss {first:.4f} -> {last:.4f} in {format_duration(wall)} ({wall:.1f}s); saved {path}"
-    )
+    run.log(f"val loss {first:.4f} -> {last:.4f} after {run.updates} updates in "
+            f"{format_duration(wall)} ({wall:.1f}s); saved {path}")

@@ -26,5 +26,5 @@ def DTraining(x, theta, N_epochs, eta, report=None):
             loss_.sum().backward()
             optimizer.step()
             if report is not None:
-                report(loss_.sum().item())
+                report(loss_.sum().detach(), eta)
     return theta  # [dtraining.card:16]

@@ -27,5 +27,5 @@ def EDTraining(z, x, theta, N_epochs, eta, report=None):
             loss_.sum().backward()
             optimizer.step()
             if report is not None:
-                report(loss_.sum().item())
+                report(loss_.sum().detach(), eta)
     return theta  # [edtraining.card:16]

@@ -29,5 +29,5 @@ def ETraining(x, theta, N_epochs, eta, p_mask, report=None):
             loss_.sum().backward()
             optimizer.step()
             if report is not None:
-                report(loss_.sum().item())
+                report(loss_.sum().detach(), eta)
     return theta  # [etraining.card:20]
