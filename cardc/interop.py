@@ -144,8 +144,14 @@ def parse_mapping(raw: Any, source: str) -> Mapping:
                    str(raw.get("base_prefix", "")), tuple(raw.get("ignore", [])))
 
 
+_KEYS = {"about", "card", "architecture", "model_type", "hyperparameters", "fixed_config",
+         "export_config", "layers", "tensors", "tied", "base_prefix", "ignore"}
+
+
 def _check_keys(raw: Any, need: Callable[[bool, str], None]) -> None:
     need(isinstance(raw, dict), "expected a JSON object")
+    for key in sorted(set(raw) - _KEYS):  # a misspelt key would otherwise be ignored
+        need(False, f"unknown key '{key}' (known: {', '.join(sorted(_KEYS))})")
     for key in ("card", "architecture", "model_type"):
         need(isinstance(raw.get(key), str), f"'{key}' must be a string")
     for key in ("hyperparameters", "tensors"):

@@ -328,6 +328,8 @@ def test_malformed_mapping_is_reported():
     raw = json.loads((ROOT / "cards" / "gpt2.hf.json").read_text())
     with pytest.raises(RuntimeInputError, match=r"bad.hf.json: names with \{i\} need 'layers'"):
         parse_mapping({k: v for k, v in raw.items() if k != "layers"}, "bad.hf.json")
+    with pytest.raises(RuntimeInputError, match="unknown key 'fixed_confg'"):
+        parse_mapping({**raw, "fixed_confg": {}}, "bad.hf.json")
     with pytest.raises(RuntimeInputError, match="'chunk' must be"):
         parse_mapping({**raw, "tensors": {"x": {"card": "W_e", "chunk": [3, 3]}}}, "bad.hf.json")
 
