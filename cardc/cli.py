@@ -415,6 +415,26 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
     return EXIT_OK
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from .interop import import_checkpoint
+
+    _require_cards([args.card])
+    model, path = import_checkpoint(args.card, args.source, args.out, args.preset,
+                                    _overrides(args.set))
+    params = sum(p.numel() for p in model.parameters())
+    print(f"imported {args.source} as {model.card_meta['name']} ({params:,} parameters); "
+          f"wrote {path}")
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .interop import export_hf
+
+    mapping, dest = export_hf(args.dir, args.to, args.library)
+    print(f"exported {args.dir} as {mapping.architecture}; wrote {dest}/")
+    return EXIT_OK
+
+
 def _typed(sig, names: list[str], values: dict[str, float]) -> dict[str, int | float]:
     """Hyperparameter values by Python name, whole numbers for ℕ: a generated function's
     keyword arguments."""
@@ -507,6 +527,22 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a hyperparameter of the inference card (with --card)")
     sa.set_defaults(run=cmd_sample)
+
+    im = sub.add_parser("import", help="a Hugging Face checkpoint as a cardc checkpoint")
+    im.add_argument("card")
+    im.add_argument("--preset", help="hyperparameters (default: from the source's config.json)")
+    im.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    im.add_argument("--from", dest="source", required=True, metavar="PATH",
+                    help="a Hugging Face model folder or its model.safetensors")
+    im.add_argument("--out", required=True, metavar="DIR", help="the cardc run folder to write")
+    im.set_defaults(run=cmd_import)
+
+    ex = sub.add_parser("export", help="a cardc checkpoint as a Hugging Face model folder")
+    ex.add_argument("dir", help="a run folder (or its model.safetensors)")
+    ex.add_argument("--to", required=True, metavar="PATH", help="the folder to write")
+    ex.add_argument("--library", default="cards", help="where to find the mapping of a trained "
+                    "checkpoint, <card>.hf.json beside its card (default: cards)")
+    ex.set_defaults(run=cmd_export)
 
     for sp in (c, i, b, t):
         sp.add_argument("--library", default="cards",

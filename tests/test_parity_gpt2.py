@@ -1,9 +1,9 @@
 """Parity: the card-generated GPT-2 equals Hugging Face's GPT2LMHeadModel number for number.
 
 A small randomly initialised GPT2LMHeadModel (no download) is copied into the model that
-`cards/gpt2.card` compiles to, through an explicit table of parameter names. Logits, gradients
-and the language-modelling loss must then agree to fp32 rounding, and a deliberately broken
-mapping (two query heads swapped) must not.
+`cards/gpt2.card` compiles to, through the table of parameter names in `cards/gpt2.hf.json`.
+Logits, gradients and the language-modelling loss must then agree to fp32 rounding, and a
+deliberately broken mapping (two query heads swapped) must not.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from cardc.build import build_model  # noqa: E402
+from cardc.interop import load_mapping  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,37 +24,17 @@ V, CTX, D, N, H = 101, 32, 48, 2, 4
 D_F = 4 * D
 B, T = 3, 17
 
-# HF GPT2LMHeadModel name -> our name. `{i}` is the layer. HF's Conv1D weights are stored
-# (in, out), the same layout as ours, so no tensor is transposed.
-GLOBAL_NAMES = {
-    "transformer.wte.weight": "W_e",
-    "transformer.wpe.weight": "W_p",
-    "transformer.ln_f.weight": "gamma_f",
-    "transformer.ln_f.bias": "beta_f",
-}
-LAYER_NAMES = {
-    "transformer.h.{i}.ln_1.weight": "block.{i}.gamma1",
-    "transformer.h.{i}.ln_1.bias": "block.{i}.beta1",
-    "transformer.h.{i}.attn.c_attn.weight": "block.{i}.attn.W_qkv",
-    "transformer.h.{i}.attn.c_attn.bias": "block.{i}.attn.b_qkv",
-    "transformer.h.{i}.attn.c_proj.weight": "block.{i}.attn.W_o",
-    "transformer.h.{i}.attn.c_proj.bias": "block.{i}.attn.b_o",
-    "transformer.h.{i}.ln_2.weight": "block.{i}.gamma2",
-    "transformer.h.{i}.ln_2.bias": "block.{i}.beta2",
-    "transformer.h.{i}.mlp.c_fc.weight": "block.{i}.mlp.W_1",
-    "transformer.h.{i}.mlp.c_fc.bias": "block.{i}.mlp.b_1",
-    "transformer.h.{i}.mlp.c_proj.weight": "block.{i}.mlp.W_2",
-    "transformer.h.{i}.mlp.c_proj.bias": "block.{i}.mlp.b_2",
-}
-TIED = {"lm_head.weight": "transformer.wte.weight"}  # the same tensor as wte
+# HF GPT2LMHeadModel name -> our name, from the mapping file `cardc import` and `cardc export`
+# read. HF's Conv1D weights are stored (in, out), the same layout as ours: nothing is transposed.
+MAPPING = load_mapping(ROOT / "cards" / "gpt2.card")
+TIED = MAPPING.tied  # lm_head.weight is the same tensor as wte
 
 
 def name_map(n_layer: int) -> dict[str, str]:
     """Every HF parameter name of an `n_layer` GPT-2 and the name it has in our model."""
-    table = dict(GLOBAL_NAMES)
-    for i in range(n_layer):
-        table.update({hf.format(i=i): ours.format(i=i) for hf, ours in LAYER_NAMES.items()})
-    return table
+    entries = MAPPING.entries(n_layer)
+    assert not any(e.transpose or e.chunk != (0, 1) for e in entries), "GPT-2 needs no reshaping"
+    return {e.hf: e.card for e in entries}
 
 
 def load_hf_into_ours(hf, ours) -> dict[str, str]:

@@ -1,0 +1,507 @@
+"""Checkpoints between Hugging Face `transformers` and cardc, driven by one mapping file per card.
+
+A model card with a Hugging Face counterpart keeps `<card stem>.hf.json` beside it
+(`cards/gpt2.card` → `cards/gpt2.hf.json`); a new family adds such a file, not code. The file is
+JSON rather than TOML because cardc supports Python 3.10, whose standard library has no tomllib,
+and because the files it describes (`config.json`, the safetensors index) are JSON too. Its keys:
+
+- `card`: the model card of the file it maps (`GPT2`); `architecture` and `model_type`: what
+  export writes to config.json (`GPT2LMHeadModel`, `gpt2`) and import expects there.
+- `hyperparameters`: card hyperparameter → config.json key, or `{"key": K, "default": EXPR}`
+  where EXPR (numbers, config keys, + − * / //) applies when K is absent or null
+  (`n_inner: null` means 4·n_embd).
+- `fixed_config`: config values the card's computation fixes (`activation_function`). Import
+  refuses a config.json that sets another value; export writes them. A list names the accepted
+  values; export writes the first.
+- `export_config`: further values export writes (no dropout: the card has none).
+- `layers`: the hyperparameter that counts the layers; `{i}` in a name is the layer, from 0.
+- `tensors`: Hugging Face name → the generated module's parameter name, or
+  `{"card": NAME, "transpose": true, "chunk": [k, n], "axis": a}`: the Hugging Face tensor is
+  the card's transposed (nn.Linear stores (out, in), cards are row-major (in, out)), and/or the
+  k-th of n equal slices of it along axis a of the card's layout (separate q/k/v projections of
+  a fused W_qkv).
+- `tied`: Hugging Face name → the Hugging Face tensor it shares storage with; export omits it,
+  import accepts it only if equal.
+- `base_prefix`: what the base model's names start with (`transformer.`); checkpoints of the bare
+  base model leave it out, so import adds it back. `ignore`: names (with `{i}`) import skips,
+  such as the causal-mask buffers older GPT-2 checkpoints carry.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .runtime.atomic import atomic_path, write_text_atomic
+from .runtime.errors import RuntimeInputError
+from .spelling import canonical_name, python_name
+
+MAPPING_SUFFIX = ".hf.json"
+HF_WEIGHTS, HF_INDEX, HF_CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
+META_KEY = "hf"  # the checkpoint metadata entry that records an import
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+        ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv}
+
+
+# ------------------------------------------------------------------ the mapping
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One Hugging Face tensor and where it lives in the card's model."""
+    hf: str
+    card: str
+    transpose: bool = False
+    chunk: tuple[int, int] = (0, 1)
+    axis: int = 0
+
+    def at(self, i: int) -> Entry:
+        return Entry(self.hf.format(i=i), self.card.format(i=i), self.transpose, self.chunk,
+                     self.axis)
+
+
+@dataclass(frozen=True)
+class Hyper:
+    key: str
+    default: str | None = None
+
+
+@dataclass(frozen=True)
+class Mapping:
+    source: str  # where it was read, for messages
+    raw: dict[str, Any]  # as read: a checkpoint records it, so export needs no file
+    card: str
+    architecture: str
+    model_type: str
+    hyperparameters: dict[str, Hyper]
+    fixed_config: dict[str, list[Any]]
+    export_config: dict[str, Any]
+    layers: str | None
+    tensors: tuple[Entry, ...]
+    tied: dict[str, str]
+    base_prefix: str
+    ignore: tuple[str, ...]
+
+    def entries(self, n_layers: int) -> list[Entry]:
+        """The table with `{i}` expanded for every layer."""
+        out = []
+        for e in self.tensors:
+            out += [e.at(i) for i in range(n_layers)] if "{i}" in e.hf else [e]
+        return out
+
+    def ignored(self, name: str) -> bool:
+        return any(re.fullmatch(re.escape(p).replace(r"\{i\}", r"\d+"), name) for p in self.ignore)
+
+
+def mapping_path(card: str | os.PathLike[str]) -> Path:
+    path = Path(card)
+    return path.with_name(path.stem + MAPPING_SUFFIX)
+
+
+def load_mapping(card: str | os.PathLike[str]) -> Mapping:
+    """The mapping file beside `card`."""
+    path = mapping_path(card)
+    if not path.is_file():
+        raise RuntimeInputError(f"{card} has no Hugging Face mapping: expected {path}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RuntimeInputError(f"cannot read {path}: {err}") from None
+    return parse_mapping(raw, str(path))
+
+
+def parse_mapping(raw: Any, source: str) -> Mapping:
+    """A mapping from its JSON, every malformed part reported against `source`."""
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise RuntimeInputError(f"{source}: {what}")
+
+    _check_keys(raw, need)
+    hypers = {canonical_name(name): _hyper(name, spec, need)
+              for name, spec in raw["hyperparameters"].items()}
+    tensors = tuple(_entry(hf, spec, need) for hf, spec in raw["tensors"].items())
+    layers = canonical_name(raw["layers"]) if isinstance(raw.get("layers"), str) else None
+    need(layers in hypers or not any("{i}" in e.hf for e in tensors),
+         "names with {i} need 'layers', the hyperparameter that counts the layers")
+    fixed = {k: v if isinstance(v, list) else [v] for k, v in raw.get("fixed_config", {}).items()}
+    return Mapping(source, raw, raw["card"], raw["architecture"], raw["model_type"], hypers, fixed,
+                   dict(raw.get("export_config", {})), layers, tensors, dict(raw.get("tied", {})),
+                   str(raw.get("base_prefix", "")), tuple(raw.get("ignore", [])))
+
+
+_KEYS = {"about", "card", "architecture", "model_type", "hyperparameters", "fixed_config",
+         "export_config", "layers", "tensors", "tied", "base_prefix", "ignore"}
+
+
+def _check_keys(raw: Any, need: Callable[[bool, str], None]) -> None:
+    need(isinstance(raw, dict), "expected a JSON object")
+    for key in sorted(set(raw) - _KEYS):  # a misspelt key would otherwise be ignored
+        need(False, f"unknown key '{key}' (known: {', '.join(sorted(_KEYS))})")
+    for key in ("card", "architecture", "model_type"):
+        need(isinstance(raw.get(key), str), f"'{key}' must be a string")
+    for key in ("hyperparameters", "tensors"):
+        need(isinstance(raw.get(key), dict) and bool(raw[key]), f"'{key}' must be a non-empty object")
+    for key in ("fixed_config", "export_config", "tied"):
+        need(isinstance(raw.get(key, {}), dict), f"'{key}' must be an object")
+    need(isinstance(raw.get("ignore", []), list), "'ignore' must be a list of names")
+
+
+def _hyper(name: str, spec: Any, need: Callable[[bool, str], None]) -> Hyper:
+    spec = {"key": spec} if isinstance(spec, str) else spec
+    need(isinstance(spec, dict) and isinstance(spec.get("key"), str),
+         f"hyperparameter '{name}' must name a config key")
+    return Hyper(spec["key"], spec.get("default"))
+
+
+def _entry(hf: str, spec: Any, need: Callable[[bool, str], None]) -> Entry:
+    spec = {"card": spec} if isinstance(spec, str) else spec
+    need(isinstance(spec, dict) and isinstance(spec.get("card"), str),
+         f"tensor '{hf}' must map to a card tensor name")
+    chunk, axis = spec.get("chunk", [0, 1]), spec.get("axis", 0)
+    need(isinstance(chunk, list) and len(chunk) == 2 and all(type(c) is int for c in chunk)
+         and 0 <= chunk[0] < chunk[1], f"tensor '{hf}': 'chunk' must be [k, n] with 0 <= k < n")
+    need(type(axis) is int, f"tensor '{hf}': 'axis' must be an integer")
+    return Entry(hf, spec["card"], spec.get("transpose", False) is True, (chunk[0], chunk[1]), axis)
+
+
+# ------------------------------------------------------------------ hyperparameters
+
+
+def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, float]:
+    """The card's hyperparameters a Hugging Face config.json implies (card names)."""
+    check_config(config, mapping)
+    out: dict[str, float] = {}
+    for name, spec in mapping.hyperparameters.items():
+        value = config.get(spec.key)
+        if value is None and spec.default is not None:
+            value = _evaluate(spec.default, config, f"{mapping.source}: '{name}'")
+        if value is None:
+            raise RuntimeInputError(f"config.json lacks '{spec.key}' (the card's {name})")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RuntimeInputError(f"config.json has {spec.key} = {value!r}; expected a number")
+        out[name] = value
+    return out
+
+
+def check_config(config: dict[str, Any], mapping: Mapping) -> None:
+    """Refuse a config.json that describes a computation the card does not perform."""
+    if config.get("model_type", mapping.model_type) != mapping.model_type:
+        raise RuntimeInputError(f"config.json is for model_type '{config['model_type']}'; "
+                                f"{mapping.source} maps '{mapping.model_type}'")
+    for key, accepted in mapping.fixed_config.items():
+        if key in config and config[key] not in accepted:
+            raise RuntimeInputError(f"config.json has {key} = {config[key]!r}, but the card "
+                                    f"{mapping.card} computes {key} = {accepted[0]!r}")
+
+
+def _evaluate(expr: str, names: dict[str, Any], where: str) -> float:
+    """A default such as `4 * n_embd`: numbers, config keys and arithmetic, nothing else."""
+    def walk(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.Name) and type(names.get(node.id)) in (int, float):
+            return names[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](walk(node.left), walk(node.right))
+        raise RuntimeInputError(f"{where}: cannot evaluate '{expr}' with this config.json")
+    try:
+        return walk(ast.parse(expr, mode="eval").body)
+    except (SyntaxError, ZeroDivisionError):
+        raise RuntimeInputError(f"{where}: cannot evaluate '{expr}'") from None
+
+
+def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
+    """config.json for a model with these hyperparameters (keyed by Python name)."""
+    config: dict[str, Any] = {"architectures": [mapping.architecture],
+                              "model_type": mapping.model_type}
+    for name, spec in mapping.hyperparameters.items():
+        config[spec.key] = hypers[python_name(name)]
+    config.update({key: accepted[0] for key, accepted in mapping.fixed_config.items()})
+    config.update(mapping.export_config)
+    return config
+
+
+# ------------------------------------------------------------------ tensors
+
+
+def to_card_state(mapping: Mapping, hf_state: dict[str, torch.Tensor],
+                  expected: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """Hugging Face tensors renamed, transposed and joined into the card's state dict.
+
+    `expected` is the card model's state dict (for shapes); every mismatch names the tensor."""
+    hf_state = _normalise(mapping, hf_state)
+    entries = mapping.entries(n_layers)
+    _check_names(mapping, entries, hf_state, set(expected), n_layers)
+    parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for e in entries:
+        want, got = _hf_shape(e, expected[e.card].shape), hf_state[e.hf]
+        if tuple(got.shape) != want:
+            raise RuntimeInputError(f"tensor '{e.hf}' has shape {tuple(got.shape)}; the card's "
+                                    f"{e.card} needs {want}")
+        parts.setdefault(e.card, []).append((e.chunk[0], got.T if e.transpose else got))
+    axis = {e.card: e.axis for e in entries}
+    return {card: torch.cat([t for _, t in sorted(ts, key=lambda kt: kt[0])], dim=axis[card])
+            for card, ts in parts.items()}
+
+
+def _check_names(mapping: Mapping, entries: list[Entry], hf_state: dict[str, torch.Tensor],
+                 card_names: set[str], n_layers: int) -> None:
+    extra = sorted(set(hf_state) - {e.hf for e in entries})
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise RuntimeInputError(f"unexpected tensor '{extra[0]}'{more}: {mapping.source} maps no "
+                                f"such tensor for a model with {n_layers} layers")
+    missing = [e for e in entries if e.hf not in hf_state]
+    if missing:
+        raise RuntimeInputError(f"missing tensor '{missing[0].hf}' (the card's {missing[0].card})")
+    unmapped = sorted(card_names - {e.card for e in entries})
+    if unmapped:
+        raise RuntimeInputError(f"{mapping.source} does not map the card's tensor '{unmapped[0]}'")
+    unknown = sorted({e.card for e in entries} - card_names)
+    if unknown:
+        raise RuntimeInputError(f"{mapping.source} maps to '{unknown[0]}', which the card's model "
+                                "does not have")
+
+
+def _normalise(mapping: Mapping, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Add a missing base prefix, drop ignored buffers, fold tied copies."""
+    prefix = mapping.base_prefix
+    if prefix and not any(name.startswith(prefix) for name in hf_state):
+        hf_state = {prefix + name: t for name, t in hf_state.items()}
+    state = {name: t for name, t in hf_state.items() if not mapping.ignored(name)}
+    for alias, target in mapping.tied.items():
+        if alias in state:
+            copy = state.pop(alias)
+            if target in state and not torch.equal(copy, state[target]):
+                raise RuntimeInputError(f"tensor '{alias}' differs from '{target}', but the card "
+                                        f"{mapping.card} ties them")
+    return state
+
+
+def _hf_shape(e: Entry, card_shape: torch.Size) -> tuple[int, ...]:
+    shape = list(card_shape)
+    k, n = e.chunk
+    if n > 1:
+        shape[e.axis] //= n
+    return tuple(reversed(shape)) if e.transpose else tuple(shape)
+
+
+def from_card_state(mapping: Mapping, state: dict[str, torch.Tensor],
+                    n_layers: int) -> dict[str, torch.Tensor]:
+    """The card's state dict under Hugging Face names, each tensor contiguous and unshared."""
+    entries = mapping.entries(n_layers)
+    unmapped = sorted(set(state) - {e.card for e in entries})
+    if unmapped:
+        raise RuntimeInputError(f"{mapping.source} does not map the card's tensor '{unmapped[0]}'")
+    out = {}
+    for e in entries:
+        if e.card not in state:
+            raise RuntimeInputError(f"the checkpoint lacks the card's tensor '{e.card}'")
+        t = state[e.card].detach()
+        k, n = e.chunk
+        t = t.chunk(n, dim=e.axis)[k] if n > 1 else t
+        out[e.hf] = (t.T if e.transpose else t).contiguous().clone().cpu()
+    return out
+
+
+# ------------------------------------------------------------------ Hugging Face files
+
+
+def read_hf(source: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
+    """config.json (None if absent) and the tensors of a Hugging Face model folder or file."""
+    path = Path(source)
+    if not path.exists():
+        raise RuntimeInputError(f"no such file or directory: '{path}'")
+    folder = path if path.is_dir() else path.parent
+    if path.is_dir():
+        path = path / HF_WEIGHTS if (path / HF_WEIGHTS).is_file() else path / HF_INDEX
+        if not path.is_file():
+            raise RuntimeInputError(f"'{source}' has neither {HF_WEIGHTS} nor {HF_INDEX}")
+    files = _shards(path) if path.name.endswith(".index.json") else [path]
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(_read_safetensors(file))
+    config_file = folder / HF_CONFIG
+    config = _read_json(config_file) if config_file.is_file() else None
+    return config, tensors
+
+
+def _shards(index: Path) -> list[Path]:
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise RuntimeInputError(f"'{index}' has no weight_map")
+    return [index.parent / name for name in sorted(set(weight_map.values()))]
+
+
+def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    if not file.is_file():
+        raise RuntimeInputError(f"no such file: '{file}'")
+    try:
+        with safe_open(file, framework="pt") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not iterable)
+    except Exception as err:  # safetensors raises its own error type for every kind of damage
+        raise RuntimeInputError(f"'{file}' is not a valid safetensors file: {err}") from None
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RuntimeInputError(f"cannot read '{file}': {err}") from None
+    if not isinstance(value, dict):
+        raise RuntimeInputError(f"'{file}' is not a JSON object")
+    return value
+
+
+def write_hf(dest: str | os.PathLike[str], tensors: dict[str, torch.Tensor],
+             config: dict[str, Any]) -> Path:
+    """config.json and model.safetensors in `dest`. A new folder appears whole or not at all;
+    in an existing one each file is replaced atomically."""
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise RuntimeInputError(f"'{dest}' exists and is not a folder")
+    if (dest / HF_INDEX).exists():  # transformers would read the old shards, not the new file
+        raise RuntimeInputError(f"'{dest}' holds a sharded model ({HF_INDEX}); "
+                                "export to a new folder")
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    try:
+        return _write_hf_files(dest, tensors, text)
+    except OSError as err:
+        raise RuntimeInputError(f"cannot write '{dest}': {err.strerror or err}") from None
+
+
+def _write_hf_files(dest: Path, tensors: dict[str, torch.Tensor], text: str) -> Path:
+    if dest.is_dir() and any(dest.iterdir()):
+        with atomic_path(dest / HF_WEIGHTS) as tmp:
+            save_file(tensors, tmp, metadata={"format": "pt"})
+        write_text_atomic(dest / HF_CONFIG, text)
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    try:
+        with atomic_path(tmp_dir / HF_WEIGHTS) as tmp:
+            save_file(tensors, tmp, metadata={"format": "pt"})
+        write_text_atomic(tmp_dir / HF_CONFIG, text)
+        tmp_dir.chmod(0o755)  # mkdtemp makes it private; a model folder is readable like any
+        if dest.is_dir():
+            dest.rmdir()  # empty: replaced by the finished folder
+        tmp_dir.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return dest
+
+
+# ------------------------------------------------------------------ import and export
+
+
+def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = None,
+              overrides: dict[str, float] | None = None) -> nn.Module:
+    """The card's model holding a Hugging Face checkpoint's weights.
+
+    Hyperparameters come from the preset, else from config.json; `overrides` apply last.
+    `model.card_meta` records the import and the mapping, so the checkpoint exports anywhere."""
+    from .build import build_model, checked, default_library, find_card, record_sampler
+    from .runtime.checkpoint import load_state
+
+    mapping = load_mapping(card)
+    config, hf_state = read_hf(source)
+    hypers: dict[str, float] = {}
+    if config is not None:
+        check_config(config, mapping)  # with a preset too: the weights must mean the same
+        hypers = {} if preset is not None else preset_from_config(config, mapping)
+    elif preset is None:
+        raise RuntimeInputError(f"no {HF_CONFIG} beside '{source}': give --preset to choose "
+                                "the hyperparameters")
+    model = build_model(card, preset, {**hypers, **(overrides or {})}, name=mapping.card)
+    expected = model.state_dict()
+    state = to_card_state(mapping, hf_state, expected, _layers(mapping, model.card_meta))
+    load_state(model, state)
+    model.card_meta[META_KEY] = {"source": os.fspath(source), "mapping": mapping.raw}
+    lib, checker, _ = checked([card], default_library(card))
+    record_sampler(model.card_meta, lib, checker, find_card(lib, checker, card, mapping.card))
+    return model
+
+
+def import_checkpoint(card: str, source: str | os.PathLike[str], out: str | os.PathLike[str],
+                      preset: str | None = None,
+                      overrides: dict[str, float] | None = None) -> tuple[nn.Module, str]:
+    """`cardc import`: a cardc checkpoint in `out`; a folder this creates is removed on failure."""
+    from .runtime.checkpoint import save_checkpoint
+
+    if Path(out).exists() and not Path(out).is_dir():
+        raise RuntimeInputError(f"'{out}' exists and is not a folder")
+    model = import_hf(card, source, preset, overrides)
+    created = not Path(out).exists()
+    try:
+        return model, save_checkpoint(out, model, model.card_meta)
+    except BaseException as err:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise RuntimeInputError(f"cannot write '{out}': {err.strerror or err}") from None
+        raise
+
+
+def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
+              library: str | os.PathLike[str] = "cards") -> tuple[Mapping, Path]:
+    """A cardc checkpoint as a Hugging Face model folder that `from_pretrained` loads.
+
+    An imported checkpoint carries its mapping; a trained one is matched to the mapping file
+    beside its card in `library`."""
+    from .runtime.checkpoint import read_checkpoint
+
+    meta, state = read_checkpoint(run_dir)
+    mapping = checkpoint_mapping(meta, library)
+    if meta.get("name") != mapping.card:
+        raise RuntimeInputError(f"'{run_dir}' holds {meta.get('name')}, but {mapping.source} "
+                                f"maps {mapping.card}")
+    hypers = meta.get("hyperparameters") or {}
+    try:
+        config = config_for(mapping, hypers)
+    except KeyError as err:
+        raise RuntimeInputError(f"'{run_dir}' records no hyperparameter {err}") from None
+    tensors = from_card_state(mapping, state, _layers(mapping, meta))
+    return mapping, write_hf(dest, tensors, config)
+
+
+def checkpoint_mapping(meta: dict[str, Any], library: str | os.PathLike[str]) -> Mapping:
+    recorded = meta.get(META_KEY)
+    if isinstance(recorded, dict) and "mapping" in recorded:
+        return parse_mapping(recorded["mapping"], "the checkpoint's mapping")
+    card = str(meta.get("card", ""))
+    stem = Path(card).stem
+    found = sorted(Path(library).rglob(stem + MAPPING_SUFFIX)) if stem else []
+    beside = [p for p in found if p.with_name(stem + ".card").is_file()]
+    if not beside:
+        raise RuntimeInputError(f"no Hugging Face mapping for {card or 'this checkpoint'}: "
+                                f"expected {stem or '<card>'}{MAPPING_SUFFIX} beside its card "
+                                f"under '{library}' (see --library)")
+    text = (meta.get("cards") or {}).get(card)  # prefer the card the checkpoint was built from
+    same = [p for p in beside if p.with_name(stem + ".card").read_text(encoding="utf-8") == text]
+    return load_mapping((same or beside)[0].with_name(stem + ".card"))
+
+
+def _layers(mapping: Mapping, meta: dict[str, Any]) -> int:
+    if mapping.layers is None:
+        return 0
+    try:
+        return int(meta["hyperparameters"][python_name(mapping.layers)])
+    except (KeyError, TypeError, ValueError):
+        raise RuntimeInputError(f"the checkpoint records no '{mapping.layers}' "
+                                "(the number of layers)") from None
