@@ -409,15 +409,19 @@ class Body:
             return make, given[0] if given else None, gradient(v.args[1])
         return None
 
-    @staticmethod
-    def decay_groups(model: ir.Expr) -> ir.Expr:
+    def decay_groups(self, model: ir.Expr) -> ir.Expr:
         """AdamW's weight decay λ shrinks the weight matrices only: decaying gains and biases
         pulls them toward 0, not toward their identity values."""
         if not isinstance(model, ir.Ref):
             return _method(model, "parameters")
         params = f"{model.id}.parameters()"
-        return ir.Lit(f'[{{"params": [p for p in {params} if p.ndim >= 2]}}, '
-                      f'{{"params": [p for p in {params} if p.ndim < 2], "weight_decay": 0.0}}]')
+        if any("decayed" in getattr(x, "targets", ()) for x in self.prologue):
+            return ir.Lit('[{"params": decayed}, {"params": undecayed, "weight_decay": 0.0}]')
+        for name, test, why in (("decayed", ">= 2", "weight matrices: AdamW's λ shrinks these"),
+                                ("undecayed", "< 2", "gains and biases: not decayed")):
+            self.prologue.append(ir.Assign((name,), ir.Lit(f"[p for p in {params} if p.ndim {test}]"),
+                                           ir.Note(None, None, why)))
+        return ir.Lit('[{"params": decayed}, {"params": undecayed, "weight_decay": 0.0}]')
 
     def stmt_Sample(self, st: s.Sample, step: s.Step) -> None:
         """`sample a token y from q ∝ p^{1/τ}`: q = softmax(log p / τ); τ → 0 is the arg-max."""
