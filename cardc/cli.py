@@ -107,6 +107,19 @@ def cmd_render(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    """`cardc diff A B`: the architecture difference of two model cards, step by step."""
+    from .build import checked, default_library, find_card
+    from .diff import diff_cards
+
+    _require_cards([args.a, args.b])
+    lib, checker, _ = checked([args.a, args.b], args.library or default_library(args.a))
+    a = find_card(lib, checker, args.a, args.name_a)
+    b = find_card(lib, checker, args.b, args.name_b)
+    print("\n".join(diff_cards(checker, a, b)))
+    return EXIT_OK
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from .build import files_used
     from .checker import check
@@ -485,6 +498,15 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--name", help="which card of the file (default: the first)")
     i.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     i.set_defaults(run=cmd_info)
+
+    d = sub.add_parser("diff", help="how two cards' architectures differ, step by step")
+    d.add_argument("a", help="a card file")
+    d.add_argument("b", help="the card file to compare it with")
+    d.add_argument("--name-a", help="which card of the first file (default: its model card)")
+    d.add_argument("--name-b", help="which card of the second file (default: its model card)")
+    d.add_argument("--library", help="folder of cards that calls resolve against "
+                                     "(default: the cards/ folder of the first card)")
+    d.set_defaults(run=cmd_diff)
 
     b = sub.add_parser("build", help="generate PyTorch modules for the model cards")
     b.add_argument("paths", nargs="*", default=["cards"], help="card files or folders (default: cards)")

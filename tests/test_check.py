@@ -87,7 +87,8 @@ def test_check_render_fmt_never_import_torch():
         "import sys\n"
         "from cardc.cli import main\n"
         "for argv in (['check', 'cards'], ['render', 'cards/gpt2.card'], ['fmt', '--check', 'cards'],"
-        " ['info', 'cards/gpt2.card', '--preset', 'tiny']):\n"
+        " ['info', 'cards/gpt2.card', '--preset', 'tiny'],"
+        " ['diff', 'cards/gpt2.card', 'cards/paper/dtransformer.card']):\n"
         "    main(argv)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
