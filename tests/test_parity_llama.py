@@ -132,3 +132,18 @@ def test_untransposed_projection_is_caught(pair):
         broken.block[1].attn.W_q.copy_(hf.model.layers[1].self_attn.q_proj.weight)
         diff = max_diff(broken(idx), hf(idx).logits)
     assert diff > 1e-3, f"an untransposed q_proj changed the logits by only {diff:.3e}"
+
+
+def test_cardc_import_of_a_saved_llama_matches_its_logits(tmp_path):
+    """`cardc import` reads a saved LlamaForCausalLM (rope_theta where transformers puts it)."""
+    from test_interop import cardc, logits_of_run
+
+    hf = make_hf(tied=True)
+    hf.save_pretrained(tmp_path / "hf")
+    r = cardc("import", "cards/llama.card", "--from", str(tmp_path / "hf"),
+              "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        diff = max_diff(logits_of_run(tmp_path / "run", idx), hf(idx).logits)
+    assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
