@@ -23,7 +23,7 @@ from .render.text import render_expr
 from .spelling import canonical_name, display
 from .types import BundleTy, Entry, FamilyTy, FuncTy, SetTy, Ty, subst_dim, substitute
 
-ELEMENTWISE = {"GELU", "GELU_tanh", "ReLU", "SiLU", "σ", "exp", "log", "tanh", "cos"}
+ELEMENTWISE = {"GELU", "GELU_tanh", "ReLU", "SiLU", "σ", "exp", "log", "tanh", "cos", "sin"}
 REDUCING = {"mean", "var", "max", "min"}
 # min(a, b) and max(a, b) of two numbers, as a learning-rate schedule writes them
 PAIRWISE = {"min", "max"}

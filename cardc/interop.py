@@ -7,7 +7,7 @@ and because the files it describes (`config.json`, the safetensors index) are JS
 
 - `card`: the model card of the file it maps (`GPT2`); `architecture` and `model_type`: what
   export writes to config.json (`GPT2LMHeadModel`, `gpt2`) and import expects there.
-- `hyperparameters`: card hyperparameter → config.json key, or `{"key": K, "default": EXPR}`
+- `hyperparameters`: card hyperparameter → config.json key (`a.b`: key b of the object a), or `{"key": K, "default": EXPR}`
   where EXPR (numbers, config keys, + − * / //) applies when K is absent or null
   (`n_inner: null` means 4·n_embd).
 - `fixed_config`: config values the card's computation fixes (`activation_function`). Import
@@ -187,7 +187,7 @@ def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, fl
     check_config(config, mapping)
     out: dict[str, float] = {}
     for name, spec in mapping.hyperparameters.items():
-        value = config.get(spec.key)
+        value = _lookup(config, spec.key)
         if value is None and spec.default is not None:
             value = _evaluate(spec.default, config, f"{mapping.source}: '{name}'")
         if value is None:
@@ -196,6 +196,21 @@ def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, fl
             raise RuntimeInputError(f"config.json has {spec.key} = {value!r}; expected a number")
         out[name] = value
     return out
+
+
+def _lookup(config: dict[str, Any], key: str) -> Any:
+    """`a.b` reads config["a"]["b"]: transformers 5 nests rope_theta in rope_parameters."""
+    value: Any = config
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _store(config: dict[str, Any], key: str, value: Any) -> None:
+    *path, last = key.split(".")
+    for part in path:
+        config = config.setdefault(part, {})
+    config[last] = value
 
 
 def check_config(config: dict[str, Any], mapping: Mapping) -> None:
@@ -230,7 +245,7 @@ def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = {"architectures": [mapping.architecture],
                               "model_type": mapping.model_type}
     for name, spec in mapping.hyperparameters.items():
-        config[spec.key] = hypers[python_name(name)]
+        _store(config, spec.key, hypers[python_name(name)])
     config.update({key: accepted[0] for key, accepted in mapping.fixed_config.items()})
     config.update(mapping.export_config)
     return config

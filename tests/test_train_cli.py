@@ -228,3 +228,17 @@ def test_recipe_flags_are_checked_against_the_training_card(args, message, tmp_p
     r = cardc("train", *args, "--preset", "tiny", "--out", str(tmp_path / "run"))
     assert r.returncode in (1, 2) and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_the_tiny_llama_trains_and_samples(tmp_path):
+    """The Llama card trains with cards/llama_training.card (val loss falls) and samples."""
+    r = cardc("train", "cards/llama.card", "--preset", "tiny", "--set", "D=32", "--set", "H=4",
+              "--set", "H_kv=2", "--set", "D_f=64", "--set", "N=1", "--steps", "12",
+              "--eval-every", "12", "--batch-size", "4", "--block-size", "16",
+              "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "LlamaTraining" in r.stdout
+    first, last = (float(x) for x in r.stdout.split("val loss ")[1].split(" after")[0].split(" -> "))
+    assert last < first, r.stdout
+    s = cardc("sample", str(tmp_path), "--seed", "0")
+    assert s.returncode == 0, s.stderr

@@ -1114,12 +1114,12 @@ class Body:
     def builtin(self, e: s.Call) -> Val:
         if e.func in PAIRWISE and len(e.args) == 2:
             return self.pairwise(e)
-        if e.func == "cos" and len(e.args) == 1:
+        if e.func in ("cos", "sin") and len(e.args) == 1:
             x = self.expr(e.args[0])
             if not x.lifted and not x.ty.shape:  # a number, as in a learning-rate schedule
                 self.low.program.imports.add("math")
-                return Val(_call("math.cos", x.code), Ty())
-            return _like(x, _call("torch.cos", x.code), self.ty(e))
+                return Val(_call(f"math.{e.func}", x.code), Ty())
+            return _like(x, _call(f"torch.{e.func}", x.code), self.ty(e))
         if len(e.args) != 1:
             self.fail(e, f"'{e.func}' takes one argument")
         x = self.expr(e.args[0])

@@ -123,7 +123,7 @@ class Lowering:
             m.inputs.append(ir.Arg(local_name(name)))
             scope.values[name] = Val(ir.Ref(local_name(name)), ty, False, column and ty.rank == 2)
         body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
-        stmts = body.run()
+        stmts = self.passes.card_body(body) or body.run()
         prologue = [ir.Assign((runtime[d][0],), runtime[d][1]) for d in runtime if d in used]
         if top and self.is_language_model(sig):
             stmts = self.language_model(m, body, prologue, stmts)

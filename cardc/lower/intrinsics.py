@@ -23,7 +23,7 @@ from .values import Family, Val, local_name
 if TYPE_CHECKING:
     from .body import Body
 
-_IGNORED = {"span", "number", "annotation", "note", "where", "end_number"}
+_IGNORED = {"span", "var_span", "number", "annotation", "note", "where", "end_number"}
 _NAMES = {("Name", "id"), ("Sum", "index"), ("For", "var"), ("ForAll", "vars"),
           ("Return", "name")}
 
@@ -92,8 +92,8 @@ def _call(func: str, *args: ir.Expr, **kwargs: ir.Expr) -> ir.Call:
     return ir.Call(ir.Ref(func), args, tuple(kwargs.items()))
 
 
-def _method(obj: ir.Expr, name: str, *args: ir.Expr) -> ir.Call:
-    return ir.Call(ir.Attr(obj, name), args)
+def _method(obj: ir.Expr, name: str, *args: ir.Expr, **kwargs: ir.Expr) -> ir.Call:
+    return ir.Call(ir.Attr(obj, name), args, tuple(kwargs.items()))
 
 
 class Passes:
@@ -127,7 +127,7 @@ class Passes:
     def call(self, body: Body, e: s.Call, call: CallInfo) -> ir.Expr | None:
         if not self.fuse:
             return None
-        found = self.find(call.callee, "layer_norm_ε", "layer_norm")
+        found = self.find(call.callee, "layer_norm_ε", "layer_norm", "rms_norm")
         if found is None:
             return None
         which, ren = found
@@ -136,10 +136,9 @@ class Passes:
             return None
         x = body.expr(e.args[0]).code
         gamma = body.expr(call.params[ren["γ"]]).code
-        beta = body.expr(call.params[ren["β"]]).code
         width = body.dim(call.bind.get(ren["D"]) or sig.inputs[0][1].shape[0])
         eps: ir.Expr = ir.Lit("0.0")
-        if which == "layer_norm_ε":
+        if which != "layer_norm":
             given = call.hypers.get(ren["ε"])
             if given is not None:
                 eps = body.expr(given.value if isinstance(given, s.Arg) else given).code
@@ -148,7 +147,33 @@ class Passes:
                 if default is None:
                     return None
                 eps = body.expr(default).code
+        if which == "rms_norm":
+            return _call("F.rms_norm", x, ir.Seq((width,)), gamma, eps)
+        beta = body.expr(call.params[ren["β"]]).code
         return _call("F.layer_norm", x, ir.Seq((width,)), gamma, beta, eps)
+
+    # ------------------------------------------------------------------ grouped-query attention
+    def card_body(self, body: Body) -> list[ir.Stmt] | None:
+        """A whole card whose math is a known intrinsic, lowered in one piece: grouped-query
+        attention with RoPE becomes per-role projections, a rotation and fused SDPA."""
+        if not self.fuse:
+            return None
+        ren = self.tree_match(body, body.alg, "grouped_query_attention")
+        if ren is None:
+            return None
+        return GroupedQuery(body, ren).lower()
+
+    def tree_match(self, body: Body, card: s.Algorithm, pattern: str) -> dict[str, str] | None:
+        """`card` matches `pattern`, and every card it calls matches the pattern of that name
+        (the patterns name their callees as the library does)."""
+        ren = match(patterns()[pattern], card)
+        if ren is None:
+            return None
+        for call in body.low.checker.info(card).calls.values():
+            callee = call.callee
+            if self.tree_match(body, callee, _SNAKE.get(callee.name, "")) is None:
+                return None
+        return ren
 
     # ------------------------------------------------------------------ attention heads
     def head_map(self, body: Body, st: s.For, step: s.Step) -> bool:
@@ -315,6 +340,82 @@ class Passes:
             if pair in ((k, "≤", q), (q, "≥", k)):
                 return {"is_causal": ir.Lit("True")}
         return {"attn_mask": body.mask_rule(call, name, given).code}
+
+
+_SNAKE = {"AttentionGroup": "attention_group", "CausalHead": "causal_head", "RoPE": "rope"}
+
+
+class GroupedQuery:
+    """The fused lowering of `grouped_query_attention`: heads on their own axis, RoPE applied
+    to queries and keys at once, key/value heads repeated for the G query heads of a group."""
+
+    def __init__(self, body: Body, ren: dict[str, str]):
+        self.body, self.ren = body, ren
+        self.step = body.alg.steps[0]
+        self.x = ir.Ref(local_name(body.info.sig.inputs[0][0]))
+
+    def hyper(self, name: str) -> ir.Expr:
+        return self.body.dim_of(self.ren[name])
+
+    def emit(self, name: str, code: ir.Expr, step: s.Step, shape: str | None = None) -> ir.Ref:
+        self.body.emit(ir.Assign((name,), code, self.body.note(step, None, shape)))
+        return ir.Ref(name)
+
+    def heads(self, role: str, count: str, step: s.Step) -> ir.Ref:
+        """X W_role with its columns split into heads: (…, T, heads·d) → (…, heads, T, d)."""
+        weight = self.body.scope.tensors[self.ren[role]]
+        split = ir.Seq((ir.Lit("-1"), self.hyper("d")))  # as many heads as fit
+        code = _method(_method(ir.Bin("@", self.x, weight), "unflatten", ir.Lit("-1"), split),
+                       "transpose", ir.Lit("-3"), ir.Lit("-2"))
+        name = local_name(self.ren[role.replace("W_", "").upper()])
+        return self.emit(name, code, step, f"(B, {count}, T, d)")
+
+    def rotary(self, step: s.Step) -> tuple[ir.Ref, ir.Ref]:
+        """cos and sin of the angles (t − 1) θ_base^{−2(i − 1)/d}, each half repeated."""
+        device = ir.Attr(self.x, "device")
+        d = self.hyper("d")
+        freq = ir.Bin("**", self.hyper("θ_base"), ir.Un("-", ir.Bin(
+            "/", _call("torch.arange", ir.Lit("0"), d, ir.Lit("2"), device=device), d)))
+        omega = self.emit("omega", freq, self.body.alg.steps[3], "(d/2,)")
+        t = _call("torch.arange", ir.Sub(ir.Attr(self.x, "shape"), (ir.Lit("-2"),)),
+                  device=device)
+        phi = self.emit("phi", _call("torch.outer", t, omega), step, "(T, d/2)")
+        out = []
+        for f in ("cos", "sin"):
+            half = _method(phi, f)
+            out.append(self.emit(f, _call("torch.cat", ir.Seq((half, half), "list"),
+                                          dim=ir.Lit("-1")), step, "(T, d)"))
+        return out[0], out[1]
+
+    def rotate(self, x: ir.Ref, cos: ir.Ref, sin: ir.Ref, step: s.Step) -> None:
+        """x cos + rotate_half(x) sin, rotate_half(x) = [−x_2, x_1]."""
+        halves = _method(x, "chunk", ir.Lit("2"), dim=ir.Lit("-1"))
+        first, second = ir.Sub(halves, (ir.Lit("0"),)), ir.Sub(halves, (ir.Lit("1"),))
+        turned = _call("torch.cat", ir.Seq((ir.Un("-", second), first), "list"), dim=ir.Lit("-1"))
+        self.emit(x.id, ir.Bin("+", ir.Bin("*", x, cos), ir.Bin("*", turned, sin)), step)
+
+    def lower(self) -> list[ir.Stmt]:
+        steps = self.body.alg.steps
+        q = self.heads("W_q", "H", steps[0])
+        k = self.heads("W_k", "H_kv", steps[1])
+        v = self.heads("W_v", "H_kv", steps[2])
+        cos, sin = self.rotary(steps[3])
+        self.rotate(q, cos, sin, steps[3])
+        self.rotate(k, cos, sin, steps[3])
+        group = self.hyper("G")
+        for ref in (k, v):  # each key/value head serves the G query heads of its group
+            self.emit(ref.id, _method(ref, "repeat_interleave", group, dim=ir.Lit("-3")),
+                      steps[3], "(B, H, T, d)")
+        sdpa = _call("F.scaled_dot_product_attention", q, k, v, is_causal=ir.Lit("True"))
+        y = local_name(self.ren["Y"])
+        heads = self.emit(f"{y}_g", sdpa, steps[3], "(B, H, T, d)")
+        joined = _method(_method(heads, "transpose", ir.Lit("-3"), ir.Lit("-2")), "flatten",
+                         ir.Lit("-2"))
+        self.emit(y, joined, steps[4], "(B, T, D)")
+        w_o = self.body.scope.tensors[self.ren["W_o"]]
+        self.body.emit(ir.Return(ir.Bin("@", ir.Ref(y), w_o),
+                                 self.body.note(steps[5], None, "(B, T, D)")))
+        return self.body.out
 
 
 def _const(n: int) -> Dim:
