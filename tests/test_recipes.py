@@ -79,3 +79,16 @@ def test_weight_decay_shrinks_matrices_not_gains_or_biases(recipe):
         else:
             assert torch.allclose(p, gains[name], atol=1.5e-3), name
     assert any(g.abs().max() >= 0.5 for g in gains.values())  # LayerNorm gains start at 1
+
+
+@pytest.mark.parametrize("card, name, causal", [
+    ("cards/gpt2.card", None, True),
+    ("cards/paper/dtransformer.card", None, True),
+    ("cards/paper/etransformer.card", "ETransformer", False),  # an encoder reads ahead
+])
+def test_the_harness_tells_a_causal_language_model(card, name, causal):
+    """Held-out next-token loss means something only for a model that cannot see ahead."""
+    from cardc.runtime.train import predicts_next_token
+
+    model = build_model(card, "tiny", name=name)
+    assert predicts_next_token(model) is causal

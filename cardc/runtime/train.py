@@ -75,9 +75,25 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def is_language_model(model: nn.Module) -> bool:
-    """One token sequence in, scores over the vocabulary out: forward(x, targets)."""
-    return list(inspect.signature(model.forward).parameters)[1:] == ["targets"]
+@torch.no_grad()
+def predicts_next_token(model: nn.Module) -> bool:
+    """A causal language model: forward(x, targets), and no position sees a later token (an
+    encoder such as ETransformer also scores every position, but reads the whole sequence)."""
+    if list(inspect.signature(model.forward).parameters)[1:] != ["targets"]:
+        return False
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        vocab = model(torch.zeros(1, 1, dtype=torch.long, device=device)).shape[-1]
+        length = min(8, getattr(model, "max_seq_len", None) or 8)
+        x = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(0))
+        changed = x.clone()
+        changed[0, -1] = (changed[0, -1] + 1) % vocab
+        before, after = model(x.to(device)), model(changed.to(device))
+        return torch.allclose(before[:, :-1], after[:, :-1])
+    finally:
+        model.train(was_training)
 
 
 def dataset_inputs(recipe: Recipe, hypers: dict[str, Any]) -> int:
@@ -136,6 +152,7 @@ class _Run:
     records: list[dict[str, Any]] = field(default_factory=list)
     seen: list[torch.Tensor] = field(default_factory=list)  # the card's losses since the last record
     tokens_per_example: float = 0.0  # all its datasets' tokens, for the throughput
+    causal: bool = False  # a causal language model: held-out next-token loss, often
     updates: int = 0
     lr: float | None = None
     segment: tuple[float, int] = (0.0, 0)  # (time, updates) where throughput is measured from
@@ -163,7 +180,7 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
     bar = ProgressBar(plan.updates) if progress and plan.updates else None
     run = _Run(cfg, model, recipe, hypers, plan, device, splits, val_data, log, bar,
                tokens_per_example=sum(x.numel() for d in train_data for x in d)
-               / max(1, plan.examples))
+               / max(1, plan.examples), causal=predicts_next_token(model))
     torch.manual_seed(cfg.seed)  # dropout, masks and any other randomness of the recipe
     theta = torch.compile(model) if cfg.compile else model
     _record(run)
@@ -198,7 +215,7 @@ def _on_update(run: _Run, loss: torch.Tensor, lr: Any) -> None:
     if run.bar is not None and run.updates % BAR_EVERY == 0:
         run.bar.update(run.updates, run.seen[-1].item(), _throughput(run))
     if run.updates % run.cfg.eval_every == 0:
-        _record(run, evaluate=is_language_model(run.model) or run.updates == run.plan.updates)
+        _record(run, evaluate=run.causal or run.updates == run.plan.updates)
 
 
 def _throughput(run: _Run) -> float:
@@ -239,12 +256,12 @@ def _record(run: _Run, evaluate: bool = True) -> None:
 
 
 def _evaluate(run: _Run) -> tuple[float | None, float]:
-    """Held-out loss: the mean next-token cross-entropy of a language model on both splits,
-    else the card's own objective on held-out examples with its learning rate at 0."""
+    """Held-out loss: the mean next-token cross-entropy of a causal language model on both
+    splits, else the card's own objective on held-out examples with its learning rate at 0."""
     was_training = run.model.training
     run.model.eval()
     try:
-        if is_language_model(run.model):
+        if run.causal:
             train_loss, val_loss = (_next_token_loss(run, data) for data in run.splits)
             return train_loss, val_loss
         return None, _card_objective(run)
