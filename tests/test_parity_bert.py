@@ -8,8 +8,6 @@ MLM logits and the gradients of a loss must agree to fp32 rounding; broken copie
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +15,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from cardc.build import build_model  # noqa: E402
+from cardc.build import build_model, rebuild_model  # noqa: E402
 from cardc.interop import load_mapping, parse_mapping, to_card_state  # noqa: E402
+from cardc.runtime.checkpoint import load_state, read_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CARD = ROOT / "cards" / "bert.card"
@@ -206,3 +205,21 @@ def test_missing_transpose_is_caught(base, inputs):
     with torch.no_grad():
         diff = max_diff(broken(x, s), hf(input_ids=x, token_type_ids=s).last_hidden_state)
     assert diff > 1e-3, f"an untransposed value projection changed the output by only {diff:.3e}"
+
+
+def test_cardc_import_of_a_saved_bert_matches(base, inputs, tmp_path):
+    """`cardc import` reads a saved BertModel (names without bert., buffers ignored)."""
+    from test_interop import cardc
+
+    hf, _ = base
+    x, s = inputs
+    hf.save_pretrained(tmp_path / "hf")
+    r = cardc("import", "cards/bert.card", "--from", str(tmp_path / "hf"),
+              "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    meta, state = read_checkpoint(tmp_path / "run")
+    model = rebuild_model(meta)
+    load_state(model, state)
+    with torch.no_grad():
+        diff = max_diff(model.eval()(x, s), hf(input_ids=x, token_type_ids=s).last_hidden_state)
+    assert diff <= TOL, f"max |hidden diff| = {diff:.3e}"
