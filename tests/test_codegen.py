@@ -13,7 +13,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cardc.build import checked, generated_cards, load_module, model_cards, module_path, source
+from cardc.build import (
+    checked,
+    generated_cards,
+    instantiate,
+    load_module,
+    model_cards,
+    module_path,
+    source,
+)
 from cardc.diagnostics import CardError
 from cardc.lower.intrinsics import match, patterns
 from cardc.parser import parse
@@ -259,3 +267,16 @@ def test_card_text_cannot_inject_code(tmp_path):
     module = load_module(source(checker, alg), "hostile")
     assert not hasattr(module, "PWNED") and not hasattr(module.MLP, "PWNED")
     assert "PWNED = 1" in module.MLP.__doc__
+
+
+def test_a_single_index_picks_a_row_of_a_matrix(tmp_path):
+    """`E[1]` of a T×D matrix is its first row, as the checker types it (ℝ^{D}), for every
+    example of a batch."""
+    card = tmp_path / "first.card"
+    card.write_text("Algorithm: p ← First(E | W)\nInput: E ∈ ℝ^{T×D}\nOutput: p ∈ ℝ^{D}\n"
+                    "Hyperparameters: D ∈ ℕ\nParameters: W ∈ ℝ^{D×D}\n"
+                    "1 return p = tanh(E[1] W)\n", encoding="utf-8")
+    lib, checker, _ = checked([str(card)], str(tmp_path))
+    first, _ = instantiate(checker, lib.find("First"), {"D": 4})
+    E = torch.randn(2, 5, 4)
+    torch.testing.assert_close(first(E), torch.tanh(E[:, 0] @ first.W))

@@ -894,7 +894,9 @@ class Body:
                 items.append(idx.code)
                 lifted = lifted or idx.lifted
             else:
-                items.append(ir.Bin("-", idx.code, _int(1)))
+                items.append(_dec(idx.code))
+        if base.lifted and not base.flipped:  # E[1] of a T×D matrix is its first row: E[..., 0, :]
+            items += [ir.SliceX(None, None)] * (len(base.ty.shape) - len(e.items))
         return Val(ir.Sub(base.code, tuple(items)), self.ty(e), lifted)
 
     def procedure_index(self, e: s.Index, base: Val) -> Val:
