@@ -158,10 +158,11 @@ class Passes:
         attention with RoPE becomes per-role projections, a rotation and fused SDPA."""
         if not self.fuse:
             return None
-        ren = self.tree_match(body, body.alg, "grouped_query_attention")
-        if ren is None:
-            return None
-        return GroupedQuery(body, ren).lower()
+        for pattern in ("grouped_query_attention", "grouped_query_attention_biased"):
+            ren = self.tree_match(body, body.alg, pattern)
+            if ren is not None:
+                return GroupedQuery(body, ren).lower()
+        return None
 
     def tree_match(self, body: Body, card: s.Algorithm, pattern: str) -> dict[str, str] | None:
         """`card` matches `pattern`, and every card it calls matches the pattern of that name
@@ -346,8 +347,9 @@ _SNAKE = {"AttentionGroup": "attention_group", "CausalHead": "causal_head", "RoP
 
 
 class GroupedQuery:
-    """The fused lowering of `grouped_query_attention`: heads on their own axis, RoPE applied
-    to queries and keys at once, key/value heads repeated for the G query heads of a group."""
+    """The fused lowering of `grouped_query_attention` (and its `_biased` twin): heads on their
+    own axis, RoPE applied to queries and keys at once, key/value heads repeated for the G query
+    heads of a group."""
 
     def __init__(self, body: Body, ren: dict[str, str]):
         self.body, self.ren = body, ren
@@ -362,10 +364,15 @@ class GroupedQuery:
         return ir.Ref(name)
 
     def heads(self, role: str, count: str, step: s.Step) -> ir.Ref:
-        """X W_role with its columns split into heads: (…, T, heads·d) → (…, heads, T, d)."""
-        weight = self.body.scope.tensors[self.ren[role]]
+        """X W_role (+ b_role) with its columns split into heads: (…, T, heads·d) → (…, heads,
+        T, d)."""
+        tensors = self.body.scope.tensors
+        proj: ir.Expr = ir.Bin("@", self.x, tensors[self.ren[role]])
+        bias = self.ren.get(role.replace("W_", "b_"))  # only the biased pattern names one
+        if bias is not None:
+            proj = ir.Bin("+", proj, tensors[bias])
         split = ir.Seq((ir.Lit("-1"), self.hyper("d")))  # as many heads as fit
-        code = _method(_method(ir.Bin("@", self.x, weight), "unflatten", ir.Lit("-1"), split),
+        code = _method(_method(proj, "unflatten", ir.Lit("-1"), split),
                        "transpose", ir.Lit("-3"), ir.Lit("-2"))
         name = local_name(self.ren[role.replace("W_", "").upper()])
         return self.emit(name, code, step, f"(B, {count}, T, d)")
