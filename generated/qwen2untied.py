@@ -15,7 +15,7 @@ class GroupedQueryAttentionBiased(nn.Module):
     """Y ← GroupedQueryAttentionBiased(X | W): GroupedQueryAttention with biases on the query, key
     and value projections but none on the output, as Qwen2.
 
-    Card: cards/nn/gqa.card:20
+    Card: cards/nn/gqa.card:19
     """
 
     def __init__(self, D: int, H: int, H_kv: int, theta_base: float = 10000):
@@ -26,29 +26,29 @@ class GroupedQueryAttentionBiased(nn.Module):
         self.theta_base = theta_base
         self.d = D // H
         self.G = H // H_kv
-        self.W_q = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:28]
-        self.b_q = nn.Parameter(torch.zeros(D))  # (D,)  [gqa.card:28]
-        self.W_k = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [gqa.card:29]
-        self.W_v = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [gqa.card:29]
-        self.b_k = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:29]
-        self.b_v = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:29]
-        self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:30]
+        self.W_q = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:27]
+        self.b_q = nn.Parameter(torch.zeros(D))  # (D,)  [gqa.card:27]
+        self.W_k = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [gqa.card:28]
+        self.W_v = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [gqa.card:28]
+        self.b_k = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:28]
+        self.b_v = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:28]
+        self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:29]
 
     def forward(self, X):
-        Q = (X @ self.W_q + self.b_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:31]
-        K = (X @ self.W_k + self.b_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
-        V = (X @ self.W_v + self.b_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:33]
-        omega = self.theta_base ** -(torch.arange(0, self.d, 2, device=X.device) / self.d)  # (d/2,)  [gqa.card:34]
-        phi = torch.outer(torch.arange(X.shape[-2], device=X.device), omega)  # (T, d/2)  [gqa.card:34]
-        cos = torch.cat([phi.cos(), phi.cos()], dim=-1)  # (T, d)  [gqa.card:34]
-        sin = torch.cat([phi.sin(), phi.sin()], dim=-1)  # (T, d)  [gqa.card:34]
-        Q = Q * cos + torch.cat([-Q.chunk(2, dim=-1)[1], Q.chunk(2, dim=-1)[0]], dim=-1) * sin  # [gqa.card:34]
-        K = K * cos + torch.cat([-K.chunk(2, dim=-1)[1], K.chunk(2, dim=-1)[0]], dim=-1) * sin  # [gqa.card:34]
-        K = K.repeat_interleave(self.G, dim=-3)  # (B, H, T, d)  [gqa.card:34]
-        V = V.repeat_interleave(self.G, dim=-3)  # (B, H, T, d)  [gqa.card:34]
-        Y_g = F.scaled_dot_product_attention(Q, K, V, is_causal=True)  # (B, H, T, d)  [gqa.card:34]
-        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [gqa.card:35]
-        return Y @ self.W_o  # (B, T, D)  [gqa.card:36]
+        Q = (X @ self.W_q + self.b_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:30]
+        K = (X @ self.W_k + self.b_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
+        V = (X @ self.W_v + self.b_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
+        omega = self.theta_base ** -(torch.arange(0, self.d, 2, device=X.device) / self.d)  # (d/2,)  [gqa.card:33]
+        phi = torch.outer(torch.arange(X.shape[-2], device=X.device), omega)  # (T, d/2)  [gqa.card:33]
+        cos = torch.cat([phi.cos(), phi.cos()], dim=-1)  # (T, d)  [gqa.card:33]
+        sin = torch.cat([phi.sin(), phi.sin()], dim=-1)  # (T, d)  [gqa.card:33]
+        Q = Q * cos + torch.cat([-Q.chunk(2, dim=-1)[1], Q.chunk(2, dim=-1)[0]], dim=-1) * sin  # [gqa.card:33]
+        K = K * cos + torch.cat([-K.chunk(2, dim=-1)[1], K.chunk(2, dim=-1)[0]], dim=-1) * sin  # [gqa.card:33]
+        K = K.repeat_interleave(self.G, dim=-3)  # (B, H, T, d)  [gqa.card:33]
+        V = V.repeat_interleave(self.G, dim=-3)  # (B, H, T, d)  [gqa.card:33]
+        Y_g = F.scaled_dot_product_attention(Q, K, V, is_causal=True)  # (B, H, T, d)  [gqa.card:33]
+        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [gqa.card:34]
+        return Y @ self.W_o  # (B, T, D)  [gqa.card:35]
 
 
 class SwiGLU(nn.Module):
