@@ -15,6 +15,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from parity import max_diff  # noqa: E402
+
 from cardc.build import build_model, rebuild_model  # noqa: E402
 from cardc.interop import load_mapping, parse_mapping, to_card_state  # noqa: E402
 from cardc.runtime.checkpoint import load_state, read_checkpoint  # noqa: E402
@@ -76,9 +78,6 @@ def make_ours(name: str):
 def copy_into(mapping, hf_state, ours) -> None:
     ours.load_state_dict(to_card_state(mapping, hf_state, ours.state_dict(), N), strict=True)
 
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().max().item()
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from parity import max_diff  # noqa: E402
+
 from cardc.build import build_model  # noqa: E402
 from cardc.interop import load_mapping  # noqa: E402
 
@@ -82,9 +84,6 @@ def pair():
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
     return hf, ours, table, idx
 
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().max().item()
 
 
 def test_logits_match(pair):

@@ -17,6 +17,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from parity import load_through_mapping, max_diff  # noqa: E402
+
 from cardc.build import build_model  # noqa: E402
 from cardc.interop import load_mapping  # noqa: E402
 
@@ -50,35 +52,11 @@ def make_ours(tied: bool):
     return model.float().eval()
 
 
-def entries(tied: bool) -> dict[str, tuple[str, bool]]:
-    """HF name → (our name, transposed), from the mapping file; untied adds lm_head → W_u."""
-    table = {e.hf: (e.card, e.transpose) for e in MAPPING.entries(N)}
-    assert all(e.chunk == (0, 1) for e in MAPPING.entries(N)), "Llama needs no chunking"
-    if not tied:
-        table["lm_head.weight"] = ("W_u", True)
-    return table
-
-
-def load_hf_into_ours(hf, ours, tied: bool) -> dict[str, tuple[str, bool]]:
-    table = entries(tied)
-    hf_params = dict(hf.named_parameters(remove_duplicate=False))
-    used = set(table) | (set(MAPPING.tied) if tied else set())
-    assert set(hf_params) == used, f"unmapped {set(hf_params) - used}, missing {used - set(hf_params)}"
-    state = {mine: (hf_params[name].detach().T if t else hf_params[name].detach()).clone()
-             for name, (mine, t) in table.items()}
-    ours.load_state_dict(state, strict=True)
-    return table
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().max().item()
-
-
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
 def pair(request):
     tied = request.param
     hf, ours = make_hf(tied), make_ours(tied)
-    table = load_hf_into_ours(hf, ours, tied)
+    table = load_through_mapping(hf, ours, MAPPING, N, tied)
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
     return hf, ours, table, idx, tied
 
