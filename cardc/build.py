@@ -52,6 +52,21 @@ def procedure_cards(lib: Library, checker: Checker,
     return out
 
 
+def trains(checker: Checker, alg: s.Algorithm) -> bool:
+    """A training card hands back the parameters θ̂; an inference card hands back tokens."""
+    return isinstance(checker.info(alg).sig.output, BundleTy)
+
+
+def procedures_for(lib: Library, checker: Checker, model: s.Algorithm,
+                   training: bool) -> list[s.Algorithm]:
+    """The training (or inference) cards that run `model`, those in its own folder first."""
+    folder = Path(lib.file_of(model).path).parent
+    found = [a for a in procedure_cards(lib, checker)
+             if trains(checker, a) == training and called_model(checker, a) is model]
+    return sorted(found, key=lambda a: (Path(lib.file_of(a).path).parent != folder,
+                                        lib.file_of(a).path))
+
+
 def called_model(checker: Checker, alg: s.Algorithm) -> s.Algorithm | None:
     """The model a training or inference card runs: the card it calls that owns parameters."""
     return next((c.callee for c in checker.info(alg).calls.values()
@@ -247,13 +262,9 @@ def record_sampler(meta: dict[str, Any], lib: Library, checker: Checker,
     """Record in a model's checkpoint metadata the inference card that samples it (the one
     nearest the model's card) with the cards it calls, so `cardc sample` runs it anywhere."""
     model_file = lib.file_of(model).path
-    samplers = [a for a in procedure_cards(lib, checker)
-                if not isinstance(checker.info(a).sig.output, BundleTy)
-                and called_model(checker, a) is model]
+    samplers = procedures_for(lib, checker, model, training=False)
     if not samplers:
         return
-    samplers.sort(key=lambda a: (Path(lib.file_of(a).path).parent != Path(model_file).parent,
-                                 lib.file_of(a).path))
     sampler = lib.file_of(samplers[0]).path
     base = Path(os.path.abspath(model_file)).parents[len(Path(meta["card"]).parts) - 1]
     cards = {}

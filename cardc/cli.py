@@ -247,44 +247,35 @@ def _recipe(args: argparse.Namespace):
     """The training card to run: the one in the file, or else the library's card that trains
     the file's model (--recipe names another)."""
     from .build import (
-        called_model,
         checked,
         default_library,
         find_card,
         procedure_cards,
+        procedures_for,
         require_clean,
+        trains,
     )
-    from .types import BundleTy
 
     library = args.library or default_library(args.card)
     lib, checker, _ = checked([args.card, *([args.recipe] if args.recipe else [])], library)
-
-    def training_cards(files: list[str] | None) -> list:
-        return [a for a in procedure_cards(lib, checker, files)  # they hand back θ̂
-                if isinstance(checker.info(a).sig.output, BundleTy)]
-
     file = next(f.path for f in lib.files if Path(f.path) == Path(args.card))
     here = [a for a in procedure_cards(lib, checker, [file]) if args.name in (None, a.name)]
     if here:
-        trains = [a for a in here if isinstance(checker.info(a).sig.output, BundleTy)]
-        if not trains:
+        training = [a for a in here if trains(checker, a)]
+        if not training:
             raise UsageError(f"{here[0].name} is an inference card: sample with it, "
                              f"'cardc sample RUN --card {args.card}'")
-        return lib, checker, trains[0]
+        return lib, checker, training[0]
     model = find_card(lib, checker, args.card, args.name)
+    found = procedures_for(lib, checker, model, training=True)
     if args.recipe:
-        recipe_file = next(f.path for f in lib.files if Path(f.path) == Path(args.recipe))
-        found = training_cards([recipe_file])
-        if not found or called_model(checker, found[0]) is not model:
+        found = [a for a in found if Path(lib.file_of(a).path) == Path(args.recipe)]
+        if not found:
             raise UsageError(f"{args.recipe} holds no training card for {model.label}")
-        return lib, checker, found[0]
-    found = [a for a in training_cards(None) if called_model(checker, a) is model]
     if not found:
         raise UsageError(f"no training card in {_shown_path(library)}/ trains {model.label}; "
-                         "write one (as "
-                         "cards/gpt2_training.card trains GPT2) or name it with --recipe")
-    found.sort(key=lambda a: (Path(lib.file_of(a).path).parent != Path(file).parent,
-                              lib.file_of(a).path))  # the model's own folder first
+                         "write one (as cards/gpt2_training.card trains GPT2) or name it with "
+                         "--recipe")
     require_clean(lib, checker, checker.diags, {lib.file_of(found[0]).path})
     return lib, checker, found[0]
 
