@@ -71,8 +71,12 @@ def _seq(e: ir.Seq) -> tuple[str, int]:
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})", _ATOM
 
 
+def _cond(e: ir.Cond) -> tuple[str, int]:
+    return f"{expr_py(e.body, 1)} if {expr_py(e.test, 1)} else {expr_py(e.orelse)}", 0
+
+
 _EXPR = {"Ref": _ref, "Lit": _lit, "Call": _call, "Attr": _attr, "Bin": _bin, "Un": _un,
-         "Sub": _sub, "Seq": _seq}
+         "Sub": _sub, "Seq": _seq, "Cond": _cond}
 
 # ------------------------------------------------------------------ statements
 

@@ -77,7 +77,16 @@ class Seq:
     kind: str = "tuple"
 
 
-Expr = Ref | Lit | Call | Attr | Bin | Un | Sub | Seq
+@dataclass(frozen=True)
+class Cond:
+    """`body if test else orelse`."""
+
+    test: Expr
+    body: Expr
+    orelse: Expr
+
+
+Expr = Ref | Lit | Call | Attr | Bin | Un | Sub | Seq | Cond
 
 # ------------------------------------------------------------------ statements
 
@@ -196,6 +205,7 @@ class Module:
     language_model: bool = False  # forward(idx, targets) also returns the cross-entropy loss
     max_seq_len: Expr | None = None
     probabilities: bool = False  # forward returns a softmax (the paper's P), not logits
+    cached: bool = False  # a causal decoder: forward(x, cache=…) reads only the new tokens
 
 
 @dataclass
@@ -208,3 +218,4 @@ class Program:
     modules: list[Module] = field(default_factory=list)
     presets: dict[str, dict[str, Expr]] = field(default_factory=dict)
     imports: set[str] = field(default_factory=set)  # "math"
+    kv_cache: bool = False  # some module decodes with a KVCache, defined in the file

@@ -12,6 +12,40 @@ PRESETS = {
 }
 
 
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__()
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V):
+        """The layer's cached keys and values followed by these, which it keeps."""
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        self.kv[layer] = K, V
+        return K, V
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+
 class CausalSelfAttention(nn.Module):
     """Y ← CausalSelfAttention(X | W): Multi-head causal self-attention: H heads each attend to
     earlier positions; their outputs are concatenated and projected.
@@ -29,10 +63,12 @@ class CausalSelfAttention(nn.Module):
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [attention.card:23]
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)  [attention.card:23]
 
-    def forward(self, X):
+    def forward(self, X, cache=None):
         qkv = X @ self.W_qkv + self.b_qkv  # (B, T, 3 D)  [attention.card:24]
         Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:24]
-        Y_h = F.scaled_dot_product_attention(Q, K, V, is_causal=True)  # (B, H, T, d)  [attention.card:24]
+        if cache is not None:
+            K, V = cache.extend(self, K, V)  # the cached positions come first
+        Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [attention.card:24]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:25]
         return Y @ self.W_o + self.b_o  # (B, T, D)  [attention.card:26]
 
@@ -77,8 +113,8 @@ class GPT2Block(nn.Module):
         self.attn = CausalSelfAttention(D=D, H=H)  # [gpt2.card:28]
         self.mlp = MLP(D=D, D_f=D_f)  # [gpt2.card:30]
 
-    def forward(self, X):
-        X = X + self.attn(F.layer_norm(X, (self.D,), self.gamma1, self.beta1, self.eps))  # (B, T, D)  [gpt2.card:31]
+    def forward(self, X, cache=None):
+        X = X + self.attn(F.layer_norm(X, (self.D,), self.gamma1, self.beta1, self.eps), cache=cache)  # (B, T, D)  [gpt2.card:31]
         X = X + self.mlp(F.layer_norm(X, (self.D,), self.gamma2, self.beta2, self.eps))  # (B, T, D)  [gpt2.card:32]
         return X  # (B, T, D)  [gpt2.card:33]
 
@@ -108,16 +144,23 @@ class GPT2(nn.Module):
             GPT2Block(D=D, eps=eps, H=H, D_f=D_f) for _ in range(N)
         )  # [gpt2.card:10]
 
-    def forward(self, x, targets=None):
+    def forward(self, x, targets=None, cache=None):
         T = x.shape[-1]
-        if T > self.max_seq_len:
-            raise ValueError(f"sequence length {T} exceeds the model's {self.max_seq_len} positions")
-        E = self.W_e[x] + self.W_p[:T]  # (B, T, D)  [gpt2.card:14]
+        past = 0 if cache is None else cache.pos  # tokens decoded before these
+        if past + T > self.max_seq_len:
+            raise ValueError(f"sequence length {past + T} exceeds the model's {self.max_seq_len} positions")
+        E = self.W_e[x] + self.W_p[past:past + T]  # (B, T, D)  [gpt2.card:14]
         for block in self.block:  # [gpt2.card:15]
-            E = block(E)  # (B, T, D)  [gpt2.card:16]
+            E = block(E, cache=cache)  # (B, T, D)  [gpt2.card:16]
         E = F.layer_norm(E, (self.D,), self.gamma_f, self.beta_f, self.eps)  # (B, T, D)  [gpt2.card:18]
         P = E @ self.W_e.T  # (B, T, V)  [gpt2.card:19]
+        if cache is not None:
+            cache.pos = cache.pos + T
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
+
+    def new_cache(self) -> KVCache:
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
+        return KVCache()

@@ -17,11 +17,12 @@ def GPT2Sampling(x, theta_hat, l_gen, tau, ctx):
 
     Card: cards/gpt2_sampling.card:1
     """
+    cache = theta_hat.new_cache()  # GPT2 decodes with a KV cache  [gpt2_sampling.card:13]
     l = x.shape[-1]  # [gpt2_sampling.card:10]
     for i in range(l_gen):  # [gpt2_sampling.card:11]
         s = max(1, l + (i + 1) - ctx)  # [gpt2_sampling.card:12]
-        P = theta_hat(x[..., s - 1:l + i])  # (B, i − s + |x|, N_V)  [gpt2_sampling.card:13]
-        z = P[..., l + i - s, :]  # (B, N_V)  [gpt2_sampling.card:14]
+        P = theta_hat(cache.new(x[..., s - 1:l + i]), cache=cache)  # rows of the new tokens only  [gpt2_sampling.card:13]
+        z = P[..., -1, :]  # (B, N_V)  [gpt2_sampling.card:14]
         if tau == 0:  # the limit τ → 0: the most probable token
             y = z.argmax(-1)
         else:

@@ -12,6 +12,40 @@ PRESETS = {
 }
 
 
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__()
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V):
+        """The layer's cached keys and values followed by these, which it keeps."""
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        self.kv[layer] = K, V
+        return K, V
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+
 class GroupedQueryAttention(nn.Module):
     """Y ← GroupedQueryAttention(X | W): Grouped-query causal self-attention with rotary positions,
     as Llama: H query heads of width d, and H_kv key/value heads, each shared by G = H/H_kv
@@ -33,19 +67,22 @@ class GroupedQueryAttention(nn.Module):
         self.W_v = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [gqa.card:10]
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:11]
 
-    def forward(self, X):
+    def forward(self, X, cache=None):
+        past = 0 if cache is None else cache.pos  # tokens decoded before these
         Q = (X @ self.W_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:12]
         K = (X @ self.W_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:13]
         V = (X @ self.W_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:14]
         omega = self.theta_base ** -(torch.arange(0, self.d, 2, device=X.device) / self.d)  # (d/2,)  [gqa.card:15]
-        phi = torch.outer(torch.arange(X.shape[-2], device=X.device), omega)  # (T, d/2)  [gqa.card:15]
+        phi = torch.outer(torch.arange(past, past + X.shape[-2], device=X.device), omega)  # (T, d/2)  [gqa.card:15]
         cos = torch.cat([phi.cos(), phi.cos()], dim=-1)  # (T, d)  [gqa.card:15]
         sin = torch.cat([phi.sin(), phi.sin()], dim=-1)  # (T, d)  [gqa.card:15]
         Q = Q * cos + torch.cat([-Q.chunk(2, dim=-1)[1], Q.chunk(2, dim=-1)[0]], dim=-1) * sin  # [gqa.card:15]
         K = K * cos + torch.cat([-K.chunk(2, dim=-1)[1], K.chunk(2, dim=-1)[0]], dim=-1) * sin  # [gqa.card:15]
+        if cache is not None:
+            K, V = cache.extend(self, K, V)  # the cached positions come first
         K = K.repeat_interleave(self.G, dim=-3)  # (B, H, T, d)  [gqa.card:15]
         V = V.repeat_interleave(self.G, dim=-3)  # (B, H, T, d)  [gqa.card:15]
-        Y_g = F.scaled_dot_product_attention(Q, K, V, is_causal=True)  # (B, H, T, d)  [gqa.card:15]
+        Y_g = F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [gqa.card:15]
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [gqa.card:16]
         return Y @ self.W_o  # (B, T, D)  [gqa.card:17]
 
@@ -89,8 +126,8 @@ class LlamaBlock(nn.Module):
         self.attn = GroupedQueryAttention(D=D, H=H, H_kv=H_kv, theta_base=theta_base)  # [llama.card:48]
         self.mlp = SwiGLU(D=D, D_f=D_f)  # [llama.card:50]
 
-    def forward(self, X):
-        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps))  # (B, T, D)  [llama.card:51]
+    def forward(self, X, cache=None):
+        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [llama.card:51]
         X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [llama.card:52]
         return X  # (B, T, D)  [llama.card:53]
 
@@ -119,13 +156,21 @@ class Llama(nn.Module):
             LlamaBlock(D=D, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, D_f=D_f) for _ in range(N)
         )  # [llama.card:10]
 
-    def forward(self, x, targets=None):
+    def forward(self, x, targets=None, cache=None):
+        T_new = x.shape[-1]
+        past = 0 if cache is None else cache.pos  # tokens decoded before these
         E = self.W_e[x]  # (B, T, D)  [llama.card:14]
         for block in self.block:  # [llama.card:15]
-            E = block(E)  # (B, T, D)  [llama.card:16]
+            E = block(E, cache=cache)  # (B, T, D)  [llama.card:16]
         E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [llama.card:18]
         P = E @ self.W_e.T  # (B, T, V)  [llama.card:19]
+        if cache is not None:
+            cache.pos = cache.pos + T_new
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
+
+    def new_cache(self) -> KVCache:
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
+        return KVCache()

@@ -12,6 +12,40 @@ PRESETS = {
 }
 
 
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__()
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V):
+        """The layer's cached keys and values followed by these, which it keeps."""
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        self.kv[layer] = K, V
+        return K, V
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+
 class GroupedQueryAttentionBiased(nn.Module):
     """Y ← GroupedQueryAttentionBiased(X | W): GroupedQueryAttention with biases on the query, key
     and value projections but none on the output, as Qwen2.
@@ -35,19 +69,22 @@ class GroupedQueryAttentionBiased(nn.Module):
         self.b_v = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:28]
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:29]
 
-    def forward(self, X):
+    def forward(self, X, cache=None):
+        past = 0 if cache is None else cache.pos  # tokens decoded before these
         Q = (X @ self.W_q + self.b_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:30]
         K = (X @ self.W_k + self.b_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
         V = (X @ self.W_v + self.b_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
         omega = self.theta_base ** -(torch.arange(0, self.d, 2, device=X.device) / self.d)  # (d/2,)  [gqa.card:33]
-        phi = torch.outer(torch.arange(X.shape[-2], device=X.device), omega)  # (T, d/2)  [gqa.card:33]
+        phi = torch.outer(torch.arange(past, past + X.shape[-2], device=X.device), omega)  # (T, d/2)  [gqa.card:33]
         cos = torch.cat([phi.cos(), phi.cos()], dim=-1)  # (T, d)  [gqa.card:33]
         sin = torch.cat([phi.sin(), phi.sin()], dim=-1)  # (T, d)  [gqa.card:33]
         Q = Q * cos + torch.cat([-Q.chunk(2, dim=-1)[1], Q.chunk(2, dim=-1)[0]], dim=-1) * sin  # [gqa.card:33]
         K = K * cos + torch.cat([-K.chunk(2, dim=-1)[1], K.chunk(2, dim=-1)[0]], dim=-1) * sin  # [gqa.card:33]
+        if cache is not None:
+            K, V = cache.extend(self, K, V)  # the cached positions come first
         K = K.repeat_interleave(self.G, dim=-3)  # (B, H, T, d)  [gqa.card:33]
         V = V.repeat_interleave(self.G, dim=-3)  # (B, H, T, d)  [gqa.card:33]
-        Y_g = F.scaled_dot_product_attention(Q, K, V, is_causal=True)  # (B, H, T, d)  [gqa.card:33]
+        Y_g = F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [gqa.card:33]
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [gqa.card:34]
         return Y @ self.W_o  # (B, T, D)  [gqa.card:35]
 
@@ -91,8 +128,8 @@ class Qwen2Block(nn.Module):
         self.attn = GroupedQueryAttentionBiased(D=D, H=H, H_kv=H_kv, theta_base=theta_base)  # [qwen2.card:48]
         self.mlp = SwiGLU(D=D, D_f=D_f)  # [qwen2.card:50]
 
-    def forward(self, X):
-        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps))  # (B, T, D)  [qwen2.card:51]
+    def forward(self, X, cache=None):
+        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [qwen2.card:51]
         X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [qwen2.card:52]
         return X  # (B, T, D)  [qwen2.card:53]
 
@@ -121,13 +158,21 @@ class Qwen2(nn.Module):
             Qwen2Block(D=D, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, D_f=D_f) for _ in range(N)
         )  # [qwen2.card:10]
 
-    def forward(self, x, targets=None):
+    def forward(self, x, targets=None, cache=None):
+        T_new = x.shape[-1]
+        past = 0 if cache is None else cache.pos  # tokens decoded before these
         E = self.W_e[x]  # (B, T, D)  [qwen2.card:14]
         for block in self.block:  # [qwen2.card:15]
-            E = block(E)  # (B, T, D)  [qwen2.card:16]
+            E = block(E, cache=cache)  # (B, T, D)  [qwen2.card:16]
         E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen2.card:18]
         P = E @ self.W_e.T  # (B, T, V)  [qwen2.card:19]
+        if cache is not None:
+            cache.pos = cache.pos + T_new
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
+
+    def new_cache(self) -> KVCache:
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
+        return KVCache()

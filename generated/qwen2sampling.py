@@ -17,11 +17,12 @@ def Qwen2Sampling(x, theta_hat, l_gen, tau, ctx):
 
     Card: cards/qwen2_sampling.card:1
     """
+    cache = theta_hat.new_cache()  # Qwen2 decodes with a KV cache  [qwen2_sampling.card:13]
     l = x.shape[-1]  # [qwen2_sampling.card:10]
     for i in range(l_gen):  # [qwen2_sampling.card:11]
         s = max(1, l + (i + 1) - ctx)  # [qwen2_sampling.card:12]
-        P = theta_hat(x[..., s - 1:l + i])  # (B, i − s + |x|, N_V)  [qwen2_sampling.card:13]
-        z = P[..., l + i - s, :]  # (B, N_V)  [qwen2_sampling.card:14]
+        P = theta_hat(cache.new(x[..., s - 1:l + i]), cache=cache)  # rows of the new tokens only  [qwen2_sampling.card:13]
+        z = P[..., -1, :]  # (B, N_V)  [qwen2_sampling.card:14]
         if tau == 0:  # the limit τ → 0: the most probable token
             y = z.argmax(-1)
         else:

@@ -115,7 +115,9 @@ def test_generated_module_imports_and_runs_alone():
 
 def test_fused_gpt2_is_vectorised():
     src = (ROOT / "generated" / "gpt2.py").read_text(encoding="utf-8")
-    assert "F.scaled_dot_product_attention(Q, K, V, is_causal=True)" in src
+    # causal when the whole sequence is in; with a KV cache, masked past the cached positions
+    assert ("F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else "
+            "cache.mask(Q, K), is_causal=cache is None)") in src
     assert src.count("F.layer_norm(") == 3
     assert 'F.gelu(X @ self.W_1 + self.b_1, approximate="tanh")' in src
     assert "range(self.H)" not in src  # heads are batched, not looped

@@ -178,6 +178,7 @@ class Body:
         self.domain: Val | None = None  # the values of t in `T̃ ← {t ∈ [ℓ] : …}`
         self.family_vars: set[str] = set()  # Σ_u over a family's members: u
         self.sets: dict[str, Val] = {}  # T̃ ← {t ∈ [ℓ] : …}: the values t ranges over
+        self.decoded: set[str] = set()  # P ← M(x | θ̂) decoded with a KV cache: P's last row
 
     # ------------------------------------------------------------------ helpers
     def fail(self, node, message: str, hint: str | None = None):
@@ -216,7 +217,7 @@ class Body:
             dict(self.loop_index)
         body.max_seq_len = self.max_seq_len
         body.procedure, body.datasets, body.sets = self.procedure, self.datasets, self.sets
-        body.prologue, body.ranged = self.prologue, self.ranged
+        body.prologue, body.ranged, body.decoded = self.prologue, self.ranged, self.decoded
         return body
 
     def fresh(self, name: str) -> str:
@@ -256,6 +257,8 @@ class Body:
         if not isinstance(st.target, s.Name):
             self.fail(st.target, "code generation handles assignments to a name only here",
                       hint="assign the whole value, e.g. 'X ← …'")
+        if self.decode(st, step):
+            return
         val = self.expr(st.value)
         family = self.family_of(st.target.id)
         if family is not None:
@@ -267,6 +270,52 @@ class Body:
         if val.code != ir.Ref(name):  # `ℓ ← length(x)` where ℓ is already read off x
             self.emit(ir.Assign((name,), val.code, self.note(step, val)))
         self.scope.values[st.target.id] = _like(val, ir.Ref(name))
+
+    def decode(self, st: s.Assign, step: s.Step) -> bool:
+        """`P ← M(…, x[a : b] | θ̂)` in a loop, where only P's last row is read: M decodes with
+        a KV cache, fed only the tokens of x it has not seen (all of them when the window
+        moved), and P holds the rows of those tokens."""
+        call = self.info.calls.get(id(st.value)) if self.procedure and self.loop_index else None
+        model = self.module_for(st.value, call) if call is not None else None
+        rows = self.ty(st.value).shape[0] if self.ty(st.value).rank == 2 else None
+        if model is None or rows is None or not self.reads_last_row(st.target.id, rows) or \
+                not self.low.decodes(call.callee):
+            return False
+        cache = self.fresh("cache")
+        self.prologue.append(ir.Assign((cache,), _method(model, "new_cache"), ir.Note(
+            text=f"{call.callee.label} decodes with a KV cache", line=self.line(step))))
+        args = [a.code for a in self.call_args(st.value, call)]
+        args[-1] = _method(ir.Ref(cache), "new", args[-1])
+        val = Val(ir.Call(model, tuple(args), (("cache", ir.Ref(cache)),)), self.ty(st.value),
+                  True)
+        name = local_name(st.target.id)
+        self.emit(ir.Assign((name,), val.code, self.note(step, None, "rows of the new tokens only")))
+        self.scope.values[st.target.id] = _like(val, ir.Ref(name))
+        self.decoded.add(st.target.id)
+        return True
+
+    def reads_last_row(self, name: str, rows: Dim) -> bool:
+        """Every read of `name` in the card is `name[rows, …]`, and it is assigned once."""
+        uses = [n for n in s.nodes(self.alg) if isinstance(n, s.Name) and n.id == name]
+        reads = [n for n in s.nodes(self.alg) if isinstance(n, s.Index) and
+                 isinstance(n.base, s.Name) and n.base.id == name]
+        if len(uses) != len(reads) + 1:  # the assignment's target, and the reads' bases
+            return False
+        for r in reads:
+            if isinstance(r.items[0], s.Slice) or any(not _is_all(i) for i in r.items[1:]):
+                return False
+            try:
+                if self.size(r.items[0]) != rows:
+                    return False
+            except LowerError:
+                return False
+        return bool(reads)
+
+    def last_row(self, e: s.Index) -> Val:
+        """`P[ℓ + i − s, :]` of a decoded P: its last row, the newest token's."""
+        base = self.expr(e.base)
+        rest = tuple(ir.SliceX(None, None) for _ in e.items[1:])
+        return Val(ir.Sub(base.code, (ir.Ref("..."), _int(-1), *rest)), self.ty(e), True)
 
     @staticmethod
     def is_model(val) -> bool:
@@ -856,6 +905,8 @@ class Body:
         return Val(ir.Attr(x.code, "T"), ty)
 
     def expr_Index(self, e: s.Index) -> Val:
+        if isinstance(e.base, s.Name) and e.base.id in self.decoded:
+            return self.last_row(e)
         if self.sum_axis and len(e.items) == 1 and getattr(e.items[0], "id", None) == \
                 self.sum_axis[0]:
             base = self.expr(e.base)  # e[i] under Σ_i: the whole last axis, summed later

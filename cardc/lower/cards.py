@@ -12,6 +12,7 @@ from ..dims import Dim
 from ..info import preset_values
 from ..types import BundleTy, Entry, FamilyTy, Ty
 from .body import Body, bound_sizes
+from .decoding import add_kv_cache
 from .intrinsics import Passes
 from .values import (
     Family,
@@ -50,10 +51,13 @@ class Lowering:
         self._modules: dict[int, ir.Module] = {}
         self._functions: dict[int, str] = {}
         self._ctor: dict[int, list[str]] = {}
+        self._decodes: dict[int, bool] = {}
 
     # ------------------------------------------------------------------ entry point
     def model(self, alg: s.Algorithm) -> ir.Program:
         top = self.module(alg, top=True)
+        if self.fuse:
+            add_kv_cache(self.program, top)
         sig = self.checker.info(alg).sig
         ctor = self.ctor_args(alg)
         for preset in alg.presets:
@@ -62,6 +66,13 @@ class Lowering:
                 local_name(k): _number(values[k], sig.hypers[k]) for k in ctor if k in values}
         self.program.doc = f"{top.name}, generated from its card. {_doc(alg)}"
         return self.program
+
+    def decodes(self, alg: s.Algorithm) -> bool:
+        """Whether the model card `alg` lowers to a forward that decodes with a KV cache."""
+        if id(alg) not in self._decodes:
+            self._decodes[id(alg)] = self.fuse and \
+                Lowering(self.checker, self.fuse).model(alg).kv_cache
+        return self._decodes[id(alg)]
 
     def origin(self, alg: s.Algorithm) -> str:
         path = self.lib.file_of(alg).path
@@ -168,6 +179,7 @@ class Lowering:
     def language_model(self, m: ir.Module, body: Body, prologue, stmts) -> list[ir.Stmt]:
         """forward(x, targets=None): logits, and with targets also the cross-entropy loss."""
         m.inputs.append(ir.Arg("targets", ir.Lit("None")))
+        m.language_model = True
         m.max_seq_len = body.max_seq_len
         ret = stmts[-1]
         if not isinstance(ret, ir.Return):
@@ -473,8 +485,8 @@ class Lowering:
             self.program.presets[preset.name] = {
                 local_name(k): _number(values[k], sig.hypers[k]) for k in card_names(sig)
                 if k in values}
-        if body.prologue:
-            args.append(ir.Arg("report", ir.Lit("None")))
+        if any("optimizer" in getattr(x, "targets", ()) for x in body.prologue):
+            args.append(ir.Arg("report", ir.Lit("None")))  # told the loss of every update
         self.program.functions.append(
             ir.Function(name, _doc(alg), self.origin(alg), args, body.prologue + stmts))
         self.program.doc = f"{alg.label}, generated from its card. {_doc(alg)}"

@@ -31,7 +31,7 @@ from ..dims import Dim
 from ..spelling import display, python_name
 from ..types import Ty
 
-RESERVED = {"self", "torch", "F", "nn", "math", "targets", "loss"}
+RESERVED = {"self", "torch", "F", "nn", "math", "targets", "loss", "cache", "past"}
 
 
 class LowerError(Exception):

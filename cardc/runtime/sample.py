@@ -25,12 +25,13 @@ def generate(
     if idx.ndim != 2 or idx.shape[1] == 0:
         raise ValueError(f"idx must have shape (B, T) with T >= 1, got {tuple(idx.shape)}")
     limit = getattr(model, "max_seq_len", None)
+    cache = model.new_cache() if hasattr(model, "new_cache") else None  # a causal decoder's
     was_training = model.training
     model.eval()
     try:
         for _ in range(max_new_tokens):
             context = idx[:, -limit:] if isinstance(limit, int) and limit > 0 else idx
-            logits = model(context)
+            logits = model(context) if cache is None else model(cache.new(context), cache=cache)
             if isinstance(logits, tuple):  # tolerate models that always return (logits, loss)
                 logits = logits[0]
             if getattr(model, "returns", "logits") == "probabilities":  # the paper's P

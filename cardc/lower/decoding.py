@@ -1,0 +1,184 @@
+"""KV-cache decoding: a pass that lets a causal decoder's forward read only the new tokens.
+
+Every attention lowered to causal SDPA keeps its keys and values in a `KVCache`, stored as the
+card's attention holds them: after RoPE, before a key/value head is shared by its group of query
+heads. The modules above pass the cache down, and the language model offsets its positions by
+the tokens decoded before. Without a cache the code is what it was, so every equivalence of the
+fused lowering still holds; with one, the logits of the new tokens equal full recomputation
+(tests/test_decoding.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from .. import ir
+
+SDPA = ir.Ref("F.scaled_dot_product_attention")
+CACHE = ir.Ref("cache")
+PAST = ir.Ref("past")
+NO_CACHE = ir.Bin("is", CACHE, ir.Lit("None"))
+HAS_CACHE = ir.Bin("is not", CACHE, ir.Lit("None"))
+
+
+def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
+    """Give `top`, a language model, incremental decoding where its attention is causal."""
+    if not top.language_model:
+        return
+    cached: set[str] = set()  # classes whose forward takes the cache
+    for m in program.modules:  # callees first
+        attends = _cache_attention(m)
+        calls = _pass_cache(m, cached)
+        if attends or calls:
+            m.inputs.append(ir.Arg("cache", ir.Lit("None")))
+            cached.add(m.name)
+    if top.name in cached:
+        _count_positions(top)
+        top.cached = program.kv_cache = True
+
+
+# ------------------------------------------------------------------ attention
+def _cache_attention(m: ir.Module) -> bool:
+    """Before causal SDPA: prepend the cached keys and values; mask with the offset."""
+    body = list(m.body)
+    found = False
+    for j, st in reversed(list(enumerate(body))):
+        sdpa = st.value if isinstance(st, ir.Assign) else None
+        if not (isinstance(sdpa, ir.Call) and sdpa.func == SDPA and
+                ("is_causal", ir.Lit("True")) in sdpa.kwargs):
+            continue
+        q, k, v = sdpa.args[:3]
+        kwargs = tuple(kw for kw in sdpa.kwargs if kw[0] != "is_causal")
+        mask = ir.Cond(NO_CACHE, ir.Lit("None"), ir.Call(ir.Attr(CACHE, "mask"), (q, k)))
+        body[j] = dataclasses.replace(st, value=dataclasses.replace(
+            sdpa, kwargs=(*kwargs, ("attn_mask", mask), ("is_causal", NO_CACHE))))
+        i = j
+        while i > 0 and _shares_heads(body[i - 1], (k, v)):
+            i -= 1  # cache the key/value heads themselves, not their copies per query head
+        extend = ir.Assign((k.id, v.id), ir.Call(ir.Attr(CACHE, "extend"), (ir.Ref("self"), k, v)),
+                           ir.Note(text="the cached positions come first"))
+        body.insert(i, ir.If(HAS_CACHE, (extend,)))
+        found = True
+    if found:
+        m.body = _offset_positions(m, body)
+    return found
+
+
+def _shares_heads(st: ir.Stmt, kv: tuple[ir.Expr, ...]) -> bool:
+    """`K = K.repeat_interleave(G, dim=-3)`: key/value heads copied for their query heads."""
+    return isinstance(st, ir.Assign) and len(st.targets) == 1 and \
+        ir.Ref(st.targets[0]) in kv and isinstance(st.value, ir.Call) and \
+        st.value.func == ir.Attr(ir.Ref(st.targets[0]), "repeat_interleave")
+
+
+def _offset_positions(m: ir.Module, body: list[ir.Stmt]) -> list[ir.Stmt]:
+    """`torch.arange(X.shape[-2])`, the positions of the input's rows (RoPE's angles), start
+    after the tokens decoded before."""
+    rows = ir.Sub(ir.Attr(ir.Ref(m.inputs[0].name), "shape"), (ir.Lit("-2"),))
+
+    def shift(e):
+        if isinstance(e, ir.Call) and e.func == ir.Ref("torch.arange") and e.args == (rows,):
+            return dataclasses.replace(e, args=(PAST, ir.Bin("+", PAST, rows)))
+        return None
+
+    out = [_rewrite(st, shift) for st in body]
+    if out == body:
+        return body
+    return [_past(), *out]
+
+
+def _past() -> ir.Assign:
+    return ir.Assign(("past",), ir.Cond(NO_CACHE, ir.Lit("0"), ir.Attr(CACHE, "pos")),
+                     ir.Note(text="tokens decoded before these"))
+
+
+# ------------------------------------------------------------------ modules above
+def _pass_cache(m: ir.Module, cached: set[str]) -> bool:
+    """`self.attn(X)` → `self.attn(X, cache=cache)` for submodules that take the cache."""
+    attrs = {f"self.{sub.name}" for sub in m.submodules if sub.cls in cached}
+    if not attrs:
+        return False
+    loops: set[str] = set()  # `for block in self.block`: `block` is one of them
+
+    def visit(st: ir.Stmt) -> None:
+        if isinstance(st, ir.Loop) and isinstance(st.iter, ir.Ref) and st.iter.id in attrs:
+            loops.add(st.target)
+
+    def add(e):
+        if isinstance(e, ir.Call) and isinstance(e.func, ir.Ref) and \
+                (e.func.id in attrs or e.func.id in loops):
+            args = tuple(_rewrite(a, add) for a in e.args)
+            return dataclasses.replace(e, args=args, kwargs=(*e.kwargs, ("cache", CACHE)))
+        return None
+
+    before = m.body
+    _walk(m.body, visit)
+    m.body = [_rewrite(st, add) for st in m.body]
+    return m.body != before
+
+
+# ------------------------------------------------------------------ the language model
+def _count_positions(top: ir.Module) -> None:
+    """The decoded sequence's positions start at `past`; the cache counts the new tokens in."""
+    x = [a.name for a in top.inputs if a.name not in ("targets", "cache")][-1]  # decoded
+    length = next((st.targets[0] for st in top.body if isinstance(st, ir.Assign) and
+                   st.value == ir.Sub(ir.Attr(ir.Ref(x), "shape"), (ir.Lit("-1"),))), None)
+    if length is None:
+        length = "T_new"
+        top.body.insert(0, ir.Assign((length,), ir.Sub(ir.Attr(ir.Ref(x), "shape"),
+                                                          (ir.Lit("-1"),))))
+    t = ir.Ref(length)
+    shifted = ir.Bin("+", PAST, t)
+
+    def shift(e):
+        if isinstance(e, ir.Sub) and len(e.items) == 1 and _positions(e.items[0], t):
+            lo, hi = e.items[0].lo, e.items[0].hi
+            lo = PAST if lo is None else ir.Bin("+", PAST, lo)
+            return dataclasses.replace(e, items=(ir.SliceX(lo, ir.Bin("+", PAST, hi)),))
+        if isinstance(e, ir.Bin) and e.op == ">" and e.left == t and \
+                e.right == ir.Ref("self.max_seq_len"):
+            return dataclasses.replace(e, left=shifted)
+        if isinstance(e, ir.Lit) and e.text.startswith('f"sequence length {'):
+            return ir.Lit(e.text.replace(f"{{{length}}}", f"{{past + {length}}}"))
+        return None
+
+    body = [_rewrite(st, shift) for st in top.body]
+    at = next(i for i, st in enumerate(body) if isinstance(st, ir.Assign) and st.targets == (
+        length,)) + 1
+    body.insert(at, _past())
+    done = next(i for i, st in enumerate(body) if isinstance(st, ir.If) and
+                st.cond == ir.Bin("is", ir.Ref("targets"), ir.Lit("None")))
+    count = ir.Assign(("cache.pos",), ir.Bin("+", ir.Attr(CACHE, "pos"), t))
+    body.insert(done, ir.If(HAS_CACHE, (count,)))
+    top.body = body
+
+
+def _positions(item, t: ir.Ref) -> bool:
+    """`[:T]` or `[k:T + k]`: the rows of a position table that T tokens read."""
+    if not isinstance(item, ir.SliceX):
+        return False
+    if item.lo is None:
+        return item.hi == t
+    return isinstance(item.lo, ir.Lit) and item.hi == ir.Bin("+", t, item.lo)
+
+
+# ------------------------------------------------------------------ tree walking
+def _rewrite(node, fn: Callable[[object], object | None]):
+    """`node` with every sub-node `fn` replaces (it returns None to descend instead)."""
+    new = fn(node)
+    if new is not None:
+        return new
+    if isinstance(node, tuple):
+        return tuple(_rewrite(n, fn) for n in node)
+    if not dataclasses.is_dataclass(node) or isinstance(node, ir.Note):
+        return node
+    changes = {f.name: _rewrite(getattr(node, f.name), fn) for f in dataclasses.fields(node)}
+    return dataclasses.replace(node, **changes)
+
+
+def _walk(stmts, visit: Callable[[ir.Stmt], None]) -> None:
+    for st in stmts:
+        visit(st)
+        for inner in (getattr(st, "body", ()), getattr(st, "orelse", ())):
+            _walk(inner, visit)
