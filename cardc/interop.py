@@ -9,7 +9,9 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   export writes to config.json (`GPT2LMHeadModel`, `gpt2`) and import expects there.
 - `hyperparameters`: card hyperparameter → config.json key (`a.b`: key b of the object a), or `{"key": K, "default": EXPR}`
   where EXPR (numbers, config keys, + − * / //) applies when K is absent or null
-  (`n_inner: null` means 4·n_embd).
+  (`n_inner: null` means 4·n_embd), and `"same": [K2, …]`: further keys that must hold the
+  same value (BART's encoder_layers and decoder_layers, both the card's N); import refuses a
+  config.json where they differ, export writes every one.
 - `fixed_config`: config values the card's computation fixes (`activation_function`). Import
   refuses a config.json that sets another value; export writes them. A list names the accepted
   values; export writes the first.
@@ -19,7 +21,8 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   `{"card": NAME, "transpose": true, "chunk": [k, n], "axis": a}`: the Hugging Face tensor is
   the card's transposed (nn.Linear stores (out, in), cards are row-major (in, out)), and/or the
   k-th of n equal slices of it along axis a of the card's layout (separate q/k/v projections of
-  a fused W_qkv).
+  a fused W_qkv). `"shape": [1, -1]` instead: the Hugging Face tensor is the card's reshaped
+  so (BART's final_logits_bias, a (1, V) buffer, is the card's b_f ∈ ℝ^{V}).
 - `tied`: Hugging Face name → the Hugging Face tensor it shares storage with; export omits it,
   import accepts it only if equal.
 - `base_prefix`: what the base model's names start with (`transformer.`); checkpoints of the bare
@@ -69,16 +72,22 @@ class Entry:
     transpose: bool = False
     chunk: tuple[int, int] = (0, 1)
     axis: int = 0
+    shape: tuple[int, ...] | None = None  # the Hugging Face layout, a reshape of the card's
 
     def at(self, i: int) -> Entry:
         return Entry(self.hf.format(i=i), self.card.format(i=i), self.transpose, self.chunk,
-                     self.axis)
+                     self.axis, self.shape)
 
 
 @dataclass(frozen=True)
 class Hyper:
     key: str
     default: str | None = None
+    same: tuple[str, ...] = ()  # further config keys that hold the same value
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key, *self.same)
 
 
 @dataclass(frozen=True)
@@ -165,7 +174,10 @@ def _hyper(name: str, spec: Any, need: Callable[[bool, str], None]) -> Hyper:
     spec = {"key": spec} if isinstance(spec, str) else spec
     need(isinstance(spec, dict) and isinstance(spec.get("key"), str),
          f"hyperparameter '{name}' must name a config key")
-    return Hyper(spec["key"], spec.get("default"))
+    same = spec.get("same", [])
+    need(isinstance(same, list) and all(isinstance(k, str) for k in same),
+         f"hyperparameter '{name}': 'same' must be a list of config keys")
+    return Hyper(spec["key"], spec.get("default"), tuple(same))
 
 
 def _entry(hf: str, spec: Any, need: Callable[[bool, str], None]) -> Entry:
@@ -176,7 +188,13 @@ def _entry(hf: str, spec: Any, need: Callable[[bool, str], None]) -> Entry:
     need(isinstance(chunk, list) and len(chunk) == 2 and all(type(c) is int for c in chunk)
          and 0 <= chunk[0] < chunk[1], f"tensor '{hf}': 'chunk' must be [k, n] with 0 <= k < n")
     need(type(axis) is int, f"tensor '{hf}': 'axis' must be an integer")
-    return Entry(hf, spec["card"], spec.get("transpose", False) is True, (chunk[0], chunk[1]), axis)
+    shape = spec.get("shape")
+    need(shape is None or isinstance(shape, list) and all(type(n) is int for n in shape),
+         f"tensor '{hf}': 'shape' must be a list of integers")
+    need(shape is None or not spec.get("transpose") and chunk == [0, 1],
+         f"tensor '{hf}': 'shape' cannot be combined with 'transpose' or 'chunk'")
+    return Entry(hf, spec["card"], spec.get("transpose", False) is True, (chunk[0], chunk[1]), axis,
+                 None if shape is None else tuple(shape))
 
 
 # ------------------------------------------------------------------ hyperparameters
@@ -194,6 +212,11 @@ def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, fl
             raise RuntimeInputError(f"config.json lacks '{spec.key}' (the card's {name})")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise RuntimeInputError(f"config.json has {spec.key} = {value!r}; expected a number")
+        for key in spec.same:
+            other = _lookup(config, key)
+            if other is not None and other != value:
+                raise RuntimeInputError(f"config.json has {key} = {other!r} but {spec.key} = "
+                                        f"{value!r}; the card's {name} is both")
         out[name] = value
     return out
 
@@ -245,7 +268,8 @@ def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = {"architectures": [mapping.architecture],
                               "model_type": mapping.model_type}
     for name, spec in mapping.hyperparameters.items():
-        _store(config, spec.key, hypers[python_name(name)])
+        for key in spec.keys:
+            _store(config, key, hypers[python_name(name)])
     config.update({key: accepted[0] for key, accepted in mapping.fixed_config.items()})
     config.update(mapping.export_config)
     return config
@@ -268,6 +292,7 @@ def to_card_state(mapping: Mapping, hf_state: dict[str, torch.Tensor],
         if tuple(got.shape) != want:
             raise RuntimeInputError(f"tensor '{e.hf}' has shape {tuple(got.shape)}; the card's "
                                     f"{e.card} needs {want}")
+        got = got.reshape(expected[e.card].shape) if e.shape is not None else got
         parts.setdefault(e.card, []).append((e.chunk[0], got.T if e.transpose else got))
     axis = {e.card: e.axis for e in entries}
     return {card: torch.cat([t for _, t in sorted(ts, key=lambda kt: kt[0])], dim=axis[card])
@@ -309,6 +334,12 @@ def _normalise(mapping: Mapping, hf_state: dict[str, torch.Tensor]) -> dict[str,
 
 
 def _hf_shape(e: Entry, card_shape: torch.Size) -> tuple[int, ...]:
+    if e.shape is not None:  # the reshape a meta tensor takes: an impossible one names the tensor
+        try:
+            return tuple(torch.empty(card_shape, device="meta").reshape(e.shape).shape)
+        except RuntimeError:
+            raise RuntimeInputError(f"tensor '{e.hf}': the card's {e.card} of shape "
+                                    f"{tuple(card_shape)} has no shape {list(e.shape)}") from None
     shape = list(card_shape)
     k, n = e.chunk
     if n > 1:
@@ -330,6 +361,7 @@ def from_card_state(mapping: Mapping, state: dict[str, torch.Tensor],
         t = state[e.card].detach()
         k, n = e.chunk
         t = t.chunk(n, dim=e.axis)[k] if n > 1 else t
+        t = t.reshape(e.shape) if e.shape is not None else t
         out[e.hf] = (t.T if e.transpose else t).contiguous().clone().cpu()
     return out
 

@@ -20,4 +20,4 @@ class BERTPooler(nn.Module):
         self.b_pool = nn.Parameter(torch.zeros(D))  # (D,)  [bert.card:30]
 
     def forward(self, E):
-        return torch.tanh(E[..., 1 - 1, :] @ self.W_pool + self.b_pool)  # (B, D)  [bert.card:31]
+        return torch.tanh(E[..., 0, :] @ self.W_pool + self.b_pool)  # (B, D)  [bert.card:31]

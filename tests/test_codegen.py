@@ -163,6 +163,49 @@ def test_whole_model_fused_equals_literal_with_gradients(modules):
         torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.fixture(scope="module")
+def bart():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        lib, checker, _ = checked(["cards/bart.card"], "cards")
+        alg = next(a for a in model_cards(lib, checker) if a.name == "BART")
+    return (load_module(source(checker, alg, fuse=True), "bart_fused"),
+            load_module(source(checker, alg, fuse=False), "bart_literal"))
+
+
+def test_fused_bart_is_vectorised():
+    """Self-, causal and cross-attention all become SDPA; no loop over heads is left."""
+    src = (ROOT / "generated" / "bart.py").read_text(encoding="utf-8")
+    assert "F.scaled_dot_product_attention(Q, K, V, is_causal=True)" in src
+    assert src.count("F.scaled_dot_product_attention(Q, K, V)") == 2  # encoder and cross
+    assert "kv = Z @ self.W_qkv[:, self.D:] + self.b_qkv[self.D:]" in src
+    assert "range(self.H)" not in src and "def CrossAttentionHead" not in src
+
+
+def test_cross_attention_intrinsic_equals_the_card(bart):
+    """Queries from X, keys and values from Z of another length, fused as the card's heads."""
+    fused, literal = bart
+    a, b = _pair(fused.CrossAttention, literal.CrossAttention, D=32, H=4)
+    g = torch.Generator().manual_seed(6)
+    x, z = torch.randn(3, 7, 32, generator=g), torch.randn(3, 11, 32, generator=g)
+    torch.testing.assert_close(a(x, z), b(x, z), atol=1e-5, rtol=1e-5)
+
+
+def test_whole_bart_fused_equals_literal_with_gradients(bart):
+    fused, literal = bart
+    hypers = dict(V=61, D=32, H=4, D_f=48, N=2, ctx=24)
+    a, b = _pair(fused.BART, literal.BART, **hypers)
+    g = torch.Generator().manual_seed(8)
+    z, x = torch.randint(0, 61, (2, 9), generator=g), torch.randint(0, 61, (2, 13), generator=g)
+    la, loss_a = a(z, x, x)
+    lb, loss_b = b(z, x, x)
+    torch.testing.assert_close(la, lb, atol=1e-4, rtol=1e-4)
+    loss_a.backward()
+    loss_b.backward()
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 # ------------------------------------------------------------------ other masks
 
 ATTENTION = (ROOT / "cards" / "nn" / "attention.card").read_text(encoding="utf-8")

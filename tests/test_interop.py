@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 from cardc.build import build_model, rebuild_model  # noqa: E402
 from cardc.cli import main  # noqa: E402
 from cardc.interop import (  # noqa: E402
+    config_for,
     from_card_state,
     load_mapping,
     parse_mapping,
@@ -328,6 +329,39 @@ def test_transposed_and_split_tensors_round_trip():
     assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
 
 
+def test_one_hyperparameter_under_several_config_keys():
+    """BART's encoder_layers and decoder_layers are both the card's N: import refuses unequal
+    ones, export writes each."""
+    mapping = load_mapping(ROOT / "cards" / "bart.card")
+    config = {"vocab_size": 99, "d_model": 32, "max_position_embeddings": 64,
+              "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+              "encoder_ffn_dim": 37, "decoder_ffn_dim": 37, "encoder_layers": 2,
+              "decoder_layers": 2}
+    hypers = preset_from_config(config, mapping)
+    assert hypers == {"V": 99, "D": 32, "ctx": 64, "H": 4, "D_f": 37, "N": 2}
+    with pytest.raises(RuntimeInputError, match="decoder_ffn_dim = 38 but encoder_ffn_dim = 37"):
+        preset_from_config({**config, "decoder_ffn_dim": 38}, mapping)
+    written = config_for(mapping, hypers)
+    assert all(written[k] == v for k, v in config.items())
+
+
+def test_reshaped_tensor_round_trips():
+    """`"shape": [1, -1]`: BART's final_logits_bias, (1, V) there, the card's b_f ∈ ℝ^{V}."""
+    card = ROOT / "cards" / "bart.card"
+    mapping = load_mapping(card)
+    model = build_model(str(card), None, dict(V=11, D=8, H=2, D_f=12, N=1, ctx=6))
+    torch.manual_seed(6)
+    state = {k: torch.randn(v.shape) for k, v in model.state_dict().items()}
+    hf = from_card_state(mapping, state, 1)
+    assert hf["final_logits_bias"].shape == (1, 11)
+    assert torch.equal(hf["final_logits_bias"][0], state["b_f"])
+    back = to_card_state(mapping, hf, state, 1)
+    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
+    hf["final_logits_bias"] = torch.zeros(2, 11)
+    with pytest.raises(RuntimeInputError, match=r"'final_logits_bias' has shape \(2, 11\)"):
+        to_card_state(mapping, hf, state, 1)
+
+
 def test_malformed_mapping_is_reported():
     raw = json.loads((ROOT / "cards" / "gpt2.hf.json").read_text())
     with pytest.raises(RuntimeInputError, match=r"bad.hf.json: names with \{i\} need 'layers'"):
@@ -336,6 +370,12 @@ def test_malformed_mapping_is_reported():
         parse_mapping({**raw, "fixed_confg": {}}, "bad.hf.json")
     with pytest.raises(RuntimeInputError, match="'chunk' must be"):
         parse_mapping({**raw, "tensors": {"x": {"card": "W_e", "chunk": [3, 3]}}}, "bad.hf.json")
+    with pytest.raises(RuntimeInputError, match="'shape' cannot be combined"):
+        parse_mapping({**raw, "tensors": {"x": {"card": "W_e", "shape": [1, -1],
+                                                "transpose": True}}}, "bad.hf.json")
+    with pytest.raises(RuntimeInputError, match="'same' must be a list"):
+        parse_mapping({**raw, "hyperparameters": {"V": {"key": "vocab_size", "same": "x"}}},
+                      "bad.hf.json")
 
 
 def test_failed_writes_leave_nothing_half_written(run_dir, hf_dir, tmp_path, monkeypatch):

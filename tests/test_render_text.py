@@ -132,6 +132,16 @@ def test_long_declaration_lines_wrap():
     assert parse_clean(text) == card
 
 
+def test_sums_in_shapes_keep_their_parentheses():
+    """× binds loosest, so the parentheses change nothing but what the reader sees (BART's
+    position tables, ctx + 2 rows)."""
+    card = parse_clean("Algorithm: Y ← F(X | W)\nParameters: W ∈ ℝ^{(ctx + 2)×D}, b ∈ ℝ^{ctx + 2}"
+                       "\n1 return X")
+    text = render_card(card)
+    assert "W ∈ ℝ^{(ctx + 2)×D}, b ∈ ℝ^{ctx + 2}" in text
+    assert parse_clean(text) == card == parse_clean(text.replace("(ctx + 2)×D", "ctx + 2×D"))
+
+
 def test_format_source():
     text, diags = format_source("Algorithm: Y <- F(X)\n1   Y <- X^T  //  note\n", "f.card")
     assert not diags.items

@@ -125,7 +125,9 @@ def _shift(code: ir.Expr, offset: int) -> ir.Expr:
     collect(code, 1)
     if offset == 0 and literals < 2:
         return code  # nothing to fold
-    if not terms or terms[0][0] < 0:
+    if not terms:  # a constant index: `3 − 1` is 2
+        return _int(constant)
+    if terms[0][0] < 0:
         return ir.Bin("-", code, _int(-offset)) if offset < 0 else \
             ir.Bin("+", code, _int(offset)) if offset else code
     out = terms[0][1]
@@ -1004,10 +1006,24 @@ class Body:
             lo_val = self.expr(item.lo)
             lo = _dec(lo_val.code)
         hi = None if item.hi is None else self.expr(item.hi).code
-        runtime = isinstance(item.hi, s.Name) and item.hi.id in self.runtime_used
-        if lo is None and runtime and not base.lifted and base.ty.shape:
-            self.max_seq_len = self.dim(base.ty.shape[axis])  # W_p[1 : T] bounds T
+        skip = self.runtime_offset(item)
+        if skip is not None and not base.lifted and base.ty.shape:
+            # W_p[1 : T] bounds T by the rows; W_p[3 : T + 2] (positions from row 3) by 2 fewer
+            self.max_seq_len = self.dim(base.ty.shape[axis] - Dim.const(skip))
         return ir.SliceX(lo, hi)
+
+    def runtime_offset(self, item: s.Slice) -> int | None:
+        """k for a slice [k + 1 : T + k] of a length T read at call time, else None."""
+        hi, k = item.hi, 0
+        if isinstance(hi, s.BinOp) and hi.op == "+" and isinstance(hi.right, s.Num) and \
+                float(hi.right.value).is_integer():
+            hi, k = hi.left, int(hi.right.value)
+        if not (isinstance(hi, s.Name) and hi.id in self.runtime_used):
+            return None
+        lo = item.lo
+        if (lo is None and k == 0) or isinstance(lo, s.Num) and lo.value == k + 1:
+            return k
+        return None
 
     def point_index(self, e: s.Index) -> Val:
         """`Mask[t, t′]` under ∀t, t′: the whole tensor, transposed if the order differs."""

@@ -186,12 +186,15 @@ class Passes:
         call = body.info.calls.get(id(e))
         if call is None or not isinstance(assign.target, s.Name):
             return False
-        found = self.find(call.callee, "attention_head", "attention_head_cm")
+        found = self.find(call.callee, "attention_head", "attention_head_cm",
+                          "cross_attention_head")
         if found is None:
             return False
         which, ren = found
         if which == "attention_head_cm":
             return self.head_map_column(body, st, step, assign, call, ren)
+        if which == "cross_attention_head":
+            return self.head_map_cross(body, st, step, assign, call, ren)
         if len({str(a) for a in e.args}) != 1:  # cross-attention keeps the literal loop
             return False
         roles = self.stacked_roles(body, call, ren, st.var)
@@ -231,6 +234,54 @@ class Passes:
                                         f"{local_name(st.var)}"), ty)
         sdpa = _call("F.scaled_dot_product_attention", *(ir.Ref(n) for n in names), **mask)
         body.emit(ir.Assign((fam.local,), sdpa, body.note(step, None, head_shape)))
+        fam.stacked = Val(ir.Ref(fam.local), Ty(ty.shape), True)
+        body.scope.values[assign.target.id] = fam
+        return True
+
+    def head_map_cross(self, body: Body, st: s.For, step: s.Step, assign: s.Assign,
+                       call: CallInfo, ren: dict[str, str]) -> bool:
+        """Row-major cross-attention heads: the fused W_qkv (columns q | k | v, heads within
+        each) is split once, so X is projected to the queries and Z to keys and values in one
+        matmul each, and SDPA attends with no mask."""
+        e = assign.value
+        roles = self.stacked_roles(body, call, ren, st.var)
+        if roles is None or [w.index for w in roles[0]] != [0, 1, 2]:
+            return False  # another column order keeps the literal loop
+        wq, bq = roles[0][0], roles[1][0]
+        x, z = body.expr(e.args[0]), body.expr(e.args[1])
+        t, tz = body.dim_text(x.ty.shape[0]), body.dim_text(z.ty.shape[0])
+        h, d = body.dim_text(wq.over), body.dim_text(wq.shape[-1])
+        split = body.dim(wq.shape[-1] * wq.over)  # the query columns: H heads of width d
+        width = body.dim_text(wq.shape[-1] * wq.over)
+
+        def part(storage: str, query: bool) -> ir.Expr:
+            cut = ir.SliceX(None, split) if query else ir.SliceX(split, None)
+            lead = () if storage == bq.storage else (ir.SliceX(None, None),)
+            return ir.Sub(ir.Ref(storage), (*lead, cut))
+
+        def heads(proj: ir.Expr, count: int) -> ir.Expr:
+            dims = (body.dim(wq.over), body.dim(wq.shape[-1]))
+            if count > 1:
+                dims = (ir.Lit(str(count)), *dims)
+            out = _method(proj, "unflatten", ir.Lit("-1"), ir.Seq(dims))
+            if count > 1:
+                out = _method(out, "movedim", ir.Lit("-3"), ir.Lit("0"))
+            return _method(out, "transpose", ir.Lit("-3"), ir.Lit("-2"))
+
+        q = body.fresh(local_name(ren["Q"]))
+        proj = ir.Bin("+", ir.Bin("@", x.code, part(wq.storage, True)), part(bq.storage, True))
+        body.emit(ir.Assign((q,), heads(proj, 1), body.note(step, None, f"(B, {h}, {t}, {d})")))
+        kv = body.fresh("kv")
+        proj = ir.Bin("+", ir.Bin("@", z.code, part(wq.storage, False)), part(bq.storage, False))
+        body.emit(ir.Assign((kv,), proj, body.note(step, None, f"(B, {tz}, 2 {width})")))
+        k, v = body.fresh(local_name(ren["K"])), body.fresh(local_name(ren["V"]))
+        body.emit(ir.Assign((k, v), _method(heads(ir.Ref(kv), 2), "unbind", ir.Lit("0")),
+                            body.note(step, None, f"(B, {h}, {tz}, {d}) each")))
+        ty = body.ty(e)
+        fam = Family(st.var, body.fresh(f"{local_name(assign.target.id.split('^')[0])}_"
+                                        f"{local_name(st.var)}"), ty)
+        sdpa = _call("F.scaled_dot_product_attention", ir.Ref(q), ir.Ref(k), ir.Ref(v))
+        body.emit(ir.Assign((fam.local,), sdpa, body.note(step, None, f"(B, {h}, {t}, {d})")))
         fam.stacked = Val(ir.Ref(fam.local), Ty(ty.shape), True)
         body.scope.values[assign.target.id] = fam
         return True

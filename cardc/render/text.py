@@ -238,7 +238,13 @@ class Renderer:
         return f"Δ({node.over})"
 
     def tensor_text(self, node: s.Tensor, tail: bool) -> str:
-        return f"{self.text(node.elem)}^{{{'×'.join(self.text(d) for d in node.dims)}}}"
+        return f"{self.text(node.elem)}^{{{'×'.join(self.dim_text(node, d) for d in node.dims)}}}"
+
+    def dim_text(self, node: s.Tensor, d: s.Expr) -> str:
+        """× binds loosest, so `ctx + 2×D` already means (ctx + 2)×D; the parentheses are for
+        the reader."""
+        sum_ = isinstance(d, s.BinOp) and d.op in ("+", "−") and len(node.dims) > 1
+        return f"({self.text(d)})" if sum_ else self.text(d)
 
     # ------------------------------------------------------------------ declarations
 
