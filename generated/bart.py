@@ -21,6 +21,40 @@ PRESETS = {
 }
 
 
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__()
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V):
+        """The layer's cached keys and values followed by these, which it keeps."""
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        self.kv[layer] = K, V
+        return K, V
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+
 class SelfAttention(nn.Module):
     """Y ← SelfAttention(X | W): Multi-head bidirectional self-attention, as BERT's encoder uses:
     every head attends to every position; the heads' outputs are concatenated and projected.
@@ -110,10 +144,12 @@ class CausalSelfAttention(nn.Module):
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [attention.card:23]
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)  [attention.card:23]
 
-    def forward(self, X):
+    def forward(self, X, cache=None):
         qkv = X @ self.W_qkv + self.b_qkv  # (B, T, 3 D)  [attention.card:24]
         Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:24]
-        Y_h = F.scaled_dot_product_attention(Q, K, V, is_causal=True)  # (B, H, T, d)  [attention.card:24]
+        if cache is not None:
+            K, V = cache.extend(self, K, V)  # the cached positions come first
+        Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [attention.card:24]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:25]
         return Y @ self.W_o + self.b_o  # (B, T, D)  [attention.card:26]
 
@@ -169,8 +205,8 @@ class BARTDecoderBlock(nn.Module):
         self.cross = CrossAttention(D=D, H=H)  # [bart.card:58]
         self.mlp = ErfMLP(D=D, D_f=D_f)  # [bart.card:60]
 
-    def forward(self, X, Z):
-        X = F.layer_norm(X + self.attn(X), (self.D,), self.gamma1, self.beta1, self.eps)  # (B, T, D)  [bart.card:62]
+    def forward(self, X, Z, cache=None):
+        X = F.layer_norm(X + self.attn(X, cache=cache), (self.D,), self.gamma1, self.beta1, self.eps)  # (B, T, D)  [bart.card:62]
         X = F.layer_norm(X + self.cross(X, Z), (self.D,), self.gamma2, self.beta2, self.eps)  # (B, T, D)  [bart.card:63]
         X = F.layer_norm(X + self.mlp(X), (self.D,), self.gamma3, self.beta3, self.eps)  # (B, T, D)  [bart.card:64]
         return X  # (B, T, D)  [bart.card:65]
@@ -217,25 +253,32 @@ class BART(nn.Module):
             BARTDecoderBlock(D=D, eps=eps, H=H, D_f=D_f) for _ in range(N)
         )  # [bart.card:17]
 
-    def forward(self, z, x, targets=None):
+    def forward(self, z, x, targets=None, cache=None):
         T_z = z.shape[-1]
         T = x.shape[-1]
+        past = 0 if cache is None else cache.pos  # tokens decoded before these
         if T_z > self.max_seq_len:
             raise ValueError(f"sequence length {T_z} exceeds the model's {self.max_seq_len} positions")
-        if T > self.max_seq_len:
-            raise ValueError(f"sequence length {T} exceeds the model's {self.max_seq_len} positions")
+        if past + T > self.max_seq_len:
+            raise ValueError(f"sequence length {past + T} exceeds the model's {self.max_seq_len} positions")
         # Encode the source:
         Z = self.W_e[z] + self.W_enc_p[2:T_z + 2]  # (B, T_z, D)  [bart.card:22]
         Z = F.layer_norm(Z, (self.D,), self.gamma_enc_e, self.beta_enc_e, self.eps)  # (B, T_z, D)  [bart.card:23]
         for enc in self.enc:  # [bart.card:24]
             Z = enc(Z)  # (B, T_z, D)  [bart.card:25]
         # Decode the target, each block attending to the encoded source:
-        X = self.W_e[x] + self.W_dec_p[2:T + 2]  # (B, T, D)  [bart.card:28]
+        X = self.W_e[x] + self.W_dec_p[past + 2:past + T + 2]  # (B, T, D)  [bart.card:28]
         X = F.layer_norm(X, (self.D,), self.gamma_dec_e, self.beta_dec_e, self.eps)  # (B, T, D)  [bart.card:29]
         for dec in self.dec:  # [bart.card:30]
-            X = dec(X, Z)  # (B, T, D)  [bart.card:31]
+            X = dec(X, Z, cache=cache)  # (B, T, D)  [bart.card:31]
         P = X @ self.W_e.T + self.b_f  # (B, T, V)  [bart.card:33]
+        if cache is not None:
+            cache.pos = cache.pos + T
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
+
+    def new_cache(self) -> KVCache:
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
+        return KVCache()

@@ -78,6 +78,22 @@ def test_cache_gradients_flow_like_full_recomputation(card):
             assert (a - b).abs().max().item() < 1e-5
 
 
+def test_encoder_decoder_decodes_its_target_incrementally():
+    """BART: the source is encoded whole each call; the target's causal self-attention is
+    cached and its positions (BART's table, offset by 2) continue where the cache left off."""
+    torch.manual_seed(1)
+    model = cardc.model("cards/bart.card", V=97, D=32, H=4, D_f=48, N=2, ctx=24).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        z, x = torch.randint(0, 97, (2, 9)), torch.randint(0, 97, (2, 16))
+        full = model(z, x)
+        cache = model.new_cache()
+        rows = torch.cat([model(z, x[:, :5], cache=cache),
+                          *(model(z, x[:, t:t + 1], cache=cache) for t in range(5, 16))], dim=1)
+    assert (rows - full).abs().max().item() < 1e-5
+
+
 def test_grouped_query_cache_holds_the_key_value_heads():
     """The cache stores keys and values as the card's attention holds them: H_kv heads, not
     their copies for each of the G query heads of a group."""

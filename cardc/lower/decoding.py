@@ -135,7 +135,8 @@ def _count_positions(top: ir.Module) -> None:
         if isinstance(e, ir.Sub) and len(e.items) == 1 and _positions(e.items[0], t):
             lo, hi = e.items[0].lo, e.items[0].hi
             lo = PAST if lo is None else ir.Bin("+", PAST, lo)
-            return dataclasses.replace(e, items=(ir.SliceX(lo, ir.Bin("+", PAST, hi)),))
+            hi = shifted if hi == t else ir.Bin("+", shifted, hi.right)  # past + T + k
+            return dataclasses.replace(e, items=(ir.SliceX(lo, hi),))
         if isinstance(e, ir.Bin) and e.op == ">" and e.left == t and \
                 e.right == ir.Ref("self.max_seq_len"):
             return dataclasses.replace(e, left=shifted)
