@@ -10,9 +10,10 @@ and because the files it describes (`config.json`, the safetensors index) are JS
 - `variants`: card name → the mapping of another card of the same card file (`LlamaUntied`
   beside `Llama`, `BERTForMaskedLM` beside `BERT`), written as a JSON merge patch (RFC 7396) of
   the top level: objects merge key by key, a value replaces what it names, null removes it, a
-  list replaces the whole list. Import picks the mapping whose `architecture` config.json names
-  (its `architectures`) and whose `fixed_config` the config satisfies, the first such in file
-  order (`--name` picks one by its card); export picks the one of the checkpoint's card.
+  list replaces the whole list. Import picks the first mapping in file order whose
+  `fixed_config` config.json keeps, among those whose `architecture` it names (its
+  `architectures`; among all if it names none of theirs); `--name` picks one by its card.
+  Export picks the mapping of the checkpoint's card.
 - `hyperparameters`: card hyperparameter → config.json key (`a.b`: key b of the object a), or `{"key": K, "default": EXPR}`
   where EXPR (numbers, config keys, + − * / //) applies when K is absent or null
   (`n_inner: null` means 4·n_embd).
@@ -294,17 +295,15 @@ def check_config(config: dict[str, Any], mapping: Mapping) -> None:
 
 
 def select_for_config(mappings: list[Mapping], config: dict[str, Any] | None) -> Mapping:
-    """The mapping a config.json describes: the first whose architecture it names (any, if it
-    names none) and whose fixed values it keeps. No config.json: the first mapping."""
+    """The mapping a config.json describes: the first whose fixed values it keeps among those
+    whose architecture it names, or among all if it names none of theirs (a bare LlamaModel's
+    checkpoint names its own: architectures choose between mappings, they refuse none).
+    No config.json: the first mapping."""
     if config is None:
         return mappings[0]
     named = config.get("architectures")
-    named = named if isinstance(named, list) and named else None
-    fits = [m for m in mappings if named is None or m.architecture in named]
-    if not fits:
-        raise RuntimeInputError(f"config.json is for {', '.join(map(str, named or []))}; "
-                                f"{mappings[0].source} maps "
-                                f"{', '.join(f'{m.architecture} ({m.card})' for m in mappings)}")
+    named = named if isinstance(named, list) else []
+    fits = [m for m in mappings if m.architecture in named] or mappings
     errors = []
     for m in fits:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,17 @@ transformers = pytest.importorskip("transformers")
 from parity import max_diff  # noqa: E402
 from test_interop import logits_of_run, run_main  # noqa: E402
 
-from cardc.interop import load_mapping, load_mappings  # noqa: E402
+from cardc.interop import (  # noqa: E402
+    load_mapping,
+    load_mappings,
+    parse_mappings,
+    preset_from_config,
+    select_for_config,
+)
 from cardc.runtime.checkpoint import read_checkpoint  # noqa: E402
+from cardc.runtime.errors import RuntimeInputError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 V, D, N, H, H_KV, D_F, CTX, TYPES = 101, 48, 2, 4, 2, 96, 64, 2
 B, T = 3, 17
@@ -117,7 +127,7 @@ def case(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(key)
     make_hf(key, fam).save_pretrained(root / "hf")
     with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(Path(__file__).resolve().parent.parent)
+        mp.chdir(ROOT)
         from cardc.cli import main
         assert main(["import", fam.card, "--from", str(root / "hf"), "--out",
                      str(root / "run")]) == 0
@@ -203,7 +213,7 @@ def test_trained_checkpoint_exports_by_its_card(tmp_path, capsys):
     model = build_model("cards/llama.card", None, hypers, name="LlamaUntied")
     save_checkpoint(tmp_path / "run", model, model.card_meta)
     with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(Path(__file__).resolve().parent.parent)
+        mp.chdir(ROOT)
         code, _, err = run_main(capsys, "export", str(tmp_path / "run"), "--to",
                                 str(tmp_path / "hf"))
     assert code == 0, err
@@ -214,30 +224,75 @@ def test_trained_checkpoint_exports_by_its_card(tmp_path, capsys):
 
 def test_variants_merge_into_the_top_level():
     """A variant is a JSON merge patch: what it names replaces, null removes, the rest stays."""
-    root = Path(__file__).resolve().parent.parent
-    bert, mlm = load_mappings(root / "cards" / "bert.card")
+    bert, mlm = load_mappings(ROOT / "cards" / "bert.card")
     assert (bert.card, mlm.card) == ("BERT", "BERTForMaskedLM")
-    assert load_mapping(root / "cards" / "bert.card", "BERTForMaskedLM") == mlm
+    assert load_mapping(ROOT / "cards" / "bert.card", "BERTForMaskedLM") == mlm
     names = {e.hf for e in mlm.entries(1)}
     assert "bert.pooler.dense.weight" not in names and "cls.predictions.bias" in names
     assert {e.hf for e in bert.entries(1)} - names == {"bert.pooler.dense.weight",
                                                        "bert.pooler.dense.bias"}
     assert mlm.hyperparameters == bert.hyperparameters and mlm.base_prefix == "bert."
     assert bert.base_model and not mlm.base_model
-    llama, untied = load_mappings(root / "cards" / "llama.card")
+    llama, untied = load_mappings(ROOT / "cards" / "llama.card")
     assert llama.tied and not untied.tied
     assert untied.fixed_config["tie_word_embeddings"] == [False]
     assert untied.fixed_config["hidden_act"] == ["silu"]
 
 
-def test_name_picks_a_card_and_a_wrong_one_is_named(case, tmp_path, capsys):
-    key, fam, source_dir, _, _ = case
-    if key != "llama-untied":
-        pytest.skip("one family is enough")
-    code, _, err = run_main(capsys, "import", fam.card, "--from", str(source_dir), "--out",
+def test_name_overrides_the_choice_and_a_wrong_one_is_named(tmp_path, capsys):
+    fam = FAMILIES["llama-untied"]
+    make_hf("llama-untied", fam).save_pretrained(tmp_path / "hf")
+    code, _, err = run_main(capsys, "import", fam.card, "--from", str(tmp_path / "hf"), "--out",
                             str(tmp_path / "run"), "--name", "Llama")
     assert code == 1 and "config.json has tie_word_embeddings = False" in err, err
-    code, _, err = run_main(capsys, "import", fam.card, "--from", str(source_dir), "--out",
+    code, _, err = run_main(capsys, "import", fam.card, "--from", str(tmp_path / "hf"), "--out",
                             str(tmp_path / "run"), "--name", "Nope")
     assert code == 1 and "maps no card 'Nope' (it maps Llama, LlamaUntied)" in err, err
     assert not (tmp_path / "run").exists()
+
+
+LLAMA_CONFIG = {"vocab_size": V, "hidden_size": D, "num_attention_heads": H,
+                "num_key_value_heads": H_KV, "intermediate_size": D_F, "num_hidden_layers": N,
+                "max_position_embeddings": CTX, "rms_norm_eps": 1e-5}
+
+
+@pytest.mark.parametrize("extra, card", [
+    ({"rope_theta": 5e5, "rope_scaling": None, "tie_word_embeddings": False}, "LlamaUntied"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, "Llama"),
+    ({"rope_theta": 5e5, "architectures": ["LlamaModel"]}, "Llama"),
+])
+def test_config_chooses_the_card(extra, card):
+    """transformers 4's config (rope_theta at the top) and 5's (in rope_parameters) both read;
+    an architecture no mapping has chooses nothing but refuses nothing."""
+    mapping = select_for_config(load_mappings(ROOT / "cards" / "llama.card"),
+                                {**LLAMA_CONFIG, **extra})
+    assert mapping.card == card
+    assert preset_from_config({**LLAMA_CONFIG, **extra}, mapping)["θ_base"] == 5e5
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "config.json has rope_scaling"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
+     "config.json has rope_parameters.rope_type = 'yarn', but the card Llama computes "
+     "rope_parameters.rope_type = 'default'"),
+])
+def test_scaled_rope_is_refused(extra, message):
+    """The cards compute plain RoPE: a checkpoint that scales it (Llama 3.1's llama3, YaRN)
+    would import silently wrong."""
+    with pytest.raises(RuntimeInputError, match=re.escape(message)):
+        select_for_config(load_mappings(ROOT / "cards" / "llama.card"),
+                          {**LLAMA_CONFIG, "rope_theta": 1e4, **extra})
+
+
+@pytest.mark.parametrize("variants, message", [
+    ([], "'variants' must map card names to objects"),
+    ({"Llama": {}}, "card 'Llama' is mapped twice"),
+    ({"LlamaUntied": {"tensor": {}}}, "llama.hf.json (variant LlamaUntied): unknown key 'tensor'"),
+    ({"LlamaUntied": {"tensors": {"lm_head.weight": {"card": "W_u", "chunk": [2, 2]}}}},
+     "(variant LlamaUntied): tensor 'lm_head.weight': 'chunk' must be"),
+])
+def test_malformed_variants_are_reported(variants, message):
+    raw = json.loads((ROOT / "cards" / "llama.hf.json").read_text())
+    with pytest.raises(RuntimeInputError) as err:
+        parse_mappings({**raw, "variants": variants}, "llama.hf.json")
+    assert message in str(err.value)
