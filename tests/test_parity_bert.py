@@ -204,3 +204,19 @@ def test_cardc_import_of_a_saved_bert_matches(base, inputs, tmp_path):
     with torch.no_grad():
         diff = max_diff(model.eval()(x, s), hf(input_ids=x, token_type_ids=s).last_hidden_state)
     assert diff <= TOL, f"max |hidden diff| = {diff:.3e}"
+
+
+def test_only_vocabulary_scores_take_targets(base, inputs):
+    """BERT's output is D-wide hidden states, not scores over its V tokens: its forward takes
+    no targets (a cross-entropy of them would mean nothing); BERTForMaskedLM's does. Both still
+    refuse a sequence longer than their learned positions."""
+    import inspect
+
+    _, ours = base
+    mlm = make_ours("BERTForMaskedLM")
+    assert list(inspect.signature(ours.forward).parameters) == ["x", "s"]
+    assert list(inspect.signature(mlm.forward).parameters) == ["x", "s", "targets"]
+    long = torch.zeros(1, CTX + 1, dtype=torch.long)
+    for model in (ours, mlm):
+        with pytest.raises(ValueError, match=f"sequence length {CTX + 1} exceeds"):
+            model(long, long)
