@@ -424,7 +424,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     _require_cards([args.card])
     model, path = import_checkpoint(args.card, args.source, args.out, args.preset,
-                                    _overrides(args.set))
+                                    _overrides(args.set), args.name)
     params = sum(p.numel() for p in model.parameters())
     print(f"imported {args.source} as {model.card_meta['name']} ({params:,} parameters); "
           f"wrote {path}")
@@ -544,6 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     im = sub.add_parser("import", help="a Hugging Face checkpoint as a cardc checkpoint")
     im.add_argument("card")
     im.add_argument("--preset", help="hyperparameters (default: from the source's config.json)")
+    im.add_argument("--name", help="which card of the file (default: the one whose mapping "
+                                   "fits the source's config.json)")
     im.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     im.add_argument("--from", dest="source", required=True, metavar="PATH",
                     help="a Hugging Face model folder or its model.safetensors")

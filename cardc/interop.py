@@ -7,15 +7,23 @@ and because the files it describes (`config.json`, the safetensors index) are JS
 
 - `card`: the model card of the file it maps (`GPT2`); `architecture` and `model_type`: what
   export writes to config.json (`GPT2LMHeadModel`, `gpt2`) and import expects there.
+- `variants`: card name → the mapping of another card of the same card file (`LlamaUntied`
+  beside `Llama`, `BERTForMaskedLM` beside `BERT`), written as a JSON merge patch (RFC 7396) of
+  the top level: objects merge key by key, a value replaces what it names, null removes it, a
+  list replaces the whole list. Import picks the first mapping in file order whose
+  `fixed_config` config.json keeps, among those whose `architecture` it names (its
+  `architectures`; among all if it names none of theirs); `--name` picks one by its card.
+  Export picks the mapping of the checkpoint's card.
 - `hyperparameters`: card hyperparameter → config.json key (`a.b`: key b of the object a), or `{"key": K, "default": EXPR}`
   where EXPR (numbers, config keys, + − * / //) applies when K is absent or null
   (`n_inner: null` means 4·n_embd), and `"same": [K2, …]`: further keys that must hold the
   same value (BART's encoder_layers and decoder_layers, both the card's N); import refuses a
   config.json where they differ, export writes every one.
-- `fixed_config`: config values the card's computation fixes (`activation_function`). Import
-  refuses a config.json that sets another value; export writes them. A list names the accepted
-  values; export writes the first.
-- `export_config`: further values export writes (no dropout: the card has none).
+- `fixed_config`: config values the card's computation fixes (`activation_function`,
+  `tie_word_embeddings`). Import refuses a config.json that sets another value; export writes
+  them. A list names the accepted values; export writes the first. A key `a.b` is key b of the
+  object a (`rope_parameters.rope_type`), as in `hyperparameters`.
+- `export_config`: further values export writes (no dropout: the card has none); `a.b` keys too.
 - `layers`: the hyperparameter that counts the layers; `{i}` in a name is the layer, from 0.
 - `tensors`: Hugging Face name → the generated module's parameter name, or
   `{"card": NAME, "transpose": true, "chunk": [k, n], "axis": a}`: the Hugging Face tensor is
@@ -26,8 +34,10 @@ and because the files it describes (`config.json`, the safetensors index) are JS
 - `tied`: Hugging Face name → the Hugging Face tensor it shares storage with; export omits it,
   import accepts it only if equal.
 - `base_prefix`: what the base model's names start with (`transformer.`); checkpoints of the bare
-  base model leave it out, so import adds it back. `ignore`: names (with `{i}`) import skips,
-  such as the causal-mask buffers older GPT-2 checkpoints carry.
+  base model leave it out, so import adds it back. `base_model`: true when `architecture` is
+  that bare base model (BertModel), whose checkpoints export writes without the prefix too.
+- `ignore`: names (with `{i}`) import skips, such as the causal-mask buffers older GPT-2
+  checkpoints carry.
 """
 
 from __future__ import annotations
@@ -105,6 +115,7 @@ class Mapping:
     tied: dict[str, str]
     base_prefix: str
     ignore: tuple[str, ...]
+    base_model: bool = False
 
     def entries(self, n_layers: int) -> list[Entry]:
         """The table with `{i}` expanded for every layer."""
@@ -122,8 +133,8 @@ def mapping_path(card: str | os.PathLike[str]) -> Path:
     return path.with_name(path.stem + MAPPING_SUFFIX)
 
 
-def load_mapping(card: str | os.PathLike[str]) -> Mapping:
-    """The mapping file beside `card`."""
+def load_mappings(card: str | os.PathLike[str]) -> list[Mapping]:
+    """The mappings of the file beside `card`: its top level's card first, then its variants."""
     path = mapping_path(card)
     if not path.is_file():
         raise RuntimeInputError(f"{card} has no Hugging Face mapping: expected {path}")
@@ -131,15 +142,67 @@ def load_mapping(card: str | os.PathLike[str]) -> Mapping:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RuntimeInputError(f"cannot read {path}: {err}") from None
-    return parse_mapping(raw, str(path))
+    return parse_mappings(raw, str(path))
+
+
+def load_mapping(card: str | os.PathLike[str], name: str | None = None) -> Mapping:
+    """The mapping of the card `name` (default: the file's top-level card) beside `card`."""
+    return select_by_name(load_mappings(card), name)
+
+
+def select_by_name(mappings: list[Mapping], name: str | None) -> Mapping:
+    if name is None:
+        return mappings[0]
+    for m in mappings:
+        if m.card == name:
+            return m
+    raise RuntimeInputError(f"{mappings[0].source} maps no card {name!r} (it maps "
+                            f"{', '.join(m.card for m in mappings)})")
+
+
+def parse_mappings(raw: Any, source: str) -> list[Mapping]:
+    """Every mapping of a file: the top level, then each variant patched onto it."""
+    if not isinstance(raw, dict):
+        raise RuntimeInputError(f"{source}: expected a JSON object")
+    variants = raw.get("variants", {})
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        raise RuntimeInputError(f"{source}: 'variants' must map card names to objects")
+    base = {k: v for k, v in raw.items() if k != "variants"}
+    out = [parse_mapping(base, source)]
+    for name, patch in variants.items():
+        if "variants" in patch:
+            raise RuntimeInputError(f"{source}: variant '{name}' has variants of its own")
+        merged = merge_patch(base, {**patch, "card": name})
+        out.append(parse_mapping(merged, f"{source} (variant {name})"))
+    cards = [m.card for m in out]
+    dup = next((c for c in cards if cards.count(c) > 1), None)
+    if dup is not None:
+        raise RuntimeInputError(f"{source}: card '{dup}' is mapped twice")
+    return out
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """`patch` applied to `target` as a JSON merge patch (RFC 7396); neither is changed."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
 
 
 def parse_mapping(raw: Any, source: str) -> Mapping:
-    """A mapping from its JSON, every malformed part reported against `source`."""
+    """A mapping from its JSON (a file's top level, or one variant merged into it), every
+    malformed part reported against `source`."""
     def need(cond: bool, what: str) -> None:
         if not cond:
             raise RuntimeInputError(f"{source}: {what}")
 
+    if isinstance(raw, dict) and "variants" in raw:  # a whole file: its top-level mapping
+        return parse_mappings(raw, source)[0]
     _check_keys(raw, need)
     hypers = {canonical_name(name): _hyper(name, spec, need)
               for name, spec in raw["hyperparameters"].items()}
@@ -150,11 +213,13 @@ def parse_mapping(raw: Any, source: str) -> Mapping:
     fixed = {k: v if isinstance(v, list) else [v] for k, v in raw.get("fixed_config", {}).items()}
     return Mapping(source, raw, raw["card"], raw["architecture"], raw["model_type"], hypers, fixed,
                    dict(raw.get("export_config", {})), layers, tensors, dict(raw.get("tied", {})),
-                   str(raw.get("base_prefix", "")), tuple(raw.get("ignore", [])))
+                   str(raw.get("base_prefix", "")), tuple(raw.get("ignore", [])),
+                   raw.get("base_model", False) is True)
 
 
 _KEYS = {"about", "card", "architecture", "model_type", "hyperparameters", "fixed_config",
-         "export_config", "layers", "tensors", "tied", "base_prefix", "ignore"}
+         "export_config", "layers", "tensors", "tied", "base_prefix", "ignore", "variants",
+         "base_model"}
 
 
 def _check_keys(raw: Any, need: Callable[[bool, str], None]) -> None:
@@ -168,6 +233,7 @@ def _check_keys(raw: Any, need: Callable[[bool, str], None]) -> None:
     for key in ("fixed_config", "export_config", "tied"):
         need(isinstance(raw.get(key, {}), dict), f"'{key}' must be an object")
     need(isinstance(raw.get("ignore", []), list), "'ignore' must be a list of names")
+    need(isinstance(raw.get("base_model", False), bool), "'base_model' must be true or false")
 
 
 def _hyper(name: str, spec: Any, need: Callable[[bool, str], None]) -> Hyper:
@@ -221,11 +287,14 @@ def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, fl
     return out
 
 
-def _lookup(config: dict[str, Any], key: str) -> Any:
+_ABSENT = object()
+
+
+def _lookup(config: dict[str, Any], key: str, absent: Any = None) -> Any:
     """`a.b` reads config["a"]["b"]: transformers 5 nests rope_theta in rope_parameters."""
     value: Any = config
     for part in key.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
+        value = value.get(part, absent) if isinstance(value, dict) else absent
     return value
 
 
@@ -242,9 +311,31 @@ def check_config(config: dict[str, Any], mapping: Mapping) -> None:
         raise RuntimeInputError(f"config.json is for model_type '{config['model_type']}'; "
                                 f"{mapping.source} maps '{mapping.model_type}'")
     for key, accepted in mapping.fixed_config.items():
-        if key in config and config[key] not in accepted:
-            raise RuntimeInputError(f"config.json has {key} = {config[key]!r}, but the card "
+        value = _lookup(config, key, _ABSENT)
+        if value is not _ABSENT and value not in accepted:
+            raise RuntimeInputError(f"config.json has {key} = {value!r}, but the card "
                                     f"{mapping.card} computes {key} = {accepted[0]!r}")
+
+
+def select_for_config(mappings: list[Mapping], config: dict[str, Any] | None) -> Mapping:
+    """The mapping a config.json describes: the first whose fixed values it keeps among those
+    whose architecture it names, or among all if it names none of theirs (a bare LlamaModel's
+    checkpoint names its own: architectures choose between mappings, they refuse none).
+    No config.json: the first mapping."""
+    if config is None:
+        return mappings[0]
+    named = config.get("architectures")
+    named = named if isinstance(named, list) else []
+    fits = [m for m in mappings if m.architecture in named] or mappings
+    errors = []
+    for m in fits:
+        try:
+            check_config(config, m)
+        except RuntimeInputError as err:
+            errors.append(err)
+        else:
+            return m
+    raise errors[0]
 
 
 def _evaluate(expr: str, names: dict[str, Any], where: str) -> float:
@@ -270,8 +361,10 @@ def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
     for name, spec in mapping.hyperparameters.items():
         for key in spec.keys:
             _store(config, key, hypers[python_name(name)])
-    config.update({key: accepted[0] for key, accepted in mapping.fixed_config.items()})
-    config.update(mapping.export_config)
+    for key, accepted in mapping.fixed_config.items():
+        _store(config, key, accepted[0])
+    for key, value in mapping.export_config.items():
+        _store(config, key, value)
     return config
 
 
@@ -349,7 +442,8 @@ def _hf_shape(e: Entry, card_shape: torch.Size) -> tuple[int, ...]:
 
 def from_card_state(mapping: Mapping, state: dict[str, torch.Tensor],
                     n_layers: int) -> dict[str, torch.Tensor]:
-    """The card's state dict under Hugging Face names, each tensor contiguous and unshared."""
+    """The card's state dict under Hugging Face names, each tensor contiguous and unshared;
+    a bare base model's names without the base prefix, as its checkpoints have them."""
     entries = mapping.entries(n_layers)
     unmapped = sorted(set(state) - {e.card for e in entries})
     if unmapped:
@@ -363,6 +457,8 @@ def from_card_state(mapping: Mapping, state: dict[str, torch.Tensor],
         t = t.chunk(n, dim=e.axis)[k] if n > 1 else t
         t = t.reshape(e.shape) if e.shape is not None else t
         out[e.hf] = (t.T if e.transpose else t).contiguous().clone().cpu()
+    if mapping.base_model and mapping.base_prefix:
+        out = {name.removeprefix(mapping.base_prefix): t for name, t in out.items()}
     return out
 
 
@@ -458,16 +554,21 @@ def _write_hf_files(dest: Path, tensors: dict[str, torch.Tensor], text: str) -> 
 
 
 def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = None,
-              overrides: dict[str, float] | None = None) -> nn.Module:
-    """The card's model holding a Hugging Face checkpoint's weights.
+              overrides: dict[str, float] | None = None, name: str | None = None) -> nn.Module:
+    """The model of a card of the file `card` holding a Hugging Face checkpoint's weights.
 
+    The card is `name`, else the one whose mapping fits config.json (`select_for_config`).
     Hyperparameters come from the preset, else from config.json; `overrides` apply last.
     `model.card_meta` records the import and the mapping, so the checkpoint exports anywhere."""
     from .build import build_model, checked, default_library, find_card, record_sampler
     from .runtime.checkpoint import load_state
 
-    mapping = load_mapping(card)
+    mappings = load_mappings(card)
     config, hf_state = read_hf(source)
+    if name is not None:
+        mapping = select_by_name(mappings, name)
+    else:
+        mapping = select_for_config(mappings, config)
     hypers: dict[str, float] = {}
     if config is not None:
         check_config(config, mapping)  # with a preset too: the weights must mean the same
@@ -486,14 +587,14 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
 
 
 def import_checkpoint(card: str, source: str | os.PathLike[str], out: str | os.PathLike[str],
-                      preset: str | None = None,
-                      overrides: dict[str, float] | None = None) -> tuple[nn.Module, str]:
+                      preset: str | None = None, overrides: dict[str, float] | None = None,
+                      name: str | None = None) -> tuple[nn.Module, str]:
     """`cardc import`: a cardc checkpoint in `out`; a folder this creates is removed on failure."""
     from .runtime.checkpoint import save_checkpoint
 
     if Path(out).exists() and not Path(out).is_dir():
         raise RuntimeInputError(f"'{out}' exists and is not a folder")
-    model = import_hf(card, source, preset, overrides)
+    model = import_hf(card, source, preset, overrides, name)
     created = not Path(out).exists()
     try:
         return model, save_checkpoint(out, model, model.card_meta)
@@ -541,7 +642,9 @@ def checkpoint_mapping(meta: dict[str, Any], library: str | os.PathLike[str]) ->
                                 f"under '{library}' (see --library)")
     text = (meta.get("cards") or {}).get(card)  # prefer the card the checkpoint was built from
     same = [p for p in beside if p.with_name(stem + ".card").read_text(encoding="utf-8") == text]
-    return load_mapping((same or beside)[0].with_name(stem + ".card"))
+    mappings = load_mappings((same or beside)[0].with_name(stem + ".card"))
+    name = meta.get("name")
+    return next((m for m in mappings if m.card == name), mappings[0])
 
 
 def _layers(mapping: Mapping, meta: dict[str, Any]) -> int:

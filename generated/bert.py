@@ -112,7 +112,7 @@ class BERT(nn.Module):
             BERTBlock(D=D, eps=eps, H=H, D_f=D_f) for _ in range(N)
         )  # [bert.card:13]
 
-    def forward(self, x, s, targets=None):
+    def forward(self, x, s):
         T = x.shape[-1]
         if T > self.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds the model's {self.max_seq_len} positions")
@@ -120,8 +120,4 @@ class BERT(nn.Module):
         E = F.layer_norm(E, (self.D,), self.gamma_e, self.beta_e, self.eps)  # (B, T, D)  [bert.card:18]
         for block in self.block:  # [bert.card:19]
             E = block(E)  # (B, T, D)  [bert.card:20]
-        E = E  # (B, T, D)  [bert.card:22]
-        if targets is None:
-            return E
-        loss = F.cross_entropy(E.flatten(0, -2), targets.flatten())
-        return E, loss
+        return E  # (B, T, D)  [bert.card:22]

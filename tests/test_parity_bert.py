@@ -1,8 +1,8 @@
 """Parity: the card-generated BERT equals Hugging Face's BertModel and BertForMaskedLM.
 
 Small randomly initialised Hugging Face models (no download) are copied into the models that
-`cards/bert.card` compiles to, through `cards/bert.hf.json` (nn.Linear weights transposed, the
-separate query/key/value joined into the card's fused W_qkv). Hidden states, the pooled vector,
+`cards/bert.card` compiles to, through `cards/bert.hf.json` and its variant for BERTForMaskedLM
+(nn.Linear weights transposed, the separate query/key/value joined into the card's fused W_qkv). Hidden states, the pooled vector,
 MLM logits and the gradients of a loss must agree to fp32 rounding; broken copies must not.
 """
 
@@ -30,25 +30,7 @@ B, T = 3, 17
 TOL = 1e-4
 
 MAPPING = load_mapping(CARD)  # BertModel (pooler included) → BERT
-
-# BertForMaskedLM has no pooler; its head, under the card BERTForMaskedLM's names.
-MLM_HEAD = {
-    "cls.predictions.transform.dense.weight": {"card": "W_t", "transpose": True},
-    "cls.predictions.transform.dense.bias": "b_t",
-    "cls.predictions.transform.LayerNorm.weight": "gamma_t",
-    "cls.predictions.transform.LayerNorm.bias": "beta_t",
-    "cls.predictions.bias": "b_u",
-}
-MLM_TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-            "cls.predictions.decoder.bias": "cls.predictions.bias"}
-
-
-def mlm_mapping():
-    raw = dict(MAPPING.raw)
-    tensors = {k: v for k, v in raw["tensors"].items() if not k.startswith("bert.pooler.")}
-    raw.update(card="BERTForMaskedLM", architecture="BertForMaskedLM",
-               tensors={**tensors, **MLM_HEAD}, tied=MLM_TIED)
-    return parse_mapping(raw, "BertForMaskedLM mapping")
+MLM_MAPPING = load_mapping(CARD, "BERTForMaskedLM")  # its variant: no pooler, the MLM head
 
 
 def config():
@@ -153,7 +135,7 @@ def mlm():
     hf = randomise(transformers.BertForMaskedLM(config()))
     assert hf.cls.predictions.decoder.weight is hf.bert.embeddings.word_embeddings.weight
     ours = make_ours("BERTForMaskedLM")
-    mapping = mlm_mapping()
+    mapping = MLM_MAPPING
     copy_into(mapping, hf.state_dict(), ours)
     return hf, ours, mapping
 
@@ -222,3 +204,19 @@ def test_cardc_import_of_a_saved_bert_matches(base, inputs, tmp_path):
     with torch.no_grad():
         diff = max_diff(model.eval()(x, s), hf(input_ids=x, token_type_ids=s).last_hidden_state)
     assert diff <= TOL, f"max |hidden diff| = {diff:.3e}"
+
+
+def test_only_vocabulary_scores_take_targets(base, inputs):
+    """BERT's output is D-wide hidden states, not scores over its V tokens: its forward takes
+    no targets (a cross-entropy of them would mean nothing); BERTForMaskedLM's does. Both still
+    refuse a sequence longer than their learned positions."""
+    import inspect
+
+    _, ours = base
+    mlm = make_ours("BERTForMaskedLM")
+    assert list(inspect.signature(ours.forward).parameters) == ["x", "s"]
+    assert list(inspect.signature(mlm.forward).parameters) == ["x", "s", "targets"]
+    long = torch.zeros(1, CTX + 1, dtype=torch.long)
+    for model in (ours, mlm):
+        with pytest.raises(ValueError, match=f"sequence length {CTX + 1} exceeds"):
+            model(long, long)

@@ -136,6 +136,8 @@ class Lowering:
         body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
         stmts = self.passes.card_body(body) or body.run()
         prologue = [ir.Assign((runtime[d][0],), runtime[d][1]) for d in runtime if d in used]
+        if top:
+            prologue = [*prologue, *self.length_guard(m, body, prologue)]
         if top and self.is_language_model(sig):
             stmts = self.language_model(m, body, prologue, stmts)
             prologue = []
@@ -171,26 +173,37 @@ class Lowering:
 
     @staticmethod
     def is_language_model(sig) -> bool:
-        """Token sequences in (a prompt, or a source and a target), a matrix of scores out."""
+        """Token sequences in (a prompt, or a source and a target), a matrix of scores over
+        their vocabulary out: one axis of the output (the last, the first in column layout) is
+        an input's vocabulary size. BERT's hidden states (ℝ^{T×D}) are no such scores."""
         if not sig.inputs or sig.output is None or len(sig.output.shape) != 2:
             return False
-        return all(x.elem == "ℕ" and len(x.shape) == 1 for _, x in sig.inputs)
+        if not all(x.elem == "ℕ" and len(x.shape) == 1 for _, x in sig.inputs):
+            return False
+        scores = sig.output.shape[0 if sig.layout == "column" else -1]
+        return scores is not None and any(x.vocab == scores for _, x in sig.inputs)
 
-    def language_model(self, m: ir.Module, body: Body, prologue, stmts) -> list[ir.Stmt]:
-        """forward(x, targets=None): logits, and with targets also the cross-entropy loss."""
-        m.inputs.append(ir.Arg("targets", ir.Lit("None")))
-        m.language_model = True
+    @staticmethod
+    def length_guard(m: ir.Module, body: Body, prologue) -> list[ir.Stmt]:
+        """A model whose learned positions bound its sequence length records the bound
+        (`self.max_seq_len`) and refuses a longer input with a message naming both."""
         m.max_seq_len = body.max_seq_len
-        ret = stmts[-1]
-        if not isinstance(ret, ir.Return):
-            raise LowerError(body.alg.span, "the model card must end with 'return'")
-        logits = local_name(body.alg.outputs[0]) if body.alg.outputs else "logits"
-        guard = []
+        guard: list[ir.Stmt] = []
         for length in [p.targets[0] for p in prologue] if m.max_seq_len is not None else []:
             msg = ir.Lit(f'f"sequence length {{{length}}} exceeds the model\'s '
                          f'{{self.max_seq_len}} positions"')
             guard.append(ir.If(ir.Bin(">", ir.Ref(length), ir.Ref("self.max_seq_len")),
                                (ir.Raise("ValueError", msg),)))
+        return guard
+
+    def language_model(self, m: ir.Module, body: Body, prologue, stmts) -> list[ir.Stmt]:
+        """forward(x, targets=None): logits, and with targets also the cross-entropy loss."""
+        m.inputs.append(ir.Arg("targets", ir.Lit("None")))
+        m.language_model = True
+        ret = stmts[-1]
+        if not isinstance(ret, ir.Return):
+            raise LowerError(body.alg.span, "the model card must end with 'return'")
+        logits = local_name(body.alg.outputs[0]) if body.alg.outputs else "logits"
         value, out = ret.value, []
         if isinstance(value, ir.Call) and value.func == ir.Ref("torch.softmax") and \
                 value.kwargs == (("dim", ir.Lit("-1")),):
@@ -204,7 +217,7 @@ class Lowering:
         flat = ir.Call(ir.Attr(ir.Ref(z), "flatten"), (ir.Lit("0"), ir.Lit("-2")))
         loss = ir.Call(ir.Ref("F.cross_entropy"),
                        (flat, ir.Call(ir.Attr(ir.Ref("targets"), "flatten"))))
-        return [*prologue, *guard, *stmts[:-1], *out,
+        return [*prologue, *stmts[:-1], *out,
                 ir.Assign((logits,), value, ret.note),
                 ir.If(ir.Bin("is", ir.Ref("targets"), ir.Lit("None")), (ir.Return(ir.Ref(logits)),)),
                 ir.Assign(("loss",), loss),
