@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import sys
 from pathlib import Path
@@ -317,7 +316,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from .build import rebuild_model
     from .runtime.checkpoint import load_state, read_checkpoint
     from .runtime.data import decode, encode
-    from .runtime.sample import generate
+    from .runtime.sample import generate, is_language_model
     from .runtime.train import resolve_device
 
     if args.tokens < 0:
@@ -343,7 +342,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             return _sample_with_card(args, model, meta, device, str(root / sampler["card"]),
                                      str(root), echo=True)
     # --top-k, or a checkpoint that records no inference card: the built-in sampler
-    if list(inspect.signature(model.forward).parameters)[1:] != ["targets"]:
+    if not is_language_model(model):
         raise UsageError(f"{meta.get('name')} is not a language model; sample with an inference "
                          "card, e.g. --card cards/paper/edinference.card")
     prompt = encode(args.prompt) or [10]

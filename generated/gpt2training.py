@@ -24,7 +24,7 @@ def GPT2Training(x, theta, N_steps, B, l, eta, eta_min, N_warmup, beta_1, beta_2
     """
     decayed = [p for p in theta.parameters() if p.ndim >= 2]  # weight matrices: AdamW's λ shrinks these
     undecayed = [p for p in theta.parameters() if p.ndim < 2]  # gains and biases: not decayed
-    optimizer = torch.optim.AdamW([{"params": decayed}, {"params": undecayed, "weight_decay": 0.0}], betas=(beta_1, beta_2), weight_decay=lambda_)  # [gpt2_training.card:19]
+    optimizer = torch.optim.AdamW([{"params": decayed}, {"params": undecayed, "weight_decay": 0.0}], betas=(beta_1, beta_2), weight_decay=lambda_, fused=True)  # [gpt2_training.card:19]
     for i in range(N_steps):  # [gpt2_training.card:16]
         eta_i = eta_min + (eta - eta_min) * min((i + 1) / N_warmup, (1 + math.cos(math.pi * max(0, i + 1 - N_warmup) / max(1, N_steps - N_warmup))) / 2)  # [gpt2_training.card:17]
         x_n = torch.stack(x[i * B:(i + 1) * B])  # a minibatch: one example per row  [gpt2_training.card:18]

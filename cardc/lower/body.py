@@ -456,6 +456,7 @@ class Body:
                 kwargs["betas"] = ir.Seq((values[0], values[1]))
             if len(values) >= 3:
                 kwargs["weight_decay"] = values[2]
+            kwargs["fused"] = ir.Lit("True")  # one kernel for every tensor's update
             make = _call("torch.optim.AdamW", self.decay_groups(model), **kwargs)
             return make, given[0] if given else None, gradient(v.args[1])
         return None

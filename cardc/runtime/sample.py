@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
+
+
+def is_language_model(model: nn.Module) -> bool:
+    """forward(x, targets=None, …): one token sequence in, scores over the vocabulary out."""
+    return list(inspect.signature(model.forward).parameters)[1:2] == ["targets"]
 
 
 @torch.no_grad()

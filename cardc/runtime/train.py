@@ -9,7 +9,6 @@ model.safetensors.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import math
 import os
@@ -27,6 +26,7 @@ from cardc.runtime.data import get_batch, load_corpus, split
 from cardc.runtime.errors import RuntimeInputError
 from cardc.runtime.plot import plot_losses
 from cardc.runtime.progress import ProgressBar, format_duration
+from cardc.runtime.sample import is_language_model
 from cardc.runtime.tasks import reversal_pairs, windows
 
 BAR_EVERY = 10  # updates between progress-bar redraws; each one costs a device sync
@@ -79,7 +79,7 @@ def resolve_device(name: str) -> torch.device:
 def predicts_next_token(model: nn.Module) -> bool:
     """A causal language model: forward(x, targets), and no position sees a later token (an
     encoder such as ETransformer also scores every position, but reads the whole sequence)."""
-    if list(inspect.signature(model.forward).parameters)[1:] != ["targets"]:
+    if not is_language_model(model):
         return False
     was_training = model.training
     model.eval()
