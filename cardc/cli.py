@@ -226,14 +226,38 @@ def cmd_train(args: argparse.Namespace) -> int:
     lib, checker, recipe = _recipe(args)
     model_card = called_model(checker, recipe)
     hypers, model_overrides = _recipe_values(args, lib, checker, recipe)
+    resumed = _resumed(args.resume, checker, model_card) if args.resume else None
+    if resumed is not None:  # the checkpoint's sizes, unless --set changes one
+        model_overrides = {**resumed[0], **model_overrides}
     model = build_model(lib.file_of(model_card).path, args.preset, model_overrides,
                         args.library, model_card.name)
+    if resumed is not None:
+        from .runtime.checkpoint import load_state
+
+        load_state(model, resumed[1])
     record_sampler(model.card_meta, lib, checker, model_card)
     params = sum(p.numel() for p in model.parameters())
-    print(f"training {model_card.name} ({args.preset or 'no preset'}, {params:,} parameters) "
+    start = f"the weights of {args.resume}" if resumed else args.preset or "no preset"
+    print(f"training {model_card.name} ({start}, {params:,} parameters) "
           f"with {recipe.name} ({_shown_path(lib.file_of(recipe).path)}); writing {out}/")
     train(model, procedure_function(checker, recipe), hypers, cfg, model.card_meta)
     return EXIT_OK
+
+
+def _resumed(run: str, checker, model_card) -> tuple[dict, dict]:
+    """A checkpoint's hyperparameters (by card name) and tensors, if it holds `model_card`'s
+    model. Training goes on from its weights; the training card makes a fresh optimizer."""
+    from .runtime.checkpoint import read_checkpoint
+    from .spelling import python_name
+
+    meta, state = read_checkpoint(run)
+    if meta.get("name") != model_card.label:
+        raise UsageError(f"'{run}' holds {meta.get('name')}, but the training card trains "
+                         f"{model_card.label}")
+    saved = meta.get("hyperparameters") or {}
+    sizes = {n: saved[python_name(n)] for n in checker.info(model_card).sig.hypers
+             if python_name(n) in saved}
+    return sizes, state
 
 
 def _shown_path(path: str) -> str:
@@ -525,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--seed", type=int, default=1337)
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
+    t.add_argument("--resume", metavar="RUN",
+                   help="start from the weights of a checkpoint (trained, or made by cardc "
+                        "import) instead of fresh ones")
     t.set_defaults(run=cmd_train)
 
     sa = sub.add_parser("sample", help="continue a prompt with a trained checkpoint")

@@ -242,3 +242,40 @@ def test_the_tiny_llama_trains_and_samples(tmp_path):
     assert last < first, r.stdout
     s = cardc("sample", str(tmp_path), "--seed", "0")
     assert s.returncode == 0, s.stderr
+
+
+def test_resume_starts_from_a_checkpoints_weights(run_dir, tmp_path):
+    """No updates after --resume: the new checkpoint holds the old one's weights, and its first
+    evaluation the old one's last held-out loss."""
+    from cardc.runtime.checkpoint import read_checkpoint
+
+    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", "--resume", str(run_dir),
+              "--steps", "0", "--batch-size", "4", "--block-size", "16", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert f"the weights of {run_dir}" in r.stdout
+    (_, before), (meta, after) = read_checkpoint(run_dir), read_checkpoint(tmp_path)
+    assert meta["hyperparameters"]["D"] == 32  # the checkpoint's size, not the preset's 128
+    assert before.keys() == after.keys()
+    assert all(torch_equal(before[k], after[k]) for k in before)
+    old = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    new = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][0]
+    assert abs(old["val_loss"] - new["val_loss"]) < 1e-4
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("card, message", [
+    ("cards/llama.card", "holds GPT2, but the training card trains Llama"),
+    ("cards/gpt2.card", "checkpoint tensor 'W_p' has shape (32, 32), model expects (16, 32)"),
+])
+def test_resume_refuses_a_checkpoint_of_another_model(run_dir, tmp_path, card, message):
+    extra = ["--set", "ctx=16"] if card == "cards/gpt2.card" else []
+    r = cardc("train", card, "--preset", "tiny", "--resume", str(run_dir), *extra,
+              "--steps", "1", "--out", str(tmp_path / "out"))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert message in r.stderr
+    assert not (tmp_path / "out").exists()
