@@ -74,11 +74,13 @@ class GroupedQueryAttentionBiased(nn.Module):
         K = (X @ self.W_k + self.b_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
         V = (X @ self.W_v + self.b_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
         omega = self.theta_base ** -(torch.arange(0, self.d, 2, device=X.device) / self.d)  # (d/2,)  [gqa.card:33]
-        phi = torch.outer(torch.arange(past, past + X.shape[-2], device=X.device), omega)  # (T, d/2)  [gqa.card:33]
-        cos = torch.cat([phi.cos(), phi.cos()], dim=-1)  # (T, d)  [gqa.card:33]
-        sin = torch.cat([phi.sin(), phi.sin()], dim=-1)  # (T, d)  [gqa.card:33]
-        Q = Q * cos + torch.cat([-Q.chunk(2, dim=-1)[1], Q.chunk(2, dim=-1)[0]], dim=-1) * sin  # [gqa.card:33]
-        K = K * cos + torch.cat([-K.chunk(2, dim=-1)[1], K.chunk(2, dim=-1)[0]], dim=-1) * sin  # [gqa.card:33]
+        phi = torch.outer(torch.arange(past, past + X.shape[-2], device=X.device), omega).repeat(1, 2)  # (T, d): the angles, once for each half  [gqa.card:33]
+        cos = phi.cos()  # (T, d)  [gqa.card:33]
+        sin = phi.sin()  # (T, d)  [gqa.card:33]
+        Q_1, Q_2 = Q.chunk(2, dim=-1)  # the halves  [gqa.card:33]
+        Q = Q * cos + torch.cat([-Q_2, Q_1], dim=-1) * sin  # [gqa.card:33]
+        K_1, K_2 = K.chunk(2, dim=-1)  # the halves  [gqa.card:33]
+        K = K * cos + torch.cat([-K_2, K_1], dim=-1) * sin  # [gqa.card:33]
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
         K = K.repeat_interleave(self.G, dim=-3)  # (B, H, T, d)  [gqa.card:33]

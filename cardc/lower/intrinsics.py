@@ -437,19 +437,18 @@ class GroupedQuery:
         omega = self.emit("omega", freq, self.body.alg.steps[3], "(d/2,)")
         t = _call("torch.arange", ir.Sub(ir.Attr(self.x, "shape"), (ir.Lit("-2"),)),
                   device=device)
-        phi = self.emit("phi", _call("torch.outer", t, omega), step, "(T, d/2)")
-        out = []
-        for f in ("cos", "sin"):
-            half = _method(phi, f)
-            out.append(self.emit(f, _call("torch.cat", ir.Seq((half, half), "list"),
-                                          dim=ir.Lit("-1")), step, "(T, d)"))
-        return out[0], out[1]
+        angles = _method(_call("torch.outer", t, omega), "repeat", ir.Lit("1"), ir.Lit("2"))
+        phi = self.emit("phi", angles, step, "(T, d): the angles, once for each half")
+        return (self.emit("cos", _method(phi, "cos"), step, "(T, d)"),
+                self.emit("sin", _method(phi, "sin"), step, "(T, d)"))
 
     def rotate(self, x: ir.Ref, cos: ir.Ref, sin: ir.Ref, step: s.Step) -> None:
         """x cos + rotate_half(x) sin, rotate_half(x) = [−x_2, x_1]."""
-        halves = _method(x, "chunk", ir.Lit("2"), dim=ir.Lit("-1"))
-        first, second = ir.Sub(halves, (ir.Lit("0"),)), ir.Sub(halves, (ir.Lit("1"),))
-        turned = _call("torch.cat", ir.Seq((ir.Un("-", second), first), "list"), dim=ir.Lit("-1"))
+        first, second = f"{x.id}_1", f"{x.id}_2"
+        self.body.emit(ir.Assign((first, second), _method(x, "chunk", ir.Lit("2"), dim=ir.Lit(
+            "-1")), self.body.note(step, None, "the halves")))
+        turned = _call("torch.cat", ir.Seq((ir.Un("-", ir.Ref(second)), ir.Ref(first)), "list"),
+                       dim=ir.Lit("-1"))
         self.emit(x.id, ir.Bin("+", ir.Bin("*", x, cos), ir.Bin("*", turned, sin)), step)
 
     def lower(self) -> list[ir.Stmt]:
