@@ -176,7 +176,8 @@ def bart():
 def test_fused_bart_is_vectorised():
     """Self-, causal and cross-attention all become SDPA; no loop over heads is left."""
     src = (ROOT / "generated" / "bart.py").read_text(encoding="utf-8")
-    assert "F.scaled_dot_product_attention(Q, K, V, is_causal=True)" in src
+    assert "F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else " \
+        "cache.mask(Q, K), is_causal=cache is None)" in src  # the decoder's, KV-cached
     assert src.count("F.scaled_dot_product_attention(Q, K, V)") == 2  # encoder and cross
     assert "kv = Z @ self.W_qkv[:, self.D:] + self.b_qkv[self.D:]" in src
     assert "range(self.H)" not in src and "def CrossAttentionHead" not in src
