@@ -644,8 +644,9 @@ class Body:
             self.scope.values[target.id] = Family(var, local, val.ty, _like(val, ir.Ref(local)),
                                                   positions=True)
         else:
-            self.fail(target, f"a map over '{display(var)}' assigns 'X[:, {display(var)}]' "
-                              f"or a value named for '{display(var)}'")
+            v = display(var)
+            self.fail(target, f"a map over '{v}' assigns 'X[:, {v}]', 'X[{v}, :]', 'x[{v}]' "
+                              f"or a value named for '{v}'")
 
     @staticmethod
     def mapped_target(target: s.Expr, var: str) -> str | None:
@@ -893,7 +894,8 @@ class Body:
         return Val(ir.Bin("@", b.code, right), ty, lifted, True, rows)
 
     def align(self, a: Val, other: Val) -> Val:
-        """A batched value of lower card rank gains trailing axes to broadcast against `other`."""
+        """A batched value, or one mapped over positions, of lower card rank gains trailing
+        axes to broadcast against `other`: the batch and position axes stay in front."""
         pad = len(other.ty.shape) - len(a.ty.shape)
         if a.rows and pad > 0:  # (t − 1) ω over positions t: the positions axis stays in front
             code = ir.Sub(a.code, (ir.Ref("..."), *[ir.Ref("None")] * pad))
