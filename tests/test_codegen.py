@@ -207,6 +207,78 @@ def test_whole_bart_fused_equals_literal_with_gradients(bart):
         torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+# ------------------------------------------------------------------ grouped-query attention
+
+ROPE_MODELS = {"Llama": "cards/llama.card", "Qwen2": "cards/qwen2.card"}
+GQA = dict(D=32, H=4, H_kv=2)  # two groups of two query heads, d = 8
+
+
+@pytest.fixture(scope="module", params=sorted(ROPE_MODELS))
+def rope_model(request):
+    """A Llama-like card, fused and literal (RoPE, the groups and their heads step by step)."""
+    name = request.param
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        lib, checker, _ = checked([ROPE_MODELS[name]], "cards")
+        alg = next(a for a in model_cards(lib, checker) if a.name == name)
+        return (name, load_module(source(checker, alg, fuse=True), f"{name}_fused"),
+                load_module(source(checker, alg, fuse=False), f"{name}_literal"))
+
+
+def _rotate_half(x: torch.Tensor, base: float) -> torch.Tensor:
+    """RoPE as Llama implementations write it, in float64: position t (from 0) turns the pair
+    (x_i, x_{i + d/2}) by t · base^{−2i/d}."""
+    T, d = x.shape[-2:]
+    x = x.double()
+    freq = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * freq[None, :]
+    cos, sin = angle.cos().repeat(1, 2), angle.sin().repeat(1, 2)
+    first, second = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+@pytest.mark.parametrize("base", [10000.0, 100.0])
+def test_literal_rope_equals_rotate_half(rope_model, base):
+    _, _, literal = rope_model
+    x = torch.randn(3, 11, 16, generator=torch.Generator().manual_seed(9))
+    got = literal.RoPE(x, theta_base=base)
+    assert got.dtype == x.dtype
+    torch.testing.assert_close(got.double(), _rotate_half(x, base), atol=1e-5, rtol=1e-5)
+
+
+def _attention_class(module):
+    return getattr(module, "GroupedQueryAttention", None) or module.GroupedQueryAttentionBiased
+
+
+def test_grouped_query_attention_intrinsic_equals_the_card(rope_model):
+    """The fused GQA (repeat_interleave and SDPA) against the card's groups and heads, looped,
+    with random biases on Qwen2's projections: outputs, and every parameter's gradient."""
+    _, fused, literal = rope_model
+    a, b = _pair(_attention_class(fused), _attention_class(literal), **GQA, theta_base=500.0)
+    x = torch.randn(3, 11, 32, generator=torch.Generator().manual_seed(10))
+    ya, yb = a(x), b(x)
+    torch.testing.assert_close(ya, yb, atol=1e-5, rtol=1e-5)
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(11))
+    (ya * g).sum().backward()
+    (yb * g).sum().backward()
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_whole_rope_model_fused_equals_literal(rope_model):
+    name, fused, literal = rope_model
+    hypers = dict(V=97, D=32, H=4, H_kv=2, D_f=40, N=2, ctx=24)
+    a, b = _pair(getattr(fused, name), getattr(literal, name), **hypers)
+    idx = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(12))
+    la, loss_a = a(idx, idx)
+    lb, loss_b = b(idx, idx)
+    torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
+    loss_a.backward()
+    loss_b.backward()
+    for (key, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=key)
+
+
 # ------------------------------------------------------------------ other masks
 
 ATTENTION = (ROOT / "cards" / "nn" / "attention.card").read_text(encoding="utf-8")

@@ -68,6 +68,11 @@ def _mT(code: ir.Expr) -> ir.Expr:
     return ir.Attr(code, "mT")
 
 
+def _varies(x: Val) -> bool:
+    """Whether a value is more than one number: batched, mapped over positions, or shaped."""
+    return x.lifted or bool(x.rows) or bool(x.ty.shape)
+
+
 def _like(x: Val, code: ir.Expr, ty: Ty | None = None) -> Val:
     """`code` computed elementwise from `x`: same layout, batch and position axes."""
     return replace(x, code=code, ty=ty if ty is not None else x.ty)
@@ -104,6 +109,15 @@ def _dec(code: ir.Expr) -> ir.Expr:
     """A 1-based index made 0-based, its integer constants folded: `ℓ + (i + 1) − 1 − 1` is
     `ℓ + i − 1`."""
     return _shift(code, -1)
+
+
+def _whole(code: ir.Expr) -> ir.Expr:
+    """A slice bound in whole numbers: `d/2` of a card is a size, so Python's `d // 2` (a
+    float bound such as `d / 2` cannot index)."""
+    if not isinstance(code, ir.Bin) or code.op not in "+-*/":
+        return code
+    op = "//" if code.op == "/" else code.op
+    return ir.Bin(op, _whole(code.left), _whole(code.right))
 
 
 def _shift(code: ir.Expr, offset: int) -> ir.Expr:
@@ -613,14 +627,14 @@ class Body:
         if val.rows != (size,):
             self.fail(st.value, f"this value does not depend on '{display(var)}'")
         target = st.target
-        column = isinstance(target, s.Index) and isinstance(target.base, s.Name) and \
-            len(target.items) == 2 and isinstance(target.items[0], s.Slice) and \
-            target.items[0].lo is None and target.items[0].hi is None and \
-            getattr(target.items[1], "id", None) == var
-        if column:  # X̃[:, t] ← v: X̃ is the matrix of all columns, stored flipped
+        kind = self.mapped_target(target, var)
+        if kind is not None:  # X̃[:, t], X̃[t, :] or x[t] ← v: X̃ (x) holds every t's value
             name = target.base.id
-            ty = Ty((*val.ty.shape, size), val.ty.elem)
-            whole = replace(val, ty=ty, rows=(), flipped=True)
+            if kind == "column":  # the matrix of all columns, stored flipped
+                whole = replace(val, ty=Ty((*val.ty.shape, size), val.ty.elem), rows=(),
+                                flipped=True)
+            else:  # the positions axis is already in front of the card's own: rows
+                whole = replace(val, ty=Ty((size, *val.ty.shape), val.ty.elem), rows=())
             local = local_name(name)
             self.emit(ir.Assign((local,), val.code, self.note(step, whole)))
             self.scope.values[name] = _like(whole, ir.Ref(local))
@@ -630,8 +644,18 @@ class Body:
             self.scope.values[target.id] = Family(var, local, val.ty, _like(val, ir.Ref(local)),
                                                   positions=True)
         else:
-            self.fail(target, f"a map over '{display(var)}' assigns 'X[:, {display(var)}]' "
-                              f"or a value named for '{display(var)}'")
+            v = display(var)
+            self.fail(target, f"a map over '{v}' assigns 'X[:, {v}]', 'X[{v}, :]', 'x[{v}]' "
+                              f"or a value named for '{v}'")
+
+    @staticmethod
+    def mapped_target(target: s.Expr, var: str) -> str | None:
+        """Which part of a value a map over `var` assigns: "column" (X̃[:, t]), "row"
+        (X̃[t, :]) or "entry" (x[t]); None for anything else."""
+        if not (isinstance(target, s.Index) and isinstance(target.base, s.Name)):
+            return None
+        items = [getattr(i, "id", None) == var or (_is_all(i) and "all") for i in target.items]
+        return {(True,): "entry", ("all", True): "column", (True, "all"): "row"}.get(tuple(items))
 
     def map_loop(self, st: s.For, step: s.Step) -> None:
         """`for h ∈ [H] : Y^h ← f(…)`, literally: a Python loop that collects a list."""
@@ -870,8 +894,12 @@ class Body:
         return Val(ir.Bin("@", b.code, right), ty, lifted, True, rows)
 
     def align(self, a: Val, other: Val) -> Val:
-        """A batched value of lower card rank gains trailing axes to broadcast against `other`."""
+        """A batched value, or one mapped over positions, of lower card rank gains trailing
+        axes to broadcast against `other`: the batch and position axes stay in front."""
         pad = len(other.ty.shape) - len(a.ty.shape)
+        if a.rows and pad > 0:  # (t − 1) ω over positions t: the positions axis stays in front
+            code = ir.Sub(a.code, (ir.Ref("..."), *[ir.Ref("None")] * pad))
+            return replace(a, code=code, ty=Ty(a.ty.shape + (None,) * pad, a.ty.elem))
         if not a.lifted or pad <= 0:
             return a
         code = ir.Sub(a.code, (ir.Ref("..."), *[ir.Ref("None")] * pad))
@@ -891,8 +919,12 @@ class Body:
         return self.fail(e, f"code generation does not handle '{e.op}' yet")
 
     def expr_Power(self, e: s.Power) -> Val:
+        """x^p: the shape comes from whichever side varies; θ^{−2(i − 1)/d} in a map over i
+        is a vector through its exponent alone."""
         x, p = self.expr(e.base), self.expr(e.exponent)
-        return _like(x, ir.Bin("**", x.code, p.code))
+        shaped = p if _varies(p) and not _varies(x) else x
+        return replace(shaped, code=ir.Bin("**", x.code, p.code), lifted=x.lifted or p.lifted,
+                       rows=x.rows or p.rows)
 
     def expr_Transpose(self, e: s.Transpose) -> Val:
         x = self.expr(e.operand)
@@ -1005,8 +1037,8 @@ class Body:
         lo = None
         if item.lo is not None and not (isinstance(item.lo, s.Num) and item.lo.text == "1"):
             lo_val = self.expr(item.lo)
-            lo = _dec(lo_val.code)
-        hi = None if item.hi is None else self.expr(item.hi).code
+            lo = _dec(_whole(lo_val.code))
+        hi = None if item.hi is None else _whole(self.expr(item.hi).code)
         skip = self.runtime_offset(item)
         if skip is not None and not base.lifted and base.ty.shape:
             # W_p[1 : T] bounds T by the rows; W_p[3 : T + 2] (positions from row 3) by 2 fewer
