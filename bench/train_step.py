@@ -86,7 +86,8 @@ def report(run: dict[str, Any], device: str) -> list[str]:
     dtype = "bf16 autocast" if device.startswith("cuda") else "fp32"
     lines = [f"{run['family']} {run['config']}: N={hp['N']} D={hp['D']} H={hp['H']}"
              + (f" H_kv={hp['H_kv']}" if "H_kv" in hp else "")
-             + f" D_f={hp['D_f']} V={hp['V']}, batch {spec['batch']}×{T}, {dtype}, {device}"
+             + f" D_f={hp['D_f']} V={hp['V']}, batch {spec['batch']}×{T}, {dtype}, fused AdamW,"
+             + f" {device}"
              + (", torch.compile" if spec["compile"] else "")
              + f"; median of {len(results['cardc'])} rounds × {spec['steps']} steps"]
     ours = statistics.median(r["tokens_per_s"] for r in results["cardc"])
