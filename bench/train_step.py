@@ -1,94 +1,142 @@
-"""Training-step speed of the card-generated GPT-2 against Hugging Face's GPT2LMHeadModel.
+"""Training-step speed of the card-generated GPT-2 and Llama against transformers and litgpt.
 
-Same config, batch, dtype and optimizer (AdamW); the two are timed in alternation, several
-rounds, and the medians compared, so that a noisy machine affects both alike.
+Each implementation builds the same architecture at the same hyperparameters (taken from the
+card), and times training steps (forward, cross-entropy, backward, fused AdamW step) on the same
+batch in the same dtype: fp32 on the CPU, bf16 autocast on CUDA. Every (implementation, round)
+runs in a fresh worker process, bench/worker_NAME.py, under that implementation's own Python
+(litgpt's lives in bench/.venv-litgpt: bench/setup_peers.sh), the implementations taking turns
+round by round, so that a noisy machine slows all alike. Reported: median tokens/s over the
+rounds, the ratio ours/peer (above 1: the card's code is faster), and on CUDA the MFU.
 
-    python bench/train_step.py [--preset tiny] [--batch 8] [--block 128] [--rounds 7] [--device cpu]
+    python bench/train_step.py [--model gpt2 llama] [--config tiny mid] [--batch 8] [--rounds 5]
+                               [--device cpu|cuda] [--compile] [--peers transformers litgpt]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
-import torch
+from timing import PEAK_BF16_FLOPS, flops_per_token
 
-ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+
+# name: (card preset, card overrides, block length T)
+CONFIGS: dict[str, dict[str, tuple[str, dict[str, int], int]]] = {
+    "gpt2": {
+        "tiny": ("tiny", {}, 128),
+        "mid": ("tiny", {"N": 6, "D": 384, "H": 6, "D_f": 1536}, 256),
+    },
+    "llama": {
+        "tiny": ("tiny", {}, 128),
+        "mid": ("tiny", {"N": 6, "D": 384, "H": 6, "H_kv": 2, "D_f": 1024}, 256),
+    },
+}
+IMPLS = ("cardc", "transformers", "litgpt")
 
 
-def ours(preset: str):
+def hyperparameters(family: str, preset: str, overrides: dict[str, int]) -> dict[str, Any]:
+    """The card's hyperparameters at a preset, under their Python names (V, D, …, theta_base)."""
     import cardc
 
-    return cardc.model(str(ROOT / "cards" / "gpt2.card"), preset=preset)
+    return cardc.model(str(ROOT / "cards" / f"{family}.card"), preset=preset,
+                       **overrides).card_meta["hyperparameters"]
 
 
-def theirs(model) -> torch.nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
+def run_worker(python: str, impl: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """One round of one implementation in a process of its own; its JSON result."""
+    env = dict(os.environ)
+    if impl == "cardc":  # importable without an install, as on a bare GPU machine
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([python, str(BENCH / f"worker_{impl}.py"), json.dumps(spec)],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {impl} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
-    h = model.card_meta["hyperparameters"]
-    config = GPT2Config(vocab_size=h["V"], n_positions=h["ctx"], n_embd=h["D"], n_layer=h["N"],
-                        n_head=h["H"], n_inner=h["D_f"], activation_function="gelu_new",
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        layer_norm_epsilon=h["eps"], bos_token_id=None, eos_token_id=None)
-    config._attn_implementation = "sdpa"  # its fastest attention, as ours uses
-    return GPT2LMHeadModel(config)
+
+def bench_one(family: str, config: str, impls: dict[str, str],
+              args: argparse.Namespace) -> dict[str, Any]:
+    preset, overrides, block = CONFIGS[family][config]
+    hp = hyperparameters(family, preset, overrides)
+    spec = {"family": family, "preset": preset, "overrides": overrides, "hp": hp,
+            "batch": args.batch, "block": args.block or block, "steps": args.steps,
+            "warmup": args.warmup, "device": args.device, "compile": args.compile, "seed": 0}
+    names = list(impls)
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate who goes first
+            results[name].append(run_worker(impls[name], name, spec))
+    return {"family": family, "config": config, "spec": spec, "results": results}
 
 
-def step_time(model, loss_of, batch, steps: int, device: torch.device) -> float:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x, y = batch
-    for _ in range(2):  # warm up
-        loss_of(model, x, y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss_of(model, x, y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / steps
+def report(run: dict[str, Any], device: str) -> list[str]:
+    spec, hp, results = run["spec"], run["spec"]["hp"], run["results"]
+    T = spec["block"]
+    first = results["cardc"][0]
+    flops = flops_per_token(first["params"] - first["position_params"], hp["N"], hp["H"],
+                            hp["D"] // hp["H"], T)
+    dtype = "bf16 autocast" if device.startswith("cuda") else "fp32"
+    lines = [f"{run['family']} {run['config']}: N={hp['N']} D={hp['D']} H={hp['H']}"
+             + (f" H_kv={hp['H_kv']}" if "H_kv" in hp else "")
+             + f" D_f={hp['D_f']} V={hp['V']}, batch {spec['batch']}×{T}, {dtype}, fused AdamW,"
+             + f" {device}"
+             + (", torch.compile" if spec["compile"] else "")
+             + f"; median of {len(results['cardc'])} rounds × {spec['steps']} steps"]
+    ours = statistics.median(r["tokens_per_s"] for r in results["cardc"])
+    for name, rounds in results.items():
+        tps = statistics.median(r["tokens_per_s"] for r in rounds)
+        low, high = min(r["tokens_per_s"] for r in rounds), max(r["tokens_per_s"] for r in rounds)
+        line = (f"  {name:<13} {tps:12,.0f} tok/s  [{low:,.0f}–{high:,.0f}]"
+                f"  {1e3 * spec['batch'] * T / tps:8.1f} ms/step  {rounds[0]['params']:>11,} params"
+                f"  torch {rounds[0]['torch']}")
+        if device.startswith("cuda"):
+            line += f"  MFU {tps * flops / PEAK_BF16_FLOPS:6.1%}"
+        if name != "cardc":
+            line += f"  ours/peer {ours / tps:.2f}×"
+        lines.append(line)
+    return lines
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="tiny")
+    p.add_argument("--model", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    p.add_argument("--config", "--preset", nargs="+", choices=["tiny", "mid"],
+                   default=["tiny", "mid"])
+    p.add_argument("--peers", nargs="+", choices=IMPLS[1:], default=list(IMPLS[1:]))
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--block", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--block", type=int, default=0, help="T; 0: the config's (tiny 128, mid 256)")
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=5, help="steps timed per round")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first in each round")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", action="store_true", help="torch.compile every model")
+    p.add_argument("--python", default=sys.executable, help="Python for cardc and transformers")
+    p.add_argument("--litgpt-python", default=str(BENCH / ".venv-litgpt" / "bin" / "python"),
+                   help="Python with litgpt installed (bench/setup_peers.sh)")
+    p.add_argument("--json", help="also write every round's results to this file")
     args = p.parse_args()
-    device = torch.device(args.device)
-    torch.manual_seed(0)
-    a = ours(args.preset).to(device)
-    b = theirs(a).to(device)
-    V = a.card_meta["hyperparameters"]["V"]
-    x = torch.randint(0, V, (args.batch, args.block + 1), device=device)
-    batch = x[:, :-1], x[:, 1:]
-    runs = {
-        "cardc": (a, lambda m, x, y: m(x, y)[1]),
-        "transformers": (b, lambda m, x, y: m(x, labels=x).loss),  # it shifts labels itself
-    }
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(args.rounds):
-        for name, (model, loss_of) in runs.items():
-            times[name].append(step_time(model, loss_of, batch, args.steps, device))
-    tokens = args.batch * args.block
-    print(f"GPT-2 {args.preset}, batch {args.batch}×{args.block}, fp32, {device}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"median of {args.rounds} rounds × {args.steps} steps")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"  {name:<13} {med * 1e3:8.1f} ms/step  {tokens / med:10,.0f} tok/s")
-    ratio = statistics.median(times["transformers"]) / statistics.median(times["cardc"])
-    print(f"  cardc is {ratio:.2f}× the speed of transformers")
+    impls = {"cardc": args.python}
+    for peer in args.peers:
+        python = args.litgpt_python if peer == "litgpt" else args.python
+        if not Path(python).exists():
+            print(f"skipping {peer}: no {python} (run bench/setup_peers.sh)", file=sys.stderr)
+            continue
+        impls[peer] = python
+    runs = []
+    for family in args.model:
+        for config in args.config:
+            runs.append(bench_one(family, config, impls, args))
+            print("\n".join(report(runs[-1], args.device)), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(runs, indent=1), encoding="utf-8")
     return 0
 
 

@@ -51,7 +51,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .checker import check
 
     _require_cards(args.paths)
-    lib, targets = load(args.paths, root=args.library)
+    lib, targets = load(args.paths, root=args.library, lazy=True)  # the library as called
     _, diags = check(lib)
     wanted = {str(Path(t)) for t in targets}
     shown = Diagnostics([d for d in diags.items if d.span.file in wanted], diags.sources)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import syntax as s
 from .diagnostics import Diagnostics
-from .parser import parse_file
+from .parser import normalize, parse_file
+from .spelling import canonical_name
 
 DEFAULT_ROOT = Path("cards")
 
@@ -16,15 +18,29 @@ DEFAULT_ROOT = Path("cards")
 class Library:
     files: list[s.CardFile] = field(default_factory=list)
     diags: Diagnostics = field(default_factory=Diagnostics)
+    # library files not parsed yet (load(lazy=True)): the names each one's headers define
+    pending: dict[Path, set[str]] = field(default_factory=dict)
+    order: dict[str, int] = field(default_factory=dict)  # each file's place in the full library
 
     def algorithms(self) -> list[tuple[s.CardFile, s.Algorithm]]:
+        self._parse(list(self.pending))  # whoever asks for every card gets every card
+        return self._parsed()
+
+    def _parsed(self) -> list[tuple[s.CardFile, s.Algorithm]]:
         return [(f, a) for f in self.files for a in f.algorithms if a.name]
+
+    def _parse(self, paths: list[Path]) -> None:
+        for path in paths:
+            del self.pending[path]
+            self.files.append(parse_file(path, self.diags))
 
     def find(self, name: str, near: s.CardFile | None = None) -> s.Algorithm | None:
         """A name resolves lexically: in the calling card's own file, then its folder, then
         each folder above it, then anywhere in the library. So a variant of a card (the paper's
         faithful Algorithm 9 in paper/faithful/) sits beside the card it varies."""
-        found = [(f, a) for f, a in self.algorithms() if a.name == name]
+        self._parse([p for p, names in self.pending.items() if name in names])
+        found = sorted(((f, a) for f, a in self._parsed() if a.name == name),
+                       key=lambda fa: self.order.get(fa[0].path, 0))  # as if parsed in order
         if not found:
             return None
         if near is not None:
@@ -41,6 +57,23 @@ class Library:
         return next(f for f in self.files if any(a is alg for a in f.algorithms))
 
 
+_HEADER = re.compile(r"^[ \t]*Algorithm\b[^:\n]*:([^\n]*)$", re.M)
+_SIGNATURE = re.compile(r"(?:←|<-)[ \t]*([^\s(←]+)\(")
+
+
+def defined_names(text: str) -> set[str] | None:
+    """The names a card file's headers define, read off its text without parsing it; None where
+    a header is not plain enough to be read so."""
+    names: set[str] = set()
+    for rest in _HEADER.findall(normalize(text)):
+        sig = _SIGNATURE.search(rest)
+        if sig:
+            names.add(canonical_name(sig.group(1)))
+        elif any(c in rest for c in "(←") or "<-" in rest:
+            return None
+    return names
+
+
 def card_paths(paths: list[str | Path]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
@@ -48,13 +81,18 @@ def card_paths(paths: list[str | Path]) -> list[Path]:
     return out
 
 
-def load(paths: list[str | Path], root: str | Path | None = DEFAULT_ROOT) -> tuple[Library, list[str]]:
-    """Parse the given cards plus the library under `root`; return it and the given files' paths."""
+def load(paths: list[str | Path], root: str | Path | None = DEFAULT_ROOT,
+         lazy: bool = False) -> tuple[Library, list[str]]:
+    """Parse the given cards plus the library under `root`; return it and the given files' paths.
+
+    `lazy`: the library's own files are parsed only when a name they define is looked up (or
+    every card is asked for), so checking one card parses the cards it calls and no others.
+    Duplicate names are then reported among the given cards alone."""
     lib = Library()
     targets = card_paths(paths)
     seen: set[Path] = set()
     extra = card_paths([root]) if root is not None and Path(root).is_dir() else []
-    for path in [*targets, *extra]:
+    for i, path in enumerate([*targets, *extra]):
         key = path.resolve()
         if key in seen:
             continue
@@ -62,14 +100,26 @@ def load(paths: list[str | Path], root: str | Path | None = DEFAULT_ROOT) -> tup
         if not path.exists():
             lib.diags.error(s.Span(str(path), 0, 0, 0, 0), "no such card file")
             continue
-        lib.files.append(parse_file(path, lib.diags))
+        lib.order[str(path)] = i
+        names = _names_of(path) if lazy and i >= len(targets) else None
+        if names is not None:
+            lib.pending[path] = names
+        else:
+            lib.files.append(parse_file(path, lib.diags))
     _report_duplicates(lib)
     return lib, [str(p) for p in targets]
 
 
+def _names_of(path: Path) -> set[str] | None:
+    try:
+        return defined_names(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None  # parse_file reports it
+
+
 def _report_duplicates(lib: Library) -> None:
     first: dict[tuple[str, Path], s.Algorithm] = {}
-    for card_file, alg in lib.algorithms():
+    for card_file, alg in lib._parsed():
         key = (alg.name, Path(card_file.path).parent)
         if key in first and first[key].span.file != alg.span.file:
             prior = first[key]

@@ -7,6 +7,9 @@ own nodes at once; a layout pass then nests lines: declarations by indentation, 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import re
 import unicodedata
 from dataclasses import dataclass, replace
@@ -19,16 +22,41 @@ from lark import Token, Transformer, v_args
 
 from . import syntax as s
 from .diagnostics import Diagnostics
+from .runtime.atomic import atomic_path
 from .spelling import canonical_name
 
 GRAMMAR = Path(__file__).with_name("grammar.lark")
 
 
+_OPTIONS: dict[str, Any] = {"parser": "lalr", "start": ["start", "annot", "sum"],
+                            "propagate_positions": True, "maybe_placeholders": False}
+
+
 @cache
 def _lark() -> lark.Lark:
-    return lark.Lark(GRAMMAR.read_text(encoding="utf-8"), parser="lalr",
-                     start=["start", "annot", "sum"],
-                     propagate_positions=True, maybe_placeholders=False, cache=False)
+    """The card grammar's parser. Building its LALR tables takes about a second, so the built
+    parser is kept in the user's cache folder under a hash of the grammar, the options and lark's
+    version, and loaded from there next time; a missing or unreadable file is built anew."""
+    grammar = GRAMMAR.read_text(encoding="utf-8")
+    path = _cache_file(grammar)
+    if path is not None and path.exists():
+        with contextlib.suppress(Exception), open(path, "rb") as f:
+            return lark.Lark.load(f)
+    parser = lark.Lark(grammar, **_OPTIONS)
+    if path is not None:
+        with contextlib.suppress(OSError), atomic_path(path) as tmp, open(tmp, "wb") as f:
+            parser.save(f)
+    return parser
+
+
+def _cache_file(grammar: str) -> Path | None:
+    """Where the built parser is kept: $XDG_CACHE_HOME/cardc, else ~/.cache/cardc; none when
+    CARDC_NO_CACHE is set."""
+    if os.environ.get("CARDC_NO_CACHE"):
+        return None
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    key = repr((grammar, sorted(_OPTIONS.items()), lark.__version__)).encode("utf-8")
+    return Path(root) / "cardc" / f"grammar-{hashlib.sha256(key).hexdigest()[:24]}.lark"
 
 
 def normalize(text: str) -> str:

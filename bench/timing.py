@@ -1,0 +1,97 @@
+"""What every bench worker shares: the timed training step, FLOPs per token, and the protocol.
+
+A worker is run as `python bench/worker_NAME.py SPEC_JSON`; it builds its model from the spec's
+hyperparameters (the card's names: V, D, H, H_kv, D_f, N, ctx, eps, theta_base), times training
+steps on one fixed batch, and prints one line of JSON. This module needs only torch and the
+standard library, so that it runs in every peer's environment alike.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# peak dense bf16 tensor-core throughput of an H100 / H200 SXM, no sparsity
+PEAK_BF16_FLOPS = 989e12
+
+# what a worker's build function returns: the model, and how many of its parameters are
+# position embeddings (a lookup, no matrix product: left out of the FLOPs count)
+Built = tuple[nn.Module, int]
+
+
+def flops_per_token(params: int, layers: int, heads: int, head_dim: int, block: int) -> float:
+    """Training FLOPs per token, forward and backward: 6·N for the matrix products of the weights
+    and 12·L·H·Q·T for attention's scores and weighted sums (PaLM's appendix B; nanoGPT's MFU)."""
+    return 6 * params + 12 * layers * heads * head_dim * block
+
+
+def adamw(model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    """The same optimizer for every implementation: AdamW, fused kernel on every device."""
+    return torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                             fused=True)
+
+
+def fixed_batch(V: int, batch: int, block: int, seed: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets, the same for every worker given the same seed."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, V, (batch, block + 1), generator=g).to(device)
+    return x[:, :-1], x[:, 1:]
+
+
+def time_steps(model: nn.Module, logits_of: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+               spec: dict[str, Any]) -> dict[str, float]:
+    """Seconds per training step (forward, cross-entropy, backward, AdamW step, zero_grad),
+    after `warmup` untimed steps; bf16 autocast on CUDA, fp32 on the CPU."""
+    device = torch.device(spec["device"])
+    model = model.to(device).train()
+    opt = adamw(model, device)
+    step_model: nn.Module = torch.compile(model) if spec["compile"] else model  # type: ignore[assignment]
+    x, y = fixed_batch(spec["hp"]["V"], spec["batch"], spec["block"], spec["seed"], device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step() -> None:
+        with autocast:
+            logits = logits_of(step_model, x)
+            loss = F.cross_entropy(logits.flatten(0, -2), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(spec["warmup"]):
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(spec["steps"]):
+        step()
+    sync()
+    seconds = (time.perf_counter() - start) / spec["steps"]
+    return {"step_s": seconds, "tokens_per_s": spec["batch"] * spec["block"] / seconds}
+
+
+def unique_params(model: nn.Module) -> int:
+    """Parameters counted once each, tied ones too."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def worker_main(impl: str, build: Callable[[dict[str, Any]], Built],
+                logits_of: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> None:
+    """Run one timed round as the spec in argv[1] says, and print its result as JSON."""
+    spec = json.loads(sys.argv[1])
+    torch.manual_seed(spec["seed"])
+    model, positions = build(spec)
+    params = unique_params(model)
+    result = time_steps(model, logits_of, spec)
+    print(json.dumps({"impl": impl, "params": params, "position_params": positions,
+                      "torch": torch.__version__, **result}))

@@ -1,0 +1,43 @@
+"""Bench worker: Hugging Face transformers' GPT2LMHeadModel / LlamaForCausalLM at the card's
+hyperparameters, with SDPA attention as the card's code uses (see bench/timing.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from timing import Built, worker_main
+from torch import nn
+
+
+def build(spec: dict[str, Any]) -> Built:
+    h = spec["hp"]
+    if spec["family"] == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(vocab_size=h["V"], n_positions=h["ctx"], n_embd=h["D"],
+                            n_layer=h["N"], n_head=h["H"], n_inner=h["D_f"],
+                            activation_function="gelu_new", layer_norm_epsilon=h["eps"],
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                            tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
+                            attn_implementation="sdpa")
+        model = GPT2LMHeadModel(config)
+        return model, model.transformer.wpe.weight.numel()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=h["V"], hidden_size=h["D"], intermediate_size=h["D_f"],
+                         num_hidden_layers=h["N"], num_attention_heads=h["H"],
+                         num_key_value_heads=h["H_kv"], max_position_embeddings=h["ctx"],
+                         rms_norm_eps=h["eps"], rope_theta=h["theta_base"], hidden_act="silu",
+                         attention_bias=False, mlp_bias=False, tie_word_embeddings=True,
+                         attention_dropout=0.0, bos_token_id=None, eos_token_id=None,
+                         pad_token_id=None, attn_implementation="sdpa")
+    return LlamaForCausalLM(config), 0
+
+
+def logits_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=x, use_cache=False).logits
+
+
+if __name__ == "__main__":
+    worker_main("transformers", build, logits_of)
