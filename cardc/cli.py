@@ -229,6 +229,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     resumed = _resumed(args.resume, checker, model_card) if args.resume else None
     if resumed is not None:  # the checkpoint's sizes, unless --set changes one
         model_overrides = {**resumed[0], **model_overrides}
+    if args.pad_vocab:
+        if resumed is not None:
+            raise UsageError("--pad-vocab changes the model's shapes; a resumed run keeps its "
+                             "checkpoint's")
+        model_overrides = _padded_vocab(args.preset, model_overrides, checker, model_card)
     model = build_model(lib.file_of(model_card).path, args.preset, model_overrides,
                         args.library, model_card.name)
     if resumed is not None:
@@ -258,6 +263,25 @@ def _resumed(run: str, checker, model_card) -> tuple[dict, dict]:
     sizes = {n: saved[python_name(n)] for n in checker.info(model_card).sig.hypers
              if python_name(n) in saved}
     return sizes, state
+
+
+def _padded_vocab(preset: str | None, overrides: dict, checker, model_card) -> dict:
+    """The vocabulary size rounded up to a multiple of 64, for faster unembedding matmuls: the
+    data never asks for the extra tokens, so training only learns to give them no weight."""
+    from .dims import Dim
+    from .info import preset_values
+
+    sig = checker.info(model_card).sig
+    vocab = sig.inputs[0][1].vocab if sig.inputs else None
+    name = next((n for n in sig.hypers if Dim.sym(n) == vocab), None)
+    if name is None:
+        raise UsageError(f"--pad-vocab: {model_card.label}'s vocabulary is not a "
+                         "hyperparameter the card lets training choose")
+    size = int(preset_values(sig, preset, overrides)[name])
+    padded = -(-size // 64) * 64
+    if padded != size:
+        print(f"{name} = {size} padded to {padded}, a multiple of 64")
+    return {**overrides, name: padded}
 
 
 def _shown_path(path: str) -> str:
@@ -549,6 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--seed", type=int, default=1337)
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
+    t.add_argument("--pad-vocab", action="store_true",
+                   help="round the model's vocabulary size up to a multiple of 64 (faster "
+                        "matmuls; 50257 → 50304 for GPT-2)")
     t.add_argument("--resume", metavar="RUN",
                    help="start from the weights of a checkpoint (trained, or made by cardc "
                         "import) instead of fresh ones")

@@ -279,3 +279,21 @@ def test_resume_refuses_a_checkpoint_of_another_model(run_dir, tmp_path, card, m
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert message in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_pad_vocab_rounds_the_vocabulary_up_to_a_multiple_of_64(tmp_path):
+    from cardc.runtime.checkpoint import read_checkpoint
+
+    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", *SMALL, "--set", "V=257",
+              "--pad-vocab", "--steps", "1", "--batch-size", "2", "--block-size", "16",
+              "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "V = 257 padded to 320, a multiple of 64" in r.stdout
+    meta, state = read_checkpoint(tmp_path)
+    assert meta["hyperparameters"]["V"] == 320 and state["W_e"].shape == (320, 32)
+
+
+def test_pad_vocab_refuses_a_resumed_run(run_dir, tmp_path):
+    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", "--resume", str(run_dir),
+              "--pad-vocab", "--steps", "1", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "a resumed run keeps its checkpoint's" in r.stderr
