@@ -59,6 +59,18 @@ def _randomise(module: torch.nn.Module, seed: int = 0) -> None:
             p.copy_(torch.randn(p.shape, generator=g) * 0.2)
 
 
+def _same_logits_and_gradients(a, b, idx, atol: float) -> None:
+    """Two language models on the same tokens: logits within `atol`, and every parameter's
+    gradient of the next-token loss."""
+    la, loss_a = a(idx, idx)
+    lb, loss_b = b(idx, idx)
+    torch.testing.assert_close(la, lb, atol=atol, rtol=atol)
+    loss_a.backward()
+    loss_b.backward()
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def _pair(fused_cls, literal_cls, **kwargs):
     a, b = fused_cls(**kwargs), literal_cls(**kwargs)
     _randomise(a)
@@ -154,13 +166,7 @@ def test_whole_model_fused_equals_literal_with_gradients(modules):
     fused, literal = modules
     a, b = _pair(fused.GPT2, literal.GPT2, **TINY)
     idx = torch.randint(0, TINY["V"], (2, 13), generator=torch.Generator().manual_seed(4))
-    la, loss_a = a(idx, idx)
-    lb, loss_b = b(idx, idx)
-    torch.testing.assert_close(la, lb, atol=1e-4, rtol=1e-4)
-    loss_a.backward()
-    loss_b.backward()
-    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=name)
+    _same_logits_and_gradients(a, b, idx, atol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -270,13 +276,7 @@ def test_whole_rope_model_fused_equals_literal(rope_model):
     hypers = dict(V=97, D=32, H=4, H_kv=2, D_f=40, N=2, ctx=24)
     a, b = _pair(getattr(fused, name), getattr(literal, name), **hypers)
     idx = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(12))
-    la, loss_a = a(idx, idx)
-    lb, loss_b = b(idx, idx)
-    torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
-    loss_a.backward()
-    loss_b.backward()
-    for (key, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=key)
+    _same_logits_and_gradients(a, b, idx, atol=1e-5)
 
 
 # ------------------------------------------------------------------ other masks
