@@ -159,15 +159,13 @@ class Llama(nn.Module):
         )  # [llama.card:10]
 
     def forward(self, x, targets=None, cache=None):
-        T_new = x.shape[-1]
-        past = 0 if cache is None else cache.pos  # tokens decoded before these
         E = self.W_e[x]  # (B, T, D)  [llama.card:14]
         for block in self.block:  # [llama.card:15]
             E = block(E, cache=cache)  # (B, T, D)  [llama.card:16]
         E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [llama.card:18]
         P = E @ self.W_e.T  # (B, T, V)  [llama.card:19]
         if cache is not None:
-            cache.pos = cache.pos + T_new
+            cache.pos = cache.pos + x.shape[-1]
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())

@@ -161,15 +161,13 @@ class Qwen2Untied(nn.Module):
         )  # [qwen2.card:30]
 
     def forward(self, x, targets=None, cache=None):
-        T_new = x.shape[-1]
-        past = 0 if cache is None else cache.pos  # tokens decoded before these
         E = self.W_e[x]  # (B, T, D)  [qwen2.card:34]
         for block in self.block:  # [qwen2.card:35]
             E = block(E, cache=cache)  # (B, T, D)  [qwen2.card:36]
         E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen2.card:38]
         P = E @ self.W_u  # (B, T, V)  [qwen2.card:39]
         if cache is not None:
-            cache.pos = cache.pos + T_new
+            cache.pos = cache.pos + x.shape[-1]
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())

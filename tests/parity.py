@@ -31,3 +31,26 @@ def load_through_mapping(hf, ours, mapping, layers: int,
              for name, (mine, t) in table.items()}
     ours.load_state_dict(state, strict=True)
     return table
+
+
+def swap_columns(w: torch.Tensor, first: int, width: int) -> None:
+    """Exchange, in place, columns first…first+width−1 with the next `width`: two heads' slices
+    of a projection, a negative control that must break parity."""
+    a, b = slice(first, first + width), slice(first + width, first + 2 * width)
+    w[:, a], w[:, b] = w[:, b].clone(), w[:, a].clone()
+
+
+def next_token_grad_diffs(hf, ours, table: dict[str, tuple[str, bool]],
+                          idx: torch.Tensor) -> dict[str, float]:
+    """HF name → max |gradient difference| of the next-token loss, HF shifting its labels
+    itself and ours given the shifted targets."""
+    hf.zero_grad(set_to_none=True)
+    ours.zero_grad(set_to_none=True)
+    hf(idx, labels=idx).loss.backward()
+    ours(idx[:, :-1], idx[:, 1:])[1].backward()
+    hf_params, mine = dict(hf.named_parameters()), dict(ours.named_parameters())
+    diffs = {}
+    for name, (ours_name, t) in table.items():
+        g = hf_params[name].grad
+        diffs[name] = max_diff(mine[ours_name].grad, g.T if t else g)
+    return diffs

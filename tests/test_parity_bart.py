@@ -16,7 +16,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from parity import max_diff  # noqa: E402
+from parity import max_diff, swap_columns  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from cardc.build import build_model, rebuild_model  # noqa: E402
@@ -136,9 +136,7 @@ def broken_copy(ours, change):
 def _swap_cross_heads(model) -> None:
     """Exchange two heads' key columns in the first decoder block's cross-attention."""
     d = D // H
-    w = model.dec[0].cross.W_qkv
-    head0, head1 = w[:, D:D + d].clone(), w[:, D + d:D + 2 * d].clone()
-    w[:, D:D + d], w[:, D + d:D + 2 * d] = head1, head0
+    swap_columns(model.dec[0].cross.W_qkv, D, d)
 
 
 def _no_position_offset(model) -> None:

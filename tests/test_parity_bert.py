@@ -15,7 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from parity import max_diff  # noqa: E402
+from parity import max_diff, swap_columns  # noqa: E402
 
 from cardc.build import build_model, rebuild_model  # noqa: E402
 from cardc.interop import load_mapping, parse_mapping, to_card_state  # noqa: E402
@@ -166,9 +166,7 @@ def test_swapped_heads_are_caught(base, inputs):
     broken.load_state_dict(ours.state_dict(), strict=True)
     d = D // H
     with torch.no_grad():
-        w = broken.block[0].attn.W_qkv
-        head0, head1 = w[:, 0:d].clone(), w[:, d:2 * d].clone()
-        w[:, 0:d], w[:, d:2 * d] = head1, head0
+        swap_columns(broken.block[0].attn.W_qkv, 0, d)
         diff = max_diff(broken(x, s), hf(input_ids=x, token_type_ids=s).last_hidden_state)
     assert diff > 1e-3, f"swapping query heads changed the hidden states by only {diff:.3e}"
 

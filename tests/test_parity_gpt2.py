@@ -15,7 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from parity import max_diff  # noqa: E402
+from parity import max_diff, swap_columns  # noqa: E402
 
 from cardc.build import build_model  # noqa: E402
 from cardc.interop import load_mapping  # noqa: E402
@@ -129,8 +129,6 @@ def test_swapped_query_heads_are_caught(pair):
     broken.load_state_dict(ours.state_dict(), strict=True)
     d = D // H
     with torch.no_grad():
-        w = broken.block[0].attn.W_qkv
-        head0, head1 = w[:, 0:d].clone(), w[:, d:2 * d].clone()
-        w[:, 0:d], w[:, d:2 * d] = head1, head0
+        swap_columns(broken.block[0].attn.W_qkv, 0, d)
         diff = max_diff(broken(idx), hf(idx).logits)
     assert diff > 1e-3, f"swapping query heads changed the logits by only {diff:.3e}"

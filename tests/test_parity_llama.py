@@ -17,7 +17,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from parity import load_through_mapping, max_diff  # noqa: E402
+from parity import load_through_mapping, max_diff, next_token_grad_diffs, swap_columns  # noqa: E402
 
 from cardc.build import build_model  # noqa: E402
 from cardc.interop import load_mapping  # noqa: E402
@@ -73,16 +73,7 @@ def test_logits_match(pair):
 
 def test_gradients_of_next_token_loss_match(pair):
     hf, ours, table, idx, _ = pair
-    hf.zero_grad(set_to_none=True)
-    ours.zero_grad(set_to_none=True)
-    hf(idx, labels=idx).loss.backward()  # HF shifts the labels itself
-    ours(idx[:, :-1], idx[:, 1:])[1].backward()
-    hf_params = dict(hf.named_parameters())
-    mine = dict(ours.named_parameters())
-    diffs = {}
-    for name, (ours_name, t) in table.items():
-        g = hf_params[name].grad
-        diffs[name] = max_diff(mine[ours_name].grad, g.T if t else g)
+    diffs = next_token_grad_diffs(hf, ours, table, idx)
     worst = max(diffs, key=diffs.get)
     assert diffs[worst] <= 1e-4, f"max |grad diff| = {diffs[worst]:.3e} at {worst}"
 
@@ -94,9 +85,7 @@ def test_swapped_query_heads_are_caught(pair):
     broken.load_state_dict(ours.state_dict(), strict=True)
     d = D // H
     with torch.no_grad():
-        w = broken.block[0].attn.W_q
-        head0, head1 = w[:, 0:d].clone(), w[:, d:2 * d].clone()
-        w[:, 0:d], w[:, d:2 * d] = head1, head0
+        swap_columns(broken.block[0].attn.W_q, 0, d)
         diff = max_diff(broken(idx), hf(idx).logits)
     assert diff > 1e-3, f"swapping query heads changed the logits by only {diff:.3e}"
 

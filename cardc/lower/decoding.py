@@ -122,13 +122,10 @@ def _pass_cache(m: ir.Module, cached: set[str]) -> bool:
 def _count_positions(top: ir.Module) -> None:
     """The decoded sequence's positions start at `past`; the cache counts the new tokens in."""
     x = [a.name for a in top.inputs if a.name not in ("targets", "cache")][-1]  # decoded
+    tokens = ir.Sub(ir.Attr(ir.Ref(x), "shape"), (ir.Lit("-1"),))
     length = next((st.targets[0] for st in top.body if isinstance(st, ir.Assign) and
-                   st.value == ir.Sub(ir.Attr(ir.Ref(x), "shape"), (ir.Lit("-1"),))), None)
-    if length is None:
-        length = "T_new"
-        top.body.insert(0, ir.Assign((length,), ir.Sub(ir.Attr(ir.Ref(x), "shape"),
-                                                          (ir.Lit("-1"),))))
-    t = ir.Ref(length)
+                   st.value == tokens), None)
+    t = ir.Ref(length) if length is not None else tokens
     shifted = ir.Bin("+", PAST, t)
 
     def shift(e):
@@ -145,9 +142,10 @@ def _count_positions(top: ir.Module) -> None:
         return None
 
     body = [_rewrite(st, shift) for st in top.body]
-    at = next(i for i, st in enumerate(body) if isinstance(st, ir.Assign) and st.targets == (
-        length,)) + 1
-    body.insert(at, _past())
+    if body != top.body:  # positions read: after their count, the tokens decoded before
+        at = next(i for i, st in enumerate(body) if isinstance(st, ir.Assign) and
+                  st.targets == (length,)) + 1
+        body.insert(at, _past())
     done = next(i for i, st in enumerate(body) if isinstance(st, ir.If) and
                 st.cond == ir.Bin("is", ir.Ref("targets"), ir.Lit("None")))
     count = ir.Assign(("cache.pos",), ir.Bin("+", ir.Attr(CACHE, "pos"), t))
