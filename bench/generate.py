@@ -50,8 +50,10 @@ def theirs(family: str, model) -> torch.nn.Module:
 
 
 def timed(run) -> tuple[float, torch.Tensor]:
+    """Seconds of one continuation, both sides under inference mode as `cardc sample` runs
+    (`generate`'s own no_grad inside it changes nothing)."""
     start = time.perf_counter()
-    with torch.no_grad():
+    with torch.inference_mode():
         out = run()
     return time.perf_counter() - start, out
 

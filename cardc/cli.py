@@ -457,7 +457,7 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
     fn = procedure_function(checker, alg)
     torch.manual_seed(args.seed)
     model.eval()
-    with torch.no_grad():
+    with torch.inference_mode():  # as generate(): no autograd bookkeeping per decoded token
         try:
             out = fn(prompt, model, **hypers)[0].tolist()
         except ValueError as err:  # the model's positions ran out before the card stopped

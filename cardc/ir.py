@@ -163,6 +163,16 @@ class Param:
 
 
 @dataclass
+class Buffer:
+    """A constant tensor computed once from the constructor's arguments, moved with the module
+    and kept out of its state dict (RoPE's frequencies)."""
+
+    name: str
+    value: Expr
+    note: Note = Note()
+
+
+@dataclass
 class Submodule:
     name: str
     cls: str
@@ -206,6 +216,7 @@ class Module:
     max_seq_len: Expr | None = None
     probabilities: bool = False  # forward returns a softmax (the paper's P), not logits
     cached: bool = False  # a causal decoder: forward(x, cache=…) reads only the new tokens
+    buffers: list[Buffer] = field(default_factory=list)
 
 
 @dataclass

@@ -68,25 +68,21 @@ class GroupedQueryAttentionBiased(nn.Module):
         self.b_k = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:28]
         self.b_v = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:28]
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:29]
+        self.register_buffer("omega", (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(), persistent=False)  # (d,): −ω, then ω  [gqa.card:33]
 
     def forward(self, X, cache=None):
         past = 0 if cache is None else cache.pos  # tokens decoded before these
         Q = (X @ self.W_q + self.b_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:30]
         K = (X @ self.W_k + self.b_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
         V = (X @ self.W_v + self.b_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
-        omega = self.theta_base ** -(torch.arange(0, self.d, 2, device=X.device) / self.d)  # (d/2,)  [gqa.card:33]
-        phi = torch.outer(torch.arange(past, past + X.shape[-2], device=X.device), omega).repeat(1, 2)  # (T, d): the angles, once for each half  [gqa.card:33]
+        phi = torch.arange(past, past + X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()  # (T, d): the angles, the first half negated  [gqa.card:33]
         cos = phi.cos()  # (T, d)  [gqa.card:33]
         sin = phi.sin()  # (T, d)  [gqa.card:33]
-        Q_1, Q_2 = Q.chunk(2, dim=-1)  # the halves  [gqa.card:33]
-        Q = Q * cos + torch.cat([-Q_2, Q_1], dim=-1) * sin  # [gqa.card:33]
-        K_1, K_2 = K.chunk(2, dim=-1)  # the halves  [gqa.card:33]
-        K = K * cos + torch.cat([-K_2, K_1], dim=-1) * sin  # [gqa.card:33]
+        Q = torch.addcmul(Q * cos, Q.roll(self.d // 2, -1), sin)  # [gqa.card:33]
+        K = torch.addcmul(K * cos, K.roll(self.d // 2, -1), sin)  # [gqa.card:33]
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
-        K = K.repeat_interleave(self.G, dim=-3)  # (B, H, T, d)  [gqa.card:33]
-        V = V.repeat_interleave(self.G, dim=-3)  # (B, H, T, d)  [gqa.card:33]
-        Y_g = F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [gqa.card:33]
+        Y_g = F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [gqa.card:33]
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [gqa.card:34]
         return Y @ self.W_o  # (B, T, D)  [gqa.card:35]
 

@@ -257,7 +257,7 @@ def _attention_class(module):
 
 
 def test_grouped_query_attention_intrinsic_equals_the_card(rope_model):
-    """The fused GQA (repeat_interleave and SDPA) against the card's groups and heads, looped,
+    """The fused GQA (SDPA with enable_gqa) against the card's groups and heads, looped,
     with random biases on Qwen2's projections: outputs, and every parameter's gradient."""
     _, fused, literal = rope_model
     a, b = _pair(_attention_class(fused), _attention_class(literal), **GQA, theta_base=500.0)

@@ -195,6 +195,7 @@ class Body:
         self.family_vars: set[str] = set()  # Σ_u over a family's members: u
         self.sets: dict[str, Val] = {}  # T̃ ← {t ∈ [ℓ] : …}: the values t ranges over
         self.decoded: set[str] = set()  # P ← M(x | θ̂) decoded with a KV cache: P's last row
+        self.buffers: list[ir.Buffer] = []  # constants the module computes once (RoPE's ω)
 
     # ------------------------------------------------------------------ helpers
     def fail(self, node, message: str, hint: str | None = None):

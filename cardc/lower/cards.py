@@ -142,6 +142,7 @@ class Lowering:
             stmts = self.language_model(m, body, prologue, stmts)
             prologue = []
         m.body = prologue + stmts
+        m.buffers = body.buffers
         self._modules[id(alg)] = m
         self.program.modules.append(m)
         return m

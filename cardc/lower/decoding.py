@@ -1,9 +1,9 @@
 """KV-cache decoding: a pass that lets a causal decoder's forward read only the new tokens.
 
 Every attention lowered to causal SDPA keeps its keys and values in a `KVCache`, stored as the
-card's attention holds them: after RoPE, before a key/value head is shared by its group of query
-heads. The modules above pass the cache down, and the language model offsets its positions by
-the tokens decoded before. Without a cache the code is what it was, so every equivalence of the
+card's attention holds them: after RoPE, one per key/value head (SDPA shares each among its
+group of query heads). The modules above pass the cache down, and the language model offsets
+its positions by the tokens decoded before. Without a cache the code is what it was, so every equivalence of the
 fused lowering still holds; with one, the logits of the new tokens equal full recomputation
 (tests/test_decoding.py).
 """
@@ -53,23 +53,13 @@ def _cache_attention(m: ir.Module) -> bool:
         mask = ir.Cond(NO_CACHE, ir.Lit("None"), ir.Call(ir.Attr(CACHE, "mask"), (q, k)))
         body[j] = dataclasses.replace(st, value=dataclasses.replace(
             sdpa, kwargs=(*kwargs, ("attn_mask", mask), ("is_causal", NO_CACHE))))
-        i = j
-        while i > 0 and _shares_heads(body[i - 1], (k, v)):
-            i -= 1  # cache the key/value heads themselves, not their copies per query head
         extend = ir.Assign((k.id, v.id), ir.Call(ir.Attr(CACHE, "extend"), (ir.Ref("self"), k, v)),
                            ir.Note(text="the cached positions come first"))
-        body.insert(i, ir.If(HAS_CACHE, (extend,)))
+        body.insert(j, ir.If(HAS_CACHE, (extend,)))
         found = True
     if found:
         m.body = _offset_positions(m, body)
     return found
-
-
-def _shares_heads(st: ir.Stmt, kv: tuple[ir.Expr, ...]) -> bool:
-    """`K = K.repeat_interleave(G, dim=-3)`: key/value heads copied for their query heads."""
-    return isinstance(st, ir.Assign) and len(st.targets) == 1 and \
-        ir.Ref(st.targets[0]) in kv and isinstance(st.value, ir.Call) and \
-        st.value.func == ir.Attr(ir.Ref(st.targets[0]), "repeat_interleave")
 
 
 def _offset_positions(m: ir.Module, body: list[ir.Stmt]) -> list[ir.Stmt]:

@@ -429,27 +429,32 @@ class GroupedQuery:
         return self.emit(name, code, step, f"(B, {count}, T, d)")
 
     def rotary(self, step: s.Step) -> tuple[ir.Ref, ir.Ref]:
-        """cos and sin of the angles (t − 1) θ_base^{−2(i − 1)/d}, each half repeated."""
-        device = ir.Attr(self.x, "device")
+        """cos and sin of the angles (t − 1) ω_i, ω_i = θ_base^{−2(i − 1)/d}, over both halves;
+        the first half's angles negated, so that sin carries rotate-half's sign. The signed
+        frequencies are a buffer: computed once, not per call and layer."""
         d = self.hyper("d")
         freq = ir.Bin("**", self.hyper("θ_base"), ir.Un("-", ir.Bin(
-            "/", _call("torch.arange", ir.Lit("0"), d, ir.Lit("2"), device=device), d)))
-        omega = self.emit("omega", freq, self.body.alg.steps[3], "(d/2,)")
+            "/", _call("torch.arange", ir.Lit("0"), d, ir.Lit("2")), d)))
+        signs = _call("torch.tensor", ir.Seq((ir.Seq((ir.Lit("-1.0"),), "list"),
+                                              ir.Seq((ir.Lit("1.0"),), "list")), "list"))
+        signed = _method(ir.Bin("*", signs, freq), "flatten")
+        self.body.buffers.append(ir.Buffer("omega", signed, self.body.note(
+            self.body.alg.steps[3], None, "(d,): −ω, then ω")))
+        device = ir.Attr(self.x, "device")
         t = _call("torch.arange", ir.Sub(ir.Attr(self.x, "shape"), (ir.Lit("-2"),)),
-                  device=device)
-        angles = _method(_call("torch.outer", t, omega), "repeat", ir.Lit("1"), ir.Lit("2"))
-        phi = self.emit("phi", angles, step, "(T, d): the angles, once for each half")
+                  device=device, dtype=ir.Lit("torch.float32"))
+        angles = ir.Bin("*", ir.Sub(t, (ir.SliceX(None, None), ir.Lit("None"))),
+                        _method(ir.Ref("self.omega"), "float"))
+        phi = self.emit("phi", angles, step, "(T, d): the angles, the first half negated")
         return (self.emit("cos", _method(phi, "cos"), step, "(T, d)"),
                 self.emit("sin", _method(phi, "sin"), step, "(T, d)"))
 
     def rotate(self, x: ir.Ref, cos: ir.Ref, sin: ir.Ref, step: s.Step) -> None:
-        """x cos + rotate_half(x) sin, rotate_half(x) = [−x_2, x_1]."""
-        first, second = f"{x.id}_1", f"{x.id}_2"
-        self.body.emit(ir.Assign((first, second), _method(x, "chunk", ir.Lit("2"), dim=ir.Lit(
-            "-1")), self.body.note(step, None, "the halves")))
-        turned = _call("torch.cat", ir.Seq((ir.Un("-", ir.Ref(second)), ir.Ref(first)), "list"),
-                       dim=ir.Lit("-1"))
-        self.emit(x.id, ir.Bin("+", ir.Bin("*", x, cos), ir.Bin("*", turned, sin)), step)
+        """x cos + rotate_half(x) sin with rotate_half(x) = [−x_2, x_1]: the halves swapped by
+        a roll, the sign in sin."""
+        half = ir.Bin("//", self.hyper("d"), ir.Lit("2"))
+        rolled = _method(x, "roll", half, ir.Lit("-1"))
+        self.emit(x.id, _call("torch.addcmul", ir.Bin("*", x, cos), rolled, sin), step)
 
     def lower(self) -> list[ir.Stmt]:
         steps = self.body.alg.steps
@@ -459,11 +464,9 @@ class GroupedQuery:
         cos, sin = self.rotary(steps[3])
         self.rotate(q, cos, sin, steps[3])
         self.rotate(k, cos, sin, steps[3])
-        group = self.hyper("G")
-        for ref in (k, v):  # each key/value head serves the G query heads of its group
-            self.emit(ref.id, _method(ref, "repeat_interleave", group, dim=ir.Lit("-3")),
-                      steps[3], "(B, H, T, d)")
-        sdpa = _call("F.scaled_dot_product_attention", q, k, v, is_causal=ir.Lit("True"))
+        # each key/value head serves the G query heads of its group, unrepeated
+        sdpa = _call("F.scaled_dot_product_attention", q, k, v, is_causal=ir.Lit("True"),
+                     enable_gqa=ir.Lit("True"))
         y = local_name(self.ren["Y"])
         heads = self.emit(f"{y}_g", sdpa, steps[3], "(B, H, T, d)")
         joined = _method(_method(heads, "transpose", ir.Lit("-3"), ir.Lit("-2")), "flatten",
