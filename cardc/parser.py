@@ -1,8 +1,9 @@
 """Card text → AST.
 
-lark parses each line (cardc/grammar.lark); a lark Transformer turns the tree into the project's
-own nodes at once; a layout pass then nests lines: declarations by indentation, steps by
-`do … end` and by indentation. Nothing downstream sees lark types.
+lark's LALR tables and contextual lexer read each line (cardc/grammar.lark); a small driver runs
+them and builds the project's own nodes as rules reduce, with no parse tree in between; a layout
+pass then nests lines: declarations by indentation, steps by `do … end` and by indentation.
+Nothing downstream sees lark types.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import unicodedata
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import lark
-from lark import Token, Transformer, v_args
+from lark import Token
+from lark.lexer import LexerThread
+from lark.parsers.lalr_analysis import Shift
 
 from . import syntax as s
 from .diagnostics import Diagnostics
@@ -65,6 +68,163 @@ def normalize(text: str) -> str:
     return text.replace("=\u0338", "≠")  # NFD splits ≠ into = and a slash; keep the operator
 
 
+# ------------------------------------------------------------------ the LALR driver
+
+
+class _Meta(NamedTuple):
+    """Where a rule's text lies: from its first token, or first child's, to its last."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    start_pos: int
+    end_pos: int
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """What a reduction by one grammar rule does with its children."""
+
+    size: int  # symbols on the stack
+    origin: str
+    keep: tuple[tuple[int, bool], ...] | None  # (index, splice) per child kept; None: all, as is
+    expand: bool  # `?rule`: a single child stands for the rule
+    build: Any  # the _Build method, or None for a repetition helper (spliced into its parent)
+    wants_meta: bool
+    unit: bool  # one child, which stands for the rule unchanged (`?sum: product`)
+
+
+@dataclass(frozen=True)
+class _Tables:
+    lexer: Any
+    states: dict[int, dict[str, tuple[Any, Any]]]
+    begin: dict[str, int]
+    end: dict[str, int]
+    rules: dict[int, _Rule]  # by id of lark's rule object
+
+
+@cache
+def _tables() -> _Tables:
+    frontend = _lark().parser
+    table = frontend.parser.parser.parse_table
+    rules = {id(r): _rule(r) for r in _lark().rules}
+    return _Tables(frontend.lexer, table.states, table.start_states, table.end_states, rules)
+
+
+def _rule(rule: Any) -> _Rule:
+    """lark's tree shaping, decided once per rule: anonymous and `_` tokens are dropped,
+    `_` rules (EBNF repetitions) spliced into their parent, `?rule`s with one child inlined."""
+    kept = [(i, not sym.is_term and sym.name.startswith("_"))
+            for i, sym in enumerate(rule.expansion) if not (sym.is_term and sym.filter_out)]
+    keep = None if len(kept) == len(rule.expansion) and not any(sp for _, sp in kept) else tuple(kept)
+    name = rule.alias or rule.origin.name
+    expand = bool(rule.options.expand1) and not rule.alias
+    build = getattr(_Build, name, None)
+    if build is None and not name.startswith("_") and not (expand and len(kept) == 1):
+        raise TypeError(f"no callback for the grammar rule {name!r}")
+    size = len(rule.expansion)
+    return _Rule(size, rule.origin.name, keep, expand, build, getattr(build, "wants_meta", False),
+                 unit=size == 1 and expand and keep is None)
+
+
+def _meta(fn: Any) -> Any:
+    """Mark a _Build callback that takes the rule's _Meta before its children."""
+    fn.wants_meta = True
+    return fn
+
+
+class _Cursor:
+    """The parser's state stack, seen by lark's contextual lexer as its `position`."""
+
+    __slots__ = ("stack",)
+
+    def __init__(self, stack: list[int]):
+        self.stack = stack
+
+    @property
+    def position(self) -> int:
+        return self.stack[-1]
+
+
+def _tokens(lexer: Any, text: str, cursor: _Cursor):
+    token = None
+    for token in LexerThread.from_text(lexer, text).lex(cursor):
+        yield token
+    yield Token.new_borrow_pos("$END", "", token) if token else Token("$END", "", 0, 1, 1)
+
+
+def _extent(parts: list) -> _Meta | None:
+    """The extent of a rule's children (tokens and _Metas); None where all are empty."""
+    first = parts[0] if parts else None
+    if first is None:
+        first = next((p for p in parts if p is not None), None)
+        if first is None:
+            return None
+    last = parts[-1]
+    if last is None:
+        last = next(p for p in reversed(parts) if p is not None)
+    return _Meta(first.line, first.column, last.end_line, last.end_column, first.start_pos,
+                 last.end_pos)
+
+
+def _run(build: _Build, text: str, start: str) -> Any:
+    """Parse `text` from the rule `start`, calling `build`'s methods as rules reduce (what a
+    lark Transformer would do on the finished tree, in the same order); lark errors as lark's."""
+    t = _tables()
+    states, rules, end = t.states, t.rules, t.end[start]
+    stack = [t.begin[start]]
+    cursor = _Cursor(stack)
+    values: list[Any] = []
+    metas: list[Any] = []  # per value: its token, its _Meta, or None where it spans no text
+    for token in _tokens(t.lexer, text, cursor):
+        if token.type == "NAME":  # names are kept in canonical spelling
+            token = token.update(value=canonical_name(str(token)))
+        while True:
+            row = states[stack[-1]]
+            try:
+                action, arg = row[token.type]
+            except KeyError:
+                expected = {name for name in row if name.isupper()}
+                raise lark.UnexpectedToken(token, expected, state=cursor) from None
+            if action is Shift:
+                stack.append(arg)
+                values.append(token)
+                metas.append(token)
+                break
+            rule = rules[id(arg)]
+            if rule.unit:  # `?sum: product` and the like: the child stands as it is
+                stack[-1] = states[stack[-2]][rule.origin][1]
+                if stack[-1] == end and token.type == "$END":
+                    return values[-1]
+                continue
+            n = rule.size
+            kids, parts = values[len(values) - n:], metas[len(metas) - n:]
+            del stack[len(stack) - n:], values[len(values) - n:], metas[len(metas) - n:]
+            meta = _extent(parts)
+            values.append(_reduce(rule, build, meta, kids))
+            metas.append(meta)
+            stack.append(states[stack[-1]][rule.origin][1])
+            if stack[-1] == end and token.type == "$END":
+                return values[-1]
+
+
+def _reduce(rule: _Rule, build: _Build, meta: _Meta | None, kids: list) -> Any:
+    if rule.keep is not None:
+        kept: list[Any] = []
+        for i, splice in rule.keep:
+            if splice:
+                kept += kids[i]
+            else:
+                kept.append(kids[i])
+        kids = kept
+    if rule.expand and len(kids) == 1:
+        return kids[0]
+    if rule.build is None:
+        return kids  # a repetition: its parent splices these in
+    return rule.build(build, meta, kids) if rule.wants_meta else rule.build(build, kids)
+
+
 # ------------------------------------------------------------------ lines before nesting
 
 
@@ -83,7 +243,7 @@ class Line:
 
 def _span(file: str, meta_or_token: Any) -> s.Span:
     m = meta_or_token
-    if getattr(m, "empty", False):
+    if m is None:  # a rule that spans no text
         return s.Span(file, 0, 0, 0, 0)
     return s.Span(file, m.line, m.column, m.end_line, m.end_column)
 
@@ -92,28 +252,38 @@ def _prose(token: Token) -> str:
     return token.lstrip(",").strip()
 
 
-class _Build(Transformer):
-    """lark tree → AST nodes and Line records."""
+class _Build:
+    """Grammar rules → AST nodes and Line records: one method per rule (or alias), called with
+    the rule's children once they are built. Its diagnostics wait in `diags` until the parse
+    succeeds: a line that fails to parse reports only its syntax error."""
 
-    def __init__(self, file: str, diags: Diagnostics, source: str):
-        super().__init__()
+    def __init__(self, file: str, source: str):
         self.file = file
-        self.diags = diags
+        self.diags = Diagnostics()
         self.source = source  # the text parsed, for constructs read back from it
+
+    def run(self, start: str) -> Any:
+        return _run(self, self.source, start)
+
+    def sub(self, text: str, start: str) -> Any:
+        """A part of the line parsed on its own (an annotation, an exponent); None if it fails."""
+        build = _Build(self.file, text)
+        try:
+            node = build.run(start)
+        except lark.LarkError:
+            return None
+        self.diags.items += build.diags.items
+        return node
 
     def sp(self, meta: Any) -> s.Span:
         return _span(self.file, meta)
 
-    # --- tokens
-    def NAME(self, tok: Token) -> Token:  # noqa: N802 (lark callback names)
-        return tok.update(value=canonical_name(str(tok)))
-
     # --- lines
-    @v_args(meta=True)
+    @_meta
     def start(self, meta, lines):
         return [ln for ln in lines if isinstance(ln, Line)]
 
-    @v_args(meta=True)
+    @_meta
     def header(self, meta, c):
         number = next((str(t) for t in c if isinstance(t, Token) and t.type == "NUMBER"), None)
         sig = next(x for x in c if isinstance(x, dict))
@@ -122,7 +292,7 @@ class _Build(Transformer):
                           note=note, span=self.sp(meta))
         return Line("header", self.sp(meta), meta.column, None, alg)
 
-    @v_args(meta=True)
+    @_meta
     def titled_header(self, meta, c):
         number = next((str(t) for t in c if isinstance(t, Token) and t.type == "NUMBER"), None)
         title = str(c[-1]).strip()
@@ -142,23 +312,23 @@ class _Build(Transformer):
     def names(self, c):
         return [str(t) for t in c]
 
-    @v_args(meta=True)
+    @_meta
     def comment_line(self, meta, c):
         return Line("comment", self.sp(meta), meta.column, None, _comment(c[0]))
 
-    @v_args(meta=True)
+    @_meta
     def block_line(self, meta, c):
         kind = str(c[0]).rstrip(": \t")
         items = c[1] if len(c) == 3 else []
         return self._line("block", meta, None, (kind, items), c[-1], column=meta.column)
 
-    @v_args(meta=True)
+    @_meta
     def sentence_line(self, meta, c):
         kind = str(c[0]).rstrip(": \t")
         sentence = s.Sentence(c[1].strip(), span=_span(self.file, c[1]))
         return self._line("block", meta, None, (kind, [sentence]), c[-1], column=meta.column)
 
-    @v_args(meta=True)
+    @_meta
     def preset_line(self, meta, c):
         values = tuple(c[2])
         tail = c[-1]
@@ -171,7 +341,7 @@ class _Build(Transformer):
     def preset_value(self, c):
         return (str(c[0]), c[1])
 
-    @v_args(meta=True)
+    @_meta
     def item_line(self, meta, c):
         number = None
         if isinstance(c[0], Token) and c[0].type == "STEPNUM":
@@ -181,7 +351,7 @@ class _Build(Transformer):
         column = _first_column(items, meta)
         return self._line("items", meta, number, items, tail, column)
 
-    @v_args(meta=True)
+    @_meta
     def end_line(self, meta, c):
         number = c[0].strip().rstrip(":.") if c[0].type == "STEPNUM" else None
         end_tok = c[1] if number is not None else c[0]
@@ -213,19 +383,17 @@ class _Build(Transformer):
         stripped = text.lstrip()
         if "∈" not in stripped and not re.search(r"\bin\b", stripped):
             return None
-        try:
-            tree = _lark().parse(stripped, start="annot")
-        except lark.LarkError:
+        decl = self.sub(stripped, "annot")
+        if decl is None:
             return None
         col = tok.column + offset + (len(text) - len(stripped))
-        decl = _Build(self.file, self.diags, stripped).transform(tree)
         return _shift(decl, tok.line, col - 1)
 
     def items(self, c):
         return list(c)
 
     # --- declarations
-    @v_args(meta=True)
+    @_meta
     def decls(self, meta, c):
         decls = [x for x in c if isinstance(x, s.Decl)]
         prose = next((_prose(t) for t in c if isinstance(t, Token) and t.type == "PROSE"), None)
@@ -234,17 +402,17 @@ class _Build(Transformer):
             decls[-1] = replace(last, prose=_join(last.prose, prose))
         return decls
 
-    @v_args(meta=True)
+    @_meta
     def typed_decl(self, meta, c):
         value = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "="), None)
         init = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "~"), None)
         return s.Decl(tuple(c[0]), c[2], value, init, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def prose_decl(self, meta, c):
         return s.Decl((str(c[0]),), prose=_prose(c[1]), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def dataset(self, meta, c):
         elems, index, lo, hi = c[0], str(c[1]), c[2], self._dim(c[3])
         prose = _prose(c[4]) if len(c) > 4 else None
@@ -256,12 +424,12 @@ class _Build(Transformer):
     def decl_value(self, c):
         return ("=", c[0])
 
-    @v_args(meta=True)
+    @_meta
     def decl_init(self, meta, c):
         args = tuple(x for x in c[3:] if not isinstance(x, Token))
         return ("~", s.Call(str(c[1]), args, span=self.sp(meta)))
 
-    @v_args(meta=True)
+    @_meta
     def definition(self, meta, c):
         """`d = D/H, the width of a head`: prose makes a bind a declaration (a list, as decls)."""
         target, value, prose = c[0], c[1], _prose(c[2])
@@ -274,51 +442,51 @@ class _Build(Transformer):
     def annot(self, c):
         return c[0]
 
-    @v_args(meta=True)
+    @_meta
     def bundle(self, meta, c):
         prose = _prose(c[2]) if len(c) > 2 else None
         intro = "includes all of the following parameters" if "includes" in c[1] else "consisting of"
         return s.Bundle(str(c[0]), (), prose, intro, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def family(self, meta, c):  # For h ∈ [H], W^h consisting of:
         return s.Family(str(c[1]), c[3], (c[-1],), span=self.sp(meta))
 
     # --- types
-    @v_args(meta=True)
+    @_meta
     def scalar_type(self, meta, c):
         return s.Scalar("ℝ" if c[0] in ("ℝ", "RR", "R") else "ℕ", span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def bits_type(self, meta, c):
         if (str(c[0]), str(c[1])) != ("0", "1"):
             self.diags.error(self.sp(meta), "the only finite set written out is {0,1}",
                              hint="use [N] for {1, …, N} or {a..b} for a range")
         return s.Bits(span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def int_range_type(self, meta, c):
         return s.IntRange(c[0], c[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def finite_type(self, meta, c):
         return s.Finite(c[0], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def seq_type(self, meta, c):
         if str(c[1]) != "*":
             self.diags.error(self.sp(meta), "expected a type", hint="V* is the set of sequences over V")
         return s.Sequences(str(c[0]), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def iso_type(self, meta, c):
         return s.Iso(str(c[0]), c[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def simplex_type(self, meta, c):
         return s.Simplex(str(c[-1]), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def interval_type(self, meta, c):
         lo, hi = [x for x in c if not isinstance(x, Token) or x.type in ("NAME", "NUMBER")]
         text = self._text(meta)
@@ -328,12 +496,12 @@ class _Build(Transformer):
     def _text(self, meta) -> str:
         return self.source[meta.start_pos:meta.end_pos]
 
-    @v_args(meta=True)
+    @_meta
     def tensor_type(self, meta, c):
         dims = c[1] if isinstance(c[1], tuple) else (self._dim(c[1]),)
         return s.Tensor(c[0], dims, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def tensor_type_t(self, meta, c):  # ℝ^T lexes as a transpose; here it is the dimension T
         tok = c[1]
         if "⊺" in tok:
@@ -351,19 +519,19 @@ class _Build(Transformer):
         return tuple(x for x in c if not isinstance(x, Token))
 
     # --- statements
-    @v_args(meta=True)
+    @_meta
     def assign(self, meta, c):
         return self._where(s.Assign(c[0], c[2], "←", span=self.sp(meta)), c)
 
-    @v_args(meta=True)
+    @_meta
     def bind(self, meta, c):
         return self._where(s.Assign(c[0], c[1], "=", span=self.sp(meta)), c)
 
-    @v_args(meta=True)
+    @_meta
     def return_(self, meta, c):
         return self._where(s.Return(c[1], span=self.sp(meta)), c)
 
-    @v_args(meta=True)
+    @_meta
     def named_return(self, meta, c):
         return self._where(s.Return(c[2], str(c[1]), span=self.sp(meta)), c)
 
@@ -373,7 +541,7 @@ class _Build(Transformer):
             return stmt
         return _Where(stmt, where.lstrip(",").strip()[len("where"):].strip())
 
-    @v_args(meta=True)
+    @_meta
     def sample(self, meta, c):
         weights = c[5]
         if not self.source[c[4].end_pos:].lstrip().startswith("("):  # (W^{e/d}) is a name
@@ -385,22 +553,20 @@ class _Build(Transformer):
         m = re.fullmatch(r"(.+)\^\{([^{}]*)\}", e.id) if isinstance(e, s.Name) else None
         if m is None:
             return e
-        try:
-            tree = _lark().parse(m.group(2), start="sum")
-        except lark.LarkError:
+        exponent = self.sub(m.group(2), "sum")
+        if exponent is None:
             return e
-        exponent = _Build(self.file, self.diags, m.group(2)).transform(tree)
         sp = e.span
         exponent = _shift(exponent, sp.line, sp.col - 1 + len(m.group(1)) + 2)
         base = s.Name(m.group(1), span=s.Span(sp.file, sp.line, sp.col, sp.line, sp.col + len(m.group(1))))
         return s.Power(base, exponent, span=sp)
 
-    @v_args(meta=True)
+    @_meta
     def for_do(self, meta, c):
         var, over, binder, at = c[1]
         return _Open(s.For(var, over, (), "do", binder, span=self.sp(meta), var_span=at))
 
-    @v_args(meta=True)
+    @_meta
     def for_map(self, meta, c):
         var, over, binder, at = c[1]
         body = c[2] if len(c) > 2 else None
@@ -410,7 +576,7 @@ class _Build(Transformer):
         loop = s.For(var, over, (step,), "map", binder, span=self.sp(meta), var_span=at)
         return _Where(loop, body.where) if isinstance(body, _Where) else loop
 
-    @v_args(meta=True)
+    @_meta
     def while_do(self, meta, c):
         return _Open(s.While(c[1], (), span=self.sp(meta)))
 
@@ -421,12 +587,12 @@ class _Build(Transformer):
         binder = "←" if isinstance(c[1], Token) and c[1].type == "ARROW" else "="
         return (str(c[0]), c[-1], binder, _span(self.file, c[0]))
 
-    @v_args(meta=True)
+    @_meta
     def range(self, meta, c):
         exprs = [x for x in c if not isinstance(x, Token)]
         return s.Range(tuple(exprs[:-1]), exprs[-1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def forall(self, meta, c):
         names, body = c[1]
         return _lift_where(body, lambda b: s.ForAll(tuple(names), b, span=self.sp(meta)))
@@ -438,91 +604,91 @@ class _Build(Transformer):
             return ([name, *rest[0]], rest[1])
         return ([name], rest)
 
-    @v_args(meta=True)
+    @_meta
     def if_(self, meta, c):
         return _lift_where(c[3], lambda body: s.If(c[1], body, span=self.sp(meta)))
 
     # --- expressions
-    @v_args(meta=True)
+    @_meta
     def name(self, meta, c):
         return s.Name(str(c[0]), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def number(self, meta, c):
         return s.Num(str(c[0]), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def inf(self, meta, c):
         return s.Num("∞", span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def binop(self, meta, c):
         return s.BinOp(_OPS.get(str(c[1]), str(c[1])), c[0], c[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def juxt(self, meta, c):
         return s.BinOp(" ", c[0], c[1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def compare(self, meta, c):
         return s.BinOp(_OPS.get(str(c[1]), str(c[1])), c[0], c[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def conj(self, meta, c):
         return s.BinOp("∧", c[0], c[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def neg(self, meta, c):
         return s.Unary("−", c[1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def not_(self, meta, c):
         return s.Unary("¬", c[1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def sqrt(self, meta, c):
         return s.Unary("√", c[-1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def nabla(self, meta, c):
         return s.Unary("∇", c[1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def square(self, meta, c):
         return s.Power(c[0], s.Num("2"), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def power(self, meta, c):
         return s.Power(c[0], c[-2] if isinstance(c[-1], Token) else c[-1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def transpose(self, meta, c):
         return s.Transpose(c[0], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def index(self, meta, c):
         return s.Index(c[0], tuple(c[2]), span=self.sp(meta))
 
     def index_items(self, c):
         return [x for x in c if not isinstance(x, Token)]
 
-    @v_args(meta=True)
+    @_meta
     def slice_all(self, meta, c):
         return s.Slice(None, None, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def slice_from(self, meta, c):
         return s.Slice(c[0], None, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def slice_to(self, meta, c):
         return s.Slice(None, c[0], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def slice_both(self, meta, c):
         return s.Slice(c[0], c[1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def call(self, meta, c):
         args, params, bar = next((x for x in c if isinstance(x, tuple)), ((), (), False))
         return s.Call(str(c[0]), args, params, bar, span=self.sp(meta))
@@ -542,19 +708,19 @@ class _Build(Transformer):
     def params(self, c):
         return [x for x in c if not isinstance(x, Token)]
 
-    @v_args(meta=True)
+    @_meta
     def named_arg(self, meta, c):
         op = "≡" if str(c[1]) in ("≡", "==") else "="
         return s.Arg(c[0], c[-1], op, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def iverson(self, meta, c):
         exprs = [x for x in c if not isinstance(x, Token) or x.type == "CMP"]
         left, op, right = exprs
         cond = s.BinOp(_OPS.get(str(op), str(op)), left, right, span=self.sp(meta))
         return s.Iverson(cond, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def concat(self, meta, c):
         sep, items = next(x for x in c if isinstance(x, tuple))
         return s.Concat(items, sep, span=self.sp(meta))
@@ -565,34 +731,34 @@ class _Build(Transformer):
     def row_list(self, c):
         return (";", tuple(_item(x, self.file) for x in c if not _is_punct(x)))
 
-    @v_args(meta=True)
+    @_meta
     def choice(self, meta, c):
         split = next(i for i, x in enumerate(c) if isinstance(x, Token) and x.type == "RANDOMLY")
         options = tuple(x for x in c[:split] if not isinstance(x, Token))
         probs = tuple(x for x in c[split + 1:] if not isinstance(x, Token))
         return s.Choice(options, probs, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def set_builder(self, meta, c):
         parts = [x for x in c if not isinstance(x, Token) or x.type == "NAME"]
         return s.SetBuilder(str(parts[0]), parts[1], parts[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def set_eq(self, meta, c):
         return s.BinOp("=", c[0], c[-1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def sum_range(self, meta, c):
         parts = [x for x in c if not isinstance(x, Token) or x.type in ("NAME", "NUMBER")]
         index, lo, hi, body = parts[0], parts[1], parts[2], parts[3]
         return s.Sum(str(index), lo, self._dim(hi), None, body, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def sum_free(self, meta, c):
         index = next(t for t in c if isinstance(t, Token) and t.type == "NAME")
         return s.Sum(str(index), None, None, None, c[-1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def sum_over(self, meta, c):
         parts = [x for x in c if not isinstance(x, Token) or x.type == "NAME"]
         return s.Sum(str(parts[0]), None, None, parts[1], parts[2], span=self.sp(meta))
@@ -727,12 +893,13 @@ def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None) -> 
     diags = diags if diags is not None else Diagnostics()
     text = normalize(text)
     diags.sources[file] = text
+    build = _Build(file, text)
     try:
-        tree = _lark().parse(text, start="start")
+        lines = build.run("start")
     except lark.LarkError as err:
         _syntax_error(err, file, diags, text)
         return s.CardFile(file, ())
-    lines = _Build(file, diags, text).transform(tree)
+    diags.items += build.diags.items
     return s.CardFile(file, tuple(_Layout(file, diags).algorithms(lines)))
 
 
