@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 import unicodedata
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -102,6 +102,7 @@ class _Tables:
     begin: dict[str, int]
     end: dict[str, int]
     rules: dict[int, _Rule]  # by id of lark's rule object
+    units: dict[tuple[int, int, str], int] = field(default_factory=dict)  # see _unit_chain
 
 
 @cache
@@ -172,7 +173,7 @@ def _run(build: _Build, text: str, start: str) -> Any:
     """Parse `text` from the rule `start`, calling `build`'s methods as rules reduce (what a
     lark Transformer would do on the finished tree, in the same order); lark errors as lark's."""
     t = _tables()
-    states, rules, end = t.states, t.rules, t.end[start]
+    states, rules, units, end = t.states, t.rules, t.units, t.end[start]
     stack = [t.begin[start]]
     cursor = _Cursor(stack)
     values: list[Any] = []
@@ -193,9 +194,13 @@ def _run(build: _Build, text: str, start: str) -> Any:
                 metas.append(token)
                 break
             rule = rules[id(arg)]
-            if rule.unit:  # `?sum: product` and the like: the child stands as it is
-                stack[-1] = states[stack[-2]][rule.origin][1]
-                if stack[-1] == end and token.type == "$END":
+            if rule.unit:  # `?sum: product` and the like: only the state changes
+                key = (stack[-2], stack[-1], token.type)
+                top = units.get(key)
+                if top is None:
+                    top = units[key] = _unit_chain(t, *key)
+                stack[-1] = top
+                if top == end and token.type == "$END":
                     return values[-1]
                 continue
             n = rule.size
@@ -207,6 +212,19 @@ def _run(build: _Build, text: str, start: str) -> Any:
             stack.append(states[stack[-1]][rule.origin][1])
             if stack[-1] == end and token.type == "$END":
                 return values[-1]
+
+
+def _unit_chain(t: _Tables, below: int, top: int, term: str) -> int:
+    """The top state after the run of unit reductions that lookahead `term` starts in state
+    `top` (each pops one state and pushes one, so the state `below` stays), short of an end
+    state; remembered in `t.units`, as expressions chain seven such rules deep."""
+    while True:
+        action, arg = t.states[top].get(term, (Shift, None))
+        if action is Shift or not t.rules[id(arg)].unit:
+            return top
+        top = t.states[below][t.rules[id(arg)].origin][1]
+        if top in t.end.values():
+            return top
 
 
 def _reduce(rule: _Rule, build: _Build, meta: _Meta | None, kids: list) -> Any:
