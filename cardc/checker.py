@@ -416,8 +416,9 @@ def _layout(alg: s.Algorithm, env: _DeclEnv) -> str | None:
     """Row-major cards multiply parameters from the right (X W), column-major from the left."""
     params = set(_flat_names(env.params))
     found: set[str] = set()
-
-    def visit(e):
+    stack: list = list(alg.steps)
+    while stack:  # products under the steps, through fields and tuples of nodes
+        e = stack.pop()
         if isinstance(e, s.BinOp):
             if e.op in (" ", "·"):
                 left, right = _root_name(e.left), _root_name(e.right)
@@ -425,17 +426,12 @@ def _layout(alg: s.Algorithm, env: _DeclEnv) -> str | None:
                     found.add("column")
                 elif right in params and left not in params:
                     found.add("row")
-            visit(e.left)
-            visit(e.right)
+            stack += (e.left, e.right)
         elif hasattr(e, "__dataclass_fields__"):
-            for name in e.__dataclass_fields__:
+            for name in s.child_fields(type(e)):
                 value = getattr(e, name)
-                for v in value if isinstance(value, tuple) else (value,):
-                    if hasattr(v, "__dataclass_fields__"):
-                        visit(v)
-
-    for step in alg.steps:
-        visit(step)
+                stack += [v for v in (value if isinstance(value, tuple) else (value,))
+                          if hasattr(v, "__dataclass_fields__")]
     return found.pop() if len(found) == 1 else None
 
 

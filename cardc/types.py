@@ -4,6 +4,7 @@ sets of indices and values written as functions of parameters."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 from . import syntax as s
 from .dims import Dim
@@ -108,12 +109,17 @@ def substitute(entry: Entry, bind: dict[str, Dim]) -> Entry:
 
 
 def subst_dim(d: Dim, bind: dict[str, Dim]) -> Dim:
-    total = Dim.const(0)
+    if not any(sym in bind for mono, _ in d.terms for sym, _ in mono):
+        return d  # already canonical: rebuilding it would give it back
+    total: Dim | None = None
     for mono, coef in d.terms:
-        term = Dim.const(coef)
+        # a product commutes: the symbols left as they are go in at once, the bound ones after
+        term = Dim.of({tuple((s, e) for s, e in mono if s not in bind): Fraction(coef)})
         for sym, e in mono:
-            base = bind.get(sym, Dim.sym(sym))
+            base = bind.get(sym)
+            if base is None:
+                continue
             for _ in range(abs(e)):
                 term = term * base if e > 0 else (term / base or term * Dim.sym(f"1/({base})"))
-        total = total + term
-    return total
+        total = term if total is None else total + term  # 0 + term is term, canonical
+    return total if total is not None else Dim.const(0)
