@@ -20,8 +20,9 @@ from typing import Any, NamedTuple
 
 import lark
 from lark import Token
-from lark.lexer import LexerThread
+from lark.lexer import LexerState, LineCounter
 from lark.parsers.lalr_analysis import Shift
+from lark.utils import TextSlice
 
 from . import syntax as s
 from .diagnostics import Diagnostics
@@ -103,6 +104,7 @@ class _Tables:
     end: dict[str, int]
     rules: dict[int, _Rule]  # by id of lark's rule object
     units: dict[tuple[int, int, str], int] = field(default_factory=dict)  # see _unit_chain
+    scanners: dict[int, _Scanner] = field(default_factory=dict)  # by parser state, as needed
 
 
 @cache
@@ -148,11 +150,65 @@ class _Cursor:
         return self.stack[-1]
 
 
-def _tokens(lexer: Any, text: str, cursor: _Cursor):
+@dataclass(frozen=True)
+class _Scanner:
+    """One parser state's terminals, from lark's lexer for that state."""
+
+    patterns: tuple[Any, ...]  # compiled alternations of named groups, tried in order
+    retype: dict[str, Any]  # lark's callbacks: a keyword that also matches NAME gets its type
+    ignore: frozenset[str]
+    multiline: frozenset[str]  # terminals that may hold a line break
+
+
+def _scanner(lexer: Any) -> _Scanner:
+    patterns = tuple(lexer.scanner._mres)  # builds the scanner, and lexer.callback with it
+    return _Scanner(patterns, lexer.callback, lexer.ignore_types, lexer.newline_types)
+
+
+def _tokens(t: _Tables, text: str, cursor: _Cursor):
+    """lark's contextual lexing (the longest-priority match of the terminals the parser state
+    accepts), without its per-token overhead; where nothing matches, lark's own lexer raises
+    the error it would have raised. Ends with the $END token."""
+    pos, line, line_start, end = 0, 1, 0, len(text)
     token = None
-    for token in LexerThread.from_text(lexer, text).lex(cursor):
+    scanners = t.scanners
+    while pos < end:
+        state = cursor.position
+        sc = scanners.get(state)
+        if sc is None:
+            sc = scanners[state] = _scanner(t.lexer.lexers[state])
+        for pattern in sc.patterns:
+            m = pattern.match(text, pos)
+            if m:
+                break
+        else:
+            _lex_error(t, text, cursor, (pos, line, line_start), token)
+        value, kind = m.group(0), m.lastgroup
+        start, column = pos, pos - line_start + 1
+        pos += len(value)
+        if kind in sc.multiline and "\n" in value:
+            line_start = start + value.rindex("\n") + 1
+            newlines = value.count("\n")
+            line += newlines
+        else:
+            newlines = 0
+        if kind in sc.ignore:
+            continue
+        token = Token(kind, value, start, line - newlines, column, line, pos - line_start + 1, pos)
+        if kind in sc.retype:
+            token = sc.retype[kind](token)
         yield token
     yield Token.new_borrow_pos("$END", "", token) if token else Token("$END", "", 0, 1, 1)
+
+
+def _lex_error(t: _Tables, text: str, cursor: _Cursor, at: tuple[int, int, int], last: Any):
+    """Let lark's lexer fail where ours found no terminal, with its own exception."""
+    pos, line, line_start = at
+    counter = LineCounter("\n")
+    counter.char_pos, counter.line, counter.line_start_pos = pos, line, line_start
+    counter.column = pos - line_start + 1
+    next(t.lexer.lex(LexerState(TextSlice.cast_from(text), counter, last), cursor))
+    raise AssertionError(f"lark lexed what cardc's lexer could not, at {line}:{counter.column}")
 
 
 def _extent(parts: list) -> _Meta | None:
@@ -178,7 +234,7 @@ def _run(build: _Build, text: str, start: str) -> Any:
     cursor = _Cursor(stack)
     values: list[Any] = []
     metas: list[Any] = []  # per value: its token, its _Meta, or None where it spans no text
-    for token in _tokens(t.lexer, text, cursor):
+    for token in _tokens(t, text, cursor):
         if token.type == "NAME":  # names are kept in canonical spelling
             token = token.update(value=canonical_name(str(token)))
         while True:
