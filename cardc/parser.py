@@ -105,6 +105,7 @@ class _Tables:
     rules: dict[int, _Rule]  # by id of lark's rule object
     units: dict[tuple[int, int, str], int] = field(default_factory=dict)  # see _unit_chain
     scanners: dict[int, _Scanner] = field(default_factory=dict)  # by parser state, as needed
+    rows: dict[int, dict[str, int | _Rule]] = field(default_factory=dict)  # see _row
 
 
 @cache
@@ -229,45 +230,56 @@ def _run(build: _Build, text: str, start: str) -> Any:
     """Parse `text` from the rule `start`, calling `build`'s methods as rules reduce (what a
     lark Transformer would do on the finished tree, in the same order); lark errors as lark's."""
     t = _tables()
-    states, rules, units, end = t.states, t.rules, t.units, t.end[start]
+    rows, units, end = t.rows, t.units, t.end[start]
     stack = [t.begin[start]]
     cursor = _Cursor(stack)
     values: list[Any] = []
     metas: list[Any] = []  # per value: its token, its _Meta, or None where it spans no text
     for token in _tokens(t, text, cursor):
-        if token.type == "NAME":  # names are kept in canonical spelling
-            token = token.update(value=canonical_name(str(token)))
+        kind = token.type
+        if kind == "NAME":  # names are kept in canonical spelling
+            name = canonical_name(str(token))
+            if name != token:
+                token = token.update(value=name)
         while True:
-            row = states[stack[-1]]
-            try:
-                action, arg = row[token.type]
-            except KeyError:
+            state = stack[-1]
+            row = rows.get(state) or _row(t, state)
+            act = row.get(kind)
+            if act is None:
                 expected = {name for name in row if name.isupper()}
-                raise lark.UnexpectedToken(token, expected, state=cursor) from None
-            if action is Shift:
-                stack.append(arg)
+                raise lark.UnexpectedToken(token, expected, state=cursor)
+            if type(act) is int:  # shift
+                stack.append(act)
                 values.append(token)
                 metas.append(token)
                 break
-            rule = rules[id(arg)]
-            if rule.unit:  # `?sum: product` and the like: only the state changes
-                key = (stack[-2], stack[-1], token.type)
+            if act.unit:  # `?sum: product` and the like: only the state changes
+                key = (stack[-2], state, kind)
                 top = units.get(key)
                 if top is None:
                     top = units[key] = _unit_chain(t, *key)
                 stack[-1] = top
-                if top == end and token.type == "$END":
-                    return values[-1]
-                continue
-            n = rule.size
-            kids, parts = values[len(values) - n:], metas[len(metas) - n:]
-            del stack[len(stack) - n:], values[len(values) - n:], metas[len(metas) - n:]
-            meta = _extent(parts)
-            values.append(_reduce(rule, build, meta, kids))
-            metas.append(meta)
-            stack.append(states[stack[-1]][rule.origin][1])
-            if stack[-1] == end and token.type == "$END":
+            else:
+                n = act.size
+                if n:
+                    kids, parts = values[-n:], metas[-n:]
+                    del stack[-n:], values[-n:], metas[-n:]
+                else:
+                    kids, parts = [], []
+                meta = _extent(parts)
+                values.append(_reduce(act, build, meta, kids))
+                metas.append(meta)
+                stack.append(t.states[stack[-1]][act.origin][1])
+            if stack[-1] == end and kind == "$END":
                 return values[-1]
+
+
+def _row(t: _Tables, state: int) -> dict[str, int | _Rule]:
+    """A state's actions by terminal: the state to shift to, or the rule to reduce by."""
+    row = {term: arg if action is Shift else t.rules[id(arg)]
+           for term, (action, arg) in t.states[state].items()}
+    t.rows[state] = row
+    return row
 
 
 def _unit_chain(t: _Tables, below: int, top: int, term: str) -> int:
