@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import lark
 from lark import Token
-from lark.lexer import LexerState, LineCounter
+from lark.lexer import LexerState, LineCounter, _create_unless
 from lark.parsers.lalr_analysis import Shift
 from lark.utils import TextSlice
 
@@ -104,7 +104,8 @@ class _Tables:
     end: dict[str, int]
     rules: dict[int, _Rule]  # by id of lark's rule object
     units: dict[tuple[int, int, str], int] = field(default_factory=dict)  # see _unit_chain
-    scanners: dict[int, _Scanner] = field(default_factory=dict)  # by parser state, as needed
+    scanners: dict[int, _Scanner] = field(default_factory=dict)  # by id of lark's lexer
+    by_state: dict[int, _Scanner] = field(default_factory=dict)  # by parser state, as needed
     rows: dict[int, dict[str, int | _Rule]] = field(default_factory=dict)  # see _row
 
 
@@ -151,19 +152,53 @@ class _Cursor:
         return self.stack[-1]
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Scanner:
-    """One parser state's terminals, from lark's lexer for that state."""
+    """The terminals one lark lexer (one or more parser states) accepts, in lark's order. The
+    first that matches is the token, as in lark's alternation of them all; that alternation is
+    compiled only once the lexer is busy, as compiling one for each of the many lexers a card
+    meets would take most of a cold start's time."""
 
-    patterns: tuple[Any, ...]  # compiled alternations of named groups, tried in order
+    lexer: Any
+    terminals: tuple[tuple[str, re.Pattern[str]], ...]
     retype: dict[str, Any]  # lark's callbacks: a keyword that also matches NAME gets its type
     ignore: frozenset[str]
     multiline: frozenset[str]  # terminals that may hold a line break
+    patterns: tuple[re.Pattern[str], ...] = ()  # lark's compiled alternation, once busy
+    uses: int = 0
+
+    def match(self, text: str, pos: int) -> tuple[str, str] | None:
+        """The token at `pos`: its text and terminal."""
+        if not self.patterns:
+            self.uses += 1
+            if self.uses > _BUSY:
+                self.patterns = tuple(self.lexer.scanner._mres)
+        for pattern in self.patterns:
+            m = pattern.match(text, pos)
+            if m:
+                return m.group(0), m.lastgroup
+        if not self.patterns:
+            for name, pattern in self.terminals:
+                m = pattern.match(text, pos)
+                if m:
+                    return m.group(0), name
+        return None
+
+
+_BUSY = 200  # tokens a lexer reads before its alternation is worth compiling
 
 
 def _scanner(lexer: Any) -> _Scanner:
-    patterns = tuple(lexer.scanner._mres)  # builds the scanner, and lexer.callback with it
-    return _Scanner(patterns, lexer.callback, lexer.ignore_types, lexer.newline_types)
+    terminals, retype = _create_unless(lexer.terminals, lexer.g_regex_flags, lexer.re,
+                                       lexer.use_bytes)
+    compiled = tuple((term.name, _terminal(term.pattern.to_regexp(), lexer.g_regex_flags))
+                     for term in terminals)
+    return _Scanner(lexer, compiled, retype, lexer.ignore_types, lexer.newline_types)
+
+
+@cache
+def _terminal(regexp: str, flags: int) -> re.Pattern[str]:
+    return re.compile(regexp, flags)
 
 
 def _tokens(t: _Tables, text: str, cursor: _Cursor):
@@ -172,19 +207,16 @@ def _tokens(t: _Tables, text: str, cursor: _Cursor):
     the error it would have raised. Ends with the $END token."""
     pos, line, line_start, end = 0, 1, 0, len(text)
     token = None
-    scanners = t.scanners
+    scanners = t.by_state
     while pos < end:
         state = cursor.position
         sc = scanners.get(state)
         if sc is None:
-            sc = scanners[state] = _scanner(t.lexer.lexers[state])
-        for pattern in sc.patterns:
-            m = pattern.match(text, pos)
-            if m:
-                break
-        else:
+            sc = scanners[state] = _scanner_of(t, t.lexer.lexers[state])
+        found = sc.match(text, pos)
+        if found is None:
             _lex_error(t, text, cursor, (pos, line, line_start), token)
-        value, kind = m.group(0), m.lastgroup
+        value, kind = found
         start, column = pos, pos - line_start + 1
         pos += len(value)
         if kind in sc.multiline and "\n" in value:
@@ -200,6 +232,14 @@ def _tokens(t: _Tables, text: str, cursor: _Cursor):
             token = sc.retype[kind](token)
         yield token
     yield Token.new_borrow_pos("$END", "", token) if token else Token("$END", "", 0, 1, 1)
+
+
+def _scanner_of(t: _Tables, lexer: Any) -> _Scanner:
+    """Parser states that accept the same terminals share a lark lexer, and so a _Scanner."""
+    sc = t.scanners.get(id(lexer))
+    if sc is None:
+        sc = t.scanners[id(lexer)] = _scanner(lexer)
+    return sc
 
 
 def _lex_error(t: _Tables, text: str, cursor: _Cursor, at: tuple[int, int, int], last: Any):
