@@ -1,66 +1,24 @@
 """Card text → AST.
 
-lark's LALR tables and contextual lexer read each line (cardc/grammar.lark); a small driver runs
-them and builds the project's own nodes as rules reduce, with no parse tree in between; a layout
-pass then nests lines: declarations by indentation, steps by `do … end` and by indentation.
-Nothing downstream sees lark types.
+The LALR parser of cardc/lalr.py reads each line (cardc/grammar.lark) and calls _Build as rules
+reduce, which builds the project's own nodes; a layout pass then nests lines: declarations by
+indentation, steps by `do … end` and by indentation. Nothing downstream sees lark types.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
 import re
 import unicodedata
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import lark
-from lark import Token
-from lark.lexer import LexerState, LineCounter, _create_unless
-from lark.parsers.lalr_analysis import Shift
-from lark.utils import TextSlice
-
+from . import lalr
 from . import syntax as s
 from .diagnostics import Diagnostics
-from .runtime.atomic import atomic_path
+from .lalr import Token
 from .spelling import canonical_name
-
-GRAMMAR = Path(__file__).with_name("grammar.lark")
-
-
-_OPTIONS: dict[str, Any] = {"parser": "lalr", "start": ["start", "annot", "sum"],
-                            "propagate_positions": True, "maybe_placeholders": False}
-
-
-@cache
-def _lark() -> lark.Lark:
-    """The card grammar's parser. Building its LALR tables takes about a second, so the built
-    parser is kept in the user's cache folder under a hash of the grammar, the options and lark's
-    version, and loaded from there next time; a missing or unreadable file is built anew."""
-    grammar = GRAMMAR.read_text(encoding="utf-8")
-    path = _cache_file(grammar)
-    if path is not None and path.exists():
-        with contextlib.suppress(Exception), open(path, "rb") as f:
-            return lark.Lark.load(f)
-    parser = lark.Lark(grammar, **_OPTIONS)
-    if path is not None:
-        with contextlib.suppress(OSError), atomic_path(path) as tmp, open(tmp, "wb") as f:
-            parser.save(f)
-    return parser
-
-
-def _cache_file(grammar: str) -> Path | None:
-    """Where the built parser is kept: $XDG_CACHE_HOME/cardc, else ~/.cache/cardc; none when
-    CARDC_NO_CACHE is set."""
-    if os.environ.get("CARDC_NO_CACHE"):
-        return None
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    key = repr((grammar, sorted(_OPTIONS.items()), lark.__version__)).encode("utf-8")
-    return Path(root) / "cardc" / f"grammar-{hashlib.sha256(key).hexdigest()[:24]}.lark"
 
 
 def normalize(text: str) -> str:
@@ -69,289 +27,37 @@ def normalize(text: str) -> str:
     return text.replace("=\u0338", "≠")  # NFD splits ≠ into = and a slash; keep the operator
 
 
-# ------------------------------------------------------------------ the LALR driver
-
-
-class _Meta(NamedTuple):
-    """Where a rule's text lies: from its first token, or first child's, to its last."""
-
-    line: int
-    column: int
-    end_line: int
-    end_column: int
-    start_pos: int
-    end_pos: int
-
-
-@dataclass(frozen=True)
-class _Rule:
-    """What a reduction by one grammar rule does with its children."""
-
-    size: int  # symbols on the stack
-    origin: str
-    keep: tuple[tuple[int, bool], ...] | None  # (index, splice) per child kept; None: all, as is
-    expand: bool  # `?rule`: a single child stands for the rule
-    build: Any  # the _Build method, or None for a repetition helper (spliced into its parent)
-    wants_meta: bool
-    unit: bool  # one child, which stands for the rule unchanged (`?sum: product`)
-
-
-@dataclass(frozen=True)
-class _Tables:
-    lexer: Any
-    states: dict[int, dict[str, tuple[Any, Any]]]
-    begin: dict[str, int]
-    end: dict[str, int]
-    rules: dict[int, _Rule]  # by id of lark's rule object
-    units: dict[tuple[int, int, str], int] = field(default_factory=dict)  # see _unit_chain
-    scanners: dict[int, _Scanner] = field(default_factory=dict)  # by id of lark's lexer
-    by_state: dict[int, _Scanner] = field(default_factory=dict)  # by parser state, as needed
-    rows: dict[int, dict[str, int | _Rule]] = field(default_factory=dict)  # see _row
-
-
-@cache
-def _tables() -> _Tables:
-    frontend = _lark().parser
-    table = frontend.parser.parser.parse_table
-    rules = {id(r): _rule(r) for r in _lark().rules}
-    return _Tables(frontend.lexer, table.states, table.start_states, table.end_states, rules)
-
-
-def _rule(rule: Any) -> _Rule:
-    """lark's tree shaping, decided once per rule: anonymous and `_` tokens are dropped,
-    `_` rules (EBNF repetitions) spliced into their parent, `?rule`s with one child inlined."""
-    kept = [(i, not sym.is_term and sym.name.startswith("_"))
-            for i, sym in enumerate(rule.expansion) if not (sym.is_term and sym.filter_out)]
-    keep = None if len(kept) == len(rule.expansion) and not any(sp for _, sp in kept) else tuple(kept)
-    name = rule.alias or rule.origin.name
-    expand = bool(rule.options.expand1) and not rule.alias
-    build = getattr(_Build, name, None)
-    if build is None and not name.startswith("_") and not (expand and len(kept) == 1):
-        raise TypeError(f"no callback for the grammar rule {name!r}")
-    size = len(rule.expansion)
-    return _Rule(size, rule.origin.name, keep, expand, build, getattr(build, "wants_meta", False),
-                 unit=size == 1 and expand and keep is None)
+# ------------------------------------------------------------------ lines before nesting
 
 
 def _meta(fn: Any) -> Any:
-    """Mark a _Build callback that takes the rule's _Meta before its children."""
+    """Mark a _Build callback that takes the rule's lalr.Meta before its children."""
     fn.wants_meta = True
     return fn
 
 
-class _Cursor:
-    """The parser's state stack, seen by lark's contextual lexer as its `position`."""
-
-    __slots__ = ("stack",)
-
-    def __init__(self, stack: list[int]):
-        self.stack = stack
-
-    @property
-    def position(self) -> int:
-        return self.stack[-1]
-
-
-@dataclass
-class _Scanner:
-    """The terminals one lark lexer (one or more parser states) accepts, in lark's order. The
-    first that matches is the token, as in lark's alternation of them all; that alternation is
-    compiled only once the lexer is busy, as compiling one for each of the many lexers a card
-    meets would take most of a cold start's time."""
-
-    lexer: Any
-    terminals: tuple[tuple[str, re.Pattern[str]], ...]
-    retype: dict[str, Any]  # lark's callbacks: a keyword that also matches NAME gets its type
-    ignore: frozenset[str]
-    multiline: frozenset[str]  # terminals that may hold a line break
-    patterns: tuple[re.Pattern[str], ...] = ()  # lark's compiled alternation, once busy
-    uses: int = 0
-
-    def match(self, text: str, pos: int) -> tuple[str, str] | None:
-        """The token at `pos`: its text and terminal."""
-        if not self.patterns:
-            self.uses += 1
-            if self.uses > _BUSY:
-                self.patterns = tuple(self.lexer.scanner._mres)
-        for pattern in self.patterns:
-            m = pattern.match(text, pos)
-            if m:
-                return m.group(0), m.lastgroup
-        if not self.patterns:
-            for name, pattern in self.terminals:
-                m = pattern.match(text, pos)
-                if m:
-                    return m.group(0), name
-        return None
-
-
-_BUSY = 200  # tokens a lexer reads before its alternation is worth compiling
-
-
-def _scanner(lexer: Any) -> _Scanner:
-    terminals, retype = _create_unless(lexer.terminals, lexer.g_regex_flags, lexer.re,
-                                       lexer.use_bytes)
-    compiled = tuple((term.name, _terminal(term.pattern.to_regexp(), lexer.g_regex_flags))
-                     for term in terminals)
-    return _Scanner(lexer, compiled, retype, lexer.ignore_types, lexer.newline_types)
-
-
 @cache
-def _terminal(regexp: str, flags: int) -> re.Pattern[str]:
-    return re.compile(regexp, flags)
+def _callbacks() -> dict[str, tuple[Any, bool]]:
+    """_Build's method for each rule that builds a node (by alias or name), and whether it
+    takes the rule's Meta; every rule that builds one must have one."""
+    out = {}
+    for rule in lalr.tables().rules:
+        build = getattr(_Build, rule.name, None)
+        if build is not None:
+            out[rule.name] = (build, getattr(build, "wants_meta", False))
+        elif not rule.helper and not (rule.expand and _kept(rule) == 1):
+            raise TypeError(f"no callback for the grammar rule {rule.name!r}")
+    return out
 
 
-def _tokens(t: _Tables, text: str, cursor: _Cursor):
-    """lark's contextual lexing (the longest-priority match of the terminals the parser state
-    accepts), without its per-token overhead; where nothing matches, lark's own lexer raises
-    the error it would have raised. Ends with the $END token."""
-    pos, line, line_start, end = 0, 1, 0, len(text)
-    token = None
-    scanners = t.by_state
-    while pos < end:
-        state = cursor.position
-        sc = scanners.get(state)
-        if sc is None:
-            sc = scanners[state] = _scanner_of(t, t.lexer.lexers[state])
-        found = sc.match(text, pos)
-        if found is None:
-            _lex_error(t, text, cursor, (pos, line, line_start), token)
-        value, kind = found
-        start, column = pos, pos - line_start + 1
-        pos += len(value)
-        if kind in sc.multiline and "\n" in value:
-            line_start = start + value.rindex("\n") + 1
-            newlines = value.count("\n")
-            line += newlines
-        else:
-            newlines = 0
-        if kind in sc.ignore:
-            continue
-        token = Token(kind, value, start, line - newlines, column, line, pos - line_start + 1, pos)
-        if kind in sc.retype:
-            token = sc.retype[kind](token)
-        yield token
-    yield Token.new_borrow_pos("$END", "", token) if token else Token("$END", "", 0, 1, 1)
+def _kept(rule: lalr.Rule) -> int:
+    return rule.size if rule.keep is None else len(rule.keep)
 
 
-def _scanner_of(t: _Tables, lexer: Any) -> _Scanner:
-    """Parser states that accept the same terminals share a lark lexer, and so a _Scanner."""
-    sc = t.scanners.get(id(lexer))
-    if sc is None:
-        sc = t.scanners[id(lexer)] = _scanner(lexer)
-    return sc
-
-
-def _lex_error(t: _Tables, text: str, cursor: _Cursor, at: tuple[int, int, int], last: Any):
-    """Let lark's lexer fail where ours found no terminal, with its own exception."""
-    pos, line, line_start = at
-    counter = LineCounter("\n")
-    counter.char_pos, counter.line, counter.line_start_pos = pos, line, line_start
-    counter.column = pos - line_start + 1
-    next(t.lexer.lex(LexerState(TextSlice.cast_from(text), counter, last), cursor))
-    raise AssertionError(f"lark lexed what cardc's lexer could not, at {line}:{counter.column}")
-
-
-def _extent(parts: list) -> _Meta | None:
-    """The extent of a rule's children (tokens and _Metas); None where all are empty."""
-    first = parts[0] if parts else None
-    if first is None:
-        first = next((p for p in parts if p is not None), None)
-        if first is None:
-            return None
-    last = parts[-1]
-    if last is None:
-        last = next(p for p in reversed(parts) if p is not None)
-    return _Meta(first.line, first.column, last.end_line, last.end_column, first.start_pos,
-                 last.end_pos)
-
-
-def _run(build: _Build, text: str, start: str) -> Any:
-    """Parse `text` from the rule `start`, calling `build`'s methods as rules reduce (what a
-    lark Transformer would do on the finished tree, in the same order); lark errors as lark's."""
-    t = _tables()
-    rows, units, end = t.rows, t.units, t.end[start]
-    stack = [t.begin[start]]
-    cursor = _Cursor(stack)
-    values: list[Any] = []
-    metas: list[Any] = []  # per value: its token, its _Meta, or None where it spans no text
-    for token in _tokens(t, text, cursor):
-        kind = token.type
-        if kind == "NAME":  # names are kept in canonical spelling
-            name = canonical_name(str(token))
-            if name != token:
-                token = token.update(value=name)
-        while True:
-            state = stack[-1]
-            row = rows.get(state) or _row(t, state)
-            act = row.get(kind)
-            if act is None:
-                expected = {name for name in row if name.isupper()}
-                raise lark.UnexpectedToken(token, expected, state=cursor)
-            if type(act) is int:  # shift
-                stack.append(act)
-                values.append(token)
-                metas.append(token)
-                break
-            if act.unit:  # `?sum: product` and the like: only the state changes
-                key = (stack[-2], state, kind)
-                top = units.get(key)
-                if top is None:
-                    top = units[key] = _unit_chain(t, *key)
-                stack[-1] = top
-            else:
-                n = act.size
-                if n:
-                    kids, parts = values[-n:], metas[-n:]
-                    del stack[-n:], values[-n:], metas[-n:]
-                else:
-                    kids, parts = [], []
-                meta = _extent(parts)
-                values.append(_reduce(act, build, meta, kids))
-                metas.append(meta)
-                stack.append(t.states[stack[-1]][act.origin][1])
-            if stack[-1] == end and kind == "$END":
-                return values[-1]
-
-
-def _row(t: _Tables, state: int) -> dict[str, int | _Rule]:
-    """A state's actions by terminal: the state to shift to, or the rule to reduce by."""
-    row = {term: arg if action is Shift else t.rules[id(arg)]
-           for term, (action, arg) in t.states[state].items()}
-    t.rows[state] = row
-    return row
-
-
-def _unit_chain(t: _Tables, below: int, top: int, term: str) -> int:
-    """The top state after the run of unit reductions that lookahead `term` starts in state
-    `top` (each pops one state and pushes one, so the state `below` stays), short of an end
-    state; remembered in `t.units`, as expressions chain seven such rules deep."""
-    while True:
-        action, arg = t.states[top].get(term, (Shift, None))
-        if action is Shift or not t.rules[id(arg)].unit:
-            return top
-        top = t.states[below][t.rules[id(arg)].origin][1]
-        if top in t.end.values():
-            return top
-
-
-def _reduce(rule: _Rule, build: _Build, meta: _Meta | None, kids: list) -> Any:
-    if rule.keep is not None:
-        kept: list[Any] = []
-        for i, splice in rule.keep:
-            if splice:
-                kept += kids[i]
-            else:
-                kept.append(kids[i])
-        kids = kept
-    if rule.expand and len(kids) == 1:
-        return kids[0]
-    if rule.build is None:
-        return kids  # a repetition: its parent splices these in
-    return rule.build(build, meta, kids) if rule.wants_meta else rule.build(build, kids)
-
-
-# ------------------------------------------------------------------ lines before nesting
+def _respell(token: Token) -> Token:
+    """Names are kept in canonical spelling."""
+    name = canonical_name(str(token))
+    return token if name == token else token.update(value=name)
 
 
 @dataclass
@@ -389,14 +95,18 @@ class _Build:
         self.source = source  # the text parsed, for constructs read back from it
 
     def run(self, start: str) -> Any:
-        return _run(self, self.source, start)
+        return lalr.parse(self.source, start, self.node, _respell)
+
+    def node(self, rule: lalr.Rule, meta: lalr.Meta | None, kids: list) -> Any:
+        build, wants_meta = _callbacks()[rule.name]
+        return build(self, meta, kids) if wants_meta else build(self, kids)
 
     def sub(self, text: str, start: str) -> Any:
         """A part of the line parsed on its own (an annotation, an exponent); None if it fails."""
         build = _Build(self.file, text)
         try:
             node = build.run(start)
-        except lark.LarkError:
+        except lalr.ParseError:
             return None
         self.diags.items += build.diags.items
         return node
@@ -986,7 +696,9 @@ def _expected(tokens: set[str]) -> str:
     return "expected " + (", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0])
 
 
-def _syntax_error(err: lark.LarkError, file: str, diags: Diagnostics, text: str) -> None:
+def _syntax_error(err: Exception, file: str, diags: Diagnostics, text: str) -> None:
+    import lark
+
     line = getattr(err, "line", 0) or text.count("\n") + 1
     col = getattr(err, "column", 0) or 1
     if isinstance(err, lark.UnexpectedToken):
@@ -1022,8 +734,8 @@ def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None) -> 
     build = _Build(file, text)
     try:
         lines = build.run("start")
-    except lark.LarkError as err:
-        _syntax_error(err, file, diags, text)
+    except lalr.ParseError as err:
+        _syntax_error(err.lark_error(), file, diags, text)
         return s.CardFile(file, ())
     diags.items += build.diags.items
     return s.CardFile(file, tuple(_Layout(file, diags).algorithms(lines)))
