@@ -25,7 +25,6 @@ from typing import Any, NamedTuple
 GRAMMAR = Path(__file__).with_name("grammar.lark")
 OPTIONS: dict[str, Any] = {"parser": "lalr", "start": ["start", "annot", "sum"],
                            "propagate_positions": True, "maybe_placeholders": False}
-_FORMAT = 2  # of the cached tables: a change here makes a new cache file
 
 
 class Token(str):
@@ -177,13 +176,14 @@ def lark_parser() -> Any:
 
 def _cache_file(grammar: str) -> Path | None:
     """Where the tables are kept: $XDG_CACHE_HOME/cardc, else ~/.cache/cardc, under a hash of
-    the grammar, the options and lark's source (its version, without importing it); none when
-    CARDC_NO_CACHE is set."""
+    the grammar, the options, this file (the tables' format) and lark's source (its version,
+    without importing it); none when CARDC_NO_CACHE is set."""
     if os.environ.get("CARDC_NO_CACHE"):
         return None
     spec = importlib.util.find_spec("lark")
     lark_init = Path(spec.origin).read_bytes() if spec and spec.origin else b""
-    key = repr((grammar, sorted(OPTIONS.items()), _FORMAT)).encode("utf-8") + lark_init
+    key = (repr((grammar, sorted(OPTIONS.items()))).encode("utf-8")
+           + Path(__file__).read_bytes() + lark_init)
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "cardc" / f"tables-{hashlib.sha256(key).hexdigest()[:24]}.pickle"
 
