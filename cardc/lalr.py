@@ -50,9 +50,9 @@ class Token(str):
     def value(self) -> str:
         return str(self)
 
-    def update(self, type: str | None = None, value: str | None = None) -> Token:  # noqa: A002
+    def update(self, kind: str | None = None, value: str | None = None) -> Token:
         """This token's place, with another terminal or text (as lark's Token.update)."""
-        return Token(type or self.type, self if value is None else value, self.start_pos,
+        return Token(kind or self.type, self if value is None else value, self.start_pos,
                      self.line, self.column, self.end_line, self.end_column, self.end_pos)
 
 
@@ -102,7 +102,7 @@ class Scanner:
             self.uses += 1
             if self.uses > _BUSY:
                 self.alternation = self._alternation()
-            if not self.compiled:
+            elif not self.compiled:
                 self.compiled = tuple((n, _compile(rx, self.flags)) for n, rx in self.terminals)
         if self.alternation is not None:
             m = self.alternation.match(text, pos)
