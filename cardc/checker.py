@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from . import syntax as s
 from .diagnostics import Diagnostics
@@ -457,16 +458,22 @@ _DECOR = re.compile(r"([_^])(\{[^{}]*\}|[^_^{}]+)")
 
 
 def split_name(name: str) -> tuple[str, list[tuple[str, str]]]:
+    base, decor = _split_name(name)
+    return base, list(decor)
+
+
+@lru_cache(maxsize=4096)  # a card's names are split over and over, by checker and lowering
+def _split_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     m = re.match(r"[^_^]+", name)
     base = m.group(0) if m else ""
-    decor = [(k, v.strip("{}")) for k, v in _DECOR.findall(name[len(base):])]
-    return base, decor
+    return base, tuple((k, v.strip("{}")) for k, v in _DECOR.findall(name[len(base):]))
 
 
+@lru_cache(maxsize=4096)
 def instance(pattern: str, var: str, name: str) -> str | None:
     """The index text of `name` as an instance of family `pattern` over `var` (e_t, e_ℓ → ℓ)."""
-    pb, pd = split_name(pattern)
-    nb, nd = split_name(name)
+    pb, pd = _split_name(pattern)
+    nb, nd = _split_name(name)
     if pb != nb or len(pd) != len(nd) or not any(v == var for _, v in pd):
         return None
     found = None
