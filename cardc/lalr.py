@@ -305,9 +305,12 @@ def parse(text: str, start: str, build: Build, respell: Callable[[Token], Token]
                 if n:
                     kids, parts = values[-n:], metas[-n:]
                     del stack[-n:], values[-n:], metas[-n:]
+                    first, last = parts[0], parts[-1]
+                    meta = Meta(first.line, first.column, last.end_line, last.end_column,
+                                first.start_pos, last.end_pos) \
+                        if first is not None and last is not None else _extent(parts)
                 else:
-                    kids, parts = [], []
-                meta = _extent(parts)
+                    kids, meta = [], None
                 values.append(_reduce(act, build, meta, kids))
                 metas.append(meta)
                 stack.append(gotos[stack[-1]][act.origin])
@@ -364,10 +367,14 @@ def _tokens(t: Tables, text: str, cursor: Cursor) -> Iterator[Token]:
     raises the error it would have raised. Ends with the $END token."""
     pos, line, line_start, end = 0, 1, 0, len(text)
     token = None
-    scanners = t.scanners
+    scanners, stack = t.scanners, cursor.stack
     while pos < end:
-        sc = scanners[cursor.position]
-        found = sc.match(text, pos)
+        sc = scanners[stack[-1]]
+        if sc.alternation is not None:  # a busy lexer: most tokens
+            m = sc.alternation.match(text, pos)
+            found = (m.group(0), m.lastgroup) if m else None
+        else:
+            found = sc.match(text, pos)
         if found is None:
             raise ParseError(partial(_lex_error, text, cursor, (pos, line, line_start), token))
         value, kind = found
