@@ -27,7 +27,7 @@ def normalize(text: str) -> str:
     return text.replace("=\u0338", "≠")  # NFD splits ≠ into = and a slash; keep the operator
 
 
-# ------------------------------------------------------------------ lines before nesting
+# ------------------------------------------------------------------ rules → nodes
 
 
 def _meta(fn: Any) -> Any:
@@ -58,6 +58,9 @@ def _respell(token: Token) -> Token:
     """Names are kept in canonical spelling."""
     name = canonical_name(str(token))
     return token if name == token else token.update(value=name)
+
+
+# ------------------------------------------------------------------ lines before nesting
 
 
 @dataclass
