@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from . import syntax as s
 from .diagnostics import Diagnostics
@@ -416,8 +417,9 @@ def _layout(alg: s.Algorithm, env: _DeclEnv) -> str | None:
     """Row-major cards multiply parameters from the right (X W), column-major from the left."""
     params = set(_flat_names(env.params))
     found: set[str] = set()
-
-    def visit(e):
+    stack: list = list(alg.steps)
+    while stack:  # products under the steps, through fields and tuples of nodes
+        e = stack.pop()
         if isinstance(e, s.BinOp):
             if e.op in (" ", "·"):
                 left, right = _root_name(e.left), _root_name(e.right)
@@ -425,17 +427,12 @@ def _layout(alg: s.Algorithm, env: _DeclEnv) -> str | None:
                     found.add("column")
                 elif right in params and left not in params:
                     found.add("row")
-            visit(e.left)
-            visit(e.right)
+            stack += (e.left, e.right)
         elif hasattr(e, "__dataclass_fields__"):
-            for name in e.__dataclass_fields__:
+            for name in s.child_fields(type(e)):
                 value = getattr(e, name)
-                for v in value if isinstance(value, tuple) else (value,):
-                    if hasattr(v, "__dataclass_fields__"):
-                        visit(v)
-
-    for step in alg.steps:
-        visit(step)
+                stack += [v for v in (value if isinstance(value, tuple) else (value,))
+                          if hasattr(v, "__dataclass_fields__")]
     return found.pop() if len(found) == 1 else None
 
 
@@ -461,16 +458,22 @@ _DECOR = re.compile(r"([_^])(\{[^{}]*\}|[^_^{}]+)")
 
 
 def split_name(name: str) -> tuple[str, list[tuple[str, str]]]:
+    base, decor = _split_name(name)
+    return base, list(decor)
+
+
+@lru_cache(maxsize=4096)  # a card's names are split over and over, by checker and lowering
+def _split_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     m = re.match(r"[^_^]+", name)
     base = m.group(0) if m else ""
-    decor = [(k, v.strip("{}")) for k, v in _DECOR.findall(name[len(base):])]
-    return base, decor
+    return base, tuple((k, v.strip("{}")) for k, v in _DECOR.findall(name[len(base):]))
 
 
+@lru_cache(maxsize=4096)
 def instance(pattern: str, var: str, name: str) -> str | None:
     """The index text of `name` as an instance of family `pattern` over `var` (e_t, e_ℓ → ℓ)."""
-    pb, pd = split_name(pattern)
-    nb, nd = split_name(name)
+    pb, pd = _split_name(pattern)
+    nb, nd = _split_name(name)
     if pb != nb or len(pd) != len(nd) or not any(v == var for _, v in pd):
         return None
     found = None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 Monomial = tuple[tuple[str, int], ...]  # sorted (symbol, exponent), exponents ≠ 0
+_ZERO = Fraction(0)
 
 
 def _mul_mono(a: Monomial, b: Monomial) -> Monomial:
@@ -38,7 +39,7 @@ class Dim:
     def __add__(self, other: Dim) -> Dim:
         terms = dict(self.terms)
         for m, c in other.terms:
-            terms[m] = terms.get(m, Fraction(0)) + c
+            terms[m] = terms.get(m, _ZERO) + c
         return Dim.of(terms)
 
     def __neg__(self) -> Dim:
@@ -52,7 +53,7 @@ class Dim:
         for m1, c1 in self.terms:
             for m2, c2 in other.terms:
                 m = _mul_mono(m1, m2)
-                terms[m] = terms.get(m, Fraction(0)) + c1 * c2
+                terms[m] = terms.get(m, _ZERO) + c1 * c2
         return Dim.of(terms)
 
     def __truediv__(self, other: Dim) -> Dim | None:

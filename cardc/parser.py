@@ -1,15 +1,12 @@
 """Card text → AST.
 
-lark parses each line (cardc/grammar.lark); a lark Transformer turns the tree into the project's
-own nodes at once; a layout pass then nests lines: declarations by indentation, steps by
-`do … end` and by indentation. Nothing downstream sees lark types.
+The LALR parser of cardc/lalr.py reads each line (cardc/grammar.lark) and calls _Build as rules
+reduce, which builds the project's own nodes; a layout pass then nests lines: declarations by
+indentation, steps by `do … end` and by indentation. Nothing downstream sees lark types.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
 import re
 import unicodedata
 from dataclasses import dataclass, replace
@@ -17,52 +14,50 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import lark
-from lark import Token, Transformer, v_args
-
+from . import lalr
 from . import syntax as s
 from .diagnostics import Diagnostics
-from .runtime.atomic import atomic_path
+from .lalr import Token
 from .spelling import canonical_name
-
-GRAMMAR = Path(__file__).with_name("grammar.lark")
-
-
-_OPTIONS: dict[str, Any] = {"parser": "lalr", "start": ["start", "annot", "sum"],
-                            "propagate_positions": True, "maybe_placeholders": False}
-
-
-@cache
-def _lark() -> lark.Lark:
-    """The card grammar's parser. Building its LALR tables takes about a second, so the built
-    parser is kept in the user's cache folder under a hash of the grammar, the options and lark's
-    version, and loaded from there next time; a missing or unreadable file is built anew."""
-    grammar = GRAMMAR.read_text(encoding="utf-8")
-    path = _cache_file(grammar)
-    if path is not None and path.exists():
-        with contextlib.suppress(Exception), open(path, "rb") as f:
-            return lark.Lark.load(f)
-    parser = lark.Lark(grammar, **_OPTIONS)
-    if path is not None:
-        with contextlib.suppress(OSError), atomic_path(path) as tmp, open(tmp, "wb") as f:
-            parser.save(f)
-    return parser
-
-
-def _cache_file(grammar: str) -> Path | None:
-    """Where the built parser is kept: $XDG_CACHE_HOME/cardc, else ~/.cache/cardc; none when
-    CARDC_NO_CACHE is set."""
-    if os.environ.get("CARDC_NO_CACHE"):
-        return None
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    key = repr((grammar, sorted(_OPTIONS.items()), lark.__version__)).encode("utf-8")
-    return Path(root) / "cardc" / f"grammar-{hashlib.sha256(key).hexdigest()[:24]}.lark"
 
 
 def normalize(text: str) -> str:
     """Decomposed Unicode (Ṽ = V + U+0303), so hats and tildes are marks on any letter."""
     text = unicodedata.normalize("NFD", text.replace("\r\n", "\n").replace("\t", "    "))
     return text.replace("=\u0338", "≠")  # NFD splits ≠ into = and a slash; keep the operator
+
+
+# ------------------------------------------------------------------ rules → nodes
+
+
+def _meta(fn: Any) -> Any:
+    """Mark a _Build callback that takes the rule's lalr.Meta before its children."""
+    fn.wants_meta = True
+    return fn
+
+
+@cache
+def _callbacks() -> dict[str, tuple[Any, bool]]:
+    """_Build's method for each rule that builds a node (by alias or name), and whether it
+    takes the rule's Meta; every rule that builds one must have one."""
+    out = {}
+    for rule in lalr.tables().rules:
+        build = getattr(_Build, rule.name, None)
+        if build is not None:
+            out[rule.name] = (build, getattr(build, "wants_meta", False))
+        elif not rule.helper and not (rule.expand and _kept(rule) == 1):
+            raise TypeError(f"no callback for the grammar rule {rule.name!r}")
+    return out
+
+
+def _kept(rule: lalr.Rule) -> int:
+    return rule.size if rule.keep is None else len(rule.keep)
+
+
+def _respell(token: Token) -> Token:
+    """Names are kept in canonical spelling."""
+    name = canonical_name(str(token))
+    return token if name == token else token.update(value=name)
 
 
 # ------------------------------------------------------------------ lines before nesting
@@ -83,7 +78,7 @@ class Line:
 
 def _span(file: str, meta_or_token: Any) -> s.Span:
     m = meta_or_token
-    if getattr(m, "empty", False):
+    if m is None:  # a rule that spans no text
         return s.Span(file, 0, 0, 0, 0)
     return s.Span(file, m.line, m.column, m.end_line, m.end_column)
 
@@ -92,28 +87,42 @@ def _prose(token: Token) -> str:
     return token.lstrip(",").strip()
 
 
-class _Build(Transformer):
-    """lark tree → AST nodes and Line records."""
+class _Build:
+    """Grammar rules → AST nodes and Line records: one method per rule (or alias), called with
+    the rule's children once they are built. Its diagnostics wait in `diags` until the parse
+    succeeds: a line that fails to parse reports only its syntax error."""
 
-    def __init__(self, file: str, diags: Diagnostics, source: str):
-        super().__init__()
+    def __init__(self, file: str, source: str):
         self.file = file
-        self.diags = diags
+        self.diags = Diagnostics()
         self.source = source  # the text parsed, for constructs read back from it
+
+    def run(self, start: str) -> Any:
+        return lalr.parse(self.source, start, self.node, _respell)
+
+    def node(self, rule: lalr.Rule, meta: lalr.Meta | None, kids: list) -> Any:
+        build, wants_meta = _callbacks()[rule.name]
+        return build(self, meta, kids) if wants_meta else build(self, kids)
+
+    def sub(self, text: str, start: str) -> Any:
+        """A part of the line parsed on its own (an annotation, an exponent); None if it fails."""
+        build = _Build(self.file, text)
+        try:
+            node = build.run(start)
+        except lalr.ParseError:
+            return None
+        self.diags.items += build.diags.items
+        return node
 
     def sp(self, meta: Any) -> s.Span:
         return _span(self.file, meta)
 
-    # --- tokens
-    def NAME(self, tok: Token) -> Token:  # noqa: N802 (lark callback names)
-        return tok.update(value=canonical_name(str(tok)))
-
     # --- lines
-    @v_args(meta=True)
+    @_meta
     def start(self, meta, lines):
         return [ln for ln in lines if isinstance(ln, Line)]
 
-    @v_args(meta=True)
+    @_meta
     def header(self, meta, c):
         number = next((str(t) for t in c if isinstance(t, Token) and t.type == "NUMBER"), None)
         sig = next(x for x in c if isinstance(x, dict))
@@ -122,7 +131,7 @@ class _Build(Transformer):
                           note=note, span=self.sp(meta))
         return Line("header", self.sp(meta), meta.column, None, alg)
 
-    @v_args(meta=True)
+    @_meta
     def titled_header(self, meta, c):
         number = next((str(t) for t in c if isinstance(t, Token) and t.type == "NUMBER"), None)
         title = str(c[-1]).strip()
@@ -142,23 +151,23 @@ class _Build(Transformer):
     def names(self, c):
         return [str(t) for t in c]
 
-    @v_args(meta=True)
+    @_meta
     def comment_line(self, meta, c):
         return Line("comment", self.sp(meta), meta.column, None, _comment(c[0]))
 
-    @v_args(meta=True)
+    @_meta
     def block_line(self, meta, c):
         kind = str(c[0]).rstrip(": \t")
         items = c[1] if len(c) == 3 else []
         return self._line("block", meta, None, (kind, items), c[-1], column=meta.column)
 
-    @v_args(meta=True)
+    @_meta
     def sentence_line(self, meta, c):
         kind = str(c[0]).rstrip(": \t")
         sentence = s.Sentence(c[1].strip(), span=_span(self.file, c[1]))
         return self._line("block", meta, None, (kind, [sentence]), c[-1], column=meta.column)
 
-    @v_args(meta=True)
+    @_meta
     def preset_line(self, meta, c):
         values = tuple(c[2])
         tail = c[-1]
@@ -171,7 +180,7 @@ class _Build(Transformer):
     def preset_value(self, c):
         return (str(c[0]), c[1])
 
-    @v_args(meta=True)
+    @_meta
     def item_line(self, meta, c):
         number = None
         if isinstance(c[0], Token) and c[0].type == "STEPNUM":
@@ -181,7 +190,7 @@ class _Build(Transformer):
         column = _first_column(items, meta)
         return self._line("items", meta, number, items, tail, column)
 
-    @v_args(meta=True)
+    @_meta
     def end_line(self, meta, c):
         number = c[0].strip().rstrip(":.") if c[0].type == "STEPNUM" else None
         end_tok = c[1] if number is not None else c[0]
@@ -213,19 +222,17 @@ class _Build(Transformer):
         stripped = text.lstrip()
         if "∈" not in stripped and not re.search(r"\bin\b", stripped):
             return None
-        try:
-            tree = _lark().parse(stripped, start="annot")
-        except lark.LarkError:
+        decl = self.sub(stripped, "annot")
+        if decl is None:
             return None
         col = tok.column + offset + (len(text) - len(stripped))
-        decl = _Build(self.file, self.diags, stripped).transform(tree)
         return _shift(decl, tok.line, col - 1)
 
     def items(self, c):
         return list(c)
 
     # --- declarations
-    @v_args(meta=True)
+    @_meta
     def decls(self, meta, c):
         decls = [x for x in c if isinstance(x, s.Decl)]
         prose = next((_prose(t) for t in c if isinstance(t, Token) and t.type == "PROSE"), None)
@@ -234,17 +241,17 @@ class _Build(Transformer):
             decls[-1] = replace(last, prose=_join(last.prose, prose))
         return decls
 
-    @v_args(meta=True)
+    @_meta
     def typed_decl(self, meta, c):
         value = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "="), None)
         init = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "~"), None)
         return s.Decl(tuple(c[0]), c[2], value, init, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def prose_decl(self, meta, c):
         return s.Decl((str(c[0]),), prose=_prose(c[1]), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def dataset(self, meta, c):
         elems, index, lo, hi = c[0], str(c[1]), c[2], self._dim(c[3])
         prose = _prose(c[4]) if len(c) > 4 else None
@@ -256,12 +263,12 @@ class _Build(Transformer):
     def decl_value(self, c):
         return ("=", c[0])
 
-    @v_args(meta=True)
+    @_meta
     def decl_init(self, meta, c):
         args = tuple(x for x in c[3:] if not isinstance(x, Token))
         return ("~", s.Call(str(c[1]), args, span=self.sp(meta)))
 
-    @v_args(meta=True)
+    @_meta
     def definition(self, meta, c):
         """`d = D/H, the width of a head`: prose makes a bind a declaration (a list, as decls)."""
         target, value, prose = c[0], c[1], _prose(c[2])
@@ -274,51 +281,51 @@ class _Build(Transformer):
     def annot(self, c):
         return c[0]
 
-    @v_args(meta=True)
+    @_meta
     def bundle(self, meta, c):
         prose = _prose(c[2]) if len(c) > 2 else None
         intro = "includes all of the following parameters" if "includes" in c[1] else "consisting of"
         return s.Bundle(str(c[0]), (), prose, intro, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def family(self, meta, c):  # For h ∈ [H], W^h consisting of:
         return s.Family(str(c[1]), c[3], (c[-1],), span=self.sp(meta))
 
     # --- types
-    @v_args(meta=True)
+    @_meta
     def scalar_type(self, meta, c):
         return s.Scalar("ℝ" if c[0] in ("ℝ", "RR", "R") else "ℕ", span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def bits_type(self, meta, c):
         if (str(c[0]), str(c[1])) != ("0", "1"):
             self.diags.error(self.sp(meta), "the only finite set written out is {0,1}",
                              hint="use [N] for {1, …, N} or {a..b} for a range")
         return s.Bits(span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def int_range_type(self, meta, c):
         return s.IntRange(c[0], c[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def finite_type(self, meta, c):
         return s.Finite(c[0], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def seq_type(self, meta, c):
         if str(c[1]) != "*":
             self.diags.error(self.sp(meta), "expected a type", hint="V* is the set of sequences over V")
         return s.Sequences(str(c[0]), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def iso_type(self, meta, c):
         return s.Iso(str(c[0]), c[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def simplex_type(self, meta, c):
         return s.Simplex(str(c[-1]), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def interval_type(self, meta, c):
         lo, hi = [x for x in c if not isinstance(x, Token) or x.type in ("NAME", "NUMBER")]
         text = self._text(meta)
@@ -328,12 +335,12 @@ class _Build(Transformer):
     def _text(self, meta) -> str:
         return self.source[meta.start_pos:meta.end_pos]
 
-    @v_args(meta=True)
+    @_meta
     def tensor_type(self, meta, c):
         dims = c[1] if isinstance(c[1], tuple) else (self._dim(c[1]),)
         return s.Tensor(c[0], dims, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def tensor_type_t(self, meta, c):  # ℝ^T lexes as a transpose; here it is the dimension T
         tok = c[1]
         if "⊺" in tok:
@@ -351,19 +358,19 @@ class _Build(Transformer):
         return tuple(x for x in c if not isinstance(x, Token))
 
     # --- statements
-    @v_args(meta=True)
+    @_meta
     def assign(self, meta, c):
         return self._where(s.Assign(c[0], c[2], "←", span=self.sp(meta)), c)
 
-    @v_args(meta=True)
+    @_meta
     def bind(self, meta, c):
         return self._where(s.Assign(c[0], c[1], "=", span=self.sp(meta)), c)
 
-    @v_args(meta=True)
+    @_meta
     def return_(self, meta, c):
         return self._where(s.Return(c[1], span=self.sp(meta)), c)
 
-    @v_args(meta=True)
+    @_meta
     def named_return(self, meta, c):
         return self._where(s.Return(c[2], str(c[1]), span=self.sp(meta)), c)
 
@@ -373,7 +380,7 @@ class _Build(Transformer):
             return stmt
         return _Where(stmt, where.lstrip(",").strip()[len("where"):].strip())
 
-    @v_args(meta=True)
+    @_meta
     def sample(self, meta, c):
         weights = c[5]
         if not self.source[c[4].end_pos:].lstrip().startswith("("):  # (W^{e/d}) is a name
@@ -385,22 +392,20 @@ class _Build(Transformer):
         m = re.fullmatch(r"(.+)\^\{([^{}]*)\}", e.id) if isinstance(e, s.Name) else None
         if m is None:
             return e
-        try:
-            tree = _lark().parse(m.group(2), start="sum")
-        except lark.LarkError:
+        exponent = self.sub(m.group(2), "sum")
+        if exponent is None:
             return e
-        exponent = _Build(self.file, self.diags, m.group(2)).transform(tree)
         sp = e.span
         exponent = _shift(exponent, sp.line, sp.col - 1 + len(m.group(1)) + 2)
         base = s.Name(m.group(1), span=s.Span(sp.file, sp.line, sp.col, sp.line, sp.col + len(m.group(1))))
         return s.Power(base, exponent, span=sp)
 
-    @v_args(meta=True)
+    @_meta
     def for_do(self, meta, c):
         var, over, binder, at = c[1]
         return _Open(s.For(var, over, (), "do", binder, span=self.sp(meta), var_span=at))
 
-    @v_args(meta=True)
+    @_meta
     def for_map(self, meta, c):
         var, over, binder, at = c[1]
         body = c[2] if len(c) > 2 else None
@@ -410,7 +415,7 @@ class _Build(Transformer):
         loop = s.For(var, over, (step,), "map", binder, span=self.sp(meta), var_span=at)
         return _Where(loop, body.where) if isinstance(body, _Where) else loop
 
-    @v_args(meta=True)
+    @_meta
     def while_do(self, meta, c):
         return _Open(s.While(c[1], (), span=self.sp(meta)))
 
@@ -421,12 +426,12 @@ class _Build(Transformer):
         binder = "←" if isinstance(c[1], Token) and c[1].type == "ARROW" else "="
         return (str(c[0]), c[-1], binder, _span(self.file, c[0]))
 
-    @v_args(meta=True)
+    @_meta
     def range(self, meta, c):
         exprs = [x for x in c if not isinstance(x, Token)]
         return s.Range(tuple(exprs[:-1]), exprs[-1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def forall(self, meta, c):
         names, body = c[1]
         return _lift_where(body, lambda b: s.ForAll(tuple(names), b, span=self.sp(meta)))
@@ -438,91 +443,91 @@ class _Build(Transformer):
             return ([name, *rest[0]], rest[1])
         return ([name], rest)
 
-    @v_args(meta=True)
+    @_meta
     def if_(self, meta, c):
         return _lift_where(c[3], lambda body: s.If(c[1], body, span=self.sp(meta)))
 
     # --- expressions
-    @v_args(meta=True)
+    @_meta
     def name(self, meta, c):
         return s.Name(str(c[0]), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def number(self, meta, c):
         return s.Num(str(c[0]), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def inf(self, meta, c):
         return s.Num("∞", span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def binop(self, meta, c):
         return s.BinOp(_OPS.get(str(c[1]), str(c[1])), c[0], c[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def juxt(self, meta, c):
         return s.BinOp(" ", c[0], c[1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def compare(self, meta, c):
         return s.BinOp(_OPS.get(str(c[1]), str(c[1])), c[0], c[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def conj(self, meta, c):
         return s.BinOp("∧", c[0], c[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def neg(self, meta, c):
         return s.Unary("−", c[1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def not_(self, meta, c):
         return s.Unary("¬", c[1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def sqrt(self, meta, c):
         return s.Unary("√", c[-1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def nabla(self, meta, c):
         return s.Unary("∇", c[1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def square(self, meta, c):
         return s.Power(c[0], s.Num("2"), span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def power(self, meta, c):
         return s.Power(c[0], c[-2] if isinstance(c[-1], Token) else c[-1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def transpose(self, meta, c):
         return s.Transpose(c[0], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def index(self, meta, c):
         return s.Index(c[0], tuple(c[2]), span=self.sp(meta))
 
     def index_items(self, c):
         return [x for x in c if not isinstance(x, Token)]
 
-    @v_args(meta=True)
+    @_meta
     def slice_all(self, meta, c):
         return s.Slice(None, None, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def slice_from(self, meta, c):
         return s.Slice(c[0], None, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def slice_to(self, meta, c):
         return s.Slice(None, c[0], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def slice_both(self, meta, c):
         return s.Slice(c[0], c[1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def call(self, meta, c):
         args, params, bar = next((x for x in c if isinstance(x, tuple)), ((), (), False))
         return s.Call(str(c[0]), args, params, bar, span=self.sp(meta))
@@ -542,19 +547,19 @@ class _Build(Transformer):
     def params(self, c):
         return [x for x in c if not isinstance(x, Token)]
 
-    @v_args(meta=True)
+    @_meta
     def named_arg(self, meta, c):
         op = "≡" if str(c[1]) in ("≡", "==") else "="
         return s.Arg(c[0], c[-1], op, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def iverson(self, meta, c):
         exprs = [x for x in c if not isinstance(x, Token) or x.type == "CMP"]
         left, op, right = exprs
         cond = s.BinOp(_OPS.get(str(op), str(op)), left, right, span=self.sp(meta))
         return s.Iverson(cond, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def concat(self, meta, c):
         sep, items = next(x for x in c if isinstance(x, tuple))
         return s.Concat(items, sep, span=self.sp(meta))
@@ -565,34 +570,34 @@ class _Build(Transformer):
     def row_list(self, c):
         return (";", tuple(_item(x, self.file) for x in c if not _is_punct(x)))
 
-    @v_args(meta=True)
+    @_meta
     def choice(self, meta, c):
         split = next(i for i, x in enumerate(c) if isinstance(x, Token) and x.type == "RANDOMLY")
         options = tuple(x for x in c[:split] if not isinstance(x, Token))
         probs = tuple(x for x in c[split + 1:] if not isinstance(x, Token))
         return s.Choice(options, probs, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def set_builder(self, meta, c):
         parts = [x for x in c if not isinstance(x, Token) or x.type == "NAME"]
         return s.SetBuilder(str(parts[0]), parts[1], parts[2], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def set_eq(self, meta, c):
         return s.BinOp("=", c[0], c[-1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def sum_range(self, meta, c):
         parts = [x for x in c if not isinstance(x, Token) or x.type in ("NAME", "NUMBER")]
         index, lo, hi, body = parts[0], parts[1], parts[2], parts[3]
         return s.Sum(str(index), lo, self._dim(hi), None, body, span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def sum_free(self, meta, c):
         index = next(t for t in c if isinstance(t, Token) and t.type == "NAME")
         return s.Sum(str(index), None, None, None, c[-1], span=self.sp(meta))
 
-    @v_args(meta=True)
+    @_meta
     def sum_over(self, meta, c):
         parts = [x for x in c if not isinstance(x, Token) or x.type == "NAME"]
         return s.Sum(str(parts[0]), None, None, parts[1], parts[2], span=self.sp(meta))
@@ -694,7 +699,9 @@ def _expected(tokens: set[str]) -> str:
     return "expected " + (", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0])
 
 
-def _syntax_error(err: lark.LarkError, file: str, diags: Diagnostics, text: str) -> None:
+def _syntax_error(err: Exception, file: str, diags: Diagnostics, text: str) -> None:
+    import lark
+
     line = getattr(err, "line", 0) or text.count("\n") + 1
     col = getattr(err, "column", 0) or 1
     if isinstance(err, lark.UnexpectedToken):
@@ -727,12 +734,13 @@ def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None) -> 
     diags = diags if diags is not None else Diagnostics()
     text = normalize(text)
     diags.sources[file] = text
+    build = _Build(file, text)
     try:
-        tree = _lark().parse(text, start="start")
-    except lark.LarkError as err:
-        _syntax_error(err, file, diags, text)
+        lines = build.run("start")
+    except lalr.ParseError as err:
+        _syntax_error(err.lark_error(), file, diags, text)
         return s.CardFile(file, ())
-    lines = _Build(file, diags, text).transform(tree)
+    diags.items += build.diags.items
     return s.CardFile(file, tuple(_Layout(file, diags).algorithms(lines)))
 
 

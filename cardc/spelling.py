@@ -5,6 +5,7 @@ from __future__ import annotations
 import keyword
 import re
 import unicodedata
+from functools import lru_cache
 
 GREEK = {
     "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "epsilon": "ε", "eps": "ε", "zeta": "ζ",
@@ -20,6 +21,7 @@ HAT, TILDE = "\u0302", "\u0303"
 _RUN = re.compile(r"[A-Za-z]+")
 
 
+@lru_cache(maxsize=4096)  # a card repeats its names many times over
 def canonical_name(text: str) -> str:
     """`gamma^1_l` → `γ^1_l`, `X~` → `X̃`, `e^` → `ê`, `t'` → `t′` (decomposed Unicode)."""
     text = unicodedata.normalize("NFD", text)
@@ -35,6 +37,7 @@ def display(text: str) -> str:
     return unicodedata.normalize("NFC", text)
 
 
+@lru_cache(maxsize=4096)
 def python_name(text: str) -> str:
     """A readable Python identifier for a card name: `γ^1_l` → `gamma1_l`, `W_e` → `W_e`."""
     out = []

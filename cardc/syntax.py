@@ -454,12 +454,24 @@ class CardFile:
 
 
 def nodes(tree: object) -> Iterator[object]:
-    """Every node of `tree` (a node, or a tuple of them) and below it, spans left out."""
-    if isinstance(tree, tuple):
-        for item in tree:
-            yield from nodes(item)
-    elif hasattr(tree, "__dataclass_fields__") and not isinstance(tree, Span):
-        yield tree
-        for name in tree.__dataclass_fields__:
-            if name != "span":
-                yield from nodes(getattr(tree, name))
+    """Every node of `tree` (a node, or a tuple of them) and below it, spans left out; parents
+    before children, fields in declaration order."""
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, tuple):
+            stack += reversed(x)
+        elif hasattr(x, "__dataclass_fields__") and not isinstance(x, Span):
+            yield x
+            stack += [getattr(x, name) for name in reversed(child_fields(type(x)))]
+
+
+_CHILDREN: dict[type, tuple[str, ...]] = {}
+
+
+def child_fields(cls: type) -> tuple[str, ...]:
+    """A node class's fields but its span, in declaration order."""
+    names = _CHILDREN.get(cls)
+    if names is None:
+        names = _CHILDREN[cls] = tuple(n for n in cls.__dataclass_fields__ if n != "span")
+    return names

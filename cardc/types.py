@@ -4,6 +4,7 @@ sets of indices and values written as functions of parameters."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 from . import syntax as s
 from .dims import Dim
@@ -93,27 +94,45 @@ Entry = Ty | BundleTy | FamilyTy | SetTy | FuncTy
 
 def substitute(entry: Entry, bind: dict[str, Dim]) -> Entry:
     """Rewrite a callee's entry in the caller's symbols."""
+    return _substitute(entry, bind, {})
+
+
+def _substitute(entry: Entry, bind: dict[str, Dim], done: dict[Dim, Dim]) -> Entry:
+    """substitute(), each distinct dimension rewritten once (`done`): a bundle's shapes repeat
+    a few sizes many times over."""
+    def dim(d: Dim) -> Dim:
+        out = done.get(d)
+        if out is None:
+            out = done[d] = subst_dim(d, bind)
+        return out
+
     if isinstance(entry, Ty):
-        shape = tuple(None if d is None else subst_dim(d, bind) for d in entry.shape)
-        value = None if entry.value is None else subst_dim(entry.value, bind)
-        vocab = None if entry.vocab is None else subst_dim(entry.vocab, bind)
+        shape = tuple(None if d is None else dim(d) for d in entry.shape)
+        value = None if entry.value is None else dim(entry.value)
+        vocab = None if entry.vocab is None else dim(entry.vocab)
         return replace(entry, shape=shape, value=value, vocab=vocab)
     if isinstance(entry, BundleTy):
-        return BundleTy({k: substitute(v, bind) for k, v in entry.members.items()}, entry.card)
+        return BundleTy({k: _substitute(v, bind, done) for k, v in entry.members.items()},
+                        entry.card)
     if isinstance(entry, SetTy):
-        return SetTy(subst_dim(entry.of, bind))
+        return SetTy(dim(entry.of))
     if isinstance(entry, FuncTy):
-        return FuncTy(entry.params, substitute(entry.result, bind))
-    return FamilyTy(entry.var, subst_dim(entry.over, bind), substitute(entry.entry, bind))
+        return FuncTy(entry.params, _substitute(entry.result, bind, done))
+    return FamilyTy(entry.var, dim(entry.over), _substitute(entry.entry, bind, done))
 
 
 def subst_dim(d: Dim, bind: dict[str, Dim]) -> Dim:
-    total = Dim.const(0)
+    if not any(sym in bind for mono, _ in d.terms for sym, _ in mono):
+        return d  # already canonical: rebuilding it would give it back
+    total: Dim | None = None
     for mono, coef in d.terms:
-        term = Dim.const(coef)
+        # a product commutes: the symbols left as they are go in at once, the bound ones after
+        term = Dim.of({tuple((s, e) for s, e in mono if s not in bind): Fraction(coef)})
         for sym, e in mono:
-            base = bind.get(sym, Dim.sym(sym))
+            base = bind.get(sym)
+            if base is None:
+                continue
             for _ in range(abs(e)):
                 term = term * base if e > 0 else (term / base or term * Dim.sym(f"1/({base})"))
-        total = total + term
-    return total
+        total = term if total is None else total + term  # 0 + term is term, canonical
+    return total if total is not None else Dim.const(0)

@@ -3,7 +3,9 @@ what each constructor needs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from .. import ir
 from .. import syntax as s
@@ -52,6 +54,14 @@ class Lowering:
         self._functions: dict[int, str] = {}
         self._ctor: dict[int, list[str]] = {}
         self._decodes: dict[int, bool] = {}
+        self._walks: dict[tuple[int, str], Any] = {}  # what a card's steps hold, by id and kind
+
+    def walk(self, alg: s.Algorithm, find: Callable[[s.Algorithm], Any]) -> Any:
+        """`find(alg)`, once per card: it walks the card's steps."""
+        key = (id(alg), find.__name__)
+        if key not in self._walks:
+            self._walks[key] = find(alg)
+        return self._walks[key]
 
     # ------------------------------------------------------------------ entry point
     def model(self, alg: s.Algorithm) -> ir.Program:
@@ -122,7 +132,7 @@ class Lowering:
         for name, ty in sig.inputs:
             m.inputs.append(ir.Arg(local_name(name)))
             val = Val(ir.Ref(local_name(name)), ty, True, column and ty.rank == 2)
-            var = _member_var(alg, name)
+            var = _member_var(self.walk(alg, _quantified), name)
             if var is not None:  # e_t, t ∈ [T]: the whole family, its members as rows
                 scope.values[name] = Family(var, local_name(name), ty,
                                             replace(val, rows=(Dim.sym(var.upper()),)),
@@ -278,7 +288,7 @@ class Lowering:
         """A family of tensors for a map: members of equal shape share one storage tensor."""
         members = self.flat_tensors(fam.entry) if isinstance(fam.entry, BundleTy) \
             else [(name, fam.entry)]
-        axis = "lead" if _layer_family(alg, name, fam.var) else \
+        axis = "lead" if _layer_family(self.walk(alg, _do_loops), name, fam.var) else \
             "first" if self.checker.info(alg).sig.layout == "column" else "last"
         groups: dict[tuple, list[tuple[str, Ty]]] = {}
         for member, ty in members:  # column-major: one nn.Linear-shaped tensor per member
@@ -587,23 +597,31 @@ def _stem(members: list[str], var: str) -> str:
     return local_name(f"{base}_{joined}") if base else local_name(joined)
 
 
-def _member_var(alg: s.Algorithm, name: str) -> str | None:
+def _member_var(quantified: set[str], name: str) -> str | None:
     """`e_t` when a step quantifies over t (∀t, Σ_t): an input that is a family of vectors."""
+    return next((v for _, v in split_name(name)[1] if v in quantified), None)
+
+
+def _quantified(alg: s.Algorithm) -> set[str]:
+    """The variables a card's steps quantify over (∀t, Σ_t)."""
     bound = set()
     for node in s.nodes(alg.steps):
         if isinstance(node, s.ForAll):
             bound.update(node.vars)
         elif isinstance(node, s.Sum):
             bound.add(node.index)
-    return next((v for _, v in split_name(name)[1] if v in bound), None)
+    return bound
 
 
-def _layer_family(alg: s.Algorithm, name: str, var: str) -> bool:
+def _layer_family(loops: tuple[tuple[str, frozenset[str]], ...], name: str, var: str) -> bool:
     """Whether a `for … do` loop over layers indexes the family `name` by its variable."""
-    return any(isinstance(loop, s.For) and loop.style == "do" and
-               any(isinstance(n, s.Name) and instance(name, var, n.id) == loop.var
-                   for n in s.nodes(loop.body))
-               for loop in s.nodes(alg.steps))
+    return any(instance(name, var, n) == loop_var for loop_var, names in loops for n in names)
+
+
+def _do_loops(alg: s.Algorithm) -> tuple[tuple[str, frozenset[str]], ...]:
+    """Each `for … do` loop of a card: its variable and the names in its body."""
+    return tuple((loop.var, frozenset(n.id for n in s.nodes(loop.body) if isinstance(n, s.Name)))
+                 for loop in s.nodes(alg.steps) if isinstance(loop, s.For) and loop.style == "do")
 
 
 def _init(name: str, ty: Ty, shape: tuple[ir.Expr, ...]) -> ir.Expr:

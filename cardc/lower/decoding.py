@@ -159,11 +159,17 @@ def _rewrite(node, fn: Callable[[object], object | None]):
     if new is not None:
         return new
     if isinstance(node, tuple):
-        return tuple(_rewrite(n, fn) for n in node)
+        items = tuple(_rewrite(n, fn) for n in node)
+        return node if all(a is b for a, b in zip(items, node, strict=True)) else items
     if not dataclasses.is_dataclass(node) or isinstance(node, ir.Note):
         return node
-    changes = {f.name: _rewrite(getattr(node, f.name), fn) for f in dataclasses.fields(node)}
-    return dataclasses.replace(node, **changes)
+    changes = {}
+    for f in dataclasses.fields(node):
+        old = getattr(node, f.name)
+        new = _rewrite(old, fn)
+        if new is not old:
+            changes[f.name] = new
+    return dataclasses.replace(node, **changes) if changes else node  # frozen: shared as is
 
 
 def _walk(stmts, visit: Callable[[ir.Stmt], None]) -> None:

@@ -491,9 +491,9 @@ def _step_numbers(steps: tuple[s.Step, ...]):
 def _prose_pattern() -> re.Pattern[str] | None:
     """grammar.lark's PROSE terminal, so that prose it would not read back becomes a note."""
     try:
-        from ..parser import _lark
+        from ..lalr import tables
 
-        return re.compile(_lark().get_terminal("PROSE").pattern.to_regexp())
+        return re.compile(tables().terminals["PROSE"])
     except Exception:  # a grammar without PROSE: write prose as notes
         return None
 
