@@ -54,11 +54,11 @@ class Lowering:
         self._functions: dict[int, str] = {}
         self._ctor: dict[int, list[str]] = {}
         self._decodes: dict[int, bool] = {}
-        self._walks: dict[tuple[int, str], Any] = {}  # what a card's steps hold, by id and kind
+        self._walks: dict[tuple[int, Callable], Any] = {}  # what a card's steps hold, by finder
 
     def walk(self, alg: s.Algorithm, find: Callable[[s.Algorithm], Any]) -> Any:
         """`find(alg)`, once per card: it walks the card's steps."""
-        key = (id(alg), find.__name__)
+        key = (id(alg), find)
         if key not in self._walks:
             self._walks[key] = find(alg)
         return self._walks[key]

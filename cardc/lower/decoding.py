@@ -3,9 +3,9 @@
 Every attention lowered to causal SDPA keeps its keys and values in a `KVCache`, stored as the
 card's attention holds them: after RoPE, one per key/value head (SDPA shares each among its
 group of query heads). The modules above pass the cache down, and the language model offsets
-its positions by the tokens decoded before. Without a cache the code is what it was, so every equivalence of the
-fused lowering still holds; with one, the logits of the new tokens equal full recomputation
-(tests/test_decoding.py).
+its positions by the tokens decoded before. Without a cache the code is what it was, so every
+equivalence of the fused lowering still holds; with one, the logits of the new tokens equal
+full recomputation (tests/test_decoding.py).
 """
 
 from __future__ import annotations
