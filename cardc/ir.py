@@ -230,3 +230,4 @@ class Program:
     presets: dict[str, dict[str, Expr]] = field(default_factory=dict)
     imports: set[str] = field(default_factory=set)  # "math"
     kv_cache: bool = False  # some module decodes with a KVCache, defined in the file
+    rotary: bool = False  # and shares RoPE's angles through it (KVCache.rotary)

@@ -20,6 +20,7 @@ class KVCache:
         self.pos = 0  # tokens decoded so far
         self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
         self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.angles = None  # (pos, T, omega, cos, sin): RoPE's angles of the new positions
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
@@ -45,6 +46,17 @@ class KVCache:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
 
+    def rotary(self, omega, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others."""
+        held = self.angles
+        if held is None or held[:2] != (self.pos, T) or not (
+                held[2] is omega or torch.equal(held[2], omega)):
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            held = self.angles = self.pos, T, omega, phi.cos(), phi.sin()
+        return held[3:]
+
 
 class GroupedQueryAttention(nn.Module):
     """Y ← GroupedQueryAttention(X | W): Grouped-query causal self-attention with rotary positions,
@@ -69,13 +81,15 @@ class GroupedQueryAttention(nn.Module):
         self.register_buffer("omega", (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(), persistent=False)  # (d,): −ω, then ω  [gqa.card:15]
 
     def forward(self, X, cache=None):
-        past = 0 if cache is None else cache.pos  # tokens decoded before these
         Q = (X @ self.W_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:12]
         K = (X @ self.W_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:13]
         V = (X @ self.W_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:14]
-        phi = torch.arange(past, past + X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()  # (T, d): the angles, the first half negated  [gqa.card:15]
-        cos = phi.cos()  # (T, d)  [gqa.card:15]
-        sin = phi.sin()  # (T, d)  [gqa.card:15]
+        if cache is None:
+            phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()  # (T, d): the angles, the first half negated  [gqa.card:15]
+            cos = phi.cos()  # (T, d)  [gqa.card:15]
+            sin = phi.sin()  # (T, d)  [gqa.card:15]
+        else:
+            cos, sin = cache.rotary(self.omega, X.shape[-2])  # the new positions' angles, shared by every layer
         Q = torch.addcmul(Q * cos, Q.roll(self.d // 2, -1), sin)  # [gqa.card:15]
         K = torch.addcmul(K * cos, K.roll(self.d // 2, -1), sin)  # [gqa.card:15]
         if cache is not None:

@@ -19,6 +19,7 @@ class KVCache:
         self.pos = 0  # tokens decoded so far
         self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
         self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.angles = None  # (pos, T, omega, cos, sin): RoPE's angles of the new positions
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
@@ -43,6 +44,17 @@ class KVCache:
         if q == 1:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+    def rotary(self, omega, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others."""
+        held = self.angles
+        if held is None or held[:2] != (self.pos, T) or not (
+                held[2] is omega or torch.equal(held[2], omega)):
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            held = self.angles = self.pos, T, omega, phi.cos(), phi.sin()
+        return held[3:]
 
 
 class GroupedQueryAttentionBiased(nn.Module):
@@ -70,13 +82,15 @@ class GroupedQueryAttentionBiased(nn.Module):
         self.register_buffer("omega", (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(), persistent=False)  # (d,): −ω, then ω  [gqa.card:33]
 
     def forward(self, X, cache=None):
-        past = 0 if cache is None else cache.pos  # tokens decoded before these
         Q = (X @ self.W_q + self.b_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:30]
         K = (X @ self.W_k + self.b_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
         V = (X @ self.W_v + self.b_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
-        phi = torch.arange(past, past + X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()  # (T, d): the angles, the first half negated  [gqa.card:33]
-        cos = phi.cos()  # (T, d)  [gqa.card:33]
-        sin = phi.sin()  # (T, d)  [gqa.card:33]
+        if cache is None:
+            phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()  # (T, d): the angles, the first half negated  [gqa.card:33]
+            cos = phi.cos()  # (T, d)  [gqa.card:33]
+            sin = phi.sin()  # (T, d)  [gqa.card:33]
+        else:
+            cos, sin = cache.rotary(self.omega, X.shape[-2])  # the new positions' angles, shared by every layer
         Q = torch.addcmul(Q * cos, Q.roll(self.d // 2, -1), sin)  # [gqa.card:33]
         K = torch.addcmul(K * cos, K.roll(self.d // 2, -1), sin)  # [gqa.card:33]
         if cache is not None:

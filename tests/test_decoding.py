@@ -106,6 +106,25 @@ def test_grouped_query_cache_holds_the_key_value_heads():
         assert k.shape == v.shape == (2, 2, 5, 8)  # (B, H_kv, positions, d)
 
 
+def test_layers_share_the_rotary_angles_of_equal_frequencies():
+    """With a cache, RoPE's angles of the new positions are computed once per forward and
+    shared by the layers whose frequencies are equal; other frequencies get their own."""
+    model = small("llama")
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 5)), cache=cache)
+    first, second = (block.attn.omega for block in model.block)
+    assert first is not second
+    cos, sin = cache.rotary(first, 2)
+    shared = cache.rotary(second, 2)
+    assert shared[0] is cos and shared[1] is sin
+    other = 2 * first
+    cos, sin = cache.rotary(other, 2)
+    angles = torch.arange(5, 7, dtype=torch.float32)[:, None] * other  # positions 5 and 6
+    assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
+    assert not torch.equal(cos, shared[0])
+
+
 def test_cache_refuses_to_run_past_the_context():
     model = small("gpt2")
     cache = model.new_cache()

@@ -3,7 +3,8 @@
 Every attention lowered to causal SDPA keeps its keys and values in a `KVCache`, stored as the
 card's attention holds them: after RoPE, one per key/value head (SDPA shares each among its
 group of query heads). The modules above pass the cache down, and the language model offsets
-its positions by the tokens decoded before. Without a cache the code is what it was, so every
+its positions by the tokens decoded before. RoPE's angles of the new positions are the same in
+every layer, so with a cache the first layer computes them and the others share them. Without a cache the code is what it was, so every
 equivalence of the fused lowering still holds; with one, the logits of the new tokens equal
 full recomputation (tests/test_decoding.py).
 """
@@ -29,6 +30,9 @@ def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
     cached: set[str] = set()  # classes whose forward takes the cache
     for m in program.modules:  # callees first
         attends = _cache_attention(m)
+        program.rotary |= attends and _share_rotary(m)
+        if attends:
+            m.body = _offset_positions(m, m.body)
         calls = _pass_cache(m, cached)
         if attends or calls:
             m.inputs.append(ir.Arg("cache", ir.Lit("None")))
@@ -57,8 +61,7 @@ def _cache_attention(m: ir.Module) -> bool:
                            ir.Note(text="the cached positions come first"))
         body.insert(j, ir.If(HAS_CACHE, (extend,)))
         found = True
-    if found:
-        m.body = _offset_positions(m, body)
+    m.body = body
     return found
 
 
@@ -68,6 +71,8 @@ def _offset_positions(m: ir.Module, body: list[ir.Stmt]) -> list[ir.Stmt]:
     rows = ir.Sub(ir.Attr(ir.Ref(m.inputs[0].name), "shape"), (ir.Lit("-2"),))
 
     def shift(e):
+        if isinstance(e, ir.If) and e.cond == NO_CACHE:
+            return e  # positions from 0: past is 0 there
         if isinstance(e, ir.Call) and e.func == ir.Ref("torch.arange") and e.args == (rows,):
             return dataclasses.replace(e, args=(PAST, ir.Bin("+", PAST, rows)))
         return None
@@ -81,6 +86,41 @@ def _offset_positions(m: ir.Module, body: list[ir.Stmt]) -> list[ir.Stmt]:
 def _past() -> ir.Assign:
     return ir.Assign(("past",), ir.Cond(NO_CACHE, ir.Lit("0"), ir.Attr(CACHE, "pos")),
                      ir.Note(text="tokens decoded before these"))
+
+
+def _share_rotary(m: ir.Module) -> bool:
+    """RoPE's `phi ← positions ⊗ self.omega; cos, sin` (the fused attention's) → with a cache,
+    `cache.rotary(self.omega, T)`: the angles of the new positions, computed once per forward
+    rather than once per layer; without one, as before."""
+    rows = ir.Sub(ir.Attr(ir.Ref(m.inputs[0].name), "shape"), (ir.Lit("-2"),))
+    body = list(m.body)
+    for j, st in enumerate(body[:-2]):
+        cos, sin = body[j + 1], body[j + 2]
+        if not (_assigns(st, "phi") and _uses(st.value, ir.Ref("self.omega")) and
+                _assigns(cos, "cos", _method("phi", "cos")) and
+                _assigns(sin, "sin", _method("phi", "sin"))):
+            continue
+        shared = ir.Assign(("cos", "sin"), ir.Call(ir.Attr(CACHE, "rotary"),
+                                                   (ir.Ref("self.omega"), rows)),
+                           ir.Note(text="the new positions' angles, shared by every layer"))
+        body[j:j + 3] = [ir.If(NO_CACHE, (st, cos, sin), (shared,))]
+        m.body = body
+        return True
+    return False
+
+
+def _assigns(st: ir.Stmt, target: str, value: ir.Expr | None = None) -> bool:
+    return isinstance(st, ir.Assign) and st.targets == (target,) and value in (None, st.value)
+
+
+def _method(obj: str, name: str) -> ir.Call:
+    return ir.Call(ir.Attr(ir.Ref(obj), name))
+
+
+def _uses(node, ref: ir.Ref) -> bool:
+    found = []
+    _rewrite(node, lambda e: found.append(e) if e == ref else None)
+    return bool(found)
 
 
 # ------------------------------------------------------------------ modules above
