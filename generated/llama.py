@@ -20,7 +20,7 @@ class KVCache:
         self.pos = 0  # tokens decoded so far
         self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
         self.tokens = None  # those tokens, (B, pos), when they came through new()
-        self.angles = None  # (pos, T, omega, cos, sin): RoPE's angles of the new positions
+        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
@@ -46,16 +46,16 @@ class KVCache:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
 
-    def rotary(self, omega, T):
+    def rotary(self, omega, source, T):
         """cos and sin of the angles of the T new positions by the signed frequencies omega,
-        (T, d) each: computed by the first attention layer that asks, shared by the others."""
-        held = self.angles
-        if held is None or held[:2] != (self.pos, T) or not (
-                held[2] is omega or torch.equal(held[2], omega)):
+        (T, d) each: computed by the first attention layer that asks, shared by the others
+        whose omega comes from the same hyperparameters (source)."""
+        key = self.pos, T, source
+        if self.angles is None or self.angles[0] != key:
             t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
             phi = t[:, None] * omega.float()  # (T, d)
-            held = self.angles = self.pos, T, omega, phi.cos(), phi.sin()
-        return held[3:]
+            self.angles = key, phi.cos(), phi.sin()
+        return self.angles[1:]
 
 
 class GroupedQueryAttention(nn.Module):
@@ -89,7 +89,7 @@ class GroupedQueryAttention(nn.Module):
             cos = phi.cos()  # (T, d)  [gqa.card:15]
             sin = phi.sin()  # (T, d)  [gqa.card:15]
         else:
-            cos, sin = cache.rotary(self.omega, X.shape[-2])  # the new positions' angles, shared by every layer
+            cos, sin = cache.rotary(self.omega, (self.d, self.theta_base), X.shape[-2])  # the new positions' angles, shared by every layer
         Q = torch.addcmul(Q * cos, Q.roll(self.d // 2, -1), sin)  # [gqa.card:15]
         K = torch.addcmul(K * cos, K.roll(self.d // 2, -1), sin)  # [gqa.card:15]
         if cache is not None:

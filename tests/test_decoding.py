@@ -108,18 +108,19 @@ def test_grouped_query_cache_holds_the_key_value_heads():
 
 def test_layers_share_the_rotary_angles_of_equal_frequencies():
     """With a cache, RoPE's angles of the new positions are computed once per forward and
-    shared by the layers whose frequencies are equal; other frequencies get their own."""
+    shared by the layers whose frequencies come from the same hyperparameters; others get
+    their own."""
     model = small("llama")
     cache = model.new_cache()
     with torch.no_grad():
         model(torch.randint(0, 97, (1, 5)), cache=cache)
-    first, second = (block.attn.omega for block in model.block)
-    assert first is not second
-    cos, sin = cache.rotary(first, 2)
-    shared = cache.rotary(second, 2)
+    first, second = (block.attn for block in model.block)
+    assert first.omega is not second.omega
+    cos, sin = cache.rotary(first.omega, (first.d, first.theta_base), 2)
+    shared = cache.rotary(second.omega, (second.d, second.theta_base), 2)
     assert shared[0] is cos and shared[1] is sin
-    other = 2 * first
-    cos, sin = cache.rotary(other, 2)
+    other = first.omega * 2
+    cos, sin = cache.rotary(other, (first.d, first.theta_base / 4), 2)
     angles = torch.arange(5, 7, dtype=torch.float32)[:, None] * other  # positions 5 and 6
     assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
     assert not torch.equal(cos, shared[0])

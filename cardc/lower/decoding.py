@@ -90,18 +90,23 @@ def _past() -> ir.Assign:
 
 def _share_rotary(m: ir.Module) -> bool:
     """RoPE's `phi ← positions ⊗ self.omega; cos, sin` (the fused attention's) → with a cache,
-    `cache.rotary(self.omega, T)`: the angles of the new positions, computed once per forward
-    rather than once per layer; without one, as before."""
+    `cache.rotary(self.omega, (self.d, self.theta_base), T)`: the angles of the new positions,
+    computed once per forward for every layer whose frequencies come from the same
+    hyperparameters, rather than once per layer; without a cache, as before."""
+    omega = next((b for b in m.buffers if b.name == "omega"), None)
+    if omega is None:
+        return False
     rows = ir.Sub(ir.Attr(ir.Ref(m.inputs[0].name), "shape"), (ir.Lit("-2"),))
     body = list(m.body)
     for j, st in enumerate(body[:-2]):
         cos, sin = body[j + 1], body[j + 2]
-        if not (_assigns(st, "phi") and _uses(st.value, ir.Ref("self.omega")) and
+        if not (_assigns(st, "phi") and _refs(st.value) & {"self.omega"} and
                 _assigns(cos, "cos", _method("phi", "cos")) and
                 _assigns(sin, "sin", _method("phi", "sin"))):
             continue
+        source = ir.Seq(tuple(ir.Ref(r) for r in sorted(_refs(omega.value))))
         shared = ir.Assign(("cos", "sin"), ir.Call(ir.Attr(CACHE, "rotary"),
-                                                   (ir.Ref("self.omega"), rows)),
+                                                   (ir.Ref("self.omega"), source, rows)),
                            ir.Note(text="the new positions' angles, shared by every layer"))
         body[j:j + 3] = [ir.If(NO_CACHE, (st, cos, sin), (shared,))]
         m.body = body
@@ -117,10 +122,12 @@ def _method(obj: str, name: str) -> ir.Call:
     return ir.Call(ir.Attr(ir.Ref(obj), name))
 
 
-def _uses(node, ref: ir.Ref) -> bool:
-    found = []
-    _rewrite(node, lambda e: found.append(e) if e == ref else None)
-    return bool(found)
+def _refs(node) -> set[str]:
+    """The attributes of the module (`self.d`) that `node` reads."""
+    found: set[str] = set()
+    _rewrite(node, lambda e: found.add(e.id) if isinstance(e, ir.Ref) and
+             e.id.startswith("self.") else None)
+    return found
 
 
 # ------------------------------------------------------------------ modules above
