@@ -205,18 +205,24 @@ def _rewrite(node, fn: Callable[[object], object | None]):
     new = fn(node)
     if new is not None:
         return new
-    if isinstance(node, tuple):
+    if type(node) is tuple:
         items = tuple(_rewrite(n, fn) for n in node)
         return node if all(a is b for a, b in zip(items, node, strict=True)) else items
-    if not dataclasses.is_dataclass(node) or isinstance(node, ir.Note):
-        return node
+    names = _FIELDS.get(type(node))
+    if names is None:
+        if not hasattr(node, "__dataclass_fields__") or type(node) is ir.Note:
+            return node  # a leaf: a string, a number, a note
+        names = _FIELDS[type(node)] = tuple(node.__dataclass_fields__)
     changes = {}
-    for f in dataclasses.fields(node):
-        old = getattr(node, f.name)
+    for name in names:
+        old = getattr(node, name)
         new = _rewrite(old, fn)
         if new is not old:
-            changes[f.name] = new
+            changes[name] = new
     return dataclasses.replace(node, **changes) if changes else node  # frozen: shared as is
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}  # an IR node class's fields, looked up once
 
 
 def _walk(stmts, visit: Callable[[ir.Stmt], None]) -> None:
