@@ -8,6 +8,8 @@ they come from, which become the comments of the generated code.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # ------------------------------------------------------------------ expressions
@@ -231,3 +233,32 @@ class Program:
     imports: set[str] = field(default_factory=set)  # "math"
     kv_cache: bool = False  # some module decodes with a KVCache, defined in the file
     rotary: bool = False  # and shares RoPE's angles through it (KVCache.rotary)
+
+
+# ------------------------------------------------------------------ rewriting
+
+
+def rewrite(node, fn: Callable[[object], object | None]):
+    """`node` with every sub-node `fn` replaces (it returns None to descend instead); nodes
+    nothing changed in are shared as they are."""
+    new = fn(node)
+    if new is not None:
+        return new
+    if type(node) is tuple:
+        items = tuple(rewrite(n, fn) for n in node)
+        return node if all(a is b for a, b in zip(items, node, strict=True)) else items
+    names = _FIELDS.get(type(node))
+    if names is None:
+        if not hasattr(node, "__dataclass_fields__") or type(node) is Note:
+            return node  # a leaf: a string, a number, a note
+        names = _FIELDS[type(node)] = tuple(node.__dataclass_fields__)
+    changes = {}
+    for name in names:
+        old = getattr(node, name)
+        new = rewrite(old, fn)
+        if new is not old:
+            changes[name] = new
+    return dataclasses.replace(node, **changes) if changes else node
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}  # a node class's fields, looked up once

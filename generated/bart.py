@@ -73,11 +73,11 @@ class SelfAttention(nn.Module):
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)  [attention.card:36]
 
     def forward(self, X):
-        qkv = X @ self.W_qkv + self.b_qkv  # (B, T, 3 D)  [attention.card:37]
+        qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:37]
         Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:37]
         Y_h = F.scaled_dot_product_attention(Q, K, V)  # (B, H, T, d)  [attention.card:37]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:38]
-        return Y @ self.W_o + self.b_o  # (B, T, D)  [attention.card:39]
+        return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:39]
 
 
 class ErfMLP(nn.Module):
@@ -97,7 +97,7 @@ class ErfMLP(nn.Module):
         self.b_2 = nn.Parameter(torch.zeros(D))  # (D,)  [mlp.card:18]
 
     def forward(self, X):
-        return F.gelu(X @ self.W_1 + self.b_1) @ self.W_2 + self.b_2  # (B, T, D)  [mlp.card:19]
+        return F.linear(F.gelu(F.linear(X, self.W_1.T, self.b_1)), self.W_2.T, self.b_2)  # (B, T, D)  [mlp.card:19]
 
 
 class BARTEncoderBlock(nn.Module):
@@ -145,13 +145,13 @@ class CausalSelfAttention(nn.Module):
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)  [attention.card:23]
 
     def forward(self, X, cache=None):
-        qkv = X @ self.W_qkv + self.b_qkv  # (B, T, 3 D)  [attention.card:24]
+        qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:24]
         Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:24]
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
         Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [attention.card:24]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:25]
-        return Y @ self.W_o + self.b_o  # (B, T, D)  [attention.card:26]
+        return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:26]
 
 
 class CrossAttention(nn.Module):
@@ -178,7 +178,7 @@ class CrossAttention(nn.Module):
         K, V = kv.unflatten(-1, (2, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T_z, d) each  [attention.card:64]
         Y_h = F.scaled_dot_product_attention(Q, K, V)  # (B, H, T, d)  [attention.card:64]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:65]
-        return Y @ self.W_o + self.b_o  # (B, T, D)  [attention.card:66]
+        return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:66]
 
 
 class BARTDecoderBlock(nn.Module):

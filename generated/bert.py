@@ -30,11 +30,11 @@ class SelfAttention(nn.Module):
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)  [attention.card:36]
 
     def forward(self, X):
-        qkv = X @ self.W_qkv + self.b_qkv  # (B, T, 3 D)  [attention.card:37]
+        qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:37]
         Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:37]
         Y_h = F.scaled_dot_product_attention(Q, K, V)  # (B, H, T, d)  [attention.card:37]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:38]
-        return Y @ self.W_o + self.b_o  # (B, T, D)  [attention.card:39]
+        return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:39]
 
 
 class ErfMLP(nn.Module):
@@ -54,7 +54,7 @@ class ErfMLP(nn.Module):
         self.b_2 = nn.Parameter(torch.zeros(D))  # (D,)  [mlp.card:18]
 
     def forward(self, X):
-        return F.gelu(X @ self.W_1 + self.b_1) @ self.W_2 + self.b_2  # (B, T, D)  [mlp.card:19]
+        return F.linear(F.gelu(F.linear(X, self.W_1.T, self.b_1)), self.W_2.T, self.b_2)  # (B, T, D)  [mlp.card:19]
 
 
 class BERTBlock(nn.Module):

@@ -31,11 +31,11 @@ class SelfAttention(nn.Module):
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)  [attention.card:36]
 
     def forward(self, X):
-        qkv = X @ self.W_qkv + self.b_qkv  # (B, T, 3 D)  [attention.card:37]
+        qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:37]
         Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:37]
         Y_h = F.scaled_dot_product_attention(Q, K, V)  # (B, H, T, d)  [attention.card:37]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:38]
-        return Y @ self.W_o + self.b_o  # (B, T, D)  [attention.card:39]
+        return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:39]
 
 
 class ErfMLP(nn.Module):
@@ -55,7 +55,7 @@ class ErfMLP(nn.Module):
         self.b_2 = nn.Parameter(torch.zeros(D))  # (D,)  [mlp.card:18]
 
     def forward(self, X):
-        return F.gelu(X @ self.W_1 + self.b_1) @ self.W_2 + self.b_2  # (B, T, D)  [mlp.card:19]
+        return F.linear(F.gelu(F.linear(X, self.W_1.T, self.b_1)), self.W_2.T, self.b_2)  # (B, T, D)  [mlp.card:19]
 
 
 class BERTBlock(nn.Module):
@@ -125,7 +125,7 @@ class BERTForMaskedLM(nn.Module):
         E = F.layer_norm(E, (self.D,), self.gamma_e, self.beta_e, self.eps)  # (B, T, D)  [bert.card:52]
         for block in self.block:  # [bert.card:53]
             E = block(E)  # (B, T, D)  [bert.card:54]
-        E = F.layer_norm(F.gelu(E @ self.W_t + self.b_t), (self.D,), self.gamma_t, self.beta_t, self.eps)  # (B, T, D)  [bert.card:56]
+        E = F.layer_norm(F.gelu(F.linear(E, self.W_t.T, self.b_t)), (self.D,), self.gamma_t, self.beta_t, self.eps)  # (B, T, D)  [bert.card:56]
         P = E @ self.W_e.T + self.b_u  # (B, T, V)  [bert.card:57]
         if targets is None:
             return P

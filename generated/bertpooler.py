@@ -3,6 +3,7 @@
 hidden state of the first position, [CLS]."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -20,4 +21,4 @@ class BERTPooler(nn.Module):
         self.b_pool = nn.Parameter(torch.zeros(D))  # (D,)  [bert.card:30]
 
     def forward(self, E):
-        return torch.tanh(E[..., 0, :] @ self.W_pool + self.b_pool)  # (B, D)  [bert.card:31]
+        return torch.tanh(F.linear(E[..., 0, :], self.W_pool.T, self.b_pool))  # (B, D)  [bert.card:31]

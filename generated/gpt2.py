@@ -64,13 +64,13 @@ class CausalSelfAttention(nn.Module):
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)  [attention.card:23]
 
     def forward(self, X, cache=None):
-        qkv = X @ self.W_qkv + self.b_qkv  # (B, T, 3 D)  [attention.card:24]
+        qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:24]
         Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:24]
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
         Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [attention.card:24]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:25]
-        return Y @ self.W_o + self.b_o  # (B, T, D)  [attention.card:26]
+        return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:26]
 
 
 class MLP(nn.Module):
@@ -90,7 +90,7 @@ class MLP(nn.Module):
         self.b_2 = nn.Parameter(torch.zeros(D))  # (D,)  [mlp.card:8]
 
     def forward(self, X):
-        return F.gelu(X @ self.W_1 + self.b_1, approximate="tanh") @ self.W_2 + self.b_2  # (B, T, D)  [mlp.card:9]
+        return F.linear(F.gelu(F.linear(X, self.W_1.T, self.b_1), approximate="tanh"), self.W_2.T, self.b_2)  # (B, T, D)  [mlp.card:9]
 
 
 class GPT2Block(nn.Module):

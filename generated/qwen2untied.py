@@ -82,9 +82,9 @@ class GroupedQueryAttentionBiased(nn.Module):
         self.register_buffer("omega", (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(), persistent=False)  # (d,): −ω, then ω  [gqa.card:33]
 
     def forward(self, X, cache=None):
-        Q = (X @ self.W_q + self.b_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:30]
-        K = (X @ self.W_k + self.b_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
-        V = (X @ self.W_v + self.b_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
+        Q = F.linear(X, self.W_q.T, self.b_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:30]
+        K = F.linear(X, self.W_k.T, self.b_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
+        V = F.linear(X, self.W_v.T, self.b_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
         if cache is None:
             phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()  # (T, d): the angles, the first half negated  [gqa.card:33]
             cos = phi.cos()  # (T, d)  [gqa.card:33]

@@ -131,7 +131,9 @@ def test_fused_gpt2_is_vectorised():
     assert ("F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else "
             "cache.mask(Q, K), is_causal=cache is None)") in src
     assert src.count("F.layer_norm(") == 3
-    assert 'F.gelu(X @ self.W_1 + self.b_1, approximate="tanh")' in src
+    # a product plus a bias is one addmm: F.linear on the card's (in, out) layout, viewed
+    assert 'F.gelu(F.linear(X, self.W_1.T, self.b_1), approximate="tanh")' in src
+    assert "qkv = F.linear(X, self.W_qkv.T, self.b_qkv)" in src and " + self.b_" not in src
     assert "range(self.H)" not in src  # heads are batched, not looped
     assert "def LayerNorm" not in src and "def AttentionHead" not in src
 

@@ -16,6 +16,7 @@ from ..types import BundleTy, Entry, FamilyTy, Ty
 from .body import Body, bound_sizes
 from .decoding import add_kv_cache
 from .intrinsics import Passes
+from .peephole import fold_bias
 from .values import (
     Family,
     LowerError,
@@ -67,6 +68,7 @@ class Lowering:
     def model(self, alg: s.Algorithm) -> ir.Program:
         top = self.module(alg, top=True)
         if self.fuse:
+            fold_bias(self.program)
             add_kv_cache(self.program, top)
         sig = self.checker.info(alg).sig
         ctor = self.ctor_args(alg)

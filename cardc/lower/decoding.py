@@ -77,7 +77,7 @@ def _offset_positions(m: ir.Module, body: list[ir.Stmt]) -> list[ir.Stmt]:
             return dataclasses.replace(e, args=(PAST, ir.Bin("+", PAST, rows)))
         return None
 
-    out = [_rewrite(st, shift) for st in body]
+    out = [ir.rewrite(st, shift) for st in body]
     if out == body:
         return body
     return [_past(), *out]
@@ -125,7 +125,7 @@ def _method(obj: str, name: str) -> ir.Call:
 def _refs(node) -> set[str]:
     """The attributes of the module (`self.d`) that `node` reads."""
     found: set[str] = set()
-    _rewrite(node, lambda e: found.add(e.id) if isinstance(e, ir.Ref) and
+    ir.rewrite(node, lambda e: found.add(e.id) if isinstance(e, ir.Ref) and
              e.id.startswith("self.") else None)
     return found
 
@@ -145,13 +145,13 @@ def _pass_cache(m: ir.Module, cached: set[str]) -> bool:
     def add(e):
         if isinstance(e, ir.Call) and isinstance(e.func, ir.Ref) and \
                 (e.func.id in attrs or e.func.id in loops):
-            args = tuple(_rewrite(a, add) for a in e.args)
+            args = tuple(ir.rewrite(a, add) for a in e.args)
             return dataclasses.replace(e, args=args, kwargs=(*e.kwargs, ("cache", CACHE)))
         return None
 
     before = m.body
     _walk(m.body, visit)
-    m.body = [_rewrite(st, add) for st in m.body]
+    m.body = [ir.rewrite(st, add) for st in m.body]
     return m.body != before
 
 
@@ -178,7 +178,7 @@ def _count_positions(top: ir.Module) -> None:
             return ir.Lit(e.text.replace(f"{{{length}}}", f"{{past + {length}}}"))
         return None
 
-    body = [_rewrite(st, shift) for st in top.body]
+    body = [ir.rewrite(st, shift) for st in top.body]
     if body != top.body:  # positions read: after their count, the tokens decoded before
         at = next(i for i, st in enumerate(body) if isinstance(st, ir.Assign) and
                   st.targets == (length,)) + 1
@@ -200,31 +200,6 @@ def _positions(item, t: ir.Ref) -> bool:
 
 
 # ------------------------------------------------------------------ tree walking
-def _rewrite(node, fn: Callable[[object], object | None]):
-    """`node` with every sub-node `fn` replaces (it returns None to descend instead)."""
-    new = fn(node)
-    if new is not None:
-        return new
-    if type(node) is tuple:
-        items = tuple(_rewrite(n, fn) for n in node)
-        return node if all(a is b for a, b in zip(items, node, strict=True)) else items
-    names = _FIELDS.get(type(node))
-    if names is None:
-        if not hasattr(node, "__dataclass_fields__") or type(node) is ir.Note:
-            return node  # a leaf: a string, a number, a note
-        names = _FIELDS[type(node)] = tuple(node.__dataclass_fields__)
-    changes = {}
-    for name in names:
-        old = getattr(node, name)
-        new = _rewrite(old, fn)
-        if new is not old:
-            changes[name] = new
-    return dataclasses.replace(node, **changes) if changes else node  # frozen: shared as is
-
-
-_FIELDS: dict[type, tuple[str, ...]] = {}  # an IR node class's fields, looked up once
-
-
 def _walk(stmts, visit: Callable[[ir.Stmt], None]) -> None:
     for st in stmts:
         visit(st)
