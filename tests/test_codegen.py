@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cardc import ir
 from cardc.build import (
     checked,
     generated_cards,
@@ -24,6 +25,7 @@ from cardc.build import (
 )
 from cardc.diagnostics import CardError
 from cardc.lower.intrinsics import match, patterns
+from cardc.lower.peephole import fold_bias
 from cardc.parser import parse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -400,3 +402,21 @@ def test_a_single_index_picks_a_row_of_a_matrix(tmp_path):
     first, _ = instantiate(checker, lib.find("First"), {"D": 4})
     E = torch.randn(2, 5, 4)
     torch.testing.assert_close(first(E), torch.tanh(E[:, 0] @ first.W))
+
+
+def test_bias_folds_into_linear_for_a_parameter_matrix_and_vector_only():
+    """`X @ W + b` and `b + X @ W` become F.linear(X, W.T, b); a product by an activation,
+    or a sum with a matrix, stays as it is."""
+    X, W, b, M = (ir.Ref(n) for n in ("X", "self.W", "self.b", "self.M"))
+    params = [ir.Param("W", (ir.Lit("4"), ir.Lit("4")), ir.Lit("w")),
+              ir.Param("b", (ir.Lit("4"),), ir.Lit("b")),
+              ir.Param("M", (ir.Lit("4"), ir.Lit("4")), ir.Lit("m"))]
+    kept = [ir.Bin("+", ir.Bin("@", X, X), b), ir.Bin("+", ir.Bin("@", X, W), M)]
+    body = [ir.Return(ir.Bin("+", ir.Bin("@", X, W), b)),
+            ir.Return(ir.Bin("+", b, ir.Bin("@", ir.Bin("+", ir.Bin("@", X, W), b), W))),
+            *(ir.Return(e) for e in kept)]
+    program = ir.Program([], modules=[ir.Module("M", "", "", [], [], params, [], [], body)])
+    fold_bias(program)
+    linear = ir.Call(ir.Ref("F.linear"), (X, ir.Attr(W, "T"), b))
+    assert [st.value for st in program.modules[0].body] == [
+        linear, ir.Call(ir.Ref("F.linear"), (linear, ir.Attr(W, "T"), b)), *kept]

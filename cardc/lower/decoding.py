@@ -4,9 +4,9 @@ Every attention lowered to causal SDPA keeps its keys and values in a `KVCache`,
 card's attention holds them: after RoPE, one per key/value head (SDPA shares each among its
 group of query heads). The modules above pass the cache down, and the language model offsets
 its positions by the tokens decoded before. RoPE's angles of the new positions are the same in
-every layer, so with a cache the first layer computes them and the others share them. Without a cache the code is what it was, so every
-equivalence of the fused lowering still holds; with one, the logits of the new tokens equal
-full recomputation (tests/test_decoding.py).
+every layer, so with a cache the first layer computes them and the others share them. Without
+a cache the code is what it was, so every equivalence of the fused lowering still holds; with
+one, the logits of the new tokens equal full recomputation (tests/test_decoding.py).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _share_rotary(m: ir.Module) -> bool:
     body = list(m.body)
     for j, st in enumerate(body[:-2]):
         cos, sin = body[j + 1], body[j + 2]
-        if not (_assigns(st, "phi") and _refs(st.value) & {"self.omega"} and
+        if not (_assigns(st, "phi") and "self.omega" in _refs(st.value) and
                 _assigns(cos, "cos", _method("phi", "cos")) and
                 _assigns(sin, "sin", _method("phi", "sin"))):
             continue

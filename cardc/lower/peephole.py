@@ -12,21 +12,25 @@ from .. import ir
 
 
 def fold_bias(program: ir.Program) -> None:
+    """Every module's `X @ W + b` (or `b + X @ W`) → `F.linear(X, W.T, b)`."""
     for m in program.modules:
-        shapes = {f"self.{p.name}": len(p.shape) for p in m.params}
+        _fold_module(m)
 
-        def fold(e, shapes=shapes):
-            if not (isinstance(e, ir.Bin) and e.op == "+"):
-                return None
-            for prod, bias in ((e.left, e.right), (e.right, e.left)):
-                if isinstance(prod, ir.Bin) and prod.op == "@" and _param(prod.right, shapes, 2) \
-                        and _param(bias, shapes, 1):
-                    x = ir.rewrite(prod.left, fold)
-                    return ir.Call(ir.Ref("F.linear"), (x, ir.Attr(prod.right, "T"), bias))
+
+def _fold_module(m: ir.Module) -> None:
+    ranks = {f"self.{p.name}": len(p.shape) for p in m.params}
+
+    def param(e: ir.Expr, rank: int) -> bool:
+        return isinstance(e, ir.Ref) and ranks.get(e.id) == rank
+
+    def fold(e):
+        if not (isinstance(e, ir.Bin) and e.op == "+"):
             return None
+        for prod, bias in ((e.left, e.right), (e.right, e.left)):
+            if isinstance(prod, ir.Bin) and prod.op == "@" and param(prod.right, 2) and \
+                    param(bias, 1):
+                x = ir.rewrite(prod.left, fold)
+                return ir.Call(ir.Ref("F.linear"), (x, ir.Attr(prod.right, "T"), bias))
+        return None
 
-        m.body = [ir.rewrite(st, fold) for st in m.body]
-
-
-def _param(e: ir.Expr, shapes: dict[str, int], rank: int) -> bool:
-    return isinstance(e, ir.Ref) and shapes.get(e.id) == rank
+    m.body = [ir.rewrite(st, fold) for st in m.body]
