@@ -1533,6 +1533,9 @@ def _suggest(name: str, candidates: list[str]) -> str | None:
 
 
 def check(lib: Library) -> tuple[Checker, Diagnostics]:
+    from .presets import check_presets  # it reads what checking found: imported after
+
     checker = Checker(lib)
     checker.check_all()
+    check_presets(checker)  # every preset evaluated: what check accepts also builds
     return checker, checker.diags

@@ -123,6 +123,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .build import files_used
     from .checker import check
     from .info import PresetError, summarize
+    from .presets import validate
 
     _require_cards([args.card])
     lib, _ = load([args.card], root=args.library)
@@ -137,6 +138,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     alg = algs[0]
     try:
         overrides = _overrides(args.set)
+        validate(checker, alg, args.preset, overrides, _set_flags(args.set))
         summary = summarize(checker.infos[id(alg)].sig, args.preset, overrides)
     except PresetError as err:
         return _report(err.card_error(diags.sources).diagnostics)
@@ -234,6 +236,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UsageError("--pad-vocab changes the model's shapes; a resumed run keeps its "
                              "checkpoint's")
         model_overrides = _padded_vocab(args.preset, model_overrides, checker, model_card)
+    _validated(lib, checker, model_card, args.preset, model_overrides, _set_flags(args.set))
     model = build_model(lib.file_of(model_card).path, args.preset, model_overrides,
                         args.library, model_card.name)
     if resumed is not None:
@@ -329,12 +332,12 @@ def _recipe(args: argparse.Namespace):
 
 def _recipe_values(args: argparse.Namespace, lib, checker, recipe):
     """The training card's hyperparameters (preset, flags, --set) and the model's overrides."""
-    from .info import PresetError, check_ranges, preset_values
     from .lower.values import card_names
 
     info = checker.info(recipe)
     names = card_names(info.sig)
     overrides = _overrides(args.set)
+    flags = _set_flags(args.set)
     mine = {k: v for k, v in overrides.items() if k in names}  # the rest are the model's
     for flag, name in RECIPE_FLAGS.items():
         value = getattr(args, flag)
@@ -346,11 +349,8 @@ def _recipe_values(args: argparse.Namespace, lib, checker, recipe):
             raise UsageError(f"--{flag.replace('_', '-')} sets {name}, which {recipe.name} "
                              f"does not have; set its hyperparameters with --set NAME=VALUE")
         mine[name] = value
-    try:
-        values = preset_values(info.sig, args.preset, mine)
-        check_ranges(recipe, values)
-    except PresetError as err:
-        raise err.card_error(lib.diags.sources) from None
+        flags[name] = f"--{flag.replace('_', '-')} {value}"
+    values = _validated(lib, checker, recipe, args.preset, mine, flags)
     missing = [n for n in names if n not in values]
     if missing:
         raise UsageError(f"{recipe.name} needs {', '.join(missing)}: set it with --set NAME=VALUE")
@@ -493,6 +493,23 @@ def _typed(sig, names: list[str], values: dict[str, float]) -> dict[str, int | f
 
     return {python_name(n): int(values[n]) if sig.hypers[n].elem == "ℕ" else float(values[n])
             for n in names}
+
+
+def _set_flags(pairs: list[str]) -> dict[str, str]:
+    """Each `--set NAME=VALUE` as typed, by the name it sets: errors name the flag."""
+    return {pair.partition("=")[0].strip(): f"--set {pair}" for pair in pairs}
+
+
+def _validated(lib, checker, alg, preset: str | None, overrides: dict[str, float],
+               flags: dict[str, str]) -> dict:
+    """A card's values at a preset and the command line's overrides, checked through every card
+    it calls; a bad value ends in one message naming its flag (or its preset line)."""
+    from .presets import PresetError, validate
+
+    try:
+        return validate(checker, alg, preset, overrides, flags)
+    except PresetError as err:
+        raise err.card_error(lib.diags.sources) from None
 
 
 def _overrides(pairs: list[str]) -> dict[str, float]:

@@ -7,89 +7,31 @@ from fractions import Fraction
 
 from . import syntax as s
 from .checker import Signature
-from .diagnostics import CardError, Diagnostics
 from .dims import Dim
+from .presets import PresetError, in_ranges, own_values
 from .types import BundleTy, Entry, FamilyTy, Ty
 
 
-class PresetError(Exception):
-    def __init__(self, span: s.Span, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.span, self.message, self.hint = span, message, hint
-
-    def card_error(self, sources: dict[str, str]) -> CardError:
-        """The located diagnostic a command reports."""
-        diags = Diagnostics(sources=sources)
-        diags.error(self.span, self.message, self.hint)
-        return CardError(diags)
-
-
-def _number(e: s.Expr, env: dict[str, float]) -> float:
-    if isinstance(e, s.Num):
-        return e.value
-    if isinstance(e, s.Name):
-        if e.id not in env:
-            raise PresetError(e.span, f"'{e.id}' has no value here")
-        return env[e.id]
-    if isinstance(e, s.Unary) and e.op == "−":
-        return -_number(e.operand, env)
-    if isinstance(e, s.Power):
-        return _number(e.base, env) ** _number(e.exponent, env)
-    if isinstance(e, s.BinOp):
-        a, b = _number(e.left, env), _number(e.right, env)
-        ops = {"+": a + b, "−": a - b, "·": a * b, " ": a * b, "/": a / b if b else float("nan")}
-        if e.op in ops:
-            return ops[e.op]
-    raise PresetError(e.span, "expected a number")
-
-
 def preset_values(sig: Signature, preset: str | None, overrides: dict[str, float]) -> dict[str, float]:
-    """Hyperparameter values: defaults, then the preset, then overrides; definitions derived."""
+    """Hyperparameter values: defaults, then the preset, then overrides; definitions derived.
+
+    ℕ values are ints, the others floats. Only the card's own declarations are checked here;
+    `presets.validate` checks the sizes of every card it calls too."""
     alg = sig.alg
-    env: dict[str, float] = {}
     chosen = None
     if preset is not None:
         chosen = next((p for p in alg.presets if p.name == preset), None)
         if chosen is None:
             names = ", ".join(p.name for p in alg.presets) or "none"
             raise PresetError(alg.span, f"'{alg.name}' has no preset '{preset}' (presets: {names})")
-    for name, expr in sig.defaults.items():
-        env[name] = _number(expr, env)
-    for name, expr in chosen.values if chosen else ():
-        if name not in sig.hypers:
-            raise PresetError(expr.span, f"preset '{preset}' sets '{name}', which is not a "
-                                         f"hyperparameter of '{alg.name}'")
-        env[name] = _number(expr, env)
-    for name, value in overrides.items():
-        if name not in sig.hypers:
-            raise PresetError(alg.span, f"'{name}' is not a hyperparameter of '{alg.name}'")
-        env[name] = value
-    for name, dim in sig.definitions.items():
-        value = evaluate(dim, env, alg.span)
-        if value != int(value):
-            raise PresetError(alg.span, f"'{name}' = {dim} is not a whole number ({float(value):g})")
-        env[name] = int(value)
-    return env
+    env = own_values(sig, chosen, overrides)
+    return {k: int(v) if sig.hypers.get(k, Ty()).elem == "ℕ" and v.denominator == 1 else float(v)
+            for k, v in env.items()}
 
 
 def check_ranges(alg: s.Algorithm, values: dict[str, float]) -> None:
     """Hyperparameter values inside the intervals the card declares (`η ∈ (0, ∞)`)."""
-    for d in alg.decls("Hyperparameters"):
-        if not (isinstance(d, s.Decl) and isinstance(d.type, s.Interval)):
-            continue
-        lo, hi = (_number(b, values) for b in (d.type.lo, d.type.hi))
-        for name in d.names:
-            v = values.get(name)
-            if v is None:
-                continue
-            above = v >= lo if d.type.lo_closed else v > lo
-            below = v <= hi if d.type.hi_closed else v < hi
-            if not (above and below):
-                left, right = "[(" [not d.type.lo_closed], "])" [not d.type.hi_closed]
-                shown = [("−∞" if b < 0 else "∞") if abs(b) == float("inf") else f"{b:g}"
-                         for b in (lo, hi)]
-                raise PresetError(d.span, f"'{name}' = {v:g} lies outside {left}{shown[0]}, "
-                                          f"{shown[1]}{right}, where the card declares it")
+    in_ranges(alg, {k: Fraction(v) for k, v in values.items()})
 
 
 def evaluate(dim: Dim, env: dict[str, float], span: s.Span) -> Fraction:

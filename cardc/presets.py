@@ -1,0 +1,581 @@
+"""Preset values, evaluated exactly and checked through every card a card calls.
+
+A card's hyperparameters take values from its defaults, then a preset, then the command line.
+`check` evaluates every preset here so that whatever it accepts also builds: numbers are exact
+(Fractions), finite and within a float's range; ℕ hyperparameters are whole numbers; every size the
+card or a card it calls derives from them (D/H, the shape of every parameter and of every step's
+value that the values determine, each family's count) is a positive whole number; scalars lie
+inside the interval the card declares. A problem is reported where the value came from: the
+preset value, the preset's name for a derived size (with a note at the declaration that derives
+it), or the command-line flag.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from . import syntax as s
+from .diagnostics import CardError, Diagnostics
+from .dims import Dim
+from .spelling import display
+from .types import BundleTy, Entry, FamilyTy, Ty
+
+if TYPE_CHECKING:
+    from .checker import Checker, Signature
+
+LARGEST = Fraction(int(sys.float_info.max))  # generated code holds every value as a float or int
+MAX_SIZE = 2**63 - 1  # torch sizes are 64-bit signed integers
+MAX_DECIMAL_EXPONENT = 400  # 1e400 is beyond any float: refused before the exact value is built
+MAX_POWER_BITS = 1 << 16  # an exact power bigger than this is computed as a float instead
+_NUMBER = re.compile(r"(\d*\.?\d*)(?:[eE]([+-]?\d+))?")
+
+
+class PresetError(Exception):
+    """A value a card states (a preset, a default) that does not give a model; located."""
+
+    def __init__(self, span: s.Span, message: str, hint: str | None = None,
+                 notes: tuple[tuple[s.Span, str], ...] = ()):
+        super().__init__(message)
+        self.span, self.message, self.hint, self.notes = span, message, hint, notes
+
+    def card_error(self, sources: dict[str, str]) -> CardError:
+        """The located diagnostic a command reports."""
+        diags = Diagnostics(sources=sources)
+        diags.error(self.span, self.message, self.hint, self.notes)
+        return CardError(diags)
+
+
+class OverrideError(ValueError):
+    """A value given on the command line (`--set H=3`, `--steps -3`) that the card refuses."""
+
+
+class _Unknown(PresetError):
+    """A name without a value here (a loop variable, an input's length): not checkable yet."""
+
+
+class _NotNumber(PresetError):
+    """An expression that is not arithmetic on numbers (a mask rule passed to a call)."""
+
+
+# ------------------------------------------------------------------ exact numbers
+
+
+def _fits(v: Fraction, span: s.Span) -> Fraction:
+    if abs(v) > LARGEST:
+        raise PresetError(span, f"this value overflows: it is beyond {sys.float_info.max:.4g}, "
+                                "the largest number generated code can hold")
+    return v
+
+
+def number(e: s.Expr, env: dict[str, Fraction]) -> Fraction:
+    """The exact value of a number written in a card; PresetError for anything else, for ∞, for
+    a division by zero and for a value beyond a float's range."""
+    if isinstance(e, s.Num):
+        return _literal(e)
+    if isinstance(e, s.Name):
+        if e.id not in env:
+            raise _Unknown(e.span, f"'{display(e.id)}' has no value here")
+        return env[e.id]
+    if isinstance(e, s.Unary) and e.op in ("−", "+"):
+        v = number(e.operand, env)
+        return -v if e.op == "−" else v
+    if isinstance(e, s.Unary) and e.op == "√":
+        return _root(number(e.operand, env), e.span)
+    if isinstance(e, s.Power):
+        return _power(number(e.base, env), number(e.exponent, env), e.span)
+    if isinstance(e, s.BinOp) and e.op in ("+", "−", "·", " ", "/"):
+        a, b = number(e.left, env), number(e.right, env)
+        if e.op == "/" and b == 0:
+            raise PresetError(e.span, "division by zero")
+        ops = {"+": lambda: a + b, "−": lambda: a - b, "·": lambda: a * b, " ": lambda: a * b,
+               "/": lambda: a / b}
+        return _fits(ops[e.op](), e.span)
+    raise _NotNumber(e.span, "expected a number", hint="a value is a number or arithmetic "
+                                                        "(+ − · / ^ √) on numbers and names")
+
+
+def _literal(e: s.Num) -> Fraction:
+    if e.text == "∞":
+        raise PresetError(e.span, "∞ is not a finite number", hint="give a finite value")
+    m = _NUMBER.fullmatch(e.text)
+    if not m or m.group(1) in ("", "."):
+        raise PresetError(e.span, f"'{e.text}' is not a number")
+    mantissa = Fraction(m.group(1))
+    exp = int(m.group(2) or 0)
+    if mantissa and abs(exp) > MAX_DECIMAL_EXPONENT:
+        raise PresetError(e.span, f"{e.text} is {'beyond' if exp > 0 else 'below'} the range of "
+                                  "the numbers generated code can hold")
+    return _fits(mantissa * Fraction(10) ** exp, e.span)
+
+
+def _root(v: Fraction, span: s.Span) -> Fraction:
+    if v < 0:
+        raise PresetError(span, "the square root of a negative number")
+    n, d = math.isqrt(v.numerator), math.isqrt(v.denominator)
+    if n * n == v.numerator and d * d == v.denominator:
+        return Fraction(n, d)
+    return Fraction(math.sqrt(v))
+
+
+def _power(base: Fraction, exp: Fraction, span: s.Span) -> Fraction:
+    if base == 0:
+        if exp < 0:
+            raise PresetError(span, "division by zero (0 to a negative power)")
+        return Fraction(1) if exp == 0 else Fraction(0)
+    size = base.numerator.bit_length() - base.denominator.bit_length()  # ≈ log2 |base|
+    if abs(exp) * abs(size) > 1100:  # 2^1100: past the largest float, or an underflow
+        raise PresetError(span, "this power overflows: it is beyond the range of the numbers "
+                                "generated code can hold")
+    bits = abs(exp) * (base.numerator.bit_length() + base.denominator.bit_length())
+    if exp.denominator == 1 and bits <= MAX_POWER_BITS:
+        return _fits(base ** int(exp), span)
+    if base < 0:
+        if exp.denominator != 1:
+            raise PresetError(span, "a negative number to a fractional power is not a real number")
+        return -_power(-base, exp, span) if int(exp) % 2 else _power(-base, exp, span)
+    try:
+        return _fits(Fraction(math.pow(float(base), float(exp))), span)
+    except (OverflowError, ValueError):
+        raise PresetError(span, "this power overflows") from None
+
+
+def _shown(v: Fraction) -> str:
+    if v.denominator == 1:
+        return str(v.numerator) if abs(v.numerator) < 10**16 else f"{float(v):.4g}"
+    den = v.denominator
+    for f in (2, 5):
+        while den % f == 0:
+            den //= f
+    if den == 1:  # a decimal fraction: as it was written
+        return f"{float(v):.12g}"
+    if v.denominator < 10**6 and abs(v.numerator) < 10**12:
+        return f"{v.numerator}/{v.denominator}"
+    return f"{float(v):.6g}"
+
+
+def _shown_number(v: float | Fraction) -> str:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return _shown(Fraction(v))
+
+
+# ------------------------------------------------------------------ where values come from
+
+
+@dataclass
+class _Values:
+    """Values of one card's hyperparameters, and the root hyperparameters each depends on."""
+
+    env: dict[str, Fraction] = field(default_factory=dict)
+    deps: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def set(self, name: str, value: Fraction, deps: frozenset[str]) -> None:
+        self.env[name], self.deps[name] = value, deps
+
+    def deps_of(self, symbols: set[str]) -> frozenset[str]:
+        return frozenset().union(*(self.deps.get(x, frozenset()) for x in symbols))
+
+
+@dataclass
+class _Source:
+    """Who set the root card's values: a preset (its values' spans), the command line."""
+
+    alg: s.Algorithm
+    sources: dict[str, str]
+    preset: s.Preset | None = None
+    spans: dict[str, s.Span] = field(default_factory=dict)  # preset-set name → its value's span
+    flags: dict[str, str] = field(default_factory=dict)  # overridden name → the flag that set it
+
+    def blame(self, deps: frozenset[str], message: str, note: tuple[s.Span, str] | None,
+              direct: str | None = None) -> Exception:
+        """The error for a problem in a quantity computed from the root values `deps`."""
+        flags = [self.flags[n] for n in self.flags if n in deps]
+        if flags:
+            where = f" ({note[1]} at {_path(note[0].file)}:{note[0].line})" if note else ""
+            return OverrideError(f"{flags[0]}: {message}{where}")
+        notes = (note,) if note and note[0] != s.NOWHERE else ()
+        if direct is not None and direct in self.spans and deps <= {direct}:
+            return PresetError(self.spans[direct], message, notes=notes)
+        if self.preset is not None and deps & set(self.spans):
+            return PresetError(_name_span(self.preset, self.sources), message, notes=notes)
+        if notes:  # the card's own defaults: blame the declaration
+            return PresetError(notes[0][0], message)
+        return PresetError(self.alg.span, message)
+
+
+def _path(path: str) -> str:
+    """A path relative to the working directory when it lies below it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def _name_span(preset: s.Preset, sources: dict[str, str]) -> s.Span:
+    """The span of the preset's name on its `Preset NAME:` line."""
+    sp = preset.span
+    lines = sources.get(sp.file, "").splitlines()
+    if 0 < sp.line <= len(lines):
+        at = lines[sp.line - 1].find(preset.name, sp.col - 1)
+        if at >= 0:
+            return s.Span(sp.file, sp.line, at + 1, sp.line, at + 1 + len(preset.name))
+    return sp
+
+
+def _value_name_span(expr: s.Expr, sources: dict[str, str]) -> s.Span:
+    """The span of NAME in `NAME = value` on a preset line, read off the source text."""
+    sp = expr.span
+    lines = sources.get(sp.file, "").splitlines()
+    if not 0 < sp.line <= len(lines):
+        return sp
+    text = lines[sp.line - 1][:sp.col - 1].rstrip()
+    if not text.endswith("="):
+        return sp
+    end = len(text[:-1].rstrip())
+    start, depth = end, 0
+    while start > 0:
+        c = text[start - 1]
+        depth += (c == "}") - (c == "{")
+        if depth == 0 and (c in ",:" or c.isspace()):
+            break
+        start -= 1
+    return s.Span(sp.file, sp.line, start + 1, sp.line, end + 1) if start < end else sp
+
+
+# ------------------------------------------------------------------ one card's values
+
+
+def _declared(alg: s.Algorithm) -> dict[str, s.Span]:
+    """Every name the card declares (hyperparameters, inputs, outputs, parameters) → its line."""
+    out: dict[str, s.Span] = {}
+
+    def go(item: s.Item) -> None:
+        if isinstance(item, s.Decl):
+            for n in item.names:
+                out.setdefault(n, item.span)
+        for sub in getattr(item, "items", ()):
+            go(sub)
+        name = getattr(item, "name", None)
+        if isinstance(item, s.Bundle) and name:
+            out.setdefault(name, item.span)
+
+    for block in alg.blocks:
+        for item in block.items:
+            go(item)
+    return out
+
+
+def _natural(name: str, v: Fraction, span_problem) -> None:
+    if v.denominator != 1 or v < 0:
+        raise span_problem(f"'{display(name)}' ∈ ℕ is {_shown(v)}, not a whole number ≥ 0")
+    if v > MAX_SIZE:
+        raise span_problem(f"'{display(name)}' = {_shown(v)} is too large for a size "
+                           f"(at most 2^63 − 1)")
+
+
+def _own_values(sig: Signature, src: _Source, preset: s.Preset | None,
+                overrides: dict[str, float]) -> _Values:
+    """The root card's values: defaults, then the preset, then the overrides; then definitions."""
+    vals = _Values()
+    declared = _declared(sig.alg)
+    for name, expr in sig.defaults.items():
+        vals.set(name, number(expr, vals.env), frozenset())
+    seen: dict[str, s.Expr] = {}
+    for name, expr in preset.values if preset else ():
+        where = _value_name_span(expr, src.sources)
+        if name in seen:
+            raise PresetError(where, f"preset '{preset.name}' sets '{display(name)}' twice",
+                              notes=((seen[name].span, "first set here"),))
+        seen[name] = expr
+        if name not in sig.hypers:
+            raise PresetError(where, f"preset '{preset.name}' sets '{display(name)}', which is "
+                                     f"not a hyperparameter of '{sig.alg.label}'",
+                              hint=_known(sig))
+        if name in sig.definitions:
+            raise PresetError(where, f"'{display(name)}' = {display(str(sig.definitions[name]))} "
+                                     "is derived, not set",
+                              hint=f"set {', '.join(map(display, sorted(sig.definitions[name].symbols)))} instead")
+        src.spans[name] = expr.span
+        vals.set(name, number(expr, vals.env), frozenset({name}))
+    for name, value in overrides.items():
+        flag = src.flags.setdefault(name, f"{display(name)}={_shown_number(value)}")
+        if name not in sig.hypers:
+            raise OverrideError(f"{flag}: '{display(name)}' is not a hyperparameter of "
+                                f"'{sig.alg.label}' ({_known(sig)})")
+        if name in sig.definitions:
+            raise OverrideError(f"{flag}: '{display(name)}' = "
+                                f"{display(str(sig.definitions[name]))} is derived, not set")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise OverrideError(f"{flag}: {value} is not a finite number")
+        try:
+            exact = _fits(Fraction(value), s.NOWHERE)
+        except PresetError:
+            raise OverrideError(f"{flag}: {_shown_number(value)} overflows") from None
+        vals.set(name, exact, frozenset({name}))
+    for name, value in vals.env.items():
+        if sig.hypers.get(name, Ty()).elem == "ℕ" and name not in sig.definitions:
+            decl = declared.get(name)
+            _natural(name, value, lambda m, n=name, d=decl: src.blame(
+                vals.deps[n], m, (d, f"'{display(n)}' declared") if d else None, direct=n))
+    _define(sig, vals, src, declared)
+    return vals
+
+
+def _known(sig: Signature) -> str:
+    names = [display(n) for item in sig.alg.decls("Hyperparameters") if isinstance(item, s.Decl)
+             for n in item.names if n not in sig.definitions]
+    return f"its hyperparameters: {', '.join(names)}" if names else "it has no hyperparameters"
+
+
+def _define(sig: Signature, vals: _Values, src: _Source, declared: dict[str, s.Span]) -> None:
+    """Derived hyperparameters (d = D/H): positive whole numbers."""
+    for name, dim in sig.definitions.items():
+        value = _dim_value(dim, vals)
+        if value is None:
+            continue
+        note = (declared.get(name, sig.alg.span), f"{display(name)} = {display(str(dim))} "
+                                                  f"in '{sig.alg.label}'")
+        _positive(f"{display(name)} = {display(str(dim))}", dim, value, vals, src, note)
+        vals.set(name, value, vals.deps_of(dim.symbols))
+
+
+def _dim_value(dim: Dim, vals: _Values) -> Fraction | None:
+    if not dim.symbols <= set(vals.env):
+        return None  # a size known only at run time (T, |x|), or a loop variable
+    return dim.evaluate(vals.env)
+
+
+def _positive(what: str, dim: Dim, value: Fraction, vals: _Values, src: _Source,
+              note: tuple[s.Span, str]) -> None:
+    if value.denominator == 1 and 0 < value <= MAX_SIZE:
+        return
+    bare = len(dim.symbols) == 1 and dim == Dim.sym(next(iter(dim.symbols)))
+    given = "" if bare else " (" + ", ".join(f"{display(x)} = {_shown(vals.env[x])}"
+                                             for x in sorted(dim.symbols)) + ")"
+    if value.denominator != 1:
+        problem = "is not a whole number"
+    elif value <= 0:
+        problem = "is not positive: a size is at least 1"
+    else:
+        problem = "is too large for a size (at most 2^63 − 1)"
+    ratio = f"{value.numerator}/{value.denominator}" if value.denominator < 10**6 and \
+        abs(value.numerator) < 10**12 and value.denominator != 1 else _shown(value)
+    raise src.blame(vals.deps_of(dim.symbols), f"{what} = {ratio}{given} {problem}",
+                    note, direct=next(iter(dim.symbols)) if bare else None)
+
+
+# ------------------------------------------------------------------ through the calls
+
+
+class _Walk:
+    """Checks one root card's values, and every card it calls at the values the call gives."""
+
+    def __init__(self, checker: Checker, src: _Source):
+        self.checker, self.src = checker, src
+        self.seen: set[tuple[int, tuple]] = set()
+
+    def card(self, alg: s.Algorithm, vals: _Values) -> None:
+        key = (id(alg), tuple(sorted(vals.env.items())))
+        info = self.checker.infos.get(id(alg))
+        if key in self.seen or info is None:
+            return
+        self.seen.add(key)
+        declared = _declared(alg)
+        self.ranges(alg, vals, declared)
+        self.entries(info.sig, vals, declared)
+        self.steps(alg, info, vals)
+        for call in info.calls.values():
+            callee = self.checker.infos.get(id(call.callee))
+            if callee is not None:
+                self.card(call.callee, self.callee_values(call, callee.sig, vals))
+
+    def ranges(self, alg: s.Algorithm, vals: _Values, declared: dict[str, s.Span]) -> None:
+        _ranges(alg, vals, declared, self.src)
+
+    def entries(self, sig: Signature, vals: _Values, declared: dict[str, s.Span]) -> None:
+        """The card's own declared tensors: every size positive, every parameter's count too."""
+        named = [*sig.inputs, *((o, sig.output) for o in sig.alg.outputs[:1]),
+                 *sig.tree.members.items()]
+        for name, entry in named:
+            if name in declared and entry is not None:
+                self.entry(name, entry, vals, declared, sig.alg)
+
+    def entry(self, name: str, entry: Entry, vals: _Values, declared: dict[str, s.Span],
+              alg: s.Algorithm) -> None:
+        note = (declared.get(name, alg.span), f"{display(name)} in '{alg.label}'")
+        if isinstance(entry, FamilyTy):
+            self.size(entry.over, vals, note)
+            self.entry(name, entry.entry, vals, declared, alg)
+        elif isinstance(entry, BundleTy) and entry.card is None:  # adopted: its card checks it
+            for sub, e in entry.members.items():
+                if sub in declared:
+                    self.entry(sub, e, vals, declared, alg)
+        elif isinstance(entry, Ty):
+            for d in (entry.vocab, *entry.shape):
+                if d is not None:
+                    self.size(d, vals, note)
+            sizes = [_dim_value(d, vals) if d is not None else 1 for d in entry.shape]
+            total = math.prod(int(v) for v in sizes if v is not None)
+            if total > MAX_SIZE:
+                symbols = {x for d in entry.shape if d is not None for x in d.symbols}
+                raise self.src.blame(vals.deps_of(symbols), f"{display(name)} would hold "
+                                     f"{total:.4g} numbers, more than a tensor can", note)
+
+    def size(self, d: Dim, vals: _Values, note: tuple[s.Span, str]) -> Fraction | None:
+        value = _dim_value(d, vals)
+        if value is not None and not d.symbols:
+            return value  # a constant the checker already judged
+        if value is not None:
+            _positive(display(str(d)), d, value, vals, self.src, note)
+        return value
+
+    def steps(self, alg: s.Algorithm, info, vals: _Values) -> None:
+        """The shape of every value a step computes, where the values determine it."""
+        for node in s.nodes(alg.steps):
+            ty = info.types.get(id(node))
+            span = getattr(node, "span", None)
+            if isinstance(ty, Ty) and span is not None:
+                note = (span, f"a value of shape {ty} in '{alg.label}'")
+                for d in ty.shape:
+                    if d is not None:
+                        self.size(d, vals, note)
+
+    def callee_values(self, call, sig: Signature, caller: _Values) -> _Values:
+        """The callee's hyperparameters: bound through shapes, by name (`ε = ε`), inherited
+        from the caller's of the same name, or the callee's defaults."""
+        vals = _Values()
+        for sym, dim in call.bind.items():
+            value = _dim_value(dim, caller)
+            if value is not None:
+                vals.set(sym, value, caller.deps_of(dim.symbols))
+        for name, arg in call.hypers.items():
+            if name in vals.env or not (isinstance(arg, s.Arg) and arg.op == "="
+                                        and isinstance(arg.target, s.Name)):
+                continue
+            try:
+                vals.set(name, number(arg.value, caller.env),
+                         caller.deps_of({n.id for n in s.nodes(arg.value)
+                                         if isinstance(n, s.Name)}))
+            except (_Unknown, _NotNumber):
+                continue
+        for name in sig.hypers:
+            if name not in vals.env and name in caller.env:
+                vals.set(name, caller.env[name], caller.deps[name])
+        for name, expr in sig.defaults.items():
+            if name not in vals.env:
+                try:
+                    vals.set(name, number(expr, vals.env), frozenset())
+                except (_Unknown, _NotNumber):
+                    continue
+        _define(sig, vals, self.src, _declared(sig.alg))
+        return vals
+
+
+def _ranges(alg: s.Algorithm, vals: _Values, declared: dict[str, s.Span], src: _Source) -> None:
+    """Scalars inside the intervals the card declares (`η ∈ (0, ∞)`)."""
+    for name, (lo, hi, text) in _intervals(alg, vals.env).items():
+        v = vals.env.get(name)
+        if v is None:
+            continue
+        lo_ok = lo is None or (v >= lo[0] if lo[1] else v > lo[0])
+        hi_ok = hi is None or (v <= hi[0] if hi[1] else v < hi[0])
+        if not (lo_ok and hi_ok):
+            note = (declared.get(name, alg.span), f"'{display(name)}' ∈ {text} in '{alg.label}'")
+            raise src.blame(vals.deps.get(name, frozenset()), f"'{display(name)}' = {_shown(v)} "
+                            f"lies outside {text}, where the card declares it", note, direct=name)
+
+
+def _intervals(alg: s.Algorithm, env: dict[str, Fraction]) -> dict[str, tuple]:
+    """`η ∈ (0, ∞)`: name → ((lo, closed) or None for −∞, (hi, closed) or None for ∞, text)."""
+    out = {}
+    for d in alg.decls("Hyperparameters"):
+        if not (isinstance(d, s.Decl) and isinstance(d.type, s.Interval)):
+            continue
+        t = d.type
+        try:
+            lo, hi = _bound(t.lo, env), _bound(t.hi, env)
+        except PresetError:
+            continue
+        text = (("[" if t.lo_closed else "(") + (_shown(lo) if lo is not None else "−∞") + ", "
+                + (_shown(hi) if hi is not None else "∞") + ("]" if t.hi_closed else ")"))
+        for name in d.names:
+            out[name] = ((lo, t.lo_closed) if lo is not None else None,
+                         (hi, t.hi_closed) if hi is not None else None, text)
+    return out
+
+
+def _bound(e: s.Expr, env: dict[str, Fraction]) -> Fraction | None:
+    """An interval's end: a number, or None for ±∞."""
+    inner = e.operand if isinstance(e, s.Unary) and e.op in ("−", "+") else e
+    if isinstance(inner, s.Num) and inner.text == "∞":
+        return None
+    return number(e, env)
+
+
+# ------------------------------------------------------------------ entry points
+
+
+def validate(checker: Checker, alg: s.Algorithm, preset: str | None = None,
+             overrides: dict[str, float] | None = None,
+             flags: dict[str, str] | None = None) -> dict[str, Fraction]:
+    """The values of `alg`'s hyperparameters at `preset` and `overrides`, checked through every
+    card it calls. Raises PresetError for the card's own values (located), OverrideError naming
+    the flag (`flags`: hyperparameter → the flag as typed) for values from the command line."""
+    sig = checker.infos[id(alg)].sig if id(alg) in checker.infos else checker.info(alg).sig
+    chosen = None
+    if preset is not None:
+        chosen = next((p for p in alg.presets if p.name == preset), None)
+        if chosen is None:
+            names = ", ".join(p.name for p in alg.presets) or "none"
+            raise PresetError(alg.span, f"'{alg.name}' has no preset '{preset}' (presets: {names})")
+    src = _Source(alg, checker.diags.sources, chosen, flags=dict(flags or {}))
+    vals = _own_values(sig, src, chosen, dict(overrides or {}))
+    _Walk(checker, src).card(alg, vals)
+    return vals.env
+
+
+def check_presets(checker: Checker) -> None:
+    """Every card's defaults and presets, as `check` sees them: each problem a diagnostic."""
+    for card_file in checker.lib.files:
+        for alg in card_file.algorithms:
+            if id(alg) in checker.infos:
+                for problem in _card_problems(checker, alg):
+                    checker.diags.error(problem.span, problem.message, problem.hint,
+                                        problem.notes)
+
+
+def _card_problems(checker: Checker, alg: s.Algorithm) -> Iterator[PresetError]:
+    names: dict[str, s.Preset] = {}
+    for p in alg.presets:
+        if p.name in names:
+            yield PresetError(_name_span(p, checker.diags.sources),
+                              f"a preset named '{p.name}' is already defined",
+                              notes=((names[p.name].span, "first defined here"),))
+            continue
+        names[p.name] = p
+    for name in (None, *names):
+        try:
+            validate(checker, alg, name)
+        except PresetError as err:
+            yield err
+            if name is None:
+                return  # the defaults every preset starts from are wrong: one report
+
+
+def own_values(sig: Signature, preset: s.Preset | None, overrides: dict[str, float],
+               sources: dict[str, str] | None = None) -> dict[str, Fraction]:
+    """The card's values at `preset` and `overrides`, its own declarations checked (not the
+    cards it calls: `validate` does that)."""
+    src = _Source(sig.alg, sources or {}, preset)
+    return _own_values(sig, src, preset, dict(overrides)).env
+
+
+def in_ranges(alg: s.Algorithm, env: dict[str, Fraction]) -> None:
+    """Values inside the intervals the card declares; PresetError at the declaration."""
+    vals = _Values(dict(env), {n: frozenset({n}) for n in env})
+    _ranges(alg, vals, _declared(alg), _Source(alg, {}))
