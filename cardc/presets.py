@@ -84,6 +84,8 @@ def number(e: s.Expr, env: dict[str, Fraction]) -> Fraction:
             raise _Unknown(e.span, f"'{display(e.id)}' has no value here")
         return env[e.id]
     if isinstance(e, s.Unary) and e.op in ("−", "+"):
+        if isinstance(e.operand, s.Num) and e.operand.text == "∞":
+            raise PresetError(e.span, f"{e.op}∞ is not a finite number", hint="give a finite value")
         v = number(e.operand, env)
         return -v if e.op == "−" else v
     if isinstance(e, s.Unary) and e.op == "√":
@@ -344,9 +346,21 @@ def _define(sig: Signature, vals: _Values, src: _Source, declared: dict[str, s.S
         vals.set(name, value, vals.deps_of(dim.symbols))
 
 
+class _Divides(Exception):
+    """A size divides by a value that is 0 (d = D/H at H = 0)."""
+
+    def __init__(self, dim: Dim, symbol: str, vals: _Values):
+        super().__init__(symbol)
+        self.dim, self.symbol, self.vals = dim, symbol, vals
+
+
 def _dim_value(dim: Dim, vals: _Values) -> Fraction | None:
     if not dim.symbols <= set(vals.env):
         return None  # a size known only at run time (T, |x|), or a loop variable
+    for mono, _ in dim.terms:
+        for sym, e in mono:
+            if e < 0 and vals.env[sym] == 0:
+                raise _Divides(dim, sym, vals)
     return dim.evaluate(vals.env)
 
 
@@ -375,8 +389,9 @@ def _positive(what: str, dim: Dim, value: Fraction, vals: _Values, src: _Source,
 class _Walk:
     """Checks one root card's values, and every card it calls at the values the call gives."""
 
-    def __init__(self, checker: Checker, src: _Source):
+    def __init__(self, checker: Checker, src: _Source, cache: dict | None = None):
         self.checker, self.src = checker, src
+        self.cache = cache if cache is not None else {}
         self.seen: set[tuple[int, tuple]] = set()
 
     def card(self, alg: s.Algorithm, vals: _Values) -> None:
@@ -426,24 +441,21 @@ class _Walk:
                 raise self.src.blame(vals.deps_of(symbols), f"{display(name)} would hold "
                                      f"{total:.4g} numbers, more than a tensor can", note)
 
-    def size(self, d: Dim, vals: _Values, note: tuple[s.Span, str]) -> Fraction | None:
+    def size(self, d: Dim, vals: _Values, note) -> Fraction | None:
+        """A size the values determine: a positive whole number. `note` is (span, text), or
+        a function giving it, called only for a problem."""
         value = _dim_value(d, vals)
-        if value is not None and not d.symbols:
-            return value  # a constant the checker already judged
-        if value is not None:
-            _positive(display(str(d)), d, value, vals, self.src, note)
+        if value is None or not d.symbols:
+            return value  # unknown here, or a constant the checker already judged
+        if value.denominator != 1 or not 0 < value <= MAX_SIZE:
+            _positive(display(str(d)), d, value, vals, self.src, note() if callable(note) else note)
         return value
 
     def steps(self, alg: s.Algorithm, info, vals: _Values) -> None:
         """The shape of every value a step computes, where the values determine it."""
-        for node in s.nodes(alg.steps):
-            ty = info.types.get(id(node))
-            span = getattr(node, "span", None)
-            if isinstance(ty, Ty) and span is not None:
-                note = (span, f"a value of shape {ty} in '{alg.label}'")
-                for d in ty.shape:
-                    if d is not None:
-                        self.size(d, vals, note)
+        for d, node, ty in _step_shapes(alg, info, self.cache):
+            self.size(d, vals, lambda n=node, ty=ty: (n.span, f"a value of shape {ty} in "
+                                                               f"'{alg.label}'"))
 
     def callee_values(self, call, sig: Signature, caller: _Values) -> _Values:
         """The callee's hyperparameters: bound through shapes, by name (`ε = ε`), inherited
@@ -474,6 +486,20 @@ class _Walk:
                     continue
         _define(sig, vals, self.src, _declared(sig.alg))
         return vals
+
+
+def _step_shapes(alg: s.Algorithm, info, cache: dict) -> list[tuple[Dim, object, Ty]]:
+    """Each distinct size of a value the card's steps compute, with the first node of it."""
+    if id(alg) not in cache:
+        found: dict[Dim, tuple[Dim, object, Ty]] = {}
+        for node in s.nodes(alg.steps):
+            ty = info.types.get(id(node))
+            if isinstance(ty, Ty):
+                for d in ty.shape:
+                    if d is not None and d.symbols and d not in found:
+                        found[d] = (d, node, ty)
+        cache[id(alg)] = list(found.values())
+    return cache[id(alg)]
 
 
 def _ranges(alg: s.Algorithm, vals: _Values, declared: dict[str, s.Span], src: _Source) -> None:
@@ -522,7 +548,8 @@ def _bound(e: s.Expr, env: dict[str, Fraction]) -> Fraction | None:
 
 def validate(checker: Checker, alg: s.Algorithm, preset: str | None = None,
              overrides: dict[str, float] | None = None,
-             flags: dict[str, str] | None = None) -> dict[str, Fraction]:
+             flags: dict[str, str] | None = None, cache: dict | None = None
+             ) -> dict[str, Fraction]:
     """The values of `alg`'s hyperparameters at `preset` and `overrides`, checked through every
     card it calls. Raises PresetError for the card's own values (located), OverrideError naming
     the flag (`flags`: hyperparameter → the flag as typed) for values from the command line."""
@@ -534,22 +561,27 @@ def validate(checker: Checker, alg: s.Algorithm, preset: str | None = None,
             names = ", ".join(p.name for p in alg.presets) or "none"
             raise PresetError(alg.span, f"'{alg.name}' has no preset '{preset}' (presets: {names})")
     src = _Source(alg, checker.diags.sources, chosen, flags=dict(flags or {}))
-    vals = _own_values(sig, src, chosen, dict(overrides or {}))
-    _Walk(checker, src).card(alg, vals)
+    try:
+        vals = _own_values(sig, src, chosen, dict(overrides or {}))
+        _Walk(checker, src, cache).card(alg, vals)
+    except _Divides as err:
+        raise src.blame(err.vals.deps_of({err.symbol}), f"{display(err.symbol)} = 0 divides "
+                        f"the size {display(str(err.dim))}", None, direct=err.symbol) from None
     return vals.env
 
 
 def check_presets(checker: Checker) -> None:
     """Every card's defaults and presets, as `check` sees them: each problem a diagnostic."""
+    cache: dict = {}  # each card's step shapes, read once
     for card_file in checker.lib.files:
         for alg in card_file.algorithms:
             if id(alg) in checker.infos:
-                for problem in _card_problems(checker, alg):
+                for problem in _card_problems(checker, alg, cache):
                     checker.diags.error(problem.span, problem.message, problem.hint,
                                         problem.notes)
 
 
-def _card_problems(checker: Checker, alg: s.Algorithm) -> Iterator[PresetError]:
+def _card_problems(checker: Checker, alg: s.Algorithm, cache: dict) -> Iterator[PresetError]:
     names: dict[str, s.Preset] = {}
     for p in alg.presets:
         if p.name in names:
@@ -560,7 +592,7 @@ def _card_problems(checker: Checker, alg: s.Algorithm) -> Iterator[PresetError]:
         names[p.name] = p
     for name in (None, *names):
         try:
-            validate(checker, alg, name)
+            validate(checker, alg, name, cache=cache)
         except PresetError as err:
             yield err
             if name is None:
@@ -572,7 +604,11 @@ def own_values(sig: Signature, preset: s.Preset | None, overrides: dict[str, flo
     """The card's values at `preset` and `overrides`, its own declarations checked (not the
     cards it calls: `validate` does that)."""
     src = _Source(sig.alg, sources or {}, preset)
-    return _own_values(sig, src, preset, dict(overrides)).env
+    try:
+        return _own_values(sig, src, preset, dict(overrides)).env
+    except _Divides as err:
+        raise src.blame(err.vals.deps_of({err.symbol}), f"{display(err.symbol)} = 0 divides "
+                        f"the size {display(str(err.dim))}", None, direct=err.symbol) from None
 
 
 def in_ranges(alg: s.Algorithm, env: dict[str, Fraction]) -> None:
