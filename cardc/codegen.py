@@ -8,6 +8,7 @@ import textwrap
 import jinja2
 
 from . import ir
+from .names import quote
 
 # Python operator precedence, loosest first; postfix forms (calls, subscripts) bind tightest.
 _PREC = {"is": 1, "is not": 1, "<": 1, "<=": 1, ">": 1, ">=": 1, "==": 1, "!=": 1, "|": 2,
@@ -165,7 +166,7 @@ def doc_py(text: str, indent: int) -> str:
     return textwrap.fill(text, width=96 - indent, subsequent_indent=pad)
 
 
-_ENV.filters.update(arg=arg_py, doc=doc_py, line=one_line)
+_ENV.filters.update(arg=arg_py, doc=doc_py, line=one_line, quote=quote)
 
 
 def generate(program: ir.Program) -> str:

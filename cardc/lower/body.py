@@ -738,7 +738,7 @@ class Body:
     def expr_Num(self, e: s.Num) -> Val:
         if e.text == "∞":
             self.low.program.imports.add("math")
-        return Val(num_lit(e.text), Ty())
+        return Val(num_lit(e.text, e.span), Ty())
 
     def expr_Name(self, e: s.Name) -> Val:
         name = e.id
