@@ -45,6 +45,12 @@ def check_names(checker: Checker) -> None:
     _collide(_file_names(checker), "as generated file names", diags, labels)
 
 
+def card_identifiers(alg: s.Algorithm) -> frozenset[str]:
+    """The identifiers of every name `alg` declares or assigns: a loop variable the lowering
+    binds takes none of these."""
+    return frozenset(n.py for n in _locals(alg, _declared(alg, {})))
+
+
 # ------------------------------------------------------------------ gathering
 
 
