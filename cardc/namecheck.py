@@ -10,14 +10,16 @@ Loop variables are not checked: the lowering gives each a name no card name of t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from . import syntax as s
 from .checker import Checker, split_name
 from .diagnostics import Diagnostics
 from .names import attribute, identifier
-from .spelling import display
+from .spelling import canonical_name, display
 
+_WORD = re.compile(r"[^\s,;:∈=~]+")  # a declared name as written (braced subscripts aside)
 _DECLARING = ("Input", "Hyperparameters", "Parameters")  # a name is declared once among these
 
 
@@ -89,11 +91,11 @@ def _name_span(span: s.Span, name: str, sources: dict[str, str]) -> s.Span:
     lines = sources.get(span.file, "").splitlines()
     if not 1 <= span.line <= len(lines):
         return span
-    text = display(name)
-    col = lines[span.line - 1].find(text, max(span.col - 1, 0))
-    if col < 0:
-        return span
-    return s.Span(span.file, span.line, col + 1, span.line, col + 1 + len(text))
+    line, want = lines[span.line - 1], display(name)
+    for m in _WORD.finditer(line, max(span.col - 1, 0)):  # as written: `gamma1` is γ1
+        if display(canonical_name(m.group(0))) == want:
+            return s.Span(span.file, span.line, m.start() + 1, span.line, m.end() + 1)
+    return span
 
 
 def _locals(alg: s.Algorithm, declared: list[_Decl]) -> list[Named]:
@@ -126,15 +128,20 @@ def _attributes(declared: list[_Decl]) -> list[Named]:
     return out
 
 
+def _parsed(checker: Checker) -> list[tuple[s.CardFile, s.Algorithm]]:
+    """The cards parsed so far, titled ones too (a lazily loaded library stays lazy)."""
+    return [(f, a) for f in checker.lib.files for a in f.algorithms]
+
+
 def _labels(checker: Checker) -> list[Named]:
     return [Named(alg.label, alg.span, identifier(alg.label))
-            for _, alg in checker.lib.algorithms() if alg.label]
+            for _, alg in _parsed(checker) if alg.label]
 
 
 def _file_names(checker: Checker) -> list[Named]:
     """`cardc build` writes generated/<folder>/<label, lower case>.py: one file per card."""
     out = []
-    for card_file, alg in checker.lib.algorithms():
+    for card_file, alg in _parsed(checker):
         if alg.label:
             folder = card_file.path.rsplit("/", 1)[0] if "/" in card_file.path else ""
             out.append(Named(alg.label, alg.span, f"{folder}/{identifier(alg.label).lower()}"))

@@ -29,7 +29,7 @@ def _words(text: str) -> frozenset[str]:
 GENERATED = frozenset({
     "torch", "F", "nn", "math", "KVCache", "PRESETS",
     "self", "cache", "targets", "loss", "past", "optimizer", "report", "decayed",
-    "undecayed", "new_cache", "max_seq_len", "returns", "card_meta", "training",
+    "undecayed", "group", "new_cache", "max_seq_len", "returns", "card_meta", "training",
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and
 # shadowing none is simpler to see than which ones it calls.
