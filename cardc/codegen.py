@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 
 import jinja2
@@ -155,8 +156,12 @@ def arg_py(a: ir.Arg) -> str:
 
 
 def one_line(text: str) -> str:
-    """Card text inside a `#` comment: no line break may end the comment early."""
-    return " ".join(text.splitlines())
+    """Card text inside a `#` comment: no line break may end the comment early, and no other
+    control character (a NUL) may stop Python from reading the file."""
+    return _CONTROL.sub("\N{REPLACEMENT CHARACTER}", " ".join(text.splitlines()))
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def doc_py(text: str, indent: int) -> str:

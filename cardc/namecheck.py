@@ -120,10 +120,9 @@ def _locals(alg: s.Algorithm, declared: list[_Decl]) -> list[Named]:
 def _attributes(declared: list[_Decl]) -> list[Named]:
     out = []
     for d in declared:
-        if d.kind == "Parameters" and d.family is None or d.kind == "Hyperparameters":
-            out.append(Named(d.name, d.span, identifier(d.name) if d.kind == "Hyperparameters"
-                             else attribute(*split_name(d.name), None)))
-        elif d.kind == "Parameters":
+        if d.kind == "Hyperparameters":
+            out.append(Named(d.name, d.span, identifier(d.name)))
+        elif d.kind in ("Parameters", "Bundle"):  # a bundle handed to a card: a submodule
             out.append(Named(d.name, d.span, attribute(*split_name(d.name), d.family)))
     return out
 
