@@ -42,6 +42,7 @@ def check_names(checker: Checker) -> None:
             _collide(_locals(alg, declared), "in generated code", diags, reported)
             _collide(_attributes(declared), "as attributes of the generated module", diags,
                      reported)
+            _shadows(alg, checker, declared, diags)
     labels: set[str] = set()
     _collide(_labels(checker), "in generated code", diags, labels)
     _collide(_file_names(checker), "as generated file names", diags, labels)
@@ -148,6 +149,24 @@ def _file_names(checker: Checker) -> list[Named]:
 
 
 # ------------------------------------------------------------------ reporting
+
+
+def _shadows(alg: s.Algorithm, checker: Checker, declared: list[_Decl],
+             diags: Diagnostics) -> None:
+    """A card's local may not take the identifier of a card it calls: generated code calls
+    that card's class or function by it, from the same scope."""
+    info = checker.infos.get(id(alg))
+    callees = {identifier(c.callee.label): c.callee for c in (info.calls.values() if info else ())
+               if c.callee.label}
+    for n in _locals(alg, declared):
+        callee = callees.pop(n.py, None)  # once a card
+        if callee is not None:
+            diags.error(n.span, f"'{display(n.name)}' would hide the card "
+                                f"'{display(callee.label or '')}' it calls: both would be "
+                                f"'{n.py}' in generated code",
+                        notes=((callee.span, f"'{display(callee.label or '')}' is here"),),
+                        hint="rename one of them")
+
 
 
 def _duplicates(declared: list[_Decl], diags: Diagnostics) -> None:
