@@ -232,16 +232,16 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
     return model
 
 
-_CARD_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_UNSAFE = re.compile(r"[\\:\x00-\x1f\x7f]")  # a backslash, a drive's colon, control characters
 
 
 def recorded_card_name(path: object) -> str:
-    """A card file's name as a checkpoint records it: `cards/gpt2.card`, relative, in plain
-    folder names; anything else (absolute, `..`, a backslash, a drive) is refused, so what
-    the checkpoint names is always a file it carries, never one read from disk."""
+    """A card file's name as a checkpoint records it: `cards/gpt2.card`, relative, folder
+    names joined by `/`; anything else (absolute, `.` or `..`, a backslash, a drive) is
+    refused, so what a checkpoint names is always a file it carries, never one read from disk."""
     parts = path.split("/") if isinstance(path, str) else []
-    if not parts or not path.endswith(".card") or \
-            not all(_CARD_PATH.fullmatch(p) and p not in (".", "..") for p in parts):
+    if not parts or not path.endswith(".card") or _UNSAFE.search(path) or \
+            any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"checkpoint metadata names an unsafe card path {path!r}")
     return path
 
