@@ -267,8 +267,12 @@ def recorded_cards(meta: dict[str, Any]) -> Iterator[Path]:
         raise ValueError("checkpoint metadata records a card that is not text")
     with tempfile.TemporaryDirectory() as tmp:
         for path, text in cards.items():
-            (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)
-            (Path(tmp) / path).write_text(text, encoding="utf-8")
+            try:  # `a.card` beside `a.card/b.card`: one path cannot be a file and a folder
+                (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)
+                (Path(tmp) / path).write_text(text, encoding="utf-8")
+            except (OSError, UnicodeEncodeError) as err:
+                raise ValueError(f"checkpoint metadata records card {path!r} that cannot be "
+                                 f"written out: {err.__class__.__name__}") from None
         yield Path(tmp)
 
 

@@ -273,6 +273,8 @@ def test_a_recorded_card_path_is_never_read_from_disk(tmp_path, capsys):
             rebuild_model({**meta, "cards": {bad: "x", **meta["cards"]}})
     with pytest.raises(ValueError, match="does not record it"):
         rebuild_model({**meta, "card": "other.card"})
+    with pytest.raises(ValueError, match="cannot be written out"):
+        rebuild_model({**meta, "cards": {**meta["cards"], "a.card": "", "a.card/b.card": ""}})
     sampler = {**meta, "sampler": {"card": str(secret), "name": "S"}}
     with pytest.raises(ValueError, match="unsafe card path"), recorded_cards(sampler):
         pass
