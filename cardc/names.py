@@ -25,11 +25,13 @@ def _words(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
-# Globals of a generated module, and the names its methods and functions bind themselves.
+# Globals of a generated module, the names its methods and functions bind themselves, and the
+# attributes it sets on a model (omega: the buffer of RoPE's frequencies).
 GENERATED = frozenset({
     "torch", "F", "nn", "math", "KVCache", "PRESETS",
     "self", "cache", "targets", "loss", "past", "optimizer", "report", "decayed",
     "undecayed", "group", "new_cache", "max_seq_len", "returns", "card_meta", "training",
+    "omega",
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and
 # shadowing none is simpler to see than which ones it calls.
