@@ -1533,9 +1533,11 @@ def _suggest(name: str, candidates: list[str]) -> str | None:
 
 
 def check(lib: Library) -> tuple[Checker, Diagnostics]:
-    from .presets import check_presets  # it reads what checking found: imported after
+    from .namecheck import check_names  # it reads the checker's results: imported late
+    from .presets import check_presets  # likewise
 
     checker = Checker(lib)
     checker.check_all()
+    check_names(checker)
     check_presets(checker)  # every preset evaluated: what check accepts also builds
     return checker, checker.diags

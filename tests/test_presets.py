@@ -28,9 +28,9 @@ from cardc.cli import main
 from cardc.diagnostics import Diagnostics
 from cardc.info import summarize
 from cardc.library import load
+from cardc.names import identifier
 from cardc.parser import parse_file
 from cardc.presets import validate
-from cardc.spelling import python_name
 
 ROOT = Path(__file__).resolve().parent.parent
 CARDS = ROOT / "cards"
@@ -67,14 +67,14 @@ def _builds(path: Path, root: Path, only: tuple[str, str] | None = None) -> None
         if alg.label is None or id(alg) not in checker.infos or only and alg.label != only[0]:
             continue
         if alg in models or alg in procedures:
-            load_module(source(checker, alg), python_name(alg.label).lower())
+            load_module(source(checker, alg), identifier(alg.label).lower())
         for preset in alg.presets:
             if only and preset.name != only[1]:
                 continue
             values = validate(checker, alg, preset.name)
             summary = summarize(checker.infos[id(alg)].sig, preset.name)
             if alg in models and summary.parameters < SMALL:
-                model, _ = instantiate(checker, alg, {python_name(k): v for k, v in values.items()})
+                model, _ = instantiate(checker, alg, {identifier(k): v for k, v in values.items()})
                 assert sum(p.numel() for p in model.parameters()) == summary.parameters
             code, out, err = _run("info", str(path), "--preset", preset.name, "--name",
                                   alg.label, "--library", str(root))
