@@ -27,18 +27,24 @@ class Diagnostic:
         return "\n".join(out)
 
 
+_SHOWN = 120  # columns of a source line shown around the caret
+
+
 def _excerpt(span: Span, sources: dict[str, str] | None) -> list[str]:
     text = (sources or {}).get(span.file)
     if text is None or span.line < 1:
         return []
-    lines = text.splitlines()
+    lines = text.split("\n")  # as the lexer counts lines: not at form feeds or separators
     if span.line > len(lines):
         return []
     src = lines[span.line - 1]
     width = len(str(span.line))
-    end = span.end_col if span.end_line == span.line and span.end_col > span.col else span.col + 1
-    end = min(max(end, span.col + 1), len(src) + 2)
-    caret = " " * (span.col - 1) + "^" * (end - span.col)
+    col = min(span.col, len(src) + 1)
+    end = span.end_col if span.end_line == span.line and span.end_col > col else col + 1
+    end = min(max(end, col + 1), len(src) + 2)
+    skip = max(0, col - _SHOWN // 2) if len(src) > _SHOWN else 0  # a long line: around the caret
+    src, col, end = src[skip:skip + _SHOWN], col - skip, min(end - skip, _SHOWN + 1)
+    caret = " " * (col - 1) + "^" * max(end - col, 1)
     return [f"{' ' * width} |", f"{span.line} | {src}", f"{' ' * width} | {caret}"]
 
 

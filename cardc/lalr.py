@@ -268,17 +268,19 @@ class Cursor:
 Build = Callable[[Rule, "Meta | None", list], Any]  # a rule's node from its kept children
 
 
-def parse(text: str, start: str, build: Build, respell: Callable[[Token], Token]) -> Any:
+def parse(text: str, start: str, build: Build, respell: Callable[[Token], Token],
+          at: tuple[int, int] = (0, 1)) -> Any:
     """Parse `text` from the rule `start`, calling `build` as rules reduce (what a lark
     Transformer would do on the finished tree, in the same order), `respell` on each NAME
-    token; raises ParseError where the text does not parse."""
+    token; raises ParseError where the text does not parse. `at`: the offset and number of
+    the line to begin at (after a syntax error, the parse goes on from a later line)."""
     t = tables()
     rows, gotos, units, end = t.rows, t.gotos, t.units, t.end[start]
     stack = [t.begin[start]]
     cursor = Cursor(stack)
     values: list[Any] = []
     metas: list[Any] = []  # per value: its token, its Meta, or None where it spans no text
-    for token in _tokens(t, text, cursor):
+    for token in _tokens(t, text, cursor, at):
         kind = token.type
         if kind == "NAME":
             token = respell(token)
@@ -361,11 +363,12 @@ def _extent(parts: list) -> Meta | None:
                 last.end_pos)
 
 
-def _tokens(t: Tables, text: str, cursor: Cursor) -> Iterator[Token]:
+def _tokens(t: Tables, text: str, cursor: Cursor, at: tuple[int, int]) -> Iterator[Token]:
     """lark's contextual lexing: at each place, the first of the terminals that the parser's
     state accepts that matches (in lark's order of priority); where none does, lark's own lexer
     raises the error it would have raised. Ends with the $END token."""
-    pos, line, line_start, end = 0, 1, 0, len(text)
+    pos, line = at
+    line_start, end = pos, len(text)
     token = None
     scanners, stack = t.scanners, cursor.stack
     while pos < end:
@@ -392,7 +395,7 @@ def _tokens(t: Tables, text: str, cursor: Cursor) -> Iterator[Token]:
         token = Token(kind, value, start, line - newlines, column, line, pos - line_start + 1, pos)
         yield token
     if token is None:
-        yield Token("$END", "", 0, 1, 1)
+        yield Token("$END", "", pos, line, pos - line_start + 1)
     else:
         yield Token("$END", "", token.start_pos, token.line, token.column, token.end_line,
                     token.end_column, token.end_pos)

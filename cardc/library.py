@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import syntax as s
 from .diagnostics import Diagnostics
-from .parser import normalize, parse_file
+from .parser import normalize, parse_file, read_card
 from .spelling import canonical_name
 
 DEFAULT_ROOT = Path("cards")
@@ -111,10 +111,8 @@ def load(paths: list[str | Path], root: str | Path | None = DEFAULT_ROOT,
 
 
 def _names_of(path: Path) -> set[str] | None:
-    try:
-        return defined_names(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
-        return None  # parse_file reports it
+    text = read_card(path, Diagnostics())
+    return None if text is None else defined_names(text)  # else parse_file reports it
 
 
 def _report_duplicates(lib: Library) -> None:

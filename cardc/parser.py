@@ -22,9 +22,40 @@ from .spelling import canonical_name
 
 
 def normalize(text: str) -> str:
-    """Decomposed Unicode (Ṽ = V + U+0303), so hats and tildes are marks on any letter."""
-    text = unicodedata.normalize("NFD", text.replace("\r\n", "\n").replace("\t", "    "))
+    """Decomposed Unicode (Ṽ = V + U+0303), so hats and tildes are marks on any letter; line
+    breaks as LF (a lone CR, old Mac style, breaks a line too); a leading byte-order mark
+    dropped."""
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    text = unicodedata.normalize("NFD", text.replace("\t", "    "))
     return text.replace("=\u0338", "≠")  # NFD splits ≠ into = and a slash; keep the operator
+
+
+# characters a card may not hold: C0 and C1 controls but the line break (tabs are spaces by
+# now), DEL, line/paragraph separators and byte-order marks that are not the file's first
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
+_MAX_CONTROL_ERRORS = 20
+
+
+def _blank_controls(text: str, file: str, diags: Diagnostics) -> str:
+    """Each control character reported where it stands (the first of each line), then read as
+    a space, so that the rest of the file is still checked at the same columns."""
+    if not _CONTROL.search(text):
+        return text
+    last, line, line_start, count = -1, 1, 0, 0
+    for m in _CONTROL.finditer(text):
+        pos = m.start()
+        line += text.count("\n", line_start, pos)
+        line_start = text.rfind("\n", line_start, pos) + 1 or line_start
+        if line == last:
+            continue
+        last, count = line, count + 1
+        if count > _MAX_CONTROL_ERRORS:
+            break
+        col = pos - line_start + 1
+        diags.error(s.Span(file, line, col, line, col + 1),
+                    f"control character U+{ord(m.group()):04X} in card text",
+                    hint="a card holds printable text, spaces, tabs and line breaks only")
+    return _CONTROL.sub(" ", text)
 
 
 # ------------------------------------------------------------------ rules → nodes
@@ -97,8 +128,8 @@ class _Build:
         self.diags = Diagnostics()
         self.source = source  # the text parsed, for constructs read back from it
 
-    def run(self, start: str) -> Any:
-        return lalr.parse(self.source, start, self.node, _respell)
+    def run(self, start: str, at: tuple[int, int] = (0, 1)) -> Any:
+        return lalr.parse(self.source, start, self.node, _respell, at)
 
     def node(self, rule: lalr.Rule, meta: lalr.Meta | None, kids: list) -> Any:
         build, wants_meta = _callbacks()[rule.name]
@@ -110,6 +141,8 @@ class _Build:
         try:
             node = build.run(start)
         except lalr.ParseError:
+            return None
+        if s.too_deep(node) is not None:  # before _shift walks it
             return None
         self.diags.items += build.diags.items
         return node
@@ -699,11 +732,15 @@ def _expected(tokens: set[str]) -> str:
     return "expected " + (", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0])
 
 
-def _syntax_error(err: Exception, file: str, diags: Diagnostics, text: str) -> None:
+_MAX_SYNTAX_ERRORS = 50  # per file; past that the rest of the file is not read
+
+
+def _syntax_error(err: Exception, file: str, diags: Diagnostics, text: str) -> int:
+    """Report a syntax error as lark describes it; return the line it is on."""
     import lark
 
     line = getattr(err, "line", 0) or text.count("\n") + 1
-    col = getattr(err, "column", 0) or 1
+    col = max(getattr(err, "column", 0) or 1, 1)
     if isinstance(err, lark.UnexpectedToken):
         tok = err.token
         if tok.type == "$END":
@@ -711,46 +748,158 @@ def _syntax_error(err: Exception, file: str, diags: Diagnostics, text: str) -> N
         elif tok.type == "_NL":
             msg = "unexpected end of line"
         else:
-            text = str(tok.value).split("\n")[0]
+            shown = str(tok.value).split("\n")[0]
             if tok.type in _GREEDY:  # a fallback lexer grabbed the rest of the line: show a word
-                text = re.match(r"\w+|\S", text.lstrip()).group(0)
-            msg = f"unexpected {text!r}"
-            tok = tok.update(value=text)
+                word = re.match(r"\w+|\S", shown.lstrip())
+                shown = word.group(0) if word else shown.strip() or shown
+            msg = f"unexpected {shown!r}"
+            tok = tok.update(value=shown)
         end = col + max(len(str(tok.value).split("\n")[0]), 1)
-        diags.error(s.Span(file, line, col, line, end), msg, hint=_expected(err.expected) or None)
+        hint = _hint(text, err, line, col) or _expected(err.expected) or None
+        diags.error(s.Span(file, line, col, line, end), msg, hint=hint)
     elif isinstance(err, lark.UnexpectedCharacters):
-        ch = text.splitlines()[line - 1][col - 1] if line <= len(text.splitlines()) else "?"
+        lines = text.split("\n")
+        src = lines[line - 1] if line <= len(lines) else ""
+        ch = src[col - 1] if col <= len(src) else "?"
         diags.error(s.Span(file, line, col, line, col + 1), f"unexpected character {ch!r}",
                     hint=_expected(set(err.allowed or ())) or None)
     else:
         diags.error(s.Span(file, line, col, line, col + 1), str(err).splitlines()[0])
+    return line
+
+
+def _hint(text: str, err: Exception, line: int, col: int) -> str | None:
+    """A hint for what people type that the grammar does not take (filled in below)."""
+    return None
 
 
 # ------------------------------------------------------------------------------ layout pass
 
 
 def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None) -> s.CardFile:
-    """Parse a card file. Errors go to ``diags``; the result holds what could be read."""
+    """Parse a card file. Errors go to ``diags``; the result holds what could be read.
+
+    After a syntax error the parse goes on at the next line (the grammar reads a card line by
+    line), so every syntax error of a file is reported; a file with one has no algorithms."""
     diags = diags if diags is not None else Diagnostics()
     text = normalize(text)
+    text = _blank_controls(text, file, diags)
     diags.sources[file] = text
     build = _Build(file, text)
-    try:
-        lines = build.run("start")
-    except lalr.ParseError as err:
-        _syntax_error(err.lark_error(), file, diags, text)
+    lines, bad = _parse_lines(build, file, diags, text)
+    if bad:
+        diags.items += [d for d in build.diags.items if d.span.line not in bad]
         return s.CardFile(file, ())
     diags.items += build.diags.items
-    return s.CardFile(file, tuple(_Layout(file, diags).algorithms(lines)))
+    card = s.CardFile(file, tuple(_Layout(file, diags).algorithms(lines)))
+    deep = s.too_deep(card.algorithms)
+    if deep is not None:
+        _nested_too_deeply(deep, file, diags)
+        return s.CardFile(file, ())
+    return card
+
+
+def _parse_lines(build: _Build, file: str, diags: Diagnostics, text: str
+                 ) -> tuple[list[Line], set[int]]:
+    """The lines of the file, and the numbers of the lines with a syntax error."""
+    lines: list[Line] = []
+    bad: set[int] = set()
+    at = (0, 1)
+    while True:
+        try:
+            lines += build.run("start", at)
+            return lines, bad
+        except lalr.ParseError as err:
+            line = _syntax_error(err.lark_error(), file, diags, text)
+        bad.add(line)
+        nxt = _line_start(text, line + 1)
+        if nxt is None or len(bad) >= _MAX_SYNTAX_ERRORS:
+            return lines, bad
+        at = (nxt, line + 1)
+
+
+def _line_start(text: str, line: int) -> int | None:
+    """The offset at which line `line` (from 1) begins; None past the end."""
+    pos = 0
+    for _ in range(line - 1):
+        pos = text.find("\n", pos) + 1
+        if pos == 0:
+            return None
+    return pos if pos < len(text) else None
+
+
+def _nested_too_deeply(node: object, file: str, diags: Diagnostics) -> None:
+    span = getattr(node, "span", None)
+    if isinstance(span, s.Span) and span.line > 0:
+        span = s.Span(file, span.line, span.col, span.line, span.col + 1)
+    else:
+        span = s.Span(file, 1, 1, 1, 2)
+    diags.error(span, f"nested too deeply (more than {s.MAX_DEPTH} levels)",
+                hint="split the expression into steps with names of their own")
+
+
+MAX_CARD_BYTES = 4 << 20  # a card is a page of text; a file this large is not one
+
+
+def read_card(path: str | Path, diags: Diagnostics) -> str | None:
+    """A card file's text, or None with a located error: a path that is not a regular file
+    (a folder, a FIFO, a device) is refused before it is read, a file is read up to
+    MAX_CARD_BYTES, and a byte that is not UTF-8 is reported at its line and column."""
+    path = Path(path)
+    where = s.Span(str(path), 0, 0, 0, 0)
+    try:
+        data = _read_regular(path)
+    except OSError as err:
+        diags.error(where, f"cannot read card: {err.strerror or err}")
+        return None
+    if data is None:
+        diags.error(where, "cannot read card: not a regular file",
+                    hint="give a .card file, or a folder of them")
+        return None
+    if len(data) > MAX_CARD_BYTES:
+        at = _byte_span(str(path), data, MAX_CARD_BYTES)
+        diags.sources[str(path)] = data[:MAX_CARD_BYTES].decode("utf-8", "replace")
+        diags.error(at, f"card file is larger than {MAX_CARD_BYTES >> 20} MiB",
+                    hint="a card is a page of pseudocode; is this the right file?")
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        diags.sources[str(path)] = normalize(data.decode("utf-8", "replace"))
+        diags.error(_byte_span(str(path), data, err.start),
+                    f"not UTF-8 text: byte 0x{data[err.start]:02x}",
+                    hint="save the card as UTF-8")
+        return None
+
+
+def _read_regular(path: Path) -> bytes | None:
+    """The first MAX_CARD_BYTES + 1 bytes of a regular file; None for anything else. Opened
+    without blocking, so a FIFO with no writer is seen for what it is rather than waited on."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_CARD_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def _byte_span(file: str, data: bytes, offset: int) -> s.Span:
+    """The line and column (in characters, as the checker counts them) of a byte offset."""
+    line_start = data.rfind(b"\n", 0, offset) + 1
+    line = data.count(b"\n", 0, offset) + 1
+    prefix = data[line_start:offset].decode("utf-8", "replace").replace("\t", "    ")
+    col = len(unicodedata.normalize("NFD", prefix.removeprefix("\ufeff"))) + 1
+    return s.Span(file, line, col, line, col + 1)
 
 
 def parse_file(path: str | Path, diags: Diagnostics) -> s.CardFile:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = "not UTF-8 text" if isinstance(err, UnicodeDecodeError) else (err.strerror or str(err))
-        diags.error(s.Span(str(path), 0, 0, 0, 0), f"cannot read card: {reason}")
+    text = read_card(path, diags)
+    if text is None:
         return s.CardFile(str(path), ())
     return parse(text, str(path), diags)
 
