@@ -1078,6 +1078,10 @@ class _Body:
         count = self.concat_count(e, items)
         if len(e.items) == 1 and not first.shape:
             return Ty((first.value or Dim.sym("?"),), "ℕ")  # [N]: the set 1..N
+        if not first.shape:
+            self.error(e.span, "cannot concatenate scalars",
+                       hint="[a, b] joins vectors or matrices, [x, y] tokens")
+            raise CheckError
         if first.rank == 1:
             return Ty((count, first.shape[0]) if e.sep == ";" else (first.shape[0], count))
         if e.sep == ";":

@@ -441,12 +441,21 @@ class _Build:
     @_meta
     def for_map(self, meta, c):
         var, over, binder, at = c[1]
-        body = c[2] if len(c) > 2 else None
+        body = self._inline(c[2]) if len(c) > 2 else None
         if body is None:
             return _Open(s.For(var, over, (), "block", binder, span=self.sp(meta), var_span=at))
         step = s.Step(_unwhere(body), span=_stmt_span(body))
         loop = s.For(var, over, (step,), "map", binder, span=self.sp(meta), var_span=at)
         return _Where(loop, body.where) if isinstance(body, _Where) else loop
+
+    def _inline(self, body):
+        """The statement of a one-line loop or condition; one that opens a block cannot be."""
+        if not isinstance(body, _Open):
+            return body
+        self.diags.error(body.stmt.span, f"a '{_keyword(body.stmt)}' loop that opens a block "
+                         "cannot be the body of a one-line statement",
+                         hint="put the loop on a line of its own")
+        return body.stmt
 
     @_meta
     def while_do(self, meta, c):
@@ -467,6 +476,7 @@ class _Build:
     @_meta
     def forall(self, meta, c):
         names, body = c[1]
+        body = self._inline(body)
         return _lift_where(body, lambda b: s.ForAll(tuple(names), b, span=self.sp(meta)))
 
     def forall_tail(self, c):
@@ -478,7 +488,7 @@ class _Build:
 
     @_meta
     def if_(self, meta, c):
-        return _lift_where(c[3], lambda body: s.If(c[1], body, span=self.sp(meta)))
+        return _lift_where(self._inline(c[3]), lambda body: s.If(c[1], body, span=self.sp(meta)))
 
     # --- expressions
     @_meta
@@ -889,11 +899,10 @@ def _read_regular(path: Path) -> bytes | None:
 
 
 def _byte_span(file: str, data: bytes, offset: int) -> s.Span:
-    """The line and column (in characters, as the checker counts them) of a byte offset."""
-    line_start = data.rfind(b"\n", 0, offset) + 1
-    line = data.count(b"\n", 0, offset) + 1
-    prefix = data[line_start:offset].decode("utf-8", "replace").replace("\t", "    ")
-    col = len(unicodedata.normalize("NFD", prefix.removeprefix("\ufeff"))) + 1
+    """The line and column of a byte offset, counted in the text as the parser reads it."""
+    before = normalize(data[:offset].decode("utf-8", "replace"))
+    line = before.count("\n") + 1
+    col = len(before) - (before.rfind("\n") + 1) + 1
     return s.Span(file, line, col, line, col + 1)
 
 

@@ -101,7 +101,7 @@ class Lowering:
         ctor = self.ctor_args(alg)
         m = ir.Module(local_name(alg.label), _doc(alg), self.origin(alg), [], [], [], [], [], [])
         sizes = _tree_symbols(sig.tree)
-        for name in ctor:
+        for name in sorted(ctor, key=lambda n: n in sig.defaults):  # defaults last, as Python needs
             ty = sig.hypers.get(name, Ty(elem="ℕ"))
             default = sig.defaults.get(name)
             kind = "int" if name in sizes else ctor_type(ty)  # a size, however it was declared
