@@ -508,6 +508,8 @@ class _Body:
         self.returned = False
         self.declared = {n: d.span for d in _decls(alg) for n in d.names}  # for notes
         self.assigned: dict[str, s.Span] = {}  # the step that last gave a name its value
+        # names whose step failed, or already reported unknown: their later uses stay quiet
+        self.failed: set[str] = set()
 
     def base_scope(self) -> dict[str, Entry]:
         vocab = _DeclEnv(self.c, self.alg).set_size("V")  # special tokens belong to V
@@ -577,6 +579,9 @@ class _Body:
                     return entry.entry
         if name in CONSTANTS:
             return SCALAR
+        if name in self.failed:  # a consequence of an error already reported
+            raise CheckError
+        self.failed.add(name)
         hint = _suggest(name, [k for sc in self.scopes for k in sc])
         self.error(span, f"unknown name '{display(name)}'", hint)
         raise CheckError
@@ -606,6 +611,7 @@ class _Body:
         try:
             ty = self.stmt(step.stmt)
         except CheckError:
+            self.failed.update(_targets(step.stmt))
             return
         if step.annotation is not None and isinstance(ty, Ty) and step.annotation.type is not None:
             want = _DeclEnv(self.c, self.alg)
@@ -1424,6 +1430,18 @@ def _appended(body: tuple[s.Step, ...]) -> list[str]:
         elif isinstance(st, (s.For, s.While)):
             out += _appended(st.body)
     return out
+
+
+def _targets(st: s.Stmt) -> list[str]:
+    """The names a statement gives a value to."""
+    if isinstance(st, s.Assign):
+        t = st.target.base if isinstance(st.target, s.Index) else st.target
+        return [t.id] if isinstance(t, s.Name) else [t.func] if isinstance(t, s.Call) else []
+    if isinstance(st, s.Sample):
+        return [st.var]
+    if isinstance(st, (s.If, s.ForAll)):
+        return _targets(st.then if isinstance(st, s.If) else st.body)
+    return []
 
 
 def _bound_vars(node: object) -> set[str]:

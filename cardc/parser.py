@@ -168,6 +168,9 @@ class _Build:
     def titled_header(self, meta, c):
         number = next((str(t) for t in c if isinstance(t, Token) and t.type == "NUMBER"), None)
         title = str(c[-1]).strip()
+        if not title:
+            self.diags.error(self.sp(meta), "expected a signature or a title after ':'",
+                             hint="'Algorithm: Y ← Name(X | θ)' or 'Algorithm 1: Token embedding.'")
         alg = s.Algorithm(None, number, title=title, span=self.sp(meta))
         return Line("header", self.sp(meta), meta.column, None, alg)
 
@@ -1076,6 +1079,10 @@ class _Layout:
 
     def close(self, stack, root, end_number: str | None = None) -> None:
         stmt, body, ln, _ = stack.pop()
+        if not body:
+            block = "indent the steps of the loop under it" if getattr(stmt, "style", "") == \
+                "block" else "put the steps of the loop between its head and 'end'"
+            self.diags.error(ln.span, f"this '{_keyword(stmt)}' loop has no steps", hint=block)
         stmt = replace(stmt, body=tuple(body))
         if end_number is not None:
             stmt = replace(stmt, end_number=end_number)
