@@ -582,7 +582,7 @@ class _Body:
         if name in self.failed:  # a consequence of an error already reported
             raise CheckError
         self.failed.add(name)
-        hint = _suggest(name, [k for sc in self.scopes for k in sc])
+        hint = _spelling_hint(name) or _suggest(name, [k for sc in self.scopes for k in sc])
         self.error(span, f"unknown name '{display(name)}'", hint)
         raise CheckError
 
@@ -754,6 +754,7 @@ class _Body:
         return token
 
     def stmt_for(self, st: s.For) -> None:
+        self.loop_body(st)
         over = self.dim_of(st.over.last) if isinstance(st.over, s.Range) else self.set_size(st.over)
         bound = [st.var]
         alias = self.misnamed_loop_var(st)
@@ -814,7 +815,15 @@ class _Body:
             self.error(st.cond.span, f"a condition must be a single truth value, not {cond}")
         self.stmt(st.then)
 
+    def loop_body(self, st: s.For | s.While) -> None:
+        if not st.body:
+            block = "indent the steps of the loop under it" if getattr(st, "style", "") == \
+                "block" else "put the steps of the loop between its head and 'end'"
+            kind = "while" if isinstance(st, s.While) else "for"
+            self.error(st.span, f"this '{kind}' loop has no steps", hint=block)
+
     def stmt_while(self, st: s.While) -> None:
+        self.loop_body(st)
         cond = self.tensor(st.cond)
         if cond.shape:
             self.error(st.cond.span, f"a condition must be a single truth value, not {cond}")
@@ -1167,7 +1176,7 @@ class _Body:
             names = [a.name for _, a in self.c.lib.algorithms()] + sorted(BUILTINS) + [
                 k for sc in self.scopes for k, v in sc.items() if isinstance(v, FuncTy)]
             self.error(e.span, f"unknown card or function '{display(e.func)}'",
-                       _suggest(e.func, names))
+                       _spelling_hint(e.func) or _suggest(e.func, names))
             raise CheckError
         return self.call_card(callee, e)
 
@@ -1544,6 +1553,22 @@ def _product_hint(e: s.BinOp, a: Ty, b: Ty) -> str | None:
         return "did you mean to transpose the right operand (^⊺)?"
     if a.rank == 2 and b.rank == 2 and dims_equal(a.shape[0], b.shape[0]):
         return "did you mean to transpose the left operand (^⊺)?"
+    return None
+
+
+def _spelling_hint(name: str) -> str | None:
+    """What a name that is not one was meant to be, in the card's notation."""
+    power = re.fullmatch(r"(.+)\^(\d+)", name)
+    if power:
+        base = display(power.group(1))
+        return (f"'{display(name)}' reads as one name with a superscript; a power is "
+                f"'{base}²' or '{base}^{{{power.group(2)}}}'")
+    if name in ("sum", "Sum"):
+        return "a sum is 'Σ_{i=1}^{N} x_i' (ASCII 'sum_{i=1}^{N} x_i')"
+    if name.startswith("sum_"):
+        return "an ASCII sum takes braces: 'sum_{i=1}^{N} x_i' or 'sum_{i} x_i'"
+    if name in ("matmul", "dot"):
+        return "a matrix product is written 'W X' (side by side) or 'W · X'"
     return None
 
 

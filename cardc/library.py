@@ -21,6 +21,7 @@ class Library:
     # library files not parsed yet (load(lazy=True)): the names each one's headers define
     pending: dict[Path, set[str]] = field(default_factory=dict)
     order: dict[str, int] = field(default_factory=dict)  # each file's place in the full library
+    _file_of: dict[int, s.CardFile] = field(default_factory=dict, repr=False)  # by id(algorithm)
 
     def algorithms(self) -> list[tuple[s.CardFile, s.Algorithm]]:
         self._parse(list(self.pending))  # whoever asks for every card gets every card
@@ -54,7 +55,9 @@ class Library:
         return min(found, key=lambda fa: len(Path(fa[0].path).parts))[1]
 
     def file_of(self, alg: s.Algorithm) -> s.CardFile:
-        return next(f for f in self.files if any(a is alg for a in f.algorithms))
+        if len(self._file_of) != sum(len(f.algorithms) for f in self.files):  # files were added
+            self._file_of = {id(a): f for f in self.files for a in f.algorithms}
+        return self._file_of[id(alg)]
 
 
 _HEADER = re.compile(r"^[ \t]*Algorithm\b[^:\n]*:([^\n]*)$", re.M)

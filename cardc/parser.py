@@ -774,16 +774,64 @@ def _syntax_error(err: Exception, file: str, diags: Diagnostics, text: str) -> i
         lines = text.split("\n")
         src = lines[line - 1] if line <= len(lines) else ""
         ch = src[col - 1] if col <= len(src) else "?"
+        hint = _hint(text, err, line, col) or _expected(set(err.allowed or ())) or None
         diags.error(s.Span(file, line, col, line, col + 1), f"unexpected character {ch!r}",
-                    hint=_expected(set(err.allowed or ())) or None)
+                    hint=hint)
     else:
         diags.error(s.Span(file, line, col, line, col + 1), str(err).splitlines()[0])
     return line
 
 
 def _hint(text: str, err: Exception, line: int, col: int) -> str | None:
-    """A hint for what people type that the grammar does not take (filled in below)."""
+    """A hint toward the card spelling of what people type from other notations (Python,
+    LaTeX, other pseudocode), read off the text around the error."""
+    lines = text.split("\n")
+    src = lines[line - 1] if line <= len(lines) else ""
+    before, rest = src[:col - 1], src[col - 1:]
+    for test, hint in _HINTS:
+        if test(before, rest):
+            return hint
     return None
+
+
+def _after(pattern: str) -> Any:
+    rx = re.compile(pattern)
+    return lambda before, rest: rx.match(rest) is not None
+
+
+def _before(pattern: str, then: str = "") -> Any:
+    rx, nxt = re.compile(pattern + r"\s*$"), re.compile(then)
+    return lambda before, rest: rx.search(before) is not None and nxt.match(rest) is not None
+
+
+_POWER = "a power is 'x²' or 'x^{2}': the exponent goes in braces"
+_HINTS: list[tuple[Any, str]] = [
+    (_before(r"(∈|\bin)\s*N"), "the natural numbers are 'ℕ' (ASCII 'NN'): 'D, H ∈ ℕ'"),
+    (_before(r"(∈|\bin)\s*R"), "the reals are 'ℝ' (ASCII 'RR'), a tensor type 'ℝ^{D×T}' "
+                                "(ASCII 'R^{D x T}')"),
+    (_before(r"(∈|\bin)\s*Z"), "integers are written as a set: '[N]' for 1…N, '{a..b}' for a…b"),
+    (_before(r"[ℝR]\^", r"\("), "a tensor type's shape goes in braces: 'ℝ^{D×T}' (ASCII "
+                                "'R^{D x T}')"),
+    (_after(r"->|:=|=>"), "assignment is '←' (ASCII '<-'); '=' binds a name"),
+    (_after(r"=<"), "'≤' is written '≤' or '<='"),
+    (_after(r"\*\*|\^\("), _POWER),
+    (_before(r"[*^]", r"[*(]"), _POWER),
+    (_after(r"@"), "a matrix product is written 'W X' (side by side) or 'W · X'"),
+    (_before(r"\w\.", r"T\b"), "a transpose is 'X^⊺' (ASCII 'X^T')"),
+    (_after(r"\.T\b"), "a transpose is 'X^⊺' (ASCII 'X^T')"),
+    (_after(r"\.\.(?!\.)"), "a loop over a range is 'for i = 1, …, N do' (ASCII '1, ..., N'), "
+                          "or 'for i ∈ [N] do'"),
+    (_before(r"\bfor\b.*\b(to|range)\b.*"), "a loop over a range is 'for i = 1, …, N do' "
+                                             "(ASCII '1, ..., N'), or 'for i ∈ [N] do'"),
+    (_after(r"#"), "a comment is '/* … */' on a line of its own, or '▷ …' (ASCII '// …') "
+                   "after a step"),
+    (_after(r"&&?"), "'and' is written '∧' or 'and'"),
+    (_after(r"\|\|"), "'or' is written 'or' (in a random choice) or as two conditions"),
+    (_after(r"!(?!=)"), "'not' is written '¬' or 'not'"),
+    (_after(r"\\[A-Za-z]+"), "write symbols in Unicode or their ASCII spelling ('in', 'RR', "
+                             "'sqrt', 'sum_{i=1}^{N}', Greek letters by name), not LaTeX "
+                             "commands"),
+]
 
 
 # ------------------------------------------------------------------------------ layout pass
@@ -1079,10 +1127,6 @@ class _Layout:
 
     def close(self, stack, root, end_number: str | None = None) -> None:
         stmt, body, ln, _ = stack.pop()
-        if not body:
-            block = "indent the steps of the loop under it" if getattr(stmt, "style", "") == \
-                "block" else "put the steps of the loop between its head and 'end'"
-            self.diags.error(ln.span, f"this '{_keyword(stmt)}' loop has no steps", hint=block)
         stmt = replace(stmt, body=tuple(body))
         if end_number is not None:
             stmt = replace(stmt, end_number=end_number)
