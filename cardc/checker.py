@@ -273,6 +273,11 @@ class _DeclEnv:
             over = self.range_dim(item.over)
             out: dict[str, Entry] = {}
             for sub in item.items:
+                if isinstance(sub, s.Family):  # code generation stacks one index at a time
+                    self.error(sub.span, "a family cannot hold another family directly",
+                               hint="declare the inner family in a card of its own and give "
+                                    "the outer family a bundle of that card's parameters")
+                    continue
                 for name, entry in self.param_entries(sub, outer).items():
                     out[name] = FamilyTy(item.index, over or ONE, entry)
             return out

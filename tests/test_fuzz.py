@@ -1,0 +1,263 @@
+"""No traceback and no hang from any card text: the fuzz harness on a small budget, and each
+signature it (or a person) found, as a regression test with the message and place it gets."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cardc.cli import main
+from cardc.diagnostics import Diagnostics
+from cardc.parser import MAX_CARD_BYTES, parse
+from cardc.render.text import render_card
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fuzz  # noqa: E402
+
+CARD = """Algorithm: Y ← F(X | W)
+Input: X ∈ ℝ^{D×T}
+Output: Y ∈ ℝ^{D×T}
+Hyperparameters: D, T ∈ ℕ
+Parameters: W ∈ ℝ^{D×D}
+1 return Y = W X
+"""
+
+
+@pytest.fixture(autouse=True)
+def _at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def _check(tmp_path, data: bytes | str, capsys, name: str = "c.card") -> tuple[int, str]:
+    path = tmp_path / name
+    path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    code = main(["check", str(path)])
+    return code, capsys.readouterr().err.replace(str(tmp_path) + os.sep, "")
+
+
+# ------------------------------------------------------------------ the harness
+
+
+def test_fuzz_small_budget():
+    """300 cases, fixed seed: no traceback, hang, unlocated diagnostic or broken round trip."""
+    counts = fuzz.fuzz(300, seed=14, jobs=1, timeout=20.0, quiet=True)
+    failures = {k: counts[k] for k in fuzz.FAILURES if counts[k]}
+    assert not failures, fuzz.summary(counts, 0)
+    assert counts["clean"] and counts["diagnosed"]  # both kinds of card were made
+
+
+def test_the_harness_reports_an_unlocated_diagnostic():
+    diags = Diagnostics(sources={"c.card": "one line"})
+    diags.error(fuzz_span("c.card", 0, 0), "somewhere")
+    assert fuzz._unlocated(diags, "c.card") == "c.card: somewhere"
+    diags = Diagnostics(sources={"c.card": "one line"})
+    diags.error(fuzz_span("c.card", 1, 30), "past the end of the line")
+    assert fuzz._unlocated(diags, "c.card") == "c.card:1:30: past the end of the line"
+
+
+def test_the_harness_makes_cases_deterministically():
+    seeds = fuzz.seeds()
+    assert fuzz.make_case(3, 7, seeds) == fuzz.make_case(3, 7, seeds)
+    made = {fuzz.make_case(3, i, seeds) for i in range(40)}
+    assert len(made) == 40
+
+
+def test_grammar_cases_parse_clean():
+    import random
+
+    for i in range(30):
+        text = fuzz.Grammar(random.Random(i)).card().decode("utf-8")
+        diags = Diagnostics()
+        card = parse(text, "g.card", diags)
+        assert not diags.errors, diags.render()
+        assert parse(render_card(card), "g.card", Diagnostics()) == card
+
+
+def fuzz_span(file, line, col):
+    from cardc.syntax import Span
+
+    return Span(file, line, col, line, col + 1)
+
+
+# ------------------------------------------------------------------ control characters
+
+
+def test_vertical_tab_then_arrow(tmp_path, capsys):
+    code, err = _check(tmp_path, b"\x0b\xe2\x86\x90", capsys)
+    assert code == 1
+    assert "c.card:1:1: error: control character U+000B in card text" in err
+    assert "c.card:1:2: error: unexpected '←'" in err
+    assert "Traceback" not in err
+
+
+def test_a_single_form_feed(tmp_path, capsys):
+    code, err = _check(tmp_path, b"\x0c", capsys)
+    assert code == 1
+    assert err.startswith("c.card:1:1: error: control character U+000C in card text")
+    assert err.endswith("1 error\n")
+
+
+@pytest.mark.parametrize("ch", ["\x00", "\x07", "\x1b", "\x7f", "\x85", "\u2028", "\ufeff"])
+def test_control_characters_are_located(tmp_path, capsys, ch):
+    text = CARD.replace("W X", f"W {ch}X")
+    code, err = _check(tmp_path, text, capsys)
+    assert code == 1
+    assert f"c.card:6:16: error: control character U+{ord(ch):04X} in card text" in err
+
+
+@pytest.mark.parametrize("eol", ["\r\n", "\r"])
+def test_crlf_and_lone_cr_break_lines(tmp_path, capsys, eol):
+    code, err = _check(tmp_path, "\ufeff" + CARD.replace("\n", eol), capsys)
+    assert code == 0, err
+
+
+# ------------------------------------------------------------------ nesting and size
+
+
+def test_deep_nesting_is_one_located_error(tmp_path, capsys):
+    deep = CARD.replace("W X", "√(" * 400 + "X" + ")" * 400)
+    code, err = _check(tmp_path, deep, capsys)
+    assert code == 1
+    assert err.startswith("c.card:6:208: error: nested too deeply (more than 100 levels)")
+    assert err.count("error:") == 1
+
+
+@pytest.mark.parametrize("piece", [" + X" * 3000, " W" * 3000])
+def test_long_chains_are_one_located_error(tmp_path, capsys, piece):
+    code, err = _check(tmp_path, CARD.replace("W X", "W X" + piece), capsys)
+    assert code == 1 and "nested too deeply" in err and err.count("error:") == 1
+
+
+def test_nesting_just_inside_the_limit_checks_renders_and_builds(tmp_path, capsys):
+    text = CARD.replace("W X", "W " + "(" * 90 + "X" + ")" * 90)
+    code, err = _check(tmp_path, text, capsys)
+    assert code == 0, err
+    outcome = fuzz.run_case(str(tmp_path / "c.card"))
+    assert outcome.kind == "clean", outcome.detail
+
+
+def test_deep_loops_are_one_located_error(tmp_path, capsys):
+    loops = "".join(f"{'    ' * d}for i{d} ∈ [T] do\n" for d in range(150))
+    ends = "".join(f"{'    ' * d}end\n" for d in reversed(range(150)))
+    text = CARD.replace("1 return Y = W X\n", loops + "Y ← W X\n" + ends + "return Y = Y\n")
+    code, err = _check(tmp_path, text, capsys)
+    assert code == 1 and "nested too deeply" in err and err.count("error:") == 1
+
+
+def test_an_oversized_file_is_refused_where_the_limit_is(tmp_path, capsys):
+    line = "/* " + "x" * 96 + " */\n"
+    data = (line * (MAX_CARD_BYTES // len(line) + 10)).encode()
+    code, err = _check(tmp_path, data, capsys)
+    line_no = MAX_CARD_BYTES // len(line) + 1
+    col = MAX_CARD_BYTES % len(line) + 1
+    assert code == 1
+    assert err.startswith(f"c.card:{line_no}:{col}: error: card file is larger than 4 MiB")
+
+
+def test_many_cards_check_in_linear_time(tmp_path, capsys):
+    import time
+
+    header = "Algorithm: Y ← F0(X | W, b, γ)\n"
+    start = time.monotonic()
+    code, err = _check(tmp_path, header * 3000, capsys)
+    assert code == 1 and time.monotonic() - start < 20
+
+
+# ------------------------------------------------------------------ reading files
+
+
+def test_non_utf8_is_located_at_the_byte(tmp_path, capsys):
+    code, err = _check(tmp_path, b"Algorithm: Y \xe2\x86\x90 F(X)\r/* caf\xe9 */\n", capsys)
+    assert code == 1
+    assert err.startswith("c.card:2:7: error: not UTF-8 text: byte 0xe9")
+    assert "2 | /* caf� */" in err
+
+
+def _check_in_a_process(path: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cardc", "check", path], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "pipe.card"
+    os.mkfifo(fifo)
+    done = _check_in_a_process(str(fifo))
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"{fifo}: error: cannot read card: not a regular file")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero here")
+def test_dev_zero_is_refused():
+    done = _check_in_a_process("/dev/zero")
+    assert done.returncode == 1
+    assert done.stderr.startswith("/dev/zero: error: cannot read card: not a regular file")
+
+
+# ------------------------------------------------------------------ checker signatures
+
+
+def test_concatenated_scalars(tmp_path, capsys):
+    code, err = _check(tmp_path, CARD.replace("1 return Y = W X", "1 a ← [D, T]\n2 return Y = W X"),
+                       capsys)
+    assert code == 1
+    assert "c.card:6:7: error: cannot concatenate scalars" in err
+
+
+def test_a_block_loop_as_a_one_line_body(tmp_path, capsys):
+    text = CARD.replace("1 return Y = W X", "1 for t ∈ [T] : for l = 1, …, D do\n2 return Y = W X")
+    code, err = _check(tmp_path, text, capsys)
+    assert code == 1
+    assert "c.card:6:17: error: a 'for' loop that opens a block cannot be the body of a " \
+           "one-line statement" in err
+
+
+def test_a_loop_with_no_steps(tmp_path, capsys):
+    text = CARD.replace("1 return Y = W X", "1 For h ∈ [D]:\n2 return Y = W X")
+    code, err = _check(tmp_path, text, capsys)
+    assert code == 1
+    assert "c.card:6:3: error: this 'for' loop has no steps" in err
+    assert "hint: indent the steps of the loop under it" in err
+
+
+def test_a_family_of_families(tmp_path, capsys):
+    text = CARD.replace("Parameters: W ∈ ℝ^{D×D}\n", "Parameters: W ∈ ℝ^{D×D}\nFor l ∈ [T]:\n"
+                        "    For k ∈ [T]:\n        V ∈ ℝ^{D}\n")
+    code, err = _check(tmp_path, text, capsys)
+    assert code == 1
+    assert "c.card:7:5: error: a family cannot hold another family directly" in err
+
+
+def test_a_header_with_nothing_after_the_colon(tmp_path, capsys):
+    code, err = _check(tmp_path, CARD + "Algorithm: ", capsys)
+    assert code == 1
+    assert "c.card:7:1: error: expected a signature or a title after ':'" in err
+
+
+# ------------------------------------------------------------------ first contact
+
+
+def test_every_syntax_error_of_a_file_is_reported(tmp_path, capsys):
+    text = CARD.replace("1 return Y = W X", "1 Z ← W +* X\n2 Z ← Z )\n3 return Y = Z")
+    code, err = _check(tmp_path, text, capsys)
+    assert code == 1
+    assert "c.card:6:10: error: unexpected '*'" in err
+    assert "c.card:7:9: error: unexpected ')'" in err
+    assert err.endswith("2 errors\n")
+
+
+def test_a_misspelt_name_is_one_error(capsys):
+    assert main(["check", "tests/golden/misspelt_name.card"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tests/golden/misspelt_name.card:14:7: error: unknown name 'W_ee'")
+    assert err.count("error:") == 1
+
+
+def test_n_for_naturals_gets_a_hint(tmp_path, capsys):
+    code, err = _check(tmp_path, CARD.replace("T ∈ ℕ", "T ∈ N; ε = 1e-5"), capsys)
+    assert code == 1
+    assert "c.card:4:26: error: unexpected ';'" in err
+    assert "hint: the natural numbers are 'ℕ' (ASCII 'NN')" in err
