@@ -362,7 +362,10 @@ def _worker(conn, folder: str, memory: int) -> None:
     import cardc.checker  # noqa: F401
 
     while True:
-        data = conn.recv()
+        try:
+            data = conn.recv()
+        except EOFError:  # the harness is gone
+            return
         if data is None:
             return
         with open(path, "wb") as f:
