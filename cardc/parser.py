@@ -899,7 +899,7 @@ def _nested_too_deeply(node: object, file: str, diags: Diagnostics) -> None:
                 hint="split the expression into steps with names of their own")
 
 
-MAX_CARD_BYTES = 4 << 20  # a card is a page of text; a file this large is not one
+MAX_CARD_BYTES = 1 << 20  # a card is a page of text (the largest in cards/ is under 10 KiB)
 
 
 def read_card(path: str | Path, diags: Diagnostics) -> str | None:

@@ -477,8 +477,8 @@ def child_fields(cls: type) -> tuple[str, ...]:
     return names
 
 
-MAX_DEPTH = 100  # node levels: every recursive pass (check, render, lower, ==) stays far from
-# Python's recursion limit below it; real cards nest about a fifth as deep
+MAX_DEPTH = 64  # node levels: every recursive pass (check, render, lower, ==) stays far from
+# Python's recursion limit below it; real cards nest a quarter as deep (16 levels)
 
 
 def too_deep(tree: object, limit: int = MAX_DEPTH) -> object | None:
