@@ -83,6 +83,14 @@ class Checker:
         self.diags = diags if diags is not None else lib.diags
         self.infos: dict[int, CardInfo] = {}
         self._active: set[int] = set()
+        self._decls: dict[int, list[s.Decl]] = {}  # by id(alg): read once, not per declaration
+
+    def decls(self, alg: s.Algorithm) -> list[s.Decl]:
+        """Every declaration of a card, bundles and families opened."""
+        found = self._decls.get(id(alg))
+        if found is None:
+            found = self._decls[id(alg)] = _decls(alg)
+        return found
 
     # ------------------------------------------------------------------ cards
     def check_all(self) -> Diagnostics:
@@ -320,7 +328,7 @@ class _DeclEnv:
 
     def set_size(self, name: str) -> Dim:
         """|V|: from a declaration `V ≅ [N]` in this card, else the paper's own name N_V."""
-        for item in _decls(self.alg):
+        for item in self.c.decls(self.alg):
             t = item.type
             if isinstance(t, s.Iso) and t.name == name and isinstance(t.of, s.Finite):
                 return self.dim(t.of.size) or Dim.sym(f"N_{name}")
@@ -511,7 +519,7 @@ class _Body:
         self.families: dict[str, tuple[str, Dim, Ty]] = {}  # e_t defined in a loop over t
         self.solved: dict[str, Dim] = {}  # inference variables of callees' free dimensions
         self.returned = False
-        self.declared = {n: d.span for d in _decls(alg) for n in d.names}  # for notes
+        self.declared = {n: d.span for d in checker.decls(alg) for n in d.names}  # for notes
         self.assigned: dict[str, s.Span] = {}  # the step that last gave a name its value
         # names whose step failed, or already reported unknown: their later uses stay quiet
         self.failed: set[str] = set()
@@ -534,6 +542,9 @@ class _Body:
         self.c.diags.error(span, msg, hint, notes)
 
     def run(self) -> None:
+        if not self.alg.steps:
+            self.error(self.alg.span, f"'{self.alg.label or 'this card'}' has no steps",
+                       hint="write its steps after the blocks: '1 Y ← …', '2 return …'")
         for step in self.alg.steps:
             self.step(step)
         for call in self.info.calls.values():  # sizes no step fixes become the card's own

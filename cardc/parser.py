@@ -899,7 +899,7 @@ def _nested_too_deeply(node: object, file: str, diags: Diagnostics) -> None:
                 hint="split the expression into steps with names of their own")
 
 
-MAX_CARD_BYTES = 1 << 20  # a card is a page of text (the largest in cards/ is under 10 KiB)
+MAX_CARD_BYTES = 256 << 10  # a card is a page of text (the largest in cards/ is under 5 KiB)
 
 
 def read_card(path: str | Path, diags: Diagnostics) -> str | None:
@@ -920,7 +920,7 @@ def read_card(path: str | Path, diags: Diagnostics) -> str | None:
     if len(data) > MAX_CARD_BYTES:
         at = _byte_span(str(path), data, MAX_CARD_BYTES)
         diags.sources[str(path)] = data[:MAX_CARD_BYTES].decode("utf-8", "replace")
-        diags.error(at, f"card file is larger than {MAX_CARD_BYTES >> 20} MiB",
+        diags.error(at, f"card file is larger than {MAX_CARD_BYTES >> 10} KiB",
                     hint="a card is a page of pseudocode; is this the right file?")
         return None
     try:

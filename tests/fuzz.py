@@ -446,7 +446,7 @@ class Pool:
         self.tmp.cleanup()
 
 
-def fuzz(cases: int, seed: int, jobs: int = 1, timeout: float = 10.0, memory: int = 2 << 30,
+def fuzz(cases: int, seed: int, jobs: int = 1, timeout: float = 30.0, memory: int = 2 << 30,
          save: Path | None = None, quiet: bool = False) -> Counter:
     """Run `cases` cases; return the count of each outcome (and save failing inputs)."""
     pool_seeds = seeds()
@@ -494,8 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", type=int, default=1000, help="how many cards (default: 1000)")
     p.add_argument("--seed", type=int, default=0, help="the run's seed (default: 0)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default: 1)")
-    p.add_argument("--timeout", type=float, default=10.0,
-                   help="seconds a case may take before it counts as a hang (default: 10)")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds a case may take before it counts as a hang (default: 30)")
     p.add_argument("--memory", type=int, default=2048, help="MiB a worker may use (default: 2048)")
     p.add_argument("--save", type=Path, default=Path("fuzz-failures"),
                    help="folder for failing inputs (default: fuzz-failures)")

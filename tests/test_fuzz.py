@@ -154,7 +154,7 @@ def test_an_oversized_file_is_refused_where_the_limit_is(tmp_path, capsys):
     line_no = MAX_CARD_BYTES // len(line) + 1
     col = MAX_CARD_BYTES % len(line) + 1
     assert code == 1
-    assert err.startswith(f"c.card:{line_no}:{col}: error: card file is larger than 1 MiB")
+    assert err.startswith(f"c.card:{line_no}:{col}: error: card file is larger than 256 KiB")
 
 
 def test_many_cards_check_in_linear_time(tmp_path, capsys):
@@ -261,3 +261,35 @@ def test_n_for_naturals_gets_a_hint(tmp_path, capsys):
     assert code == 1
     assert "c.card:4:26: error: unexpected ';'" in err
     assert "hint: the natural numbers are 'ℕ' (ASCII 'NN')" in err
+
+
+def test_a_card_with_no_steps(tmp_path, capsys):
+    code, err = _check(tmp_path, "\n".join(CARD.splitlines()[:5]) + "\n", capsys)
+    assert code == 1
+    assert "c.card:1:1: error: 'F' has no steps" in err
+
+
+def test_many_declarations_check_in_linear_time(tmp_path, capsys):
+    import time
+
+    lines = CARD.splitlines()
+    text = "\n".join(lines[:2] + ["Input: v ∈ V ≅ [D], a token ID."] * 6000 + lines[2:]) + "\n"
+    start = time.monotonic()
+    _check(tmp_path, text, capsys)
+    assert time.monotonic() - start < 15
+
+
+def test_many_decoding_steps_lower_in_linear_time(tmp_path):
+    """A sampling card whose model call is repeated: each step asked how the card reads its
+    result, walking the whole card."""
+    import time
+
+    lines = (ROOT / "cards" / "paper" / "dinference.card").read_text(encoding="utf-8").splitlines()
+    at = next(i for i, ln in enumerate(lines) if "DTransformer(" in ln)
+    path = tmp_path / "c.card"
+    path.write_text("\n".join(lines[:at] + [lines[at]] * 1000 + lines[at + 1:]) + "\n",
+                    encoding="utf-8")
+    start = time.monotonic()
+    outcome = fuzz.run_case(str(path))
+    assert outcome.kind in ("clean", "diagnosed"), outcome.detail
+    assert time.monotonic() - start < 30  # quadratic: minutes
