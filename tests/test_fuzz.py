@@ -293,3 +293,13 @@ def test_many_decoding_steps_lower_in_linear_time(tmp_path):
     outcome = fuzz.run_case(str(path))
     assert outcome.kind in ("clean", "diagnosed"), outcome.detail
     assert time.monotonic() - start < 30  # quadratic: minutes
+
+
+def test_a_model_card_with_no_input_builds(tmp_path):
+    path = tmp_path / "c.card"
+    path.write_text("Algorithm 2: Positional embedding.\n"
+                    "Output: e ∈ ℝ^{d_e}, the vector representation of the position.\n"
+                    "Parameters: W_p ∈ ℝ^{d_e×ℓ_max}, the positional embedding matrix.\n"
+                    "1 return e = W_p[:, 1]\n", encoding="utf-8")
+    outcome = fuzz.run_case(str(path))
+    assert outcome.kind == "clean", outcome.detail

@@ -145,7 +145,8 @@ class Lowering:
             ty = sig.hypers[name]
             m.inputs.append(ir.Arg(local_name(name)))
             scope.values[name] = Val(ir.Ref(local_name(name)), ty, False, column and ty.rank == 2)
-        body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
+        if sig.inputs:  # else device_expr() reports the card, where a device is needed
+            body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
         stmts = self.passes.card_body(body) or body.run()
         prologue = [ir.Assign((runtime[d][0],), runtime[d][1]) for d in runtime if d in used]
         if top:
@@ -441,7 +442,8 @@ class Lowering:
             return ir.Ref(local_name(sym))
 
         body = Body(self, alg, info, scope, dim_of, "…")
-        body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
+        if sig.inputs:  # else device_expr() reports the card, where a device is needed
+            body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
         stmts = body.run()
         prologue = [ir.Assign((local_name(k),), v) for k, v in used.items()]
         self.program.functions.append(
