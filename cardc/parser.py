@@ -852,8 +852,9 @@ def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None) -> 
         diags.items += [d for d in build.diags.items if d.span.line not in bad]
         return s.CardFile(file, ())
     diags.items += build.diags.items
-    card = s.CardFile(file, tuple(_Layout(file, diags).algorithms(lines)))
-    deep = s.too_deep(card.algorithms)
+    layout = _Layout(file, diags)
+    card = s.CardFile(file, tuple(layout.algorithms(lines)))
+    deep = layout.too_deep or s.too_deep(card.algorithms)
     if deep is not None:
         _nested_too_deeply(deep, file, diags)
         return s.CardFile(file, ())
@@ -889,14 +890,19 @@ def _line_start(text: str, line: int) -> int | None:
     return pos if pos < len(text) else None
 
 
+_EXPRS = (s.Name, s.Num, s.BinOp, s.Unary, s.Power, s.Transpose, s.Slice, s.Index, s.Arg, s.Call,
+          s.Concat, s.Iverson, s.Sum, s.Choice, s.SetBuilder)
+
+
 def _nested_too_deeply(node: object, file: str, diags: Diagnostics) -> None:
     span = getattr(node, "span", None)
     if isinstance(span, s.Span) and span.line > 0:
         span = s.Span(file, span.line, span.col, span.line, span.col + 1)
     else:
         span = s.Span(file, 1, 1, 1, 2)
-    diags.error(span, f"nested too deeply (more than {s.MAX_DEPTH} levels)",
-                hint="split the expression into steps with names of their own")
+    hint = "split the expression into steps with names of their own" if isinstance(
+        node, _EXPRS) else "nest loops, bundles and families less deeply"
+    diags.error(span, f"nested too deeply (more than {s.MAX_DEPTH} levels)", hint=hint)
 
 
 MAX_CARD_BYTES = 256 << 10  # a card is a page of text (the largest in cards/ is under 5 KiB)
@@ -970,6 +976,7 @@ class _Layout:
     def __init__(self, file: str, diags: Diagnostics):
         self.file = file
         self.diags = diags
+        self.too_deep: Line | None = None  # the first line nested past s.MAX_DEPTH
 
     def algorithms(self, lines: list[Line]) -> list[s.Algorithm]:
         groups: list[list[Line]] = []
@@ -1043,8 +1050,11 @@ class _Layout:
         return True
 
     # --- declarations
-    def nest_items(self, lines: list[Line], parent_indent: int) -> list[s.Item]:
+    def nest_items(self, lines: list[Line], parent_indent: int, depth: int = 0) -> list[s.Item]:
         """Lines indented under a bundle or family header belong to it."""
+        if depth > s.MAX_DEPTH and lines:  # the recursion stops here; parse() reports it
+            self.too_deep = self.too_deep or lines[0]
+            return []
         out: list[s.Item] = []
         i = 0
         while i < len(lines):
@@ -1055,7 +1065,7 @@ class _Layout:
                 j += 1
             items = self.line_items(ln)
             if _opens(ln):
-                body = self.nest_items(lines[i + 1:j], ln.indent)
+                body = self.nest_items(lines[i + 1:j], ln.indent, depth + 1)
                 items[-1] = _fill(items[-1], tuple(body))
             else:
                 j = i + 1

@@ -303,3 +303,15 @@ def test_a_model_card_with_no_input_builds(tmp_path):
                     "1 return e = W_p[:, 1]\n", encoding="utf-8")
     outcome = fuzz.run_case(str(path))
     assert outcome.kind == "clean", outcome.detail
+
+
+def test_deeply_nested_bundles_are_one_located_error(tmp_path, capsys):
+    """Indentation nests bundles: 700 levels fit in a card file, and are not recursed into."""
+    lines = ["Algorithm: Y ← F(X | W)", "Input: X ∈ ℝ^{D}", "Output: Y ∈ ℝ^{D}",
+             "Parameters: W consisting of:"]
+    lines += [" " * (d + 1) + "W consisting of:" for d in range(700)]
+    lines += [" " * 701 + "V ∈ ℝ^{D}", "1 return Y = X"]
+    code, err = _check(tmp_path, "\n".join(lines) + "\n", capsys)
+    assert code == 1
+    assert err.startswith("c.card:69:66: error: nested too deeply (more than 64 levels)")
+    assert "hint: nest loops, bundles and families less deeply" in err
