@@ -315,3 +315,16 @@ def test_deeply_nested_bundles_are_one_located_error(tmp_path, capsys):
     assert code == 1
     assert err.startswith("c.card:69:66: error: nested too deeply (more than 64 levels)")
     assert "hint: nest loops, bundles and families less deeply" in err
+
+
+def test_fmt_reads_cards_as_check_does(tmp_path, capsys):
+    path = tmp_path / "c.card"
+    path.write_bytes(b"Algorithm: Y \xff F(X)\n")
+    assert main(["fmt", "--check", str(path)]) == 1
+    err = capsys.readouterr().err.replace(str(tmp_path) + os.sep, "")
+    assert err.startswith("c.card:1:14: error: not UTF-8 text: byte 0xff")
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "pipe.card")
+        done = subprocess.run([sys.executable, "-m", "cardc", "fmt", str(tmp_path / "pipe.card")],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 1 and "not a regular file" in done.stderr
