@@ -21,6 +21,7 @@ import hashlib
 import multiprocessing as mp
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -170,12 +171,26 @@ def m_repeat(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
     return b"\n".join(lines)
 
 
+NUMBERS = ["0", "1", "-1", "−2", "0.5", "1e999", "1e-999", "3/0", "99999999999999999999", "2^{64}",
+           "2²", "√2", "∞", "-inf", "D", "D/0", "1e5", "0.0"]
+
+
+def m_number(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
+    """A number (a preset's value, a default, a dimension) replaced by an awkward one."""
+    text = _text(data)
+    spots = [m.span() for m in re.finditer(r"(?<![\w.])\d+(\.\d+)?([eE][-+]?\d+)?", text)]
+    if not spots:
+        return data
+    a, b = rng.choice(spots)
+    return (text[:a] + rng.choice(NUMBERS) + text[b:]).encode()
+
+
 def m_truncate(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
     return data[:_at(rng, len(data))]
 
 
 MUTATIONS = [m_token] * 6 + [m_delete] * 3 + [m_bytes] * 2 + [m_control] * 2 + [m_splice] * 2 \
-    + [m_lines] * 3 + [m_nest, m_loops, m_repeat, m_truncate]
+    + [m_lines] * 3 + [m_number] * 2 + [m_nest, m_loops, m_repeat, m_truncate]
 
 
 # ------------------------------------------------------------------ grammar-based cases
