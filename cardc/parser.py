@@ -752,7 +752,8 @@ def _syntax_error(err: Exception, file: str, diags: Diagnostics, text: str) -> i
     """Report a syntax error as lark describes it; return the line it is on."""
     import lark
 
-    line = getattr(err, "line", 0) or text.count("\n") + 1
+    line = getattr(err, "line", 0)
+    line = line if isinstance(line, int) and line > 0 else text.count("\n") + 1
     col = max(getattr(err, "column", 0) or 1, 1)
     if isinstance(err, lark.UnexpectedToken):
         tok = err.token
@@ -872,7 +873,7 @@ def _parse_lines(build: _Build, file: str, diags: Diagnostics, text: str
             lines += build.run("start", at)
             return lines, bad
         except lalr.ParseError as err:
-            line = _syntax_error(err.lark_error(), file, diags, text)
+            line = max(_syntax_error(err.lark_error(), file, diags, text), at[1])  # progress
         bad.add(line)
         nxt = _line_start(text, line + 1)
         if nxt is None or len(bad) >= _MAX_SYNTAX_ERRORS:
