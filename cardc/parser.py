@@ -926,7 +926,7 @@ def read_card(path: str | Path, diags: Diagnostics) -> str | None:
         return None
     if len(data) > MAX_CARD_BYTES:
         at = _byte_span(str(path), data, MAX_CARD_BYTES)
-        diags.sources[str(path)] = data[:MAX_CARD_BYTES].decode("utf-8", "replace")
+        diags.sources[str(path)] = normalize(data[:MAX_CARD_BYTES].decode("utf-8", "replace"))
         diags.error(at, f"card file is larger than {MAX_CARD_BYTES >> 10} KiB",
                     hint="a card is a page of pseudocode; is this the right file?")
         return None

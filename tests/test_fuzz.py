@@ -328,3 +328,9 @@ def test_fmt_reads_cards_as_check_does(tmp_path, capsys):
         done = subprocess.run([sys.executable, "-m", "cardc", "fmt", str(tmp_path / "pipe.card")],
                               capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert done.returncode == 1 and "not a regular file" in done.stderr
+
+
+def test_an_oversized_file_with_tabs_is_located_in_its_text(tmp_path):
+    path = tmp_path / "c.card"
+    path.write_bytes(b"\t/*\tx\t*/\n" * (MAX_CARD_BYTES // 9 + 5))
+    assert fuzz.run_case(str(path)).kind == "diagnosed"
