@@ -77,6 +77,9 @@ class CheckError(Exception):
     """Internal: abandons one expression after its diagnostic was recorded."""
 
 
+MAX_CALL_DEPTH = 32  # cards checking cards recurse; the deepest in cards/ is 5 levels
+
+
 class Checker:
     def __init__(self, lib: Library, diags: Diagnostics | None = None):
         self.lib = lib
@@ -1285,10 +1288,12 @@ class _Body:
 
     # --- calls to cards
     def call_card(self, callee: s.Algorithm, e: s.Call) -> Ty:
-        try:
-            info = self.c.info(callee)
-        except CheckError:
-            raise
+        if len(self.c._active) >= MAX_CALL_DEPTH and id(callee) not in self.c.infos:
+            self.error(e.span, f"cards call each other too deeply (more than {MAX_CALL_DEPTH} "
+                               "levels)", hint="a model is a few levels of cards: block, "
+                                               "attention, normalisation")
+            raise CheckError
+        info = self.c.info(callee)
         sig = info.sig
         args = list(e.args)
         if 0 < len(args) < len(sig.inputs):  # an omitted context sequence: Z = X (self-attention)

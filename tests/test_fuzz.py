@@ -334,3 +334,22 @@ def test_an_oversized_file_with_tabs_is_located_in_its_text(tmp_path):
     path = tmp_path / "c.card"
     path.write_bytes(b"\t/*\tx\t*/\n" * (MAX_CARD_BYTES // 9 + 5))
     assert fuzz.run_case(str(path)).kind == "diagnosed"
+
+
+def _chain(n: int) -> str:
+    return "\n".join(f"Algorithm: Y ← F{i}(X)\nInput: X ∈ ℝ^{{D}}\nOutput: Y ∈ ℝ^{{D}}\n"
+                     f"1 return Y = {f'F{i + 1}(X)' if i < n - 1 else 'X'}\n" for i in range(n))
+
+
+def test_a_long_chain_of_calls_is_located_not_recursed(tmp_path, capsys):
+    code, err = _check(tmp_path, _chain(300), capsys)
+    assert code == 1
+    assert err.startswith("c.card:159:14: error: cards call each other too deeply "
+                          "(more than 32 levels)")
+    assert "Traceback" not in err
+
+
+def test_a_chain_of_calls_within_the_limit_checks_and_renders(tmp_path):
+    path = tmp_path / "c.card"
+    path.write_text(_chain(30), encoding="utf-8")
+    assert fuzz.run_case(str(path)).kind == "clean"
