@@ -282,6 +282,8 @@ def parse(text: str, start: str, build: Build, respell: Callable[[Token], Token]
     metas: list[Any] = []  # per value: its token, its Meta, or None where it spans no text
     for token in _tokens(t, text, cursor, at):
         kind = token.type
+        if kind == "TIMES" and token == "x" and not _shifts(t, stack, kind):
+            kind, token = "NAME", token.update("NAME")  # `W x`: a name, as only `a x b` is ×
         if kind == "NAME":
             token = respell(token)
         while True:
@@ -318,6 +320,22 @@ def parse(text: str, start: str, build: Build, respell: Callable[[Token], Token]
                 stack.append(gotos[stack[-1]][act.origin])
             if stack[-1] == end and kind == "$END":
                 return values[-1]
+
+
+def _shifts(t: Tables, stack: list[int], term: str) -> bool:
+    """Whether `term` is shifted after the reductions it calls for. The lexer offers a terminal
+    that any reduction accepts as lookahead (LALR merges lookaheads of states that look alike),
+    so an ASCII `x` after a product may lex as × where the product goes on with the name x."""
+    states = list(stack)
+    while True:
+        act = t.rows[states[-1]].get(term)
+        if act is None:
+            return False
+        if type(act) is int:
+            return True
+        if act.size:
+            del states[-act.size:]
+        states.append(t.gotos[states[-1]][act.origin])
 
 
 def _unit_chain(t: Tables, below: int, top: int, term: str) -> int:

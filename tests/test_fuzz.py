@@ -353,3 +353,20 @@ def test_a_chain_of_calls_within_the_limit_checks_and_renders(tmp_path):
     path = tmp_path / "c.card"
     path.write_text(_chain(30), encoding="utf-8")
     assert fuzz.run_case(str(path)).kind == "clean"
+
+
+@pytest.mark.parametrize("expr", ["W x", "F(x | θ) x + y", "W^⊺ x", "x x"])
+def test_a_product_by_a_name_x_is_not_a_times_sign(expr):
+    """ASCII `x` is × between dimensions (ℝ^{a x b}), and a name everywhere else."""
+    text = f"Algorithm: Y ← G(x)\nInput: x ∈ ℝ^{{a x b}}\n1 Y ← {expr}\n"
+    diags = Diagnostics()
+    card = parse(text, "c.card", diags)
+    assert not diags.errors, diags.render()
+    assert parse(render_card(card), "c.card", Diagnostics()) == card
+    assert "x" in [n.id for n in _names(card.algorithms[0].steps[0].stmt.value)]
+
+
+def _names(e):
+    from cardc.syntax import Name, nodes
+
+    return [n for n in nodes(e) if isinstance(n, Name)]
