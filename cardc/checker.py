@@ -1305,6 +1305,13 @@ class _Body:
         bind: dict[str, Dim] = {}
         lift: tuple[Dim, ...] = ()
         for arg, (pname, want) in zip(args, sig.inputs, strict=False):
+            if not isinstance(want, Ty):  # an input declared by prose alone: a bundle
+                self.error(arg.span, f"'{callee.name}' takes '{display(pname)}' as a bundle of "
+                                     "parameters, which no step of a card can pass it",
+                           notes=((callee.span, "declared here"),),
+                           hint=f"declare '{display(pname)}' with a type: "
+                                f"'{display(pname)} ∈ ℝ^{{…}}'")
+                raise CheckError
             got = self.tensor(arg)
             extra = got.rank - want.rank
             if extra > 0 and not lift:  # an ℝ^{D} card applied to ℝ^{T×D}: mapped over rows

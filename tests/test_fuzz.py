@@ -370,3 +370,11 @@ def _names(e):
     from cardc.syntax import Name, nodes
 
     return [n for n in nodes(e) if isinstance(n, Name)]
+
+
+def test_a_card_whose_input_is_a_bundle_called_with_a_value(tmp_path, capsys):
+    text = CARD.replace("1 return Y = W X", "1 return Y = G(X)") + (
+        "\nAlgorithm: Y ← G(K)\nInput: K, the keys.\nOutput: Y ∈ ℝ^{D×T}\n1 return Y = K\n")
+    code, err = _check(tmp_path, text, capsys)
+    assert code == 1
+    assert "c.card:6:16: error: 'G' takes 'K' as a bundle of parameters" in err
