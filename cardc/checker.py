@@ -77,12 +77,23 @@ class CheckError(Exception):
     """Internal: abandons one expression after its diagnostic was recorded."""
 
 
+MAX_CALL_DEPTH = 32  # cards checking cards recurse; the deepest in cards/ is 5 levels
+
+
 class Checker:
     def __init__(self, lib: Library, diags: Diagnostics | None = None):
         self.lib = lib
         self.diags = diags if diags is not None else lib.diags
         self.infos: dict[int, CardInfo] = {}
         self._active: set[int] = set()
+        self._decls: dict[int, list[s.Decl]] = {}  # by id(alg): read once, not per declaration
+
+    def decls(self, alg: s.Algorithm) -> list[s.Decl]:
+        """Every declaration of a card, bundles and families opened."""
+        found = self._decls.get(id(alg))
+        if found is None:
+            found = self._decls[id(alg)] = _decls(alg)
+        return found
 
     # ------------------------------------------------------------------ cards
     def check_all(self) -> Diagnostics:
@@ -273,6 +284,11 @@ class _DeclEnv:
             over = self.range_dim(item.over)
             out: dict[str, Entry] = {}
             for sub in item.items:
+                if isinstance(sub, s.Family):  # code generation stacks one index at a time
+                    self.error(sub.span, "a family cannot hold another family directly",
+                               hint="declare the inner family in a card of its own and give "
+                                    "the outer family a bundle of that card's parameters")
+                    continue
                 for name, entry in self.param_entries(sub, outer).items():
                     out[name] = FamilyTy(item.index, over or ONE, entry)
             return out
@@ -315,7 +331,7 @@ class _DeclEnv:
 
     def set_size(self, name: str) -> Dim:
         """|V|: from a declaration `V ≅ [N]` in this card, else the paper's own name N_V."""
-        for item in _decls(self.alg):
+        for item in self.c.decls(self.alg):
             t = item.type
             if isinstance(t, s.Iso) and t.name == name and isinstance(t.of, s.Finite):
                 return self.dim(t.of.size) or Dim.sym(f"N_{name}")
@@ -506,8 +522,10 @@ class _Body:
         self.families: dict[str, tuple[str, Dim, Ty]] = {}  # e_t defined in a loop over t
         self.solved: dict[str, Dim] = {}  # inference variables of callees' free dimensions
         self.returned = False
-        self.declared = {n: d.span for d in _decls(alg) for n in d.names}  # for notes
+        self.declared = {n: d.span for d in checker.decls(alg) for n in d.names}  # for notes
         self.assigned: dict[str, s.Span] = {}  # the step that last gave a name its value
+        # names whose step failed, or already reported unknown: their later uses stay quiet
+        self.failed: set[str] = set()
 
     def base_scope(self) -> dict[str, Entry]:
         vocab = _DeclEnv(self.c, self.alg).set_size("V")  # special tokens belong to V
@@ -527,6 +545,9 @@ class _Body:
         self.c.diags.error(span, msg, hint, notes)
 
     def run(self) -> None:
+        if not self.alg.steps:
+            self.error(self.alg.span, f"'{self.alg.label or 'this card'}' has no steps",
+                       hint="write its steps after the blocks: '1 Y ← …', '2 return …'")
         for step in self.alg.steps:
             self.step(step)
         for call in self.info.calls.values():  # sizes no step fixes become the card's own
@@ -577,7 +598,10 @@ class _Body:
                     return entry.entry
         if name in CONSTANTS:
             return SCALAR
-        hint = _suggest(name, [k for sc in self.scopes for k in sc])
+        if name in self.failed:  # a consequence of an error already reported
+            raise CheckError
+        self.failed.add(name)
+        hint = _spelling_hint(name) or _suggest(name, [k for sc in self.scopes for k in sc])
         self.error(span, f"unknown name '{display(name)}'", hint)
         raise CheckError
 
@@ -606,6 +630,7 @@ class _Body:
         try:
             ty = self.stmt(step.stmt)
         except CheckError:
+            self.failed.update(_targets(step.stmt))
             return
         if step.annotation is not None and isinstance(ty, Ty) and step.annotation.type is not None:
             want = _DeclEnv(self.c, self.alg)
@@ -748,6 +773,7 @@ class _Body:
         return token
 
     def stmt_for(self, st: s.For) -> None:
+        self.loop_body(st)
         over = self.dim_of(st.over.last) if isinstance(st.over, s.Range) else self.set_size(st.over)
         bound = [st.var]
         alias = self.misnamed_loop_var(st)
@@ -808,7 +834,15 @@ class _Body:
             self.error(st.cond.span, f"a condition must be a single truth value, not {cond}")
         self.stmt(st.then)
 
+    def loop_body(self, st: s.For | s.While) -> None:
+        if not st.body:
+            block = "indent the steps of the loop under it" if getattr(st, "style", "") == \
+                "block" else "put the steps of the loop between its head and 'end'"
+            kind = "while" if isinstance(st, s.While) else "for"
+            self.error(st.span, f"this '{kind}' loop has no steps", hint=block)
+
     def stmt_while(self, st: s.While) -> None:
+        self.loop_body(st)
         cond = self.tensor(st.cond)
         if cond.shape:
             self.error(st.cond.span, f"a condition must be a single truth value, not {cond}")
@@ -1078,6 +1112,10 @@ class _Body:
         count = self.concat_count(e, items)
         if len(e.items) == 1 and not first.shape:
             return Ty((first.value or Dim.sym("?"),), "ℕ")  # [N]: the set 1..N
+        if not first.shape:
+            self.error(e.span, "cannot concatenate scalars",
+                       hint="[a, b] joins vectors or matrices, [x, y] tokens")
+            raise CheckError
         if first.rank == 1:
             return Ty((count, first.shape[0]) if e.sep == ";" else (first.shape[0], count))
         if e.sep == ";":
@@ -1157,7 +1195,7 @@ class _Body:
             names = [a.name for _, a in self.c.lib.algorithms()] + sorted(BUILTINS) + [
                 k for sc in self.scopes for k, v in sc.items() if isinstance(v, FuncTy)]
             self.error(e.span, f"unknown card or function '{display(e.func)}'",
-                       _suggest(e.func, names))
+                       _spelling_hint(e.func) or _suggest(e.func, names))
             raise CheckError
         return self.call_card(callee, e)
 
@@ -1250,10 +1288,12 @@ class _Body:
 
     # --- calls to cards
     def call_card(self, callee: s.Algorithm, e: s.Call) -> Ty:
-        try:
-            info = self.c.info(callee)
-        except CheckError:
-            raise
+        if len(self.c._active) >= MAX_CALL_DEPTH and id(callee) not in self.c.infos:
+            self.error(e.span, f"cards call each other too deeply (more than {MAX_CALL_DEPTH} "
+                               "levels)", hint="a model is a few levels of cards: block, "
+                                               "attention, normalisation")
+            raise CheckError
+        info = self.c.info(callee)
         sig = info.sig
         args = list(e.args)
         if 0 < len(args) < len(sig.inputs):  # an omitted context sequence: Z = X (self-attention)
@@ -1265,6 +1305,13 @@ class _Body:
         bind: dict[str, Dim] = {}
         lift: tuple[Dim, ...] = ()
         for arg, (pname, want) in zip(args, sig.inputs, strict=False):
+            if not isinstance(want, Ty):  # an input declared by prose alone: a bundle
+                self.error(arg.span, f"'{callee.name}' takes '{display(pname)}' as a bundle of "
+                                     "parameters, which no step of a card can pass it",
+                           notes=((callee.span, "declared here"),),
+                           hint=f"declare '{display(pname)}' with a type: "
+                                f"'{display(pname)} ∈ ℝ^{{…}}'")
+                raise CheckError
             got = self.tensor(arg)
             extra = got.rank - want.rank
             if extra > 0 and not lift:  # an ℝ^{D} card applied to ℝ^{T×D}: mapped over rows
@@ -1422,6 +1469,18 @@ def _appended(body: tuple[s.Step, ...]) -> list[str]:
     return out
 
 
+def _targets(st: s.Stmt) -> list[str]:
+    """The names a statement gives a value to."""
+    if isinstance(st, s.Assign):
+        t = st.target.base if isinstance(st.target, s.Index) else st.target
+        return [t.id] if isinstance(t, s.Name) else [t.func] if isinstance(t, s.Call) else []
+    if isinstance(st, s.Sample):
+        return [st.var]
+    if isinstance(st, (s.If, s.ForAll)):
+        return _targets(st.then if isinstance(st, s.If) else st.body)
+    return []
+
+
 def _bound_vars(node: object) -> set[str]:
     """The variables that loops, sums and set-builders inside a node bind."""
     out: set[str] = set()
@@ -1522,6 +1581,22 @@ def _product_hint(e: s.BinOp, a: Ty, b: Ty) -> str | None:
         return "did you mean to transpose the right operand (^⊺)?"
     if a.rank == 2 and b.rank == 2 and dims_equal(a.shape[0], b.shape[0]):
         return "did you mean to transpose the left operand (^⊺)?"
+    return None
+
+
+def _spelling_hint(name: str) -> str | None:
+    """What a name that is not one was meant to be, in the card's notation."""
+    power = re.fullmatch(r"(.+)\^(\d+)", name)
+    if power:
+        base = display(power.group(1))
+        return (f"'{display(name)}' reads as one name with a superscript; a power is "
+                f"'{base}²' or '{base}^{{{power.group(2)}}}'")
+    if name in ("sum", "Sum"):
+        return "a sum is 'Σ_{i=1}^{N} x_i' (ASCII 'sum_{i=1}^{N} x_i')"
+    if name.startswith("sum_"):
+        return "an ASCII sum takes braces: 'sum_{i=1}^{N} x_i' or 'sum_{i} x_i'"
+    if name in ("matmul", "dot"):
+        return "a matrix product is written 'W X' (side by side) or 'W · X'"
     return None
 
 

@@ -64,12 +64,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_fmt(args: argparse.Namespace) -> int:
+    from .parser import read_card
     from .render.text import format_source
     from .runtime.atomic import write_text_atomic
 
     changed, diags = [], Diagnostics()
     for path in _require_cards(args.paths):
-        text = path.read_text(encoding="utf-8")
+        text = read_card(path, diags)
+        if text is None:
+            continue
         pretty, d = format_source(text, str(path))
         diags.extend(d)
         if d.errors or pretty == text:

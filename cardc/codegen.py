@@ -135,7 +135,10 @@ _STMT = {"Assign": _assign, "Loop": _loop, "If": _if, "While": _while, "Comment"
 
 
 def body_lines(body, indent: str) -> list[str]:
-    return [line for st in body for line in stmt_lines(st, indent)]
+    lines = [line for st in body for line in stmt_lines(st, indent)]
+    if all(line.lstrip().startswith("#") for line in lines):  # no statement left (`x ← x`)
+        lines.append(f"{indent}pass")
+    return lines
 
 
 # ------------------------------------------------------------------ files

@@ -15,30 +15,42 @@ class Diagnostic:
     severity: str = "error"
     notes: tuple[tuple[Span, str], ...] = ()
 
-    def render(self, sources: dict[str, str] | None = None) -> str:
-        """``file:line:col: error: message``, the source line, a caret under the span, a hint."""
+    def render(self, sources: dict[str, str] | None = None,
+               lines: dict[str, list[str]] | None = None) -> str:
+        """``file:line:col: error: message``, the source line, a caret under the span, a hint.
+        `lines`: the sources split into lines, kept between calls (many diagnostics, one split)."""
+        lines = {} if lines is None else lines
         out = [f"{self.span}: {self.severity}: {self.message}"]
-        out += _excerpt(self.span, sources)
+        out += _excerpt(self.span, sources, lines)
         for span, text in self.notes:
             out.append(f"{span}: note: {text}")
-            out += _excerpt(span, sources)
+            out += _excerpt(span, sources, lines)
         if self.hint:
             out.append(f"  = hint: {self.hint}")
         return "\n".join(out)
 
 
-def _excerpt(span: Span, sources: dict[str, str] | None) -> list[str]:
+_SHOWN = 120  # columns of a source line shown around the caret
+
+
+def _excerpt(span: Span, sources: dict[str, str] | None, split: dict[str, list[str]]
+             ) -> list[str]:
     text = (sources or {}).get(span.file)
     if text is None or span.line < 1:
         return []
-    lines = text.splitlines()
+    lines = split.get(span.file)
+    if lines is None:  # as the lexer counts lines: not at form feeds or separators
+        lines = split[span.file] = text.split("\n")
     if span.line > len(lines):
         return []
     src = lines[span.line - 1]
     width = len(str(span.line))
-    end = span.end_col if span.end_line == span.line and span.end_col > span.col else span.col + 1
-    end = min(max(end, span.col + 1), len(src) + 2)
-    caret = " " * (span.col - 1) + "^" * (end - span.col)
+    col = min(span.col, len(src) + 1)
+    end = span.end_col if span.end_line == span.line and span.end_col > col else col + 1
+    end = min(max(end, col + 1), len(src) + 2)
+    skip = max(0, col - _SHOWN // 2) if len(src) > _SHOWN else 0  # a long line: around the caret
+    src, col, end = src[skip:skip + _SHOWN], col - skip, min(end - skip, _SHOWN + 1)
+    caret = " " * (col - 1) + "^" * max(end - col, 1)
     return [f"{' ' * width} |", f"{span.line} | {src}", f"{' ' * width} | {caret}"]
 
 
@@ -66,7 +78,8 @@ class Diagnostics:
 
     def render(self) -> str:
         ordered = sorted(self.items, key=lambda d: (d.span.file, d.span.line, d.span.col))
-        return "\n\n".join(d.render(self.sources) for d in ordered)
+        lines: dict[str, list[str]] = {}
+        return "\n\n".join(d.render(self.sources, lines) for d in ordered)
 
 
 class CardError(Exception):

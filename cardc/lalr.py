@@ -268,18 +268,22 @@ class Cursor:
 Build = Callable[[Rule, "Meta | None", list], Any]  # a rule's node from its kept children
 
 
-def parse(text: str, start: str, build: Build, respell: Callable[[Token], Token]) -> Any:
+def parse(text: str, start: str, build: Build, respell: Callable[[Token], Token],
+          at: tuple[int, int] = (0, 1)) -> Any:
     """Parse `text` from the rule `start`, calling `build` as rules reduce (what a lark
     Transformer would do on the finished tree, in the same order), `respell` on each NAME
-    token; raises ParseError where the text does not parse."""
+    token; raises ParseError where the text does not parse. `at`: the offset and number of
+    the line to begin at (after a syntax error, the parse goes on from a later line)."""
     t = tables()
     rows, gotos, units, end = t.rows, t.gotos, t.units, t.end[start]
     stack = [t.begin[start]]
     cursor = Cursor(stack)
     values: list[Any] = []
     metas: list[Any] = []  # per value: its token, its Meta, or None where it spans no text
-    for token in _tokens(t, text, cursor):
+    for token in _tokens(t, text, cursor, at):
         kind = token.type
+        if kind == "TIMES" and token == "x" and not _shifts(t, stack, kind):
+            kind, token = "NAME", token.update("NAME")  # `W x`: a name, as only `a x b` is ×
         if kind == "NAME":
             token = respell(token)
         while True:
@@ -316,6 +320,22 @@ def parse(text: str, start: str, build: Build, respell: Callable[[Token], Token]
                 stack.append(gotos[stack[-1]][act.origin])
             if stack[-1] == end and kind == "$END":
                 return values[-1]
+
+
+def _shifts(t: Tables, stack: list[int], term: str) -> bool:
+    """Whether `term` is shifted after the reductions it calls for. The lexer offers a terminal
+    that any reduction accepts as lookahead (LALR merges lookaheads of states that look alike),
+    so an ASCII `x` after a product may lex as × where the product goes on with the name x."""
+    states = list(stack)
+    while True:
+        act = t.rows[states[-1]].get(term)
+        if act is None:
+            return False
+        if type(act) is int:
+            return True
+        if act.size:
+            del states[-act.size:]
+        states.append(t.gotos[states[-1]][act.origin])
 
 
 def _unit_chain(t: Tables, below: int, top: int, term: str) -> int:
@@ -361,11 +381,12 @@ def _extent(parts: list) -> Meta | None:
                 last.end_pos)
 
 
-def _tokens(t: Tables, text: str, cursor: Cursor) -> Iterator[Token]:
+def _tokens(t: Tables, text: str, cursor: Cursor, at: tuple[int, int]) -> Iterator[Token]:
     """lark's contextual lexing: at each place, the first of the terminals that the parser's
     state accepts that matches (in lark's order of priority); where none does, lark's own lexer
     raises the error it would have raised. Ends with the $END token."""
-    pos, line, line_start, end = 0, 1, 0, len(text)
+    pos, line = at
+    line_start, end = pos, len(text)
     token = None
     scanners, stack = t.scanners, cursor.stack
     while pos < end:
@@ -392,7 +413,7 @@ def _tokens(t: Tables, text: str, cursor: Cursor) -> Iterator[Token]:
         token = Token(kind, value, start, line - newlines, column, line, pos - line_start + 1, pos)
         yield token
     if token is None:
-        yield Token("$END", "", 0, 1, 1)
+        yield Token("$END", "", pos, line, pos - line_start + 1)
     else:
         yield Token("$END", "", token.start_pos, token.line, token.column, token.end_line,
                     token.end_column, token.end_pos)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import syntax as s
 from .diagnostics import Diagnostics
-from .parser import normalize, parse_file
+from .parser import normalize, parse_file, read_card
 from .spelling import canonical_name
 
 DEFAULT_ROOT = Path("cards")
@@ -21,6 +21,7 @@ class Library:
     # library files not parsed yet (load(lazy=True)): the names each one's headers define
     pending: dict[Path, set[str]] = field(default_factory=dict)
     order: dict[str, int] = field(default_factory=dict)  # each file's place in the full library
+    _file_of: dict[int, s.CardFile] = field(default_factory=dict, repr=False)  # by id(algorithm)
 
     def algorithms(self) -> list[tuple[s.CardFile, s.Algorithm]]:
         self._parse(list(self.pending))  # whoever asks for every card gets every card
@@ -54,7 +55,9 @@ class Library:
         return min(found, key=lambda fa: len(Path(fa[0].path).parts))[1]
 
     def file_of(self, alg: s.Algorithm) -> s.CardFile:
-        return next(f for f in self.files if any(a is alg for a in f.algorithms))
+        if len(self._file_of) != sum(len(f.algorithms) for f in self.files):  # files were added
+            self._file_of = {id(a): f for f in self.files for a in f.algorithms}
+        return self._file_of[id(alg)]
 
 
 _HEADER = re.compile(r"^[ \t]*Algorithm\b[^:\n]*:([^\n]*)$", re.M)
@@ -111,10 +114,8 @@ def load(paths: list[str | Path], root: str | Path | None = DEFAULT_ROOT,
 
 
 def _names_of(path: Path) -> set[str] | None:
-    try:
-        return defined_names(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
-        return None  # parse_file reports it
+    text = read_card(path, Diagnostics())
+    return None if text is None else defined_names(text)  # else parse_file reports it
 
 
 def _report_duplicates(lib: Library) -> None:

@@ -22,9 +22,40 @@ from .spelling import canonical_name
 
 
 def normalize(text: str) -> str:
-    """Decomposed Unicode (Ṽ = V + U+0303), so hats and tildes are marks on any letter."""
-    text = unicodedata.normalize("NFD", text.replace("\r\n", "\n").replace("\t", "    "))
+    """Decomposed Unicode (Ṽ = V + U+0303), so hats and tildes are marks on any letter; line
+    breaks as LF (a lone CR, old Mac style, breaks a line too); a leading byte-order mark
+    dropped."""
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    text = unicodedata.normalize("NFD", text.replace("\t", "    "))
     return text.replace("=\u0338", "≠")  # NFD splits ≠ into = and a slash; keep the operator
+
+
+# characters a card may not hold: C0 and C1 controls but the line break (tabs are spaces by
+# now), DEL, line/paragraph separators and byte-order marks that are not the file's first
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
+_MAX_CONTROL_ERRORS = 20
+
+
+def _blank_controls(text: str, file: str, diags: Diagnostics) -> str:
+    """Each control character reported where it stands (the first of each line), then read as
+    a space, so that the rest of the file is still checked at the same columns."""
+    if not _CONTROL.search(text):
+        return text
+    last, line, line_start, count = -1, 1, 0, 0
+    for m in _CONTROL.finditer(text):
+        pos = m.start()
+        line += text.count("\n", line_start, pos)
+        line_start = text.rfind("\n", line_start, pos) + 1 or line_start
+        if line == last:
+            continue
+        last, count = line, count + 1
+        if count > _MAX_CONTROL_ERRORS:
+            break
+        col = pos - line_start + 1
+        diags.error(s.Span(file, line, col, line, col + 1),
+                    f"control character U+{ord(m.group()):04X} in card text",
+                    hint="a card holds printable text, spaces, tabs and line breaks only")
+    return _CONTROL.sub(" ", text)
 
 
 # ------------------------------------------------------------------ rules → nodes
@@ -97,8 +128,8 @@ class _Build:
         self.diags = Diagnostics()
         self.source = source  # the text parsed, for constructs read back from it
 
-    def run(self, start: str) -> Any:
-        return lalr.parse(self.source, start, self.node, _respell)
+    def run(self, start: str, at: tuple[int, int] = (0, 1)) -> Any:
+        return lalr.parse(self.source, start, self.node, _respell, at)
 
     def node(self, rule: lalr.Rule, meta: lalr.Meta | None, kids: list) -> Any:
         build, wants_meta = _callbacks()[rule.name]
@@ -110,6 +141,8 @@ class _Build:
         try:
             node = build.run(start)
         except lalr.ParseError:
+            return None
+        if s.too_deep(node) is not None:  # before _shift walks it
             return None
         self.diags.items += build.diags.items
         return node
@@ -135,6 +168,9 @@ class _Build:
     def titled_header(self, meta, c):
         number = next((str(t) for t in c if isinstance(t, Token) and t.type == "NUMBER"), None)
         title = str(c[-1]).strip()
+        if not title:
+            self.diags.error(self.sp(meta), "expected a signature or a title after ':'",
+                             hint="'Algorithm: Y ← Name(X | θ)' or 'Algorithm 1: Token embedding.'")
         alg = s.Algorithm(None, number, title=title, span=self.sp(meta))
         return Line("header", self.sp(meta), meta.column, None, alg)
 
@@ -408,12 +444,21 @@ class _Build:
     @_meta
     def for_map(self, meta, c):
         var, over, binder, at = c[1]
-        body = c[2] if len(c) > 2 else None
+        body = self._inline(c[2]) if len(c) > 2 else None
         if body is None:
             return _Open(s.For(var, over, (), "block", binder, span=self.sp(meta), var_span=at))
         step = s.Step(_unwhere(body), span=_stmt_span(body))
         loop = s.For(var, over, (step,), "map", binder, span=self.sp(meta), var_span=at)
         return _Where(loop, body.where) if isinstance(body, _Where) else loop
+
+    def _inline(self, body):
+        """The statement of a one-line loop or condition; one that opens a block cannot be."""
+        if not isinstance(body, _Open):
+            return body
+        self.diags.error(body.stmt.span, f"a '{_keyword(body.stmt)}' loop that opens a block "
+                         "cannot be the body of a one-line statement",
+                         hint="put the loop on a line of its own")
+        return body.stmt
 
     @_meta
     def while_do(self, meta, c):
@@ -434,6 +479,7 @@ class _Build:
     @_meta
     def forall(self, meta, c):
         names, body = c[1]
+        body = self._inline(body)
         return _lift_where(body, lambda b: s.ForAll(tuple(names), b, span=self.sp(meta)))
 
     def forall_tail(self, c):
@@ -445,7 +491,7 @@ class _Build:
 
     @_meta
     def if_(self, meta, c):
-        return _lift_where(c[3], lambda body: s.If(c[1], body, span=self.sp(meta)))
+        return _lift_where(self._inline(c[3]), lambda body: s.If(c[1], body, span=self.sp(meta)))
 
     # --- expressions
     @_meta
@@ -699,11 +745,16 @@ def _expected(tokens: set[str]) -> str:
     return "expected " + (", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0])
 
 
-def _syntax_error(err: Exception, file: str, diags: Diagnostics, text: str) -> None:
+_MAX_SYNTAX_ERRORS = 50  # per file; past that the rest of the file is not read
+
+
+def _syntax_error(err: Exception, file: str, diags: Diagnostics, text: str) -> int:
+    """Report a syntax error as lark describes it; return the line it is on."""
     import lark
 
-    line = getattr(err, "line", 0) or text.count("\n") + 1
-    col = getattr(err, "column", 0) or 1
+    line = getattr(err, "line", 0)
+    line = line if isinstance(line, int) and line > 0 else text.count("\n") + 1
+    col = max(getattr(err, "column", 0) or 1, 1)
     if isinstance(err, lark.UnexpectedToken):
         tok = err.token
         if tok.type == "$END":
@@ -711,46 +762,211 @@ def _syntax_error(err: Exception, file: str, diags: Diagnostics, text: str) -> N
         elif tok.type == "_NL":
             msg = "unexpected end of line"
         else:
-            text = str(tok.value).split("\n")[0]
+            shown = str(tok.value).split("\n")[0]
             if tok.type in _GREEDY:  # a fallback lexer grabbed the rest of the line: show a word
-                text = re.match(r"\w+|\S", text.lstrip()).group(0)
-            msg = f"unexpected {text!r}"
-            tok = tok.update(value=text)
+                word = re.match(r"\w+|\S", shown.lstrip())
+                shown = word.group(0) if word else shown.strip() or shown
+            msg = f"unexpected {shown!r}"
+            tok = tok.update(value=shown)
         end = col + max(len(str(tok.value).split("\n")[0]), 1)
-        diags.error(s.Span(file, line, col, line, end), msg, hint=_expected(err.expected) or None)
+        hint = _hint(text, err, line, col) or _expected(err.expected) or None
+        diags.error(s.Span(file, line, col, line, end), msg, hint=hint)
     elif isinstance(err, lark.UnexpectedCharacters):
-        ch = text.splitlines()[line - 1][col - 1] if line <= len(text.splitlines()) else "?"
+        lines = text.split("\n")
+        src = lines[line - 1] if line <= len(lines) else ""
+        ch = src[col - 1] if col <= len(src) else "?"
+        hint = _hint(text, err, line, col) or _expected(set(err.allowed or ())) or None
         diags.error(s.Span(file, line, col, line, col + 1), f"unexpected character {ch!r}",
-                    hint=_expected(set(err.allowed or ())) or None)
+                    hint=hint)
     else:
         diags.error(s.Span(file, line, col, line, col + 1), str(err).splitlines()[0])
+    return line
+
+
+def _hint(text: str, err: Exception, line: int, col: int) -> str | None:
+    """A hint toward the card spelling of what people type from other notations (Python,
+    LaTeX, other pseudocode), read off the text around the error."""
+    lines = text.split("\n")
+    src = lines[line - 1] if line <= len(lines) else ""
+    before, rest = src[:col - 1], src[col - 1:]
+    for test, hint in _HINTS:
+        if test(before, rest):
+            return hint
+    return None
+
+
+def _after(pattern: str) -> Any:
+    rx = re.compile(pattern)
+    return lambda before, rest: rx.match(rest) is not None
+
+
+def _before(pattern: str, then: str = "") -> Any:
+    rx, nxt = re.compile(pattern + r"\s*$"), re.compile(then)
+    return lambda before, rest: rx.search(before) is not None and nxt.match(rest) is not None
+
+
+_POWER = "a power is 'x²' or 'x^{2}': the exponent goes in braces"
+_HINTS: list[tuple[Any, str]] = [
+    (_before(r"(∈|\bin)\s*N"), "the natural numbers are 'ℕ' (ASCII 'NN'): 'D, H ∈ ℕ'"),
+    (_before(r"(∈|\bin)\s*R"), "the reals are 'ℝ' (ASCII 'RR'), a tensor type 'ℝ^{D×T}' "
+                                "(ASCII 'R^{D x T}')"),
+    (_before(r"(∈|\bin)\s*Z"), "integers are written as a set: '[N]' for 1…N, '{a..b}' for a…b"),
+    (_before(r"[ℝR]\^", r"\("), "a tensor type's shape goes in braces: 'ℝ^{D×T}' (ASCII "
+                                "'R^{D x T}')"),
+    (_after(r"->|:=|=>"), "assignment is '←' (ASCII '<-'); '=' binds a name"),
+    (_after(r"=<"), "'≤' is written '≤' or '<='"),
+    (_after(r"\*\*|\^\("), _POWER),
+    (_before(r"[*^]", r"[*(]"), _POWER),
+    (_after(r"@"), "a matrix product is written 'W X' (side by side) or 'W · X'"),
+    (_before(r"\w\.", r"T\b"), "a transpose is 'X^⊺' (ASCII 'X^T')"),
+    (_after(r"\.T\b"), "a transpose is 'X^⊺' (ASCII 'X^T')"),
+    (_after(r"\.\.(?!\.)"), "a loop over a range is 'for i = 1, …, N do' (ASCII '1, ..., N'), "
+                          "or 'for i ∈ [N] do'"),
+    (_before(r"\bfor\b.*\b(to|range)\b.*"), "a loop over a range is 'for i = 1, …, N do' "
+                                             "(ASCII '1, ..., N'), or 'for i ∈ [N] do'"),
+    (_after(r"#"), "a comment is '/* … */' on a line of its own, or '▷ …' (ASCII '// …') "
+                   "after a step"),
+    (_after(r"&&?"), "'and' is written '∧' or 'and'"),
+    (_after(r"\|\|"), "'or' is written 'or' (in a random choice) or as two conditions"),
+    (_after(r"!(?!=)"), "'not' is written '¬' or 'not'"),
+    (_after(r"\\[A-Za-z]+"), "write symbols in Unicode or their ASCII spelling ('in', 'RR', "
+                             "'sqrt', 'sum_{i=1}^{N}', Greek letters by name), not LaTeX "
+                             "commands"),
+]
 
 
 # ------------------------------------------------------------------------------ layout pass
 
 
 def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None) -> s.CardFile:
-    """Parse a card file. Errors go to ``diags``; the result holds what could be read."""
+    """Parse a card file. Errors go to ``diags``; the result holds what could be read.
+
+    After a syntax error the parse goes on at the next line (the grammar reads a card line by
+    line), so every syntax error of a file is reported; a file with one has no algorithms."""
     diags = diags if diags is not None else Diagnostics()
     text = normalize(text)
+    text = _blank_controls(text, file, diags)
     diags.sources[file] = text
     build = _Build(file, text)
-    try:
-        lines = build.run("start")
-    except lalr.ParseError as err:
-        _syntax_error(err.lark_error(), file, diags, text)
+    lines, bad = _parse_lines(build, file, diags, text)
+    if bad:
+        diags.items += [d for d in build.diags.items if d.span.line not in bad]
         return s.CardFile(file, ())
     diags.items += build.diags.items
-    return s.CardFile(file, tuple(_Layout(file, diags).algorithms(lines)))
+    layout = _Layout(file, diags)
+    card = s.CardFile(file, tuple(layout.algorithms(lines)))
+    deep = layout.too_deep or s.too_deep(card.algorithms)
+    if deep is not None:
+        _nested_too_deeply(deep, file, diags)
+        return s.CardFile(file, ())
+    return card
+
+
+def _parse_lines(build: _Build, file: str, diags: Diagnostics, text: str
+                 ) -> tuple[list[Line], set[int]]:
+    """The lines of the file, and the numbers of the lines with a syntax error."""
+    lines: list[Line] = []
+    bad: set[int] = set()
+    at = (0, 1)
+    while True:
+        try:
+            lines += build.run("start", at)
+            return lines, bad
+        except lalr.ParseError as err:
+            line = max(_syntax_error(err.lark_error(), file, diags, text), at[1])  # progress
+        bad.add(line)
+        nxt = _line_start(text, line + 1)
+        if nxt is None or len(bad) >= _MAX_SYNTAX_ERRORS:
+            return lines, bad
+        at = (nxt, line + 1)
+
+
+def _line_start(text: str, line: int) -> int | None:
+    """The offset at which line `line` (from 1) begins; None past the end."""
+    pos = 0
+    for _ in range(line - 1):
+        pos = text.find("\n", pos) + 1
+        if pos == 0:
+            return None
+    return pos if pos < len(text) else None
+
+
+_EXPRS = (s.Name, s.Num, s.BinOp, s.Unary, s.Power, s.Transpose, s.Slice, s.Index, s.Arg, s.Call,
+          s.Concat, s.Iverson, s.Sum, s.Choice, s.SetBuilder)
+
+
+def _nested_too_deeply(node: object, file: str, diags: Diagnostics) -> None:
+    span = getattr(node, "span", None)
+    if isinstance(span, s.Span) and span.line > 0:
+        span = s.Span(file, span.line, span.col, span.line, span.col + 1)
+    else:
+        span = s.Span(file, 1, 1, 1, 2)
+    hint = "split the expression into steps with names of their own" if isinstance(
+        node, _EXPRS) else "nest loops, bundles and families less deeply"
+    diags.error(span, f"nested too deeply (more than {s.MAX_DEPTH} levels)", hint=hint)
+
+
+MAX_CARD_BYTES = 256 << 10  # a card is a page of text (the largest in cards/ is under 5 KiB)
+
+
+def read_card(path: str | Path, diags: Diagnostics) -> str | None:
+    """A card file's text, or None with a located error: a path that is not a regular file
+    (a folder, a FIFO, a device) is refused before it is read, a file is read up to
+    MAX_CARD_BYTES, and a byte that is not UTF-8 is reported at its line and column."""
+    path = Path(path)
+    where = s.Span(str(path), 0, 0, 0, 0)
+    try:
+        data = _read_regular(path)
+    except OSError as err:
+        diags.error(where, f"cannot read card: {err.strerror or err}")
+        return None
+    if data is None:
+        diags.error(where, "cannot read card: not a regular file",
+                    hint="give a .card file, or a folder of them")
+        return None
+    if len(data) > MAX_CARD_BYTES:
+        at = _byte_span(str(path), data, MAX_CARD_BYTES)
+        diags.sources[str(path)] = normalize(data[:MAX_CARD_BYTES].decode("utf-8", "replace"))
+        diags.error(at, f"card file is larger than {MAX_CARD_BYTES >> 10} KiB",
+                    hint="a card is a page of pseudocode; is this the right file?")
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        diags.sources[str(path)] = normalize(data.decode("utf-8", "replace"))
+        diags.error(_byte_span(str(path), data, err.start),
+                    f"not UTF-8 text: byte 0x{data[err.start]:02x}",
+                    hint="save the card as UTF-8")
+        return None
+
+
+def _read_regular(path: Path) -> bytes | None:
+    """The first MAX_CARD_BYTES + 1 bytes of a regular file; None for anything else. Opened
+    without blocking, so a FIFO with no writer is seen for what it is rather than waited on."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_CARD_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def _byte_span(file: str, data: bytes, offset: int) -> s.Span:
+    """The line and column of a byte offset, counted in the text as the parser reads it."""
+    before = normalize(data[:offset].decode("utf-8", "replace"))
+    line = before.count("\n") + 1
+    col = len(before) - (before.rfind("\n") + 1) + 1
+    return s.Span(file, line, col, line, col + 1)
 
 
 def parse_file(path: str | Path, diags: Diagnostics) -> s.CardFile:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = "not UTF-8 text" if isinstance(err, UnicodeDecodeError) else (err.strerror or str(err))
-        diags.error(s.Span(str(path), 0, 0, 0, 0), f"cannot read card: {reason}")
+    text = read_card(path, diags)
+    if text is None:
         return s.CardFile(str(path), ())
     return parse(text, str(path), diags)
 
@@ -761,6 +977,7 @@ class _Layout:
     def __init__(self, file: str, diags: Diagnostics):
         self.file = file
         self.diags = diags
+        self.too_deep: Line | None = None  # the first line nested past s.MAX_DEPTH
 
     def algorithms(self, lines: list[Line]) -> list[s.Algorithm]:
         groups: list[list[Line]] = []
@@ -834,8 +1051,11 @@ class _Layout:
         return True
 
     # --- declarations
-    def nest_items(self, lines: list[Line], parent_indent: int) -> list[s.Item]:
+    def nest_items(self, lines: list[Line], parent_indent: int, depth: int = 0) -> list[s.Item]:
         """Lines indented under a bundle or family header belong to it."""
+        if depth > s.MAX_DEPTH and lines:  # the recursion stops here; parse() reports it
+            self.too_deep = self.too_deep or lines[0]
+            return []
         out: list[s.Item] = []
         i = 0
         while i < len(lines):
@@ -846,7 +1066,7 @@ class _Layout:
                 j += 1
             items = self.line_items(ln)
             if _opens(ln):
-                body = self.nest_items(lines[i + 1:j], ln.indent)
+                body = self.nest_items(lines[i + 1:j], ln.indent, depth + 1)
                 items[-1] = _fill(items[-1], tuple(body))
             else:
                 j = i + 1

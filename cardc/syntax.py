@@ -20,8 +20,8 @@ class Span:
     end_line: int
     end_col: int
 
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}"
+    def __str__(self) -> str:  # a whole-file problem (line 0) names the file alone
+        return f"{self.file}:{self.line}:{self.col}" if self.line > 0 else self.file
 
 
 NOWHERE = Span("<none>", 0, 0, 0, 0)
@@ -475,3 +475,35 @@ def child_fields(cls: type) -> tuple[str, ...]:
     if names is None:
         names = _CHILDREN[cls] = tuple(n for n in cls.__dataclass_fields__ if n != "span")
     return names
+
+
+MAX_DEPTH = 64  # node levels: every recursive pass (check, render, lower, ==) stays far from
+# Python's recursion limit below it; real cards nest a quarter as deep (16 levels)
+
+
+def too_deep(tree: object, limit: int = MAX_DEPTH) -> object | None:
+    """The first node found `limit` node levels below `tree` (tuples do not count as levels),
+    or None: walked with a stack, as the tree may be deeper than Python's recursion limit."""
+    stack: list[tuple[object, int]] = [(tree, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, tuple):
+            stack += [(y, depth) for y in x]
+        elif hasattr(x, "__dataclass_fields__") and not isinstance(x, Span):
+            if depth >= limit:
+                return x
+            stack += [(getattr(x, n), depth + 1) for n in child_fields(type(x))]
+    return None
+
+
+def depth(tree: object) -> int:
+    """The number of node levels of `tree`."""
+    deepest, stack = 0, [(tree, 0)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, tuple):
+            stack += [(y, d) for y in x]
+        elif hasattr(x, "__dataclass_fields__") and not isinstance(x, Span):
+            deepest = max(deepest, d + 1)
+            stack += [(getattr(x, n), d + 1) for n in child_fields(type(x))]
+    return deepest

@@ -319,10 +319,8 @@ class Body:
 
     def reads_last_row(self, name: str, rows: Dim) -> bool:
         """Every read of `name` in the card is `name[rows, …]`, and it is assigned once."""
-        uses = [n for n in s.nodes(self.alg) if isinstance(n, s.Name) and n.id == name]
-        reads = [n for n in s.nodes(self.alg) if isinstance(n, s.Index) and
-                 isinstance(n.base, s.Name) and n.base.id == name]
-        if len(uses) != len(reads) + 1:  # the assignment's target, and the reads' bases
+        uses, reads = _name_reads(self.alg).get(name, (0, []))
+        if uses != len(reads) + 1:  # the assignment's target, and the reads' bases
             return False
         for r in reads:
             if isinstance(r.items[0], s.Slice) or any(not _is_all(i) for i in r.items[1:]):
@@ -1375,3 +1373,26 @@ class Body:
 
         hyper = self.low.checker.info(call.callee).sig.hypers[name]
         return substitute(hyper, call.bind).shape
+
+
+_READS: dict[int, tuple[s.Algorithm, dict[str, tuple[int, list[s.Index]]]]] = {}
+
+
+def _name_reads(alg: s.Algorithm) -> dict[str, tuple[int, list[s.Index]]]:
+    """For each name of a card: how often it is written, and its reads `name[…]`; walked once
+    per card, not once per step (a long card would take quadratic time)."""
+    kept = _READS.get(id(alg))
+    if kept is not None and kept[0] is alg:
+        return kept[1]
+    uses: dict[str, int] = {}
+    reads: dict[str, list[s.Index]] = {}
+    for n in s.nodes(alg):
+        if isinstance(n, s.Name):
+            uses[n.id] = uses.get(n.id, 0) + 1
+        elif isinstance(n, s.Index) and isinstance(n.base, s.Name):
+            reads.setdefault(n.base.id, []).append(n)
+    out = {name: (count, reads.get(name, [])) for name, count in uses.items()}
+    if len(_READS) > 256:
+        _READS.clear()
+    _READS[id(alg)] = (alg, out)
+    return out

@@ -105,7 +105,7 @@ class Lowering:
         ctor = self.ctor_args(alg)
         m = ir.Module(local_name(alg.label), _doc(alg), self.origin(alg), [], [], [], [], [], [])
         sizes = _tree_symbols(sig.tree)
-        for name in ctor:
+        for name in sorted(ctor, key=lambda n: n in sig.defaults):  # defaults last, as Python needs
             ty = sig.hypers.get(name, Ty(elem="ℕ"))
             default = sig.defaults.get(name)
             kind = "int" if name in sizes else ctor_type(ty)  # a size, however it was declared
@@ -149,7 +149,8 @@ class Lowering:
             ty = sig.hypers[name]
             m.inputs.append(ir.Arg(local_name(name)))
             scope.values[name] = Val(ir.Ref(local_name(name)), ty, False, column and ty.rank == 2)
-        body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
+        if sig.inputs:  # else device_expr() reports the card, where a device is needed
+            body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
         stmts = self.passes.card_body(body) or body.run()
         prologue = [ir.Assign((runtime[d][0],), runtime[d][1]) for d in runtime if d in used]
         if top:
@@ -445,7 +446,8 @@ class Lowering:
             return ir.Ref(local_name(sym))
 
         body = Body(self, alg, info, scope, dim_of, "…")
-        body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
+        if sig.inputs:  # else device_expr() reports the card, where a device is needed
+            body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
         stmts = body.run()
         prologue = [ir.Assign((local_name(k),), v) for k, v in used.items()]
         self.program.functions.append(
