@@ -215,8 +215,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         check_writable_folder(args.out)
     lib, targets = load(args.paths, root=args.library)
     checker, diags = check(lib)
-    # Cards named one by one must check; a folder's cards that do not are skipped with a note
-    # (cards/paper/faithful keeps the paper's defects on purpose).
+    # Cards named one by one must check; a folder's cards that do not are skipped with a note.
     require_clean(lib, checker, diags, {str(Path(p)) for p in args.paths if not Path(p).is_dir()})
     wanted = [f.path for f in lib.files if f.path in {str(Path(t)) for t in targets}]
     broken = {d.span.file for d in diags.errors}
