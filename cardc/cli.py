@@ -282,6 +282,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     except RuntimeInputError as err:
         raise UsageError(str(err)) from None
     resolve_device(cfg.device)  # before any output: a missing GPU is reported up front
+    if args.data is not None:
+        from .runtime.data import check_corpus_path
+
+        check_corpus_path(args.data)
     check_destination(out)  # and an --out that cannot hold the run, before it trains
     import torch
 
@@ -688,7 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the training card's (peak) learning rate η (default: the preset's)")
     t.add_argument("--eval-every", type=int, default=100,
                    help="updates between held-out evaluations")
-    t.add_argument("--seed", type=int, default=1337, help="seed of the weights and the data")
+    t.add_argument("--seed", type=_count(0, 2**63 - 1), default=1337,
+                   help="seed of the weights and the data")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     t.add_argument("--pad-vocab", action="store_true",
                    help="round the model's vocabulary size up to a multiple of 64 (faster "
@@ -710,7 +715,8 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--top-k", type=_count(1),
                     help="sample among the k most probable tokens, with the built-in sampler "
                          "(default: all, with the recorded inference card)")
-    sa.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
+    sa.add_argument("--seed", type=_count(0, 2**63 - 1), default=1337,
+                    help="seed of the sampling")
     sa.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="where to run (auto: cuda if there is one)")
     sa.add_argument("--card", help="an inference card to sample with, as DInference or "

@@ -288,3 +288,93 @@ def test_import_refuses_a_config_that_does_not_divide(capsys, tmp_path, no_model
                        "--out", str(tmp_path / "out"))
     assert code == 1 and err.startswith("cardc: error: config.json") and "d" in err
     assert len(err.splitlines()) == 1
+
+
+# ------------------------------------------------------------------ training data and size
+
+
+@pytest.mark.parametrize("data", ["/dev/zero", "tests"])
+def test_train_data_that_is_not_a_file(capsys, tmp_path, data):
+    code, out, err = run(capsys, "train", "cards/gpt2.card", "--preset", "tiny", "--data", data,
+                         "--out", str(tmp_path / "run"))
+    assert code == 1 and out == ""
+    assert err == f"cardc: error: corpus file '{data}' is not a regular file\n"
+
+
+def test_train_refuses_a_dataset_no_memory_holds(capsys, tmp_path):
+    code, _, err = run(capsys, "train", "cards/gpt2.card", "--preset", "tiny",
+                       "--steps", "1000000000", "--out", str(tmp_path / "run"))
+    assert code == 1
+    assert err == ("cardc: error: 16,000,000,000 examples of 129 tokens are 2,064,000,000,000 "
+                   "tokens, more than the 268,435,456 a run holds; ask for fewer updates or "
+                   "smaller minibatches\n")
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ the sampling window
+
+
+def test_the_checkpoint_records_the_positions_its_run_trained(trained):
+    from cardc.runtime.checkpoint import read_checkpoint
+
+    meta = read_checkpoint(trained)[0]
+    assert meta["block_size"] == 17 and meta["context"] == 16  # ℓ − 1 predictions scored
+    assert meta["hyperparameters"]["ctx"] == 32
+
+
+def test_the_sampling_card_reads_only_trained_positions(capsys, trained, monkeypatch):
+    """The model's ctx is 32 but its run trained 16 positions: the card's window is 16."""
+    import cardc.build
+
+    seen = {}
+    real = cardc.build.procedure_function
+
+    def spy(checker, alg):
+        fn = real(checker, alg)
+
+        def wrapped(x, theta, **hypers):
+            seen.update(hypers)
+            lengths = []
+            forward = theta.forward
+
+            def counting(x, *args, cache=None, **kwargs):
+                # the window the card passed: what the cache holds, the new tokens included
+                lengths.append(x.shape[-1] if cache is None else cache.tokens.shape[-1])
+                return forward(x, *args, cache=cache, **kwargs)
+
+            theta.forward = counting
+            try:
+                return fn(x, theta, **hypers)
+            finally:
+                del theta.forward
+                seen["lengths"] = lengths
+        return wrapped
+
+    monkeypatch.setattr(cardc.build, "procedure_function", spy)
+    code, out, _ = run(capsys, "sample", str(trained), "--prompt", "The ", "--tokens", "40")
+    assert code == 0 and out.startswith("The ")
+    assert seen["ctx"] == 16 and max(seen["lengths"]) == 16
+
+
+def test_the_built_in_sampler_keeps_its_window():
+    import torch
+
+    from cardc.runtime.sample import generate
+
+    class Counting(torch.nn.Module):
+        max_seq_len = 32
+
+        def __init__(self):
+            super().__init__()
+            self.lengths = []
+
+        def forward(self, x, targets=None):
+            self.lengths.append(x.shape[-1])
+            return torch.zeros(*x.shape, 5)
+
+    model = Counting()
+    generate(model, torch.zeros(1, 3, dtype=torch.long), 30, temperature=0, window=16)
+    assert max(model.lengths) == 16 and model.lengths[:2] == [3, 4]
+    model.lengths.clear()
+    generate(model, torch.zeros(1, 3, dtype=torch.long), 40, temperature=0)
+    assert max(model.lengths) == 32

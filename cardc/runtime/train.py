@@ -31,6 +31,8 @@ from cardc.runtime.sample import is_language_model
 from cardc.runtime.tasks import reversal_pairs, windows
 
 BAR_EVERY = 10  # updates between progress-bar redraws; each one costs a device sync
+# Tokens of a dataset the harness makes up front (int64: 2 GiB); a run asking for more is refused.
+MAX_DATASET_TOKENS = 2**28
 
 Recipe = Callable[..., Any]  # a training card's function: (datasets…, θ, hypers…, report=…)
 
@@ -120,9 +122,17 @@ class Plan:
                                     f"context of {limit}")
         if "N_steps" in hypers and "B" in hypers:  # a minibatch card reads N_steps · B examples
             steps, batch = int(hypers["N_steps"]), int(hypers["B"])
-            return cls(steps * batch, length, batch, steps)
-        epochs = hypers.get("N_epochs")
-        return cls(cfg.examples, length, 1, None if epochs is None else int(epochs) * cfg.examples)
+            plan = cls(steps * batch, length, batch, steps)
+        else:
+            epochs = hypers.get("N_epochs")
+            plan = cls(cfg.examples, length, 1,
+                       None if epochs is None else int(epochs) * cfg.examples)
+        if plan.examples * length > MAX_DATASET_TOKENS:
+            raise RuntimeInputError(f"{plan.examples:,} examples of {length} tokens are "
+                                    f"{plan.examples * length:,} tokens, more than the "
+                                    f"{MAX_DATASET_TOKENS:,} a run holds; ask for fewer "
+                                    "updates or smaller minibatches")
+        return plan
 
 
 def make_data(model: nn.Module, inputs: int, count: int, length: int, tokens: torch.Tensor,
