@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -290,6 +291,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
     torch.manual_seed(args.seed)  # the initial weights too: a run is reproducible from its seed
+    # `kill` ends a run as Ctrl-C does: its staging folder is removed, the previous run stays
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     lib, checker, recipe = _recipe(args)
     model_card = called_model(checker, recipe)
     hypers, model_overrides = _recipe_values(args, lib, checker, recipe)
