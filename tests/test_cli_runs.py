@@ -33,8 +33,8 @@ def finish(dest: Path, steps: int = 2) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def kill_when(dest: Path, ready: Callable[[], bool]) -> None:
-    """Start a long run into `dest` and SIGKILL it once `ready()` holds."""
+def kill_when(dest: Path, ready: Callable[[], bool], sig: int = signal.SIGKILL) -> None:
+    """Start a long run into `dest` and kill it with `sig` once `ready()` holds."""
     proc = subprocess.Popen([*TRAIN, "--steps", "2000", "--out", str(dest)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -43,8 +43,8 @@ def kill_when(dest: Path, ready: Callable[[], bool]) -> None:
             time.sleep(0.05)
         assert proc.poll() is None, "the run ended before it could be killed"
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        proc.send_signal(sig)
+        proc.wait(timeout=120)
 
 
 def staging(dest: Path) -> list[Path]:
@@ -114,6 +114,12 @@ def test_a_run_killed_before_it_finished_is_no_run(tmp_path, capsys):
                    "or was stopped before it finished\n")
     finish(dest)
     assert not staging(dest) and sample(capsys, dest)[0] == 0
+
+
+def test_a_terminated_run_cleans_up_after_itself(tmp_path):
+    dest = tmp_path / "run"
+    kill_when(dest, staged("metrics.jsonl")(dest), signal.SIGTERM)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_sample_refuses_a_folder_mixing_two_runs(tmp_path, capsys):
