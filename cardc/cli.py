@@ -563,7 +563,8 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
     words = args.prompt.split()
     numeric = bool(words) and all(w.isdigit() for w in words)
     ids = [int(w) for w in words] if numeric else encode(args.prompt) or [10]
-    _check_token_ids(ids, checker, runs_on, meta)
+    if runs_on is not None:
+        _check_token_ids(ids, checker, runs_on, meta)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     fn = procedure_function(checker, alg)
     torch.manual_seed(args.seed)
