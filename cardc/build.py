@@ -20,7 +20,7 @@ from .codegen import generate
 from .diagnostics import CardError, Diagnostics
 from .library import Library, load
 from .lower import LowerError, Lowering
-from .spelling import python_name
+from .names import identifier
 from .types import BundleTy
 
 
@@ -75,7 +75,7 @@ def called_model(checker: Checker, alg: s.Algorithm) -> s.Algorithm | None:
 
 def procedure_function(checker: Checker, alg: s.Algorithm):
     """A training or inference card's generated function, ready to call."""
-    name = python_name(alg.label)
+    name = identifier(alg.label)
     return getattr(load_module(source(checker, alg), name.lower()), name)
 
 
@@ -93,7 +93,7 @@ def module_path(lib: Library, alg: s.Algorithm, out_dir: str | Path,
         sub = folder.resolve().relative_to(Path(root).resolve()) if root else Path()
     except ValueError:
         sub = Path()
-    return Path(out_dir) / sub / f"{python_name(alg.label).lower()}.py"
+    return Path(out_dir) / sub / f"{identifier(alg.label).lower()}.py"
 
 
 def checked(paths: list[str], library: str | None) -> tuple[Library, Checker, list[str]]:
@@ -140,7 +140,13 @@ def source(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> str:
         diags = Diagnostics(sources=checker.lib.diags.sources)
         diags.error(err.span, err.message, err.hint)
         raise CardError(diags) from None
-    return generate(program)
+    try:
+        return generate(program)
+    except SyntaxError as err:  # a compiler bug: name the card, not a generated line
+        diags = Diagnostics(sources=checker.lib.diags.sources)
+        diags.error(alg.span, f"internal error: the code generated for this card does not "
+                    f"parse ({err.msg}, line {err.lineno})", "please report this card")
+        raise CardError(diags) from None
 
 
 def find_card(lib: Library, checker: Checker, card: str, name: str | None) -> s.Algorithm:
@@ -179,8 +185,8 @@ def card_line(err: BaseException) -> str | None:
 def instantiate(checker: Checker, alg: s.Algorithm, values: dict[str, float], fuse: bool = True):
     """Generate `alg`'s module, then build its class; `values` are keyed by Python name."""
     text = source(checker, alg, fuse)
-    module = load_module(text, python_name(alg.label).lower())
-    cls = getattr(module, python_name(alg.label))
+    module = load_module(text, identifier(alg.label).lower())
+    cls = getattr(module, identifier(alg.label))
     wanted = inspect.signature(cls).parameters
     kwargs = {py: int(v) if wanted[py].annotation in (int, "int") else float(v)
               for py, v in values.items() if py in wanted}
@@ -215,7 +221,7 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
         values = preset_values(checker.info(alg).sig, preset, dict(overrides or {}))
     except PresetError as err:
         raise err.card_error(lib.diags.sources) from None
-    model, kwargs = instantiate(checker, alg, {python_name(k): v for k, v in values.items()}, fuse)
+    model, kwargs = instantiate(checker, alg, {identifier(k): v for k, v in values.items()}, fuse)
     files = [f.path for f in lib.files if f.path in lib.diags.sources]
     base = os.path.commonpath([os.path.abspath(p) for p in [*files, card]])
     base = base if os.path.isdir(base) else os.path.dirname(base)
@@ -226,20 +232,47 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
     return model
 
 
+_UNSAFE = re.compile(r"[\\:\x00-\x1f\x7f]")  # a backslash, a drive's colon, control characters
+
+
+def recorded_card_name(path: object) -> str:
+    """A card file's name as a checkpoint records it: `cards/gpt2.card`, relative, folder
+    names joined by `/`; anything else (absolute, `.` or `..`, a backslash, a drive) is
+    refused, so what a checkpoint names is always a file it carries, never one read from disk."""
+    parts = path.split("/") if isinstance(path, str) else []
+    if not parts or not path.endswith(".card") or _UNSAFE.search(path) or \
+            any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"checkpoint metadata names an unsafe card path {path!r}")
+    return path
+
+
 @contextlib.contextmanager
 def recorded_cards(meta: dict[str, Any]) -> Iterator[Path]:
-    """The card files a checkpoint records, written out to a temporary folder."""
+    """The card files a checkpoint records, written out to a temporary folder. The model's
+    card (and the sampler's, where one is recorded) must be among them."""
     try:
         cards = dict(meta["cards"])
-    except (KeyError, TypeError) as err:
+        wanted = [meta["card"]]
+    except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"checkpoint metadata lacks {err}") from None
+    sampler = meta.get("sampler")
+    if isinstance(sampler, dict) and "card" in sampler:
+        wanted.append(sampler["card"])
+    for path in [*cards, *wanted]:
+        recorded_card_name(path)
+    for path in wanted:
+        if path not in cards:
+            raise ValueError(f"checkpoint metadata names card {path!r} but does not record it")
+    if not all(isinstance(text, str) for text in cards.values()):
+        raise ValueError("checkpoint metadata records a card that is not text")
     with tempfile.TemporaryDirectory() as tmp:
         for path, text in cards.items():
-            rel = Path(path)
-            if rel.is_absolute() or ".." in rel.parts:
-                raise ValueError(f"checkpoint metadata names an unsafe card path '{path}'")
-            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
-            (Path(tmp) / rel).write_text(text, encoding="utf-8")
+            try:  # `a.card` beside `a.card/b.card`: one path cannot be a file and a folder
+                (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)
+                (Path(tmp) / path).write_text(text, encoding="utf-8")
+            except (OSError, UnicodeEncodeError) as err:
+                raise ValueError(f"checkpoint metadata records card {path!r} that cannot be "
+                                 f"written out: {err.__class__.__name__}") from None
         yield Path(tmp)
 
 
@@ -248,8 +281,10 @@ def rebuild_model(meta: dict[str, Any]):
     try:
         card, name = meta["card"], meta["name"]
         hypers = dict(meta["hyperparameters"])
-    except (KeyError, TypeError) as err:
+    except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"checkpoint metadata lacks {err}") from None
+    if not isinstance(name, str):
+        raise ValueError(f"checkpoint metadata names no card: {name!r}")
     with recorded_cards(meta) as tmp:
         lib, checker, _ = checked([str(tmp / card)], str(tmp))
         alg = find_card(lib, checker, str(tmp / card), name)

@@ -1533,6 +1533,9 @@ def _suggest(name: str, candidates: list[str]) -> str | None:
 
 
 def check(lib: Library) -> tuple[Checker, Diagnostics]:
+    from .namecheck import check_names  # it reads the checker's results: imported late
+
     checker = Checker(lib)
     checker.check_all()
+    check_names(checker)
     return checker, checker.diags

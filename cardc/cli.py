@@ -322,16 +322,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _resumed(run: str, checker, model_card) -> tuple[dict, dict]:
     """A checkpoint's hyperparameters (by card name) and tensors, if it holds `model_card`'s
     model. Training goes on from its weights; the training card makes a fresh optimizer."""
+    from .names import identifier
     from .runtime.checkpoint import read_checkpoint
-    from .spelling import python_name
 
     meta, state = read_checkpoint(run)
     if meta.get("name") != model_card.label:
         raise UsageError(f"'{run}' holds {meta.get('name')}, but the training card trains "
                          f"{model_card.label}")
     saved = meta.get("hyperparameters") or {}
-    sizes = {n: saved[python_name(n)] for n in checker.info(model_card).sig.hypers
-             if python_name(n) in saved}
+    sizes = {n: saved[identifier(n)] for n in checker.info(model_card).sig.hypers
+             if identifier(n) in saved}
     return sizes, state
 
 
@@ -495,11 +495,11 @@ def _trained_context(meta: dict) -> int | None:
 
 def _check_token_ids(ids: list[int], checker, model_card, meta: dict) -> None:
     """Refuse token IDs outside the vocabulary of the model's token inputs."""
-    from .spelling import python_name
+    from .names import identifier
 
     sig = checker.info(model_card).sig
     saved = meta.get("hyperparameters") or {}
-    env = {n: saved[python_name(n)] for n in sig.hypers if python_name(n) in saved}
+    env = {n: saved[identifier(n)] for n in sig.hypers if identifier(n) in saved}
     for _, ty in sig.inputs:
         vocab = getattr(ty, "vocab", None)
         try:
@@ -525,8 +525,8 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
     from .build import called_model, checked, default_library, procedure_cards, procedure_function
     from .info import PresetError, preset_values
     from .lower.values import card_names
+    from .names import identifier
     from .runtime.data import decode, encode
-    from .spelling import python_name
     from .types import Ty
 
     lib, checker, _ = checked([card], library or default_library(card))
@@ -543,8 +543,8 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
         raise UsageError(f"{alg.name} samples from {callee}, but {args.dir} holds "
                          f"{meta.get('name')}")
     declared = card_names(info.sig)
-    shared = {n: meta["hyperparameters"][python_name(n)] for n in declared
-              if python_name(n) in meta.get("hyperparameters", {})}
+    shared = {n: meta["hyperparameters"][identifier(n)] for n in declared
+              if identifier(n) in meta.get("hyperparameters", {})}
     window = _trained_context(meta)
     if window is not None and CONTEXT in declared and window < shared.get(CONTEXT, window + 1):
         shared[CONTEXT] = window  # positions the run never trained read as noise
@@ -601,9 +601,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _typed(sig, names: list[str], values: dict[str, float]) -> dict[str, int | float]:
     """Hyperparameter values by Python name, whole numbers for ℕ: a generated function's
     keyword arguments."""
-    from .spelling import python_name
+    from .names import identifier
 
-    return {python_name(n): int(values[n]) if sig.hypers[n].elem == "ℕ" else float(values[n])
+    return {identifier(n): int(values[n]) if sig.hypers[n].elem == "ℕ" else float(values[n])
             for n in names}
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 
 import jinja2
 
 from . import ir
+from .names import quote
 
 # Python operator precedence, loosest first; postfix forms (calls, subscripts) bind tightest.
 _PREC = {"is": 1, "is not": 1, "<": 1, "<=": 1, ">": 1, ">=": 1, "==": 1, "!=": 1, "|": 2,
@@ -154,8 +156,12 @@ def arg_py(a: ir.Arg) -> str:
 
 
 def one_line(text: str) -> str:
-    """Card text inside a `#` comment: no line break may end the comment early."""
-    return " ".join(text.splitlines())
+    """Card text inside a `#` comment: no line break may end the comment early, and no other
+    control character (a NUL) may stop Python from reading the file."""
+    return _CONTROL.sub("\N{REPLACEMENT CHARACTER}", " ".join(text.splitlines()))
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def doc_py(text: str, indent: int) -> str:
@@ -165,7 +171,7 @@ def doc_py(text: str, indent: int) -> str:
     return textwrap.fill(text, width=96 - indent, subsequent_indent=pad)
 
 
-_ENV.filters.update(arg=arg_py, doc=doc_py, line=one_line)
+_ENV.filters.update(arg=arg_py, doc=doc_py, line=one_line, quote=quote)
 
 
 def generate(program: ir.Program) -> str:

@@ -59,9 +59,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .names import identifier
 from .runtime.atomic import atomic_path, write_text_atomic
 from .runtime.errors import RuntimeInputError
-from .spelling import canonical_name, python_name
+from .spelling import canonical_name
 
 MAPPING_SUFFIX = ".hf.json"
 HF_WEIGHTS, HF_INDEX, HF_CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
@@ -360,7 +361,7 @@ def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
                               "model_type": mapping.model_type}
     for name, spec in mapping.hyperparameters.items():
         for key in spec.keys:
-            _store(config, key, hypers[python_name(name)])
+            _store(config, key, hypers[identifier(name)])
     for key, accepted in mapping.fixed_config.items():
         _store(config, key, accepted[0])
     for key, value in mapping.export_config.items():
@@ -684,7 +685,7 @@ def _layers(mapping: Mapping, meta: dict[str, Any]) -> int:
     if mapping.layers is None:
         return 0
     try:
-        return int(meta["hyperparameters"][python_name(mapping.layers)])
+        return int(meta["hyperparameters"][identifier(mapping.layers)])
     except (KeyError, TypeError, ValueError):
         raise RuntimeInputError(f"the checkpoint records no '{mapping.layers}' "
                                 "(the number of layers)") from None

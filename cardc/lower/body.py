@@ -14,6 +14,7 @@ from .. import ir
 from .. import syntax as s
 from ..checker import CONSTANTS, PAIRWISE, CallInfo, CardInfo, instance
 from ..dims import Dim
+from ..namecheck import card_identifiers
 from ..spelling import display
 from ..types import BundleTy, FamilyTy, Ty, subst_dim
 from .values import (
@@ -237,12 +238,17 @@ class Body:
         body.prologue, body.ranged, body.decoded = self.prologue, self.ranged, self.decoded
         return body
 
-    def fresh(self, name: str) -> str:
+    def fresh(self, name: str, avoid: frozenset[str] = frozenset()) -> str:
         taken = {n for st in self.out if isinstance(st, ir.Assign) for n in st.targets}
-        taken |= {local_name(n) for n in self.scope.values}
+        taken |= {local_name(n) for n in self.scope.values} | avoid
         while name in taken:
             name += "_"
         return name
+
+    def loop_var(self, var: str) -> str:
+        """A loop variable's Python name: none that a name of the card takes (ℓ ← length(x)
+        and `for l = …` both spell `l`), so the loop never overwrites a card's value."""
+        return self.fresh(local_name(var), self.low.walk(self.alg, card_identifiers))
 
     # ------------------------------------------------------------------ steps
     def run(self) -> list[ir.Stmt]:
@@ -365,7 +371,7 @@ class Body:
         elems = [e for e, (_, var, _) in self.datasets.items() if var == st.var]
         if self.indexes_by(st.body, st.var) and not elems:
             return self.ranged_steps(st, step)
-        var = self.fresh(local_name(st.var))
+        var = self.loop_var(st.var)
         body = self.child()
         body.loop_index[st.var] = ir.Ref(var)
         for elem in elems:
@@ -413,7 +419,7 @@ class Body:
         end = last.left if isinstance(last, ir.Bin) and last.op == "-" and \
             last.right == ir.Lit("1") else ir.Bin("+", last, _int(1))
         code = _call("torch.arange", first, end, device=self.device_expr())
-        local = self.fresh(local_name(var))
+        local = self.loop_var(var)
         self.emit(ir.Assign((local,), code,
                             ir.Note(None, self.line(where or over), f"every {display(var)}")))
         size = Dim.sym(hi.id) if isinstance(hi, s.Name) and isinstance(lo, s.Num) and \
@@ -571,7 +577,7 @@ class Body:
             self.uses_family(st.body, name, fam.var, st.var)
             for name, fam in self.scope.stacked.items() if fam.axis == "lead")
         if by_index:
-            local = self.fresh(local_name(st.var))
+            local = self.loop_var(st.var)
             body.loop_index[st.var] = ir.Ref(local)
             for name in used:
                 attr = ir.Ref(f"self.{self.scope.modules[name].attr}")
@@ -663,7 +669,7 @@ class Body:
         if not isinstance(st.over, s.Concat) or len(st.over.items) != 1:
             self.fail(st.over, "expected a range such as [H]")
         count = self.dim(self.size(st.over.items[0]))
-        var = local_name(st.var)
+        var = self.loop_var(st.var)
         for sub in st.body:
             target = sub.stmt.target if isinstance(sub.stmt, s.Assign) else None
             if isinstance(target, s.Name) and st.var in target.id:
@@ -738,7 +744,7 @@ class Body:
     def expr_Num(self, e: s.Num) -> Val:
         if e.text == "∞":
             self.low.program.imports.add("math")
-        return Val(num_lit(e.text), Ty())
+        return Val(num_lit(e.text, e.span), Ty())
 
     def expr_Name(self, e: s.Name) -> Val:
         name = e.id

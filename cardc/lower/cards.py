@@ -3,6 +3,7 @@ what each constructor needs."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -12,6 +13,8 @@ from .. import syntax as s
 from ..checker import CallInfo, Checker, expr_dim, instance, split_name
 from ..dims import Dim
 from ..info import preset_values
+from ..names import number
+from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
 from .body import Body, bound_sizes
 from .decoding import add_kv_cache
@@ -75,7 +78,8 @@ class Lowering:
         for preset in alg.presets:
             values = preset_values(sig, preset.name, {})
             self.program.presets[preset.name] = {
-                local_name(k): _number(values[k], sig.hypers[k]) for k in ctor if k in values}
+                local_name(k): _number(values[k], sig.hypers[k], preset) for k in ctor
+                if k in values}
         self.program.doc = f"{top.name}, generated from its card. {_doc(alg)}"
         return self.program
 
@@ -509,7 +513,7 @@ class Lowering:
         for preset in alg.presets:
             values = preset_values(sig, preset.name, {})
             self.program.presets[preset.name] = {
-                local_name(k): _number(values[k], sig.hypers[k]) for k in card_names(sig)
+                local_name(k): _number(values[k], sig.hypers[k], preset) for k in card_names(sig)
                 if k in values}
         if any("optimizer" in getattr(x, "targets", ()) for x in body.prologue):
             args.append(ir.Arg("report", ir.Lit("None")))  # told the loss of every update
@@ -563,7 +567,7 @@ def _names(e) -> list[s.Name]:
 
 def _ctor_value(e: s.Expr) -> ir.Expr:
     if isinstance(e, s.Num):
-        return num_lit(e.text)
+        return num_lit(e.text, e.span)
     if isinstance(e, s.Name):
         return ir.Ref(local_name(e.id))
     if isinstance(e, s.Unary) and e.op == "−":
@@ -571,15 +575,17 @@ def _ctor_value(e: s.Expr) -> ir.Expr:
     raise LowerError(e.span, "expected a number or a hyperparameter")
 
 
-def _number(value: float, ty: Ty) -> ir.Expr:
-    if ty.elem == "ℕ":
-        return ir.Lit(str(int(value)))
-    return ir.Lit(repr(float(value)))
+def _number(value: float, ty: Ty, preset: s.Preset) -> ir.Expr:
+    """A preset's value as a literal: ℕ whole, ℝ a float; never `inf` or `nan`."""
+    try:
+        return ir.Lit(number(int(value) if ty.elem == "ℕ" and math.isfinite(value) else value,
+                             integral=ty.elem == "ℕ"))
+    except (ValueError, OverflowError) as err:
+        raise LowerError(preset.span, f"preset '{display(preset.name)}': {err}",
+                         "give every hyperparameter a finite value") from None
 
 
 def _shape(dims) -> str:
-    from ..spelling import display
-
     return "(" + ", ".join(display(str(d)).replace("?", "") for d in dims) + \
         ("," if len(dims) == 1 else "") + ")"
 
@@ -633,7 +639,7 @@ def _init(name: str, ty: Ty, shape: tuple[ir.Expr, ...]) -> ir.Expr:
         value = ty.init.value
         if value in (0.0, 1.0):
             return ir.Call(ir.Ref("torch.ones" if value else "torch.zeros"), shape)
-        return ir.Call(ir.Ref("torch.full"), (dims, num_lit(ty.init.text)))
+        return ir.Call(ir.Ref("torch.full"), (dims, num_lit(ty.init.text, ty.init.span)))
     mean, std = "0.0", "0.02"
     dist = ty.init_dist
     if isinstance(dist, s.Call) and dist.func == "𝒩" and len(dist.args) == 2:
@@ -652,5 +658,8 @@ def _init(name: str, ty: Ty, shape: tuple[ir.Expr, ...]) -> ir.Expr:
 
 def _literal(e: s.Expr) -> str:
     if isinstance(e, s.Num):
-        return repr(float(e.value))
+        try:
+            return number(float(e.value))
+        except ValueError as err:
+            raise LowerError(e.span, f"the number {e.text} cannot be represented: {err}") from None
     raise LowerError(e.span, "expected a number")

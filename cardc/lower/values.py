@@ -28,10 +28,9 @@ from .. import ir
 from .. import syntax as s
 from ..checker import Signature, split_name
 from ..dims import Dim
-from ..spelling import display, python_name
+from ..names import attribute, identifier, number
+from ..spelling import display
 from ..types import Ty
-
-RESERVED = {"self", "torch", "F", "nn", "math", "targets", "loss", "cache", "past"}
 
 
 class LowerError(Exception):
@@ -43,17 +42,14 @@ class LowerError(Exception):
 
 
 def local_name(name: str) -> str:
-    py = python_name(name)
-    return py + "_" if py in RESERVED else py
+    """A card name as a Python local, argument or keyword (see cardc.names)."""
+    return identifier(name)
 
 
 def attr_name(name: str, family_var: str | None = None) -> str:
     """`θ^block_ℓ` → `block`, `θ^attn` → `attn`, `W^h_qkv` → `W_qkv`, `γ^1` → `gamma1`."""
     base, decor = split_name(name)
-    decor = [(k, v) for k, v in decor if v != family_var]
-    if base == "θ" and decor:
-        return local_name("_".join(v for _, v in decor))
-    return local_name(base + "".join(f"{k}{{{v}}}" if len(v) > 1 else f"{k}{v}" for k, v in decor))
+    return attribute(base, decor, family_var)
 
 
 # ------------------------------------------------------------------ values
@@ -162,11 +158,17 @@ def shape_text(val: Val, lead: str, names: dict[Dim, str]) -> str:
     return f"({', '.join(dims)})" if len(dims) > 1 else f"({dims[0]},)"
 
 
-def num_lit(text: str) -> ir.Expr:
+def num_lit(text: str, span: s.Span = s.NOWHERE) -> ir.Expr:
+    """A card number as a Python literal; ∞ is math.inf, and a number too large for a float
+    (1e999) is refused rather than written as `inf`."""
     if text == "∞":
         return ir.Ref("math.inf")
     value = float(text)
-    return ir.Lit(str(int(value)) if value.is_integer() and "e" not in text else repr(value))
+    try:
+        return ir.Lit(number(value, integral=value.is_integer() and "e" not in text))
+    except ValueError as err:
+        raise LowerError(span, f"the number {text} cannot be represented: {err}",
+                         "write a number within the range of a 64-bit float") from None
 
 
 def card_names(sig: Signature) -> list[str]:
