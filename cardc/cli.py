@@ -3,26 +3,74 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import signal
 import sys
 from pathlib import Path
 
+from . import __version__
 from .diagnostics import CardError, Diagnostics
 from .library import card_paths, load
 from .runtime.errors import RuntimeInputError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+MAX_TOKENS = 100_000  # `sample --tokens`: more is hours of decoding, never what was meant
+CONTEXT = "ctx"  # an inference card's window: capped at the positions the run trained
 
 
 class UsageError(Exception):
     pass
 
 
+class _Help(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it has none or says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (action.option_strings and action.default not in (None, False, argparse.SUPPRESS)
+                and "default" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # argparse exits 2 with usage; keep it, minus noise
         self.print_usage(sys.stderr)
         print(f"cardc: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+
+def _count(least: int, most: int | None = None):
+    """An argparse type: a whole number in [least, most]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+        if value < least or (most is not None and value > most):
+            bound = f"between {least:,} and {most:,}" if most is not None else f">= {least}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+    return parse
+
+
+def _finite(least: float, inclusive: bool = True):
+    """An argparse type: a finite number >= least (> least unless inclusive)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+        if not math.isfinite(value) or value < least or (value == least and not inclusive):
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number {'>=' if inclusive else '>'} {least:g}, got {text}")
+        return value
+    return parse
 
 
 def _require_cards(paths: list[str]) -> list[Path]:
@@ -32,6 +80,9 @@ def _require_cards(paths: list[str]) -> list[Path]:
         raise UsageError(f"no such card file: {missing[0]}")
     if not found:
         raise UsageError(f"no .card files under {', '.join(paths)}")
+    special = [str(p) for p in found if not p.is_file()]  # a FIFO or a device never ends
+    if special:
+        raise UsageError(f"{special[0]} is not a regular file")
     return found
 
 
@@ -66,7 +117,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_fmt(args: argparse.Namespace) -> int:
     from .parser import read_card
     from .render.text import format_source
-    from .runtime.atomic import write_text_atomic
 
     changed, diags = [], Diagnostics()
     for path in _require_cards(args.paths):
@@ -79,7 +129,7 @@ def cmd_fmt(args: argparse.Namespace) -> int:
             continue
         changed.append(path)
         if not args.check:
-            write_text_atomic(path, pretty)
+            _write(path, pretty)
     code = _report(diags)
     if code:
         return code
@@ -91,6 +141,17 @@ def cmd_fmt(args: argparse.Namespace) -> int:
         for p in changed:
             print(f"reformatted {p}")
     return EXIT_OK
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a file atomically, or end in one line saying why it cannot be written."""
+    from .runtime.atomic import write_text_atomic
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, text)
+    except OSError as err:
+        raise RuntimeInputError(f"cannot write '{path}': {err.strerror or err}") from None
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -152,13 +213,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     from .build import files_used, generated_cards, module_path, require_clean, source
     from .checker import check
-    from .runtime.atomic import write_text_atomic
 
     _require_cards(args.paths)
+    if not args.check:
+        from .runtime.runs import check_writable_folder
+
+        check_writable_folder(args.out)
     lib, targets = load(args.paths, root=args.library)
     checker, diags = check(lib)
-    # Cards named one by one must check; a folder's cards that do not are skipped with a note
-    # (cards/paper/faithful keeps the paper's defects on purpose).
+    # Cards named one by one must check; a folder's cards that do not are skipped with a note.
     require_clean(lib, checker, diags, {str(Path(p)) for p in args.paths if not Path(p).is_dir()})
     wanted = [f.path for f in lib.files if f.path in {str(Path(t)) for t in targets}]
     broken = {d.span.file for d in diags.errors}
@@ -178,8 +241,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         if args.check:
             stale.append(f"{path} is out of date with {lib.file_of(alg).path}")
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(path, text)
+            _write(path, text)
             written.append(path)
     up_to_date = f"ok: {len(expected)} generated module{'s' if len(expected) != 1 else ''} up to date"
     if args.check:
@@ -208,6 +270,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """`cardc train MODEL.card` runs the training card that trains the model (its recipe);
     `cardc train TRAINING.card` runs that card on the model it calls."""
     from .build import build_model, called_model, procedure_function, record_sampler
+    from .runtime.runs import check_destination
     from .runtime.train import TrainConfig, resolve_device, train
 
     _require_cards([args.card])
@@ -225,9 +288,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     except RuntimeInputError as err:
         raise UsageError(str(err)) from None
     resolve_device(cfg.device)  # before any output: a missing GPU is reported up front
+    if args.data is not None:
+        from .runtime.data import check_corpus_path
+
+        check_corpus_path(args.data)
+    check_destination(out)  # and an --out that cannot hold the run, before it trains
     import torch
 
     torch.manual_seed(args.seed)  # the initial weights too: a run is reproducible from its seed
+    # `kill` ends a run as Ctrl-C does: its staging folder is removed, the previous run stays
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     lib, checker, recipe = _recipe(args)
     model_card = called_model(checker, recipe)
     hypers, model_overrides = _recipe_values(args, lib, checker, recipe)
@@ -365,16 +435,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
     from .build import rebuild_model
-    from .runtime.checkpoint import load_state, read_checkpoint
+    from .runtime.checkpoint import load_state
     from .runtime.data import decode, encode
     from .runtime.sample import generate, is_language_model
     from .runtime.train import resolve_device
 
-    if args.tokens < 0:
-        raise UsageError("--tokens must be >= 0")
-    if args.temperature < 0:
-        raise UsageError("--temperature must be >= 0")
-    meta, state = read_checkpoint(args.dir)
+    meta, state = _read_run(args.dir)
     try:
         model = rebuild_model(meta)
     except ValueError as err:
@@ -403,9 +469,50 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise UsageError(f"the prompt has byte values the model's vocabulary ({vocab}) lacks")
     idx = torch.tensor([prompt], dtype=torch.long, device=device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    out = generate(model, idx, args.tokens, args.temperature, args.top_k, gen)
+    out = generate(model, idx, args.tokens, args.temperature, args.top_k, gen,
+                   window=_trained_context(meta))
     print(decode(out[0].tolist()))
     return EXIT_OK
+
+
+def _read_run(folder: str):
+    """A checkpoint's metadata and tensors, from a folder that holds one run."""
+    from .runtime.checkpoint import checkpoint_file, read_checkpoint
+    from .runtime.runs import check_one_run, interrupted
+
+    if not os.path.isfile(checkpoint_file(folder)) and interrupted(folder):
+        raise RuntimeInputError(f"'{folder}' holds no finished run: a run into it is under way "
+                                "or was stopped before it finished")
+    meta, state = read_checkpoint(folder)
+    check_one_run(folder, meta)
+    return meta, state
+
+
+def _trained_context(meta: dict) -> int | None:
+    """The positions the run trained, which a sampler's window keeps within (None: all the
+    model's, as for an imported checkpoint)."""
+    context = meta.get("context")
+    return context if isinstance(context, int) and not isinstance(context, bool) \
+        and context >= 1 else None
+
+
+def _check_token_ids(ids: list[int], checker, model_card, meta: dict) -> None:
+    """Refuse token IDs outside the vocabulary of the model's token inputs."""
+    from .names import identifier
+
+    sig = checker.info(model_card).sig
+    saved = meta.get("hyperparameters") or {}
+    env = {n: saved[identifier(n)] for n in sig.hypers if identifier(n) in saved}
+    for _, ty in sig.inputs:
+        vocab = getattr(ty, "vocab", None)
+        try:
+            size = int(vocab.evaluate(env)) if vocab is not None else None
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            size = None
+        bad = [i for i in ids if size is not None and i >= size]
+        if bad:
+            raise UsageError(f"the prompt's token ID {bad[0]} lies outside the model's "
+                             f"vocabulary (IDs 0 to {size - 1})")
 
 
 def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
@@ -441,6 +548,9 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
     declared = card_names(info.sig)
     shared = {n: meta["hyperparameters"][identifier(n)] for n in declared
               if identifier(n) in meta.get("hyperparameters", {})}
+    window = _trained_context(meta)
+    if window is not None and CONTEXT in declared and window < shared.get(CONTEXT, window + 1):
+        shared[CONTEXT] = window  # positions the run never trained read as noise
     given = {**shared, "ℓ_gen": args.tokens, "τ": args.temperature, **_overrides(args.set)}
     preset = alg.presets[0].name if alg.presets else None  # the card's own defaults, if any
     try:
@@ -456,6 +566,8 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
     words = args.prompt.split()
     numeric = bool(words) and all(w.isdigit() for w in words)
     ids = [int(w) for w in words] if numeric else encode(args.prompt) or [10]
+    if runs_on is not None:
+        _check_token_ids(ids, checker, runs_on, meta)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     fn = procedure_function(checker, alg)
     torch.manual_seed(args.seed)
@@ -533,28 +645,32 @@ def _overrides(pairs: list[str]) -> dict[str, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="cardc", description="Check, render and compile algorithm cards.")
+    p.add_argument("--version", action="version", version=f"cardc {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     c = sub.add_parser("check", help="report errors in cards (exit 1 on any)")
     c.add_argument("paths", nargs="+", help="card files or folders")
-    c.add_argument("-q", "--quiet", action="store_true")
+    c.add_argument("-q", "--quiet", action="store_true", help="print nothing when all is well")
     c.set_defaults(run=cmd_check)
 
     f = sub.add_parser("fmt", help="rewrite cards in canonical form")
-    f.add_argument("paths", nargs="+")
+    f.add_argument("paths", nargs="+", help="card files or folders")
     f.add_argument("--check", action="store_true", help="report, do not rewrite; exit 1 if any would change")
     f.set_defaults(run=cmd_fmt)
 
     r = sub.add_parser("render", help="print cards as pseudocode")
-    r.add_argument("paths", nargs="+")
-    r.add_argument("--to", default="text", choices=["text", "latex", "html", "md"])
+    r.add_argument("paths", nargs="+", help="card files or folders")
+    r.add_argument("--to", default="text", choices=["text", "latex", "html", "md"],
+                   help="the output format")
     r.set_defaults(run=cmd_render)
 
     i = sub.add_parser("info", help="parameter count and hyperparameters at a preset")
-    i.add_argument("card")
-    i.add_argument("--preset")
+    i.add_argument("card", help="a card file")
+    i.add_argument("--preset", help="the card's preset to evaluate (default: none, the card's "
+                                    "own defaults and --set)")
     i.add_argument("--name", help="which card of the file (default: the first)")
-    i.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    i.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a hyperparameter; repeat for more (default: none)")
     i.set_defaults(run=cmd_info)
 
     d = sub.add_parser("diff", help="how two cards' architectures differ, step by step")
@@ -568,30 +684,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="generate PyTorch modules for the model cards")
     b.add_argument("paths", nargs="*", default=["cards"], help="card files or folders (default: cards)")
-    b.add_argument("--out", default="generated", help="output folder (default: generated)")
+    b.add_argument("--out", default="generated", help="output folder")
     b.add_argument("--check", action="store_true", help="write nothing; exit 1 if any module is out of date")
     b.set_defaults(run=cmd_build)
 
     t = sub.add_parser("train", help="train a model card from scratch")
-    t.add_argument("card")
-    t.add_argument("--preset")
+    t.add_argument("card", help="a model card file, or a training card file")
+    t.add_argument("--preset", help="the preset of the model and of its training card "
+                                    "(default: none)")
     t.add_argument("--name", help="which card of the file (default: its model card)")
-    t.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    t.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a hyperparameter of the model or the training card; repeat for "
+                        "more (default: none)")
     t.add_argument("--recipe", help="the training card to run (default: the library's card "
                                     "that trains the model)")
-    t.add_argument("--steps", type=int, help="updates: the training card's N_steps")
+    t.add_argument("--steps", type=int, help="updates: the training card's N_steps "
+                                             "(default: the preset's)")
     t.add_argument("--examples", type=int, default=2000,
-                   help="examples in the dataset of a card that visits them one at a time "
-                        "(default: 2000)")
-    t.add_argument("--out", help="run folder (default: runs/CARD-PRESET)")
-    t.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+                   help="examples in the dataset of a card that visits them one at a time")
+    t.add_argument("--out", help="run folder, replaced when the run finishes "
+                                 "(default: runs/CARD-PRESET)")
+    t.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where to train (auto: cuda if there is one)")
     t.add_argument("--data", help="a text file to train on (default: the embedded corpus)")
-    t.add_argument("--batch-size", type=int, help="the training card's minibatch size B")
+    t.add_argument("--batch-size", type=int, help="the training card's minibatch size B "
+                                                  "(default: the preset's)")
     t.add_argument("--block-size", type=int,
-                   help="tokens per training sequence: the training card's ℓ (default: 128)")
-    t.add_argument("--lr", type=float, help="the training card's (peak) learning rate η")
-    t.add_argument("--eval-every", type=int, default=100)
-    t.add_argument("--seed", type=int, default=1337)
+                   help="tokens per training sequence: the training card's ℓ (default: the "
+                        "preset's, else 128)")
+    t.add_argument("--lr", type=_finite(0, inclusive=False),
+                   help="the training card's (peak) learning rate η (default: the preset's)")
+    t.add_argument("--eval-every", type=int, default=100,
+                   help="updates between held-out evaluations")
+    t.add_argument("--seed", type=_count(0, 2**63 - 1), default=1337,
+                   help="seed of the weights and the data")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     t.add_argument("--pad-vocab", action="store_true",
                    help="round the model's vocabulary size up to a multiple of 64 (faster "
@@ -603,23 +729,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     sa = sub.add_parser("sample", help="continue a prompt with a trained checkpoint")
     sa.add_argument("dir", help="a run folder (or its model.safetensors)")
-    sa.add_argument("--prompt", default="\n")
-    sa.add_argument("--tokens", type=int, default=200)
-    sa.add_argument("--temperature", type=float, default=0.8)
-    sa.add_argument("--top-k", type=int)
-    sa.add_argument("--seed", type=int, default=1337)
-    sa.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    sa.add_argument("--card", help="an inference card to sample with (DInference, EDInference)")
+    sa.add_argument("--prompt", default="\n",
+                    help="text to continue, or token IDs separated by spaces (default: a "
+                         "newline)")
+    sa.add_argument("--tokens", type=_count(1, MAX_TOKENS), default=200,
+                    help="tokens to add")
+    sa.add_argument("--temperature", type=_finite(0), default=0.8,
+                    help="sampling temperature; 0 picks the most probable token")
+    sa.add_argument("--top-k", type=_count(1),
+                    help="sample among the k most probable tokens, with the built-in sampler "
+                         "(default: all, with the recorded inference card)")
+    sa.add_argument("--seed", type=_count(0, 2**63 - 1), default=1337,
+                    help="seed of the sampling")
+    sa.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="where to run (auto: cuda if there is one)")
+    sa.add_argument("--card", help="an inference card to sample with, as DInference or "
+                                   "EDInference (default: the one the run recorded)")
     sa.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="a hyperparameter of the inference card (with --card)")
+                    help="a hyperparameter of the inference card; repeat for more "
+                         "(default: none)")
     sa.set_defaults(run=cmd_sample)
 
     im = sub.add_parser("import", help="a Hugging Face checkpoint as a cardc checkpoint")
-    im.add_argument("card")
+    im.add_argument("card", help="the card file of the model")
     im.add_argument("--preset", help="hyperparameters (default: from the source's config.json)")
     im.add_argument("--name", help="which card of the file (default: the one whose mapping "
                                    "fits the source's config.json)")
-    im.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    im.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="set a hyperparameter; repeat for more (default: none)")
     im.add_argument("--from", dest="source", required=True, metavar="PATH",
                     help="a Hugging Face model folder or its model.safetensors")
     im.add_argument("--out", required=True, metavar="DIR", help="the cardc run folder to write")
@@ -629,13 +766,14 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("dir", help="a run folder (or its model.safetensors)")
     ex.add_argument("--to", required=True, metavar="PATH", help="the folder to write")
     ex.add_argument("--library", default="cards", help="where to find the mapping of a trained "
-                    "checkpoint, <card>.hf.json beside its card (default: cards)")
+                    "checkpoint, <card>.hf.json beside its card")
     ex.set_defaults(run=cmd_export)
 
-    for sp in (c, i, b, t):
+    for sp in (c, i, b):
         sp.add_argument("--library", default="cards",
-                        help="folder of cards that calls resolve against (default: cards)")
-    t.set_defaults(library=None)  # the cards/ folder the card lives in
+                        help="folder of cards that calls resolve against")
+    t.add_argument("--library", help="folder of cards that calls resolve against (default: "
+                                     "the cards/ folder the card lives in)")
     return p
 
 
@@ -651,9 +789,17 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeInputError, ValueError) as err:
         print(f"cardc: error: {err}", file=sys.stderr)
         return EXIT_ERROR
+    except OSError as err:  # a file that cannot be read or written, named by the system
+        where = f": '{err.filename}'" if err.filename else ""
+        print(f"cardc: error: {err.strerror or err}{where}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("cardc: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # a last resort: one line, never a traceback
+        print(f"cardc: internal error: {type(err).__name__}: {err} (please report this, with "
+              "the command that caused it)", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -577,34 +577,67 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
     elif preset is None:
         raise RuntimeInputError(f"no {HF_CONFIG} beside '{source}': give --preset to choose "
                                 "the hyperparameters")
+    lib, checker, _ = checked([card], default_library(card))
+    alg = find_card(lib, checker, card, mapping.card)
+    check_sizes(checker.info(alg), mapping, hypers, preset, overrides or {}, hf_state)
     model = build_model(card, preset, {**hypers, **(overrides or {})}, name=mapping.card)
     expected = model.state_dict()
     state = to_card_state(mapping, hf_state, expected, _layers(mapping, model.card_meta))
     load_state(model, state)
     model.card_meta[META_KEY] = {"source": os.fspath(source), "mapping": mapping.raw}
-    lib, checker, _ = checked([card], default_library(card))
-    record_sampler(model.card_meta, lib, checker, find_card(lib, checker, card, mapping.card))
+    record_sampler(model.card_meta, lib, checker, alg)
     return model
+
+
+def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: str | None,
+                overrides: dict[str, float], hf_state: dict[str, torch.Tensor]) -> None:
+    """Refuse config.json sizes the card cannot be built at, before any tensor is allocated:
+    a dimension that is not a positive whole number (`n_head = 0`), a value outside the range
+    the card declares, or more parameters than the source's tensors hold (`n_layer = 10^6`)."""
+    from .info import PresetError, check_ranges, count, preset_values
+    from .types import BundleTy
+
+    sig = info.sig
+    for name, value in hypers.items():
+        spec = sig.hypers.get(name)
+        if spec is not None and spec.elem == "ℕ" and not (value >= 1 and float(value).is_integer()):
+            raise RuntimeInputError(f"config.json has {mapping.hyperparameters[name].key} = "
+                                    f"{value!r}; the card's {name} must be a positive whole number")
+    try:
+        values = preset_values(sig, preset, {**hypers, **overrides})
+        check_ranges(sig.alg, values)
+        params = count(sig.tree, values, sig.alg.span) if isinstance(sig.tree, BundleTy) else 0
+    except PresetError as err:
+        keys = [mapping.hyperparameters[n].key for n in hypers if f"'{n}'" in err.message]
+        raise RuntimeInputError(f"config.json{' (' + keys[0] + ')' if keys else ''}: "
+                                f"{err.message}") from None
+    except (ArithmeticError, ValueError) as err:
+        raise RuntimeInputError(f"config.json: these sizes do not build the card: {err}") from None
+    held = sum(t.numel() for t in hf_state.values())
+    if params > 2 * held:  # tied or synthesised tensors never make a card twice its source
+        shown = ", ".join(f"{mapping.hyperparameters[n].key} = {int(v):,}" for n, v in hypers.items()
+                          if sig.hypers.get(n) is not None and sig.hypers[n].elem == "ℕ")
+        raise RuntimeInputError(f"config.json's sizes ({shown}) make {params:,} parameters, but "
+                                f"the checkpoint holds {held:,} values; the config does not "
+                                "describe these weights")
 
 
 def import_checkpoint(card: str, source: str | os.PathLike[str], out: str | os.PathLike[str],
                       preset: str | None = None, overrides: dict[str, float] | None = None,
                       name: str | None = None) -> tuple[nn.Module, str]:
-    """`cardc import`: a cardc checkpoint in `out`; a folder this creates is removed on failure."""
-    from .runtime.checkpoint import save_checkpoint
+    """`cardc import`: a cardc checkpoint in `out`, which then holds this checkpoint alone
+    (written beside it and moved into place whole, as a training run is)."""
+    from .runtime.checkpoint import CHECKPOINT_NAME, save_checkpoint
+    from .runtime.runs import check_destination, new_run_id, staged_run
 
-    if Path(out).exists() and not Path(out).is_dir():
-        raise RuntimeInputError(f"'{out}' exists and is not a folder")
+    check_destination(out)
     model = import_hf(card, source, preset, overrides, name)
-    created = not Path(out).exists()
     try:
-        return model, save_checkpoint(out, model, model.card_meta)
-    except BaseException as err:
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        if isinstance(err, OSError):
-            raise RuntimeInputError(f"cannot write '{out}': {err.strerror or err}") from None
-        raise
+        with staged_run(out) as folder:
+            save_checkpoint(folder, model, {**model.card_meta, "run": new_run_id()})
+    except OSError as err:
+        raise RuntimeInputError(f"cannot write '{out}': {err.strerror or err}") from None
+    return model, os.path.join(os.fspath(out), CHECKPOINT_NAME)
 
 
 def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],

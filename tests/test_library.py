@@ -35,7 +35,7 @@ def test_the_index_reads_the_names_the_parser_finds(card):
 
 
 @pytest.mark.parametrize("card", ["cards/gpt2.card", "cards/llama_training.card",
-                                  "cards/paper/faithful/etransformer.card",
+                                  "tests/golden/faithful/etransformer.card",
                                   "tests/golden/training_errors.card"])
 def test_lazy_check_reports_what_the_whole_library_reports(card):
     eager, everything = shown([card], lazy=False)

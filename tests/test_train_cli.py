@@ -220,7 +220,7 @@ def test_train_refuses_a_model_no_training_card_trains(tmp_path):
      "--steps sets N_steps, which EDTraining does not have"),
     (["cards/gpt2.card", "--recipe", "cards/paper/dtraining.card"],
      "cards/paper/dtraining.card holds no training card for GPT2"),
-    (["cards/gpt2.card", "--lr", "0"], "--lr must be > 0"),
+    (["cards/gpt2.card", "--lr", "0"], "argument --lr: must be a finite number > 0, got 0"),
     (["cards/gpt2.card", "--block-size", "1"], "--block-size must be >= 2"),
     (["cards/gpt2.card", "--block-size", "300"], "ℓ = 300 tokens do not fit the model's context"),
 ])

@@ -1,4 +1,7 @@
-"""Atomic file writes, so an interrupted run never leaves a half-written file behind."""
+"""Atomic file writes, so an interrupted run never leaves a half-written file behind.
+
+A temporary file is named after its target and the process writing it; one whose process is
+gone (killed before it could clean up) is removed by the next write of the same target."""
 
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     target = os.fspath(path)
     directory = os.path.dirname(target) or "."
     os.makedirs(directory, exist_ok=True)
+    prefix = f".{os.path.basename(target)}."
+    remove_stale_temporaries(directory, prefix)
     # Same directory as the target so os.replace is a rename, never a cross-device copy.
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp")
     os.close(fd)
     try:
         yield tmp
@@ -26,6 +31,29 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def remove_stale_temporaries(directory: str, prefix: str) -> None:
+    """Remove `prefix<pid>.*.tmp` files in `directory` whose writing process is gone."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            if not (name.startswith(prefix) and name.endswith(".tmp")):
+                continue
+            pid = name[len(prefix):].split(".", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, name))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this id runs (one we may not signal runs too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import torch
@@ -22,6 +23,7 @@ def load_corpus(path: str | None) -> bytes:
     """The default corpus when ``path`` is None, else the file's raw bytes."""
     if path is None:
         return default_corpus()
+    check_corpus_path(path)
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -30,6 +32,14 @@ def load_corpus(path: str | None) -> bytes:
     if not data:
         raise RuntimeInputError(f"corpus file '{path}' is empty")
     return data
+
+
+def check_corpus_path(path: str) -> None:
+    """Refuse what is not a regular file (a FIFO or /dev/zero never ends) before reading it."""
+    if not os.path.exists(path):
+        raise RuntimeInputError(f"cannot read corpus file '{path}': No such file or directory")
+    if not os.path.isfile(path):
+        raise RuntimeInputError(f"corpus file '{path}' is not a regular file")
 
 
 def to_tensor(tokens: Tokens) -> torch.Tensor:

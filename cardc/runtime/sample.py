@@ -21,8 +21,11 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Extend ``idx`` (int64 ``(B, T)``) by ``max_new_tokens``; temperature 0 is greedy."""
+    """Extend ``idx`` (int64 ``(B, T)``) by ``max_new_tokens``; temperature 0 is greedy. The
+    model reads at most the last ``window`` tokens (the positions it was trained on) and never
+    more than its ``max_seq_len``."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if max_new_tokens < 0:
@@ -31,13 +34,15 @@ def generate(
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if idx.ndim != 2 or idx.shape[1] == 0:
         raise ValueError(f"idx must have shape (B, T) with T >= 1, got {tuple(idx.shape)}")
-    limit = getattr(model, "max_seq_len", None)
+    limits = [n for n in (getattr(model, "max_seq_len", None), window)
+              if isinstance(n, int) and n > 0]
+    limit = min(limits) if limits else None
     cache = model.new_cache() if hasattr(model, "new_cache") else None  # a causal decoder's
     was_training = model.training
     model.eval()
     try:
         for _ in range(max_new_tokens):
-            context = idx[:, -limit:] if isinstance(limit, int) and limit > 0 else idx
+            context = idx[:, -limit:] if limit is not None else idx
             logits = model(context) if cache is None else model(cache.new(context), cache=cache)
             if isinstance(logits, tuple):  # tolerate models that always return (logits, loss)
                 logits = logits[0]

@@ -21,15 +21,18 @@ import torch
 from torch import nn
 
 from cardc.runtime.atomic import write_text_atomic
-from cardc.runtime.checkpoint import save_checkpoint
+from cardc.runtime.checkpoint import CHECKPOINT_NAME, save_checkpoint
 from cardc.runtime.data import get_batch, load_corpus, split
 from cardc.runtime.errors import RuntimeInputError
 from cardc.runtime.plot import plot_losses
 from cardc.runtime.progress import ProgressBar, format_duration
+from cardc.runtime.runs import METRICS, new_run_id, staged_run
 from cardc.runtime.sample import is_language_model
 from cardc.runtime.tasks import reversal_pairs, windows
 
 BAR_EVERY = 10  # updates between progress-bar redraws; each one costs a device sync
+# Tokens of a dataset the harness makes up front (int64: 2 GiB); a run asking for more is refused.
+MAX_DATASET_TOKENS = 2**28
 
 Recipe = Callable[..., Any]  # a training card's function: (datasets…, θ, hypers…, report=…)
 
@@ -119,9 +122,17 @@ class Plan:
                                     f"context of {limit}")
         if "N_steps" in hypers and "B" in hypers:  # a minibatch card reads N_steps · B examples
             steps, batch = int(hypers["N_steps"]), int(hypers["B"])
-            return cls(steps * batch, length, batch, steps)
-        epochs = hypers.get("N_epochs")
-        return cls(cfg.examples, length, 1, None if epochs is None else int(epochs) * cfg.examples)
+            plan = cls(steps * batch, length, batch, steps)
+        else:
+            epochs = hypers.get("N_epochs")
+            plan = cls(cfg.examples, length, 1,
+                       None if epochs is None else int(epochs) * cfg.examples)
+        if plan.examples * length > MAX_DATASET_TOKENS:
+            raise RuntimeInputError(f"{plan.examples:,} examples of {length} tokens are "
+                                    f"{plan.examples * length:,} tokens, more than the "
+                                    f"{MAX_DATASET_TOKENS:,} a run holds; ask for fewer "
+                                    "updates or smaller minibatches")
+        return plan
 
 
 def make_data(model: nn.Module, inputs: int, count: int, length: int, tokens: torch.Tensor,
@@ -146,6 +157,7 @@ class _Run:
     device: torch.device
     splits: tuple[torch.Tensor, torch.Tensor]
     val_data: list[list[torch.Tensor]]
+    folder: str  # where the run is written until it has finished (staged_run)
     log: Callable[[str], Any] = print
     bar: ProgressBar | None = None
     start: float = field(default_factory=time.perf_counter)
@@ -156,6 +168,7 @@ class _Run:
     updates: int = 0
     lr: float | None = None
     segment: tuple[float, int] = (0.0, 0)  # (time, updates) where throughput is measured from
+    run_id: str = field(default_factory=new_run_id)  # in every file of the run
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.device.type == "cuda":
@@ -175,28 +188,39 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
     train_data = make_data(model, inputs, plan.examples, plan.length, splits[0], cfg.seed, device)
     val_data = make_data(model, inputs, max(50, cfg.examples // 10), plan.length, splits[1],
                          cfg.seed + 1, device)
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    model.to(device).train()
-    bar = ProgressBar(plan.updates) if progress and plan.updates else None
-    run = _Run(cfg, model, recipe, hypers, plan, device, splits, val_data, log, bar,
-               tokens_per_example=sum(x.numel() for d in train_data for x in d)
-               / max(1, plan.examples), causal=predicts_next_token(model))
-    torch.manual_seed(cfg.seed)  # dropout, masks and any other randomness of the recipe
-    theta = torch.compile(model) if cfg.compile else model
+    with staged_run(cfg.out_dir) as folder:
+        run = _Run(cfg, model, recipe, hypers, plan, device, splits, val_data, str(folder), log,
+                   tokens_per_example=sum(x.numel() for d in train_data for x in d)
+                   / max(1, plan.examples), causal=predicts_next_token(model))
+        _run(run, train_data, meta, progress)
+    wall = time.perf_counter() - run.start
+    first, last = run.records[0]["val_loss"], run.records[-1]["val_loss"]
+    run.log(f"val loss {first:.4f} -> {last:.4f} after {run.updates} updates in "
+            f"{format_duration(wall)} ({wall:.1f}s); saved "
+            f"{os.path.join(cfg.out_dir, CHECKPOINT_NAME)}")
+    return run.records
+
+
+def _run(run: _Run, train_data: list[list[torch.Tensor]], meta: dict[str, Any],
+         progress: bool) -> None:
+    """Train, recording as the card reports updates, then save the checkpoint and plot."""
+    run.model.to(run.device).train()
+    run.bar = ProgressBar(run.plan.updates) if progress and run.plan.updates else None
+    torch.manual_seed(run.cfg.seed)  # dropout, masks and any other randomness of the recipe
+    theta = torch.compile(run.model) if run.cfg.compile else run.model
     _record(run)
     run.segment = (time.perf_counter(), 0)
     with run.autocast():
         try:
-            recipe(*train_data, theta, **hypers,
-                   report=lambda loss, lr: _on_update(run, loss, lr))
+            run.recipe(*train_data, theta, **run.hypers,
+                       report=lambda loss, lr: _on_update(run, loss, lr))
         except (ArithmeticError, RuntimeError, ValueError, IndexError) as err:
-            raise RuntimeInputError(_failure(recipe, err)) from None
+            raise RuntimeInputError(_failure(run.recipe, err)) from None
     if run.bar is not None:
         run.bar.close()
     if run.records[-1]["step"] != run.updates or len(run.records) == 1:
         _record(run)
     _finish(run, meta)
-    return run.records
 
 
 def _failure(recipe: Recipe, err: Exception) -> str:
@@ -234,13 +258,13 @@ def _record(run: _Run, evaluate: bool = True) -> None:
     train_loss, val_loss = _evaluate(run) if evaluate else (None, None)
     card_loss = torch.stack(run.seen).mean().item() if run.seen else None
     run.seen.clear()
-    record = {"step": run.updates, "train_loss": _finite(train_loss),
+    record = {"run": run.run_id, "step": run.updates, "train_loss": _finite(train_loss),
               "val_loss": _finite(val_loss), "card_loss": card_loss,
               "tokens_per_s": round(tokens_per_s, 1), "lr": run.lr,
               "elapsed_s": round(time.perf_counter() - run.start, 3)}
     run.records.append(record)
     lines = "".join(json.dumps(r) + "\n" for r in run.records)
-    write_text_atomic(os.path.join(run.cfg.out_dir, "metrics.jsonl"), lines)
+    write_text_atomic(os.path.join(run.folder, METRICS), lines)
     if run.bar is not None:
         run.bar.clear()
     total = f"/{run.plan.updates}" if run.plan.updates else ""
@@ -303,12 +327,11 @@ def _finite(x: float | None) -> float | None:
 
 
 def _finish(run: _Run, meta: dict[str, Any]) -> None:
-    """Save the checkpoint and plot, then log the run summary."""
-    first, last = run.records[0]["val_loss"], run.records[-1]["val_loss"]
-    saved = {**meta, "train_config": asdict(run.cfg), "recipe": run.hypers,
-             "block_size": run.plan.length, "val_loss": last}
-    path = save_checkpoint(run.cfg.out_dir, run.model, saved)
-    plot_losses(run.records, os.path.join(run.cfg.out_dir, "loss.png"))
-    wall = time.perf_counter() - run.start
-    run.log(f"val loss {first:.4f} -> {last:.4f} after {run.updates} updates in "
-            f"{format_duration(wall)} ({wall:.1f}s); saved {path}")
+    """Save the checkpoint and plot into the run's folder. `context` is how many positions
+    the run trained (an example of ℓ tokens trains the predictions of its first ℓ − 1), the
+    longest window `cardc sample` then feeds the model."""
+    saved = {**meta, "run": run.run_id, "train_config": asdict(run.cfg), "recipe": run.hypers,
+             "block_size": run.plan.length, "context": run.plan.length - 1,
+             "val_loss": run.records[-1]["val_loss"]}
+    save_checkpoint(run.folder, run.model, saved)
+    plot_losses(run.records, os.path.join(run.folder, "loss.png"))

@@ -1,0 +1,144 @@
+"""A run folder is always one run.
+
+A training run writes into a staging folder beside its destination and renames it into place
+when it has finished, so the destination holds either the previous complete run or this one,
+never the metrics of one beside the weights of another. A run killed midway leaves only its
+staging folder, which the next run into the same destination removes. Every file of a run
+records the same run id, which `check_one_run` compares before a checkpoint is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cardc.runtime.atomic import pid_alive
+from cardc.runtime.errors import RuntimeInputError
+
+METRICS = "metrics.jsonl"
+# The files a run writes; a folder holding only these (or nothing) may be replaced by a run.
+RUN_FILES = frozenset({METRICS, "model.safetensors", "loss.png"})
+_STAGING, _OLD = "incomplete", "replaced"
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def _side(dest: Path, kind: str, pid: int) -> Path:
+    return dest.parent / f".{dest.name}.{kind}-{pid}"
+
+
+def _leftovers(dest: Path) -> list[tuple[Path, int]]:
+    """Staging and replaced folders beside `dest`, with the process id that made each."""
+    found = []
+    for kind in (_STAGING, _OLD):
+        for path in dest.parent.glob(f".{dest.name}.{kind}-*"):
+            pid = path.name.rsplit("-", 1)[1]
+            if pid.isdigit():
+                found.append((path, int(pid)))
+    return found
+
+
+def remove_stale(dest: Path) -> None:
+    """Remove what killed runs into `dest` left beside it (their process is gone)."""
+    for path, pid in _leftovers(dest):
+        if pid != os.getpid() and not pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def interrupted(dest: str | os.PathLike[str]) -> bool:
+    """Whether a run into `dest` is under way, or was killed before it finished."""
+    dest = Path(dest)
+    return dest.parent.is_dir() and any(True for _ in _leftovers(dest))
+
+
+def check_writable_folder(dest: str | os.PathLike[str]) -> None:
+    """Refuse a folder that cannot be created or written, before any work is done."""
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise RuntimeInputError(f"'{dest}' exists and is not a folder")
+    ancestor = next(p for p in [dest, *dest.absolute().parents] if p.exists())
+    if not ancestor.is_dir():
+        raise RuntimeInputError(f"cannot create '{dest}': '{ancestor}' is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise RuntimeInputError(f"cannot write in '{ancestor}': permission denied")
+
+
+def check_destination(dest: str | os.PathLike[str]) -> None:
+    """Refuse a destination a run cannot be written to, before any work is done."""
+    dest = Path(dest)
+    check_writable_folder(dest)
+    if dest.is_dir():
+        if not os.access(dest.absolute().parent, os.W_OK | os.X_OK):
+            raise RuntimeInputError(f"cannot replace '{dest}': its folder is not writable")
+        others = sorted(p.name for p in dest.iterdir() if p.name not in RUN_FILES)
+        if others:
+            raise RuntimeInputError(f"'{dest}' holds files that are not a cardc run "
+                                    f"('{others[0]}'); write the run to an empty or new folder")
+
+
+@contextlib.contextmanager
+def staged_run(dest: str | os.PathLike[str]) -> Iterator[Path]:
+    """A fresh staging folder beside `dest`, moved into place as `dest` on success and removed
+    on failure; leftovers of killed runs into `dest` are removed first."""
+    dest = Path(dest)
+    check_destination(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(dest)
+    staging = _side(dest, _STAGING, os.getpid())
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+        publish(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def publish(staging: Path, dest: Path) -> None:
+    """Put the finished run in `dest`'s place: the old run moves aside, the new one in, and the
+    old one is removed. Killed between the two renames, `dest` is absent, never mixed."""
+    old = None
+    if dest.is_dir():
+        if any(dest.iterdir()):
+            old = _side(dest, _OLD, os.getpid())
+            shutil.rmtree(old, ignore_errors=True)
+            dest.rename(old)
+        else:
+            dest.rmdir()
+    staging.rename(dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def metrics_run(folder: str | os.PathLike[str]) -> tuple[bool, str | None]:
+    """Whether `folder` has a metrics.jsonl, and the run id its first record names."""
+    path = Path(folder) / METRICS
+    if not path.is_file():
+        return False, None
+    try:
+        with path.open(encoding="utf-8") as f:
+            first = json.loads(f.readline() or "{}")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return True, None
+    return True, first.get("run") if isinstance(first, dict) else None
+
+
+def check_one_run(folder: str | os.PathLike[str], meta: dict[str, Any]) -> None:
+    """Refuse a run folder whose metrics and weights come from different runs."""
+    if not Path(folder).is_dir():
+        return  # a checkpoint file named directly: nothing beside it is read
+    present, run = metrics_run(folder)
+    if present and run != meta.get("run"):
+        raise RuntimeInputError(
+            f"'{folder}' mixes two runs: its {METRICS} is from run {run or 'unknown'}, its "
+            f"weights from run {meta.get('run') or 'unknown'}; train again into it, or into a "
+            "new folder")
