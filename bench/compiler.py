@@ -53,7 +53,7 @@ def compile_files(paths: list[str], targets: list[str]) -> tuple[float, float, f
     checker, _ = check(lib)
     t2 = time.perf_counter()
     for alg in generated_cards(lib, checker, targets):
-        with contextlib.suppress(CardError):  # a card with errors (faithful defects): no code
+        with contextlib.suppress(CardError):  # a card with errors: no code
             source(checker, alg)
     return t1 - t0, t2 - t1, time.perf_counter() - t2
 

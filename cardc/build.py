@@ -98,7 +98,7 @@ def module_path(lib: Library, alg: s.Algorithm, out_dir: str | Path,
 
 def checked(paths: list[str], library: str | None) -> tuple[Library, Checker, list[str]]:
     """The library, checked; errors in the given cards or anything they call are fatal, errors
-    elsewhere in the library (the paper's faithful, defective cards) are not."""
+    elsewhere in the library (a card the given ones never call) are not."""
     lib, targets = load(paths, root=library)
     checker, diags = check(lib)
     require_clean(lib, checker, diags, {str(Path(t)) for t in targets})

@@ -37,8 +37,8 @@ class Library:
 
     def find(self, name: str, near: s.CardFile | None = None) -> s.Algorithm | None:
         """A name resolves lexically: in the calling card's own file, then its folder, then
-        each folder above it, then anywhere in the library. So a variant of a card (the paper's
-        faithful Algorithm 9 in paper/faithful/) sits beside the card it varies."""
+        each folder above it, then anywhere in the library. So a variant of a card in a folder of
+        its own (the paper's faithful Algorithm 9) is what that folder's cards call."""
         self._parse([p for p, names in self.pending.items() if name in names])
         found = sorted(((f, a) for f, a in self._parsed() if a.name == name),
                        key=lambda fa: self.order.get(fa[0].path, 0))  # as if parsed in order
