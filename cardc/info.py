@@ -8,7 +8,7 @@ from fractions import Fraction
 from . import syntax as s
 from .checker import Signature
 from .dims import Dim
-from .presets import PresetError, in_ranges, own_values
+from .presets import PresetError, find_preset, in_ranges, own_values
 from .types import BundleTy, Entry, FamilyTy, Ty
 
 
@@ -17,14 +17,7 @@ def preset_values(sig: Signature, preset: str | None, overrides: dict[str, float
 
     ℕ values are ints, the others floats. Only the card's own declarations are checked here;
     `presets.validate` checks the sizes of every card it calls too."""
-    alg = sig.alg
-    chosen = None
-    if preset is not None:
-        chosen = next((p for p in alg.presets if p.name == preset), None)
-        if chosen is None:
-            names = ", ".join(p.name for p in alg.presets) or "none"
-            raise PresetError(alg.span, f"'{alg.name}' has no preset '{preset}' (presets: {names})")
-    env = own_values(sig, chosen, overrides)
+    env = own_values(sig, find_preset(sig.alg, preset), overrides)
     return {k: int(v) if sig.hypers.get(k, Ty()).elem == "ℕ" and v.denominator == 1 else float(v)
             for k, v in env.items()}
 

@@ -546,6 +546,17 @@ def _bound(e: s.Expr, env: dict[str, Fraction]) -> Fraction | None:
 # ------------------------------------------------------------------ entry points
 
 
+def find_preset(alg: s.Algorithm, preset: str | None) -> s.Preset | None:
+    """The preset of `alg` named `preset` (None for none); a name it lacks is an error."""
+    if preset is None:
+        return None
+    chosen = next((p for p in alg.presets if p.name == preset), None)
+    if chosen is None:
+        names = ", ".join(p.name for p in alg.presets) or "none"
+        raise PresetError(alg.span, f"'{alg.name}' has no preset '{preset}' (presets: {names})")
+    return chosen
+
+
 def validate(checker: Checker, alg: s.Algorithm, preset: str | None = None,
              overrides: dict[str, float] | None = None,
              flags: dict[str, str] | None = None, cache: dict | None = None
@@ -554,12 +565,7 @@ def validate(checker: Checker, alg: s.Algorithm, preset: str | None = None,
     card it calls. Raises PresetError for the card's own values (located), OverrideError naming
     the flag (`flags`: hyperparameter → the flag as typed) for values from the command line."""
     sig = checker.infos[id(alg)].sig if id(alg) in checker.infos else checker.info(alg).sig
-    chosen = None
-    if preset is not None:
-        chosen = next((p for p in alg.presets if p.name == preset), None)
-        if chosen is None:
-            names = ", ".join(p.name for p in alg.presets) or "none"
-            raise PresetError(alg.span, f"'{alg.name}' has no preset '{preset}' (presets: {names})")
+    chosen = find_preset(alg, preset)
     src = _Source(alg, checker.diags.sources, chosen, flags=dict(flags or {}))
     try:
         vals = _own_values(sig, src, chosen, dict(overrides or {}))
