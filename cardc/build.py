@@ -251,10 +251,11 @@ def recorded_cards(meta: dict[str, Any]) -> Iterator[Path]:
     """The card files a checkpoint records, written out to a temporary folder. The model's
     card (and the sampler's, where one is recorded) must be among them."""
     try:
-        cards = dict(meta["cards"])
-        wanted = [meta["card"]]
-    except (KeyError, TypeError, ValueError) as err:
+        cards, wanted = meta["cards"], [meta["card"]]
+    except (KeyError, TypeError) as err:
         raise ValueError(f"checkpoint metadata lacks {err}") from None
+    if not isinstance(cards, dict):
+        raise ValueError("checkpoint metadata's 'cards' is not a table of card files")
     sampler = meta.get("sampler")
     if isinstance(sampler, dict) and "card" in sampler:
         wanted.append(sampler["card"])
@@ -276,8 +277,9 @@ def recorded_cards(meta: dict[str, Any]) -> Iterator[Path]:
         yield Path(tmp)
 
 
-def rebuild_model(meta: dict[str, Any]):
-    """The model a checkpoint's metadata describes, compiled again from its recorded cards."""
+def rebuild_model(meta: dict[str, Any], stored: int | None = None):
+    """The model a checkpoint's metadata describes, compiled again from its recorded cards;
+    `stored`: how many values the checkpoint's tensors hold, which its sizes must not exceed."""
     try:
         card, name = meta["card"], meta["name"]
         hypers = dict(meta["hyperparameters"])
@@ -288,8 +290,39 @@ def rebuild_model(meta: dict[str, Any]):
     with recorded_cards(meta) as tmp:
         lib, checker, _ = checked([str(tmp / card)], str(tmp))
         alg = find_card(lib, checker, str(tmp / card), name)
+        try:
+            _check_recorded(checker, alg, hypers, stored)
+        except ValueError as err:  # name the recorded cards as the checkpoint does
+            raise ValueError(str(err).replace(f"{tmp}{os.sep}", "")) from None
         model, _ = instantiate(checker, alg, hypers)
     return model
+
+
+def _check_recorded(checker: Checker, alg: s.Algorithm, hypers: dict[str, Any],
+                    stored: int | None) -> None:
+    """Recorded hyperparameters pass the card's own checks, and make no more parameters than
+    the checkpoint stores, before anything is allocated (metadata is untrusted input)."""
+    from .info import count
+    from .presets import PresetError, validate
+
+    sig = checker.info(alg).sig
+    card_name = {identifier(n): n for n in sig.hypers}
+    given: dict[str, float] = {}
+    for py, value in hypers.items():
+        if py not in card_name:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"checkpoint metadata records {py} = {value!r}, not a number")
+        given[card_name[py]] = value
+    flags = {n: f"recorded {identifier(n)} = {v!r}" for n, v in given.items()}
+    try:
+        env = validate(checker, alg, None, given, flags)
+        params = count(sig.tree, env, alg.span) if isinstance(sig.tree, BundleTy) else 0
+    except PresetError as err:
+        raise ValueError(f"checkpoint metadata: {err.message}") from None
+    if stored is not None and params > stored:
+        raise ValueError(f"its recorded sizes make {params:,} parameters, but its tensors hold "
+                         f"{stored:,} values")
 
 
 def record_sampler(meta: dict[str, Any], lib: Library, checker: Checker,

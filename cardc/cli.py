@@ -439,7 +439,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     meta, state = _read_run(args.dir)
     try:
-        model = rebuild_model(meta)
+        model = rebuild_model(meta, stored=sum(t.numel() for t in state.values()))
     except ValueError as err:
         raise RuntimeInputError(f"{args.dir}: {err}") from None
     load_state(model, state)
