@@ -10,7 +10,7 @@ import re
 import tempfile
 import traceback
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -282,9 +282,11 @@ def rebuild_model(meta: dict[str, Any], stored: int | None = None):
     `stored`: how many values the checkpoint's tensors hold, which its sizes must not exceed."""
     try:
         card, name = meta["card"], meta["name"]
-        hypers = dict(meta["hyperparameters"])
-    except (KeyError, TypeError, ValueError) as err:
+        hypers = meta["hyperparameters"]
+    except (KeyError, TypeError) as err:
         raise ValueError(f"checkpoint metadata lacks {err}") from None
+    if not isinstance(hypers, dict):
+        raise ValueError("checkpoint metadata's 'hyperparameters' is not a table of numbers")
     if not isinstance(name, str):
         raise ValueError(f"checkpoint metadata names no card: {name!r}")
     with recorded_cards(meta) as tmp:
@@ -298,6 +300,23 @@ def rebuild_model(meta: dict[str, Any], stored: int | None = None):
     return model
 
 
+def recorded_values(recorded: Any, declared: Iterable[str]) -> dict[str, float]:
+    """A checkpoint's hyperparameters (keyed by Python name) by the card names `declared`:
+    numbers only, whatever else the untrusted record holds."""
+    if not isinstance(recorded, dict):
+        raise ValueError("checkpoint metadata's 'hyperparameters' is not a table of numbers")
+    out: dict[str, float] = {}
+    for name in declared:
+        value = recorded.get(identifier(name))
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"checkpoint metadata records {identifier(name)} = {value!r}, "
+                             "not a number")
+        out[name] = value
+    return out
+
+
 def _check_recorded(checker: Checker, alg: s.Algorithm, hypers: dict[str, Any],
                     stored: int | None) -> None:
     """Recorded hyperparameters pass the card's own checks, and make no more parameters than
@@ -306,14 +325,7 @@ def _check_recorded(checker: Checker, alg: s.Algorithm, hypers: dict[str, Any],
     from .presets import PresetError, validate
 
     sig = checker.info(alg).sig
-    card_name = {identifier(n): n for n in sig.hypers}
-    given: dict[str, float] = {}
-    for py, value in hypers.items():
-        if py not in card_name:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"checkpoint metadata records {py} = {value!r}, not a number")
-        given[card_name[py]] = value
+    given = recorded_values(hypers, sig.hypers)
     flags = {n: f"recorded {identifier(n)} = {v!r}" for n, v in given.items()}
     try:
         env = validate(checker, alg, None, given, flags)

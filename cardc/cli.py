@@ -325,16 +325,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _resumed(run: str, checker, model_card) -> tuple[dict, dict]:
     """A checkpoint's hyperparameters (by card name) and tensors, if it holds `model_card`'s
     model. Training goes on from its weights; the training card makes a fresh optimizer."""
-    from .names import identifier
+    from .build import recorded_values
     from .runtime.checkpoint import read_checkpoint
 
     meta, state = read_checkpoint(run)
     if meta.get("name") != model_card.label:
         raise UsageError(f"'{run}' holds {meta.get('name')}, but the training card trains "
                          f"{model_card.label}")
-    saved = meta.get("hyperparameters") or {}
-    sizes = {n: saved[identifier(n)] for n in checker.info(model_card).sig.hypers
-             if identifier(n) in saved}
+    try:
+        sizes = recorded_values(meta.get("hyperparameters"), checker.info(model_card).sig.hypers)
+    except ValueError as err:
+        raise RuntimeInputError(f"{run}: {err}") from None
     return sizes, state
 
 
@@ -495,11 +496,10 @@ def _trained_context(meta: dict) -> int | None:
 
 def _check_token_ids(ids: list[int], checker, model_card, meta: dict) -> None:
     """Refuse token IDs outside the vocabulary of the model's token inputs."""
-    from .names import identifier
+    from .build import recorded_values
 
     sig = checker.info(model_card).sig
-    saved = meta.get("hyperparameters") or {}
-    env = {n: saved[identifier(n)] for n in sig.hypers if identifier(n) in saved}
+    env = recorded_values(meta.get("hyperparameters"), sig.hypers)
     for _, ty in sig.inputs:
         vocab = getattr(ty, "vocab", None)
         try:

@@ -50,3 +50,28 @@ def test_cards_that_are_not_a_table_are_refused(recorded):
     for bad in ("x", [1], None, 3):
         with pytest.raises(ValueError, match="'cards' is not a table of card files"):
             rebuild_model({**meta, "cards": bad}, stored)
+
+
+def test_hyperparameters_that_are_not_a_table_are_refused(recorded):
+    meta, stored = recorded
+    for bad in ("x", [1], None):
+        with pytest.raises(ValueError, match="'hyperparameters' is not a table of numbers"):
+            rebuild_model({**meta, "hyperparameters": bad}, stored)
+
+
+def test_resuming_from_a_record_with_a_non_number_is_one_clear_error(recorded, tmp_path, capsys):
+    from cardc.cli import main
+    from cardc.runtime.checkpoint import save_checkpoint
+
+    meta, _ = recorded
+    model = rebuild_model(meta)
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpoint(run, model, {**meta, "hyperparameters": {**meta["hyperparameters"],
+                                                              "D": "x"}})
+    code = main(["train", str(ROOT / "cards" / "gpt2.card"), "--preset", "tiny", "--resume",
+                 str(run), "--steps", "1", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.strip().endswith("checkpoint metadata records D = 'x', not a number")
+    assert not (tmp_path / "out").exists()
