@@ -411,7 +411,7 @@ def test_failed_writes_leave_nothing_half_written(run_dir, hf_dir, tmp_path, mon
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(interop, "save_file", full_disk)
+    monkeypatch.setattr(interop.files, "save_file", full_disk)
     monkeypatch.setattr(checkpoint, "save_file", full_disk)
     for dest in (tmp_path / "new", tmp_path / "old"):
         with pytest.raises(RuntimeInputError, match="No space left on device"):

@@ -1,0 +1,109 @@
+"""Checkpoints between Hugging Face `transformers` and cardc, driven by one mapping file per card.
+
+A model card with a Hugging Face counterpart keeps `<card stem>.hf.json` beside it
+(`cards/gpt2.card` → `cards/gpt2.hf.json`); a new family adds such a file, not code. The file is
+JSON rather than TOML because cardc supports Python 3.10, whose standard library has no tomllib,
+and because the files it describes (`config.json`, the safetensors index) are JSON too. Its keys:
+
+- `card`: the model card of the file it maps (`GPT2`); `architecture` and `model_type`: what
+  export writes to config.json (`GPT2LMHeadModel`, `gpt2`) and import expects there.
+- `variants`: card name → the mapping of another card of the same card file (`LlamaUntied`
+  beside `Llama`, `BERTForMaskedLM` beside `BERT`), written as a JSON merge patch (RFC 7396) of
+  the top level: objects merge key by key, a value replaces what it names, null removes it, a
+  list replaces the whole list. Import picks the first mapping in file order whose
+  `fixed_config` config.json keeps, among those whose `architecture` it names (its
+  `architectures`; among all if it names none of theirs); `--name` picks one by its card.
+  Export picks the mapping of the checkpoint's card.
+- `hyperparameters`: card hyperparameter → how config.json gives it, one of
+  - a config key (`a.b`: key b of the object a), or `{"key": K, "default": EXPR, "same": [K2, …]}`:
+    EXPR applies when K is absent or null (`n_inner: null` means `4 * n_embd`); the keys in
+    `same` must hold the same value (BART's encoder_layers and decoder_layers, both the card's
+    N): import refuses a config.json where they differ, export writes every one;
+  - `{"expr": EXPR}`: computed from config keys (`"d_r": {"expr": "head_dim *
+    rope_parameters.partial_rotary_factor"}`). EXPR is numbers, config keys, `+ - * /` (or
+    `− · ×`), `//`, parentheses, `min(…)` and `max(…)`, evaluated exactly (a config's 0.4 is
+    2/5; see cardc/interop/expr.py). Export inverts it: it writes the one key EXPR reads that no
+    other hyperparameter, `fixed_config` or `export_config` writes (`partial_rotary_factor =
+    d_r / head_dim`), exactly, so config → hyperparameters → config gives the same numbers back;
+    `"solve": K` names that key where several are free. A key to solve for must occur once and
+    not under `//`, `min` or `max`; with no free key export writes nothing and checks that EXPR
+    gives the value. `"default": EXPR2` applies when a key EXPR reads is absent or null;
+    `"null": n` instead makes the hyperparameter n then, and export writes the solved key as
+    null for n (`"P": {"expr": "pad_token_id + 1", "null": 0}`: no pad token is 0, token ID k
+    is k + 1). A value that is not a whole number where the card declares ℕ is refused, named.
+- `fixed_config`: config values the card's computation fixes (`activation_function`,
+  `tie_word_embeddings`). Import refuses a config.json that sets another value; export writes
+  them. A list names the accepted values; export writes the first. A key `a.b` is key b of the
+  object a (`rope_parameters.rope_type`), as in `hyperparameters`. `{"expr": EXPR}` is a value
+  derived from other config keys (Llama's `"head_dim": {"expr": "hidden_size /
+  num_attention_heads"}`): import refuses another value (absent or null is accepted: transformers
+  computes it so), export writes EXPR's value.
+- `export_config`: further values export writes (no dropout: the card has none); `a.b` keys too.
+  Import accepts any value of these keys: they do not change what the weights compute.
+- `harmless`: config keys (`a.b` too) that never change what this family computes from its
+  weights (GPT-2's `summary_type`, for heads the card does not have), beside the keys that are
+  harmless in every family (cardc/interop/harmless.py). Import refuses a config.json with any
+  other key (of an object, any other of its keys) that no hyperparameter reads, `fixed_config`
+  fixes or `export_config` writes, naming it: it would otherwise import silently wrong.
+- `layers`: the hyperparameter that counts the layers; `{i}` in a name is the layer, from 0.
+- `tensors`: Hugging Face name → the generated module's parameter name, or
+  `{"card": NAME, "transpose": true, "chunk": [k, n], "axis": a}`: the Hugging Face tensor is
+  the card's transposed (nn.Linear stores (out, in), cards are row-major (in, out)), and/or the
+  k-th of n equal slices of it along axis a of the card's layout (separate q/k/v projections of
+  a fused W_qkv). `"shape": [1, -1]` instead: the Hugging Face tensor is the card's reshaped
+  so (BART's final_logits_bias, a (1, V) buffer, is the card's b_f ∈ ℝ^{V}).
+  `{"fused": {"axis": a, "groups": EXPR, "parts": [P1, P2, …]}, "transpose": …}`: one Hugging
+  Face tensor holds several card tensors laid out group by group. Along axis a (of the card's
+  layout, after any transpose) it is EXPR groups (an expression of the card's hyperparameters;
+  default 1), each the parts in order; a part is a card tensor name, or `[NAME, SIZE]` with its
+  width in one group (an expression of hyperparameters, checked). A part's width is otherwise its
+  card tensor's width over the groups; a card tensor named by several parts is cut into that
+  many equal pieces, in order. GPT-NeoX's query_key_value is `{"groups": "H", "parts": [W_q,
+  W_k, W_v]}` (per head: q, k, v); Falcon's grouped layout `{"groups": "H_kv", "parts": [W_q,
+  W_k, W_v]}` (per key/value group: its query heads, one key head, one value head); Falcon's
+  multi-query layout the same with one group. Import splits, export fuses back, bit for bit.
+- `tied`: Hugging Face name → the Hugging Face tensor it shares storage with; export omits it,
+  import accepts it only if equal.
+- `base_prefix`: what the base model's names start with (`transformer.`); checkpoints of the bare
+  base model leave it out, so import adds it back. `base_model`: true when `architecture` is
+  that bare base model (BertModel), whose checkpoints export writes without the prefix too.
+- `ignore`: names (with `{i}`) import skips, such as the causal-mask buffers older GPT-2
+  checkpoints carry.
+"""
+
+from __future__ import annotations
+
+from .config import check_config, config_for, preset_from_config, select_for_config
+from .files import HF_CONFIG, HF_INDEX, HF_WEIGHTS, read_hf, write_hf
+from .mapping import (
+    MAPPING_SUFFIX,
+    Entry,
+    Hyper,
+    Mapping,
+    Part,
+    load_mapping,
+    load_mappings,
+    mapping_path,
+    merge_patch,
+    parse_mapping,
+    parse_mappings,
+    select_by_name,
+)
+from .tensors import from_card_state, to_card_state
+from .transfer import (
+    META_KEY,
+    check_sizes,
+    checkpoint_mapping,
+    export_hf,
+    import_checkpoint,
+    import_hf,
+)
+
+__all__ = [
+    "HF_CONFIG", "HF_INDEX", "HF_WEIGHTS", "MAPPING_SUFFIX", "META_KEY", "Entry", "Hyper",
+    "Mapping", "Part", "check_config", "check_sizes", "checkpoint_mapping", "config_for",
+    "export_hf", "from_card_state", "import_checkpoint", "import_hf", "load_mapping",
+    "load_mappings", "mapping_path", "merge_patch", "parse_mapping", "parse_mappings",
+    "preset_from_config", "read_hf", "select_by_name", "select_for_config", "to_card_state",
+    "write_hf",
+]

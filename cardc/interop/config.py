@@ -1,0 +1,231 @@
+"""config.json ↔ the card's hyperparameters, through a mapping; no torch here."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from ..names import identifier
+from ..runtime.errors import RuntimeInputError
+from . import expr as ex
+from .harmless import harmless
+from .mapping import Hyper, Mapping
+
+_ABSENT = object()
+
+
+def lookup(config: dict[str, Any], key: str, absent: Any = None) -> Any:
+    """`a.b` reads config["a"]["b"]: transformers 5 nests rope_theta in rope_parameters."""
+    value: Any = config
+    for part in key.split("."):
+        value = value.get(part, absent) if isinstance(value, dict) else absent
+    return value
+
+
+def store(config: dict[str, Any], key: str, value: Any) -> None:
+    *path, last = key.split(".")
+    for part in path:
+        config = config.setdefault(part, {})
+    config[last] = value
+
+
+# ------------------------------------------------------------------ import
+
+
+def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, float]:
+    """The card's hyperparameters a Hugging Face config.json implies (card names)."""
+    check_config(config, mapping)
+    out: dict[str, float] = {}
+    for name, spec in mapping.hyperparameters.items():
+        value = hyper_value(config, spec, f"the card's {name}")
+        for key in spec.same:
+            other = lookup(config, key)
+            if other is not None and other != value:
+                raise RuntimeInputError(f"config.json has {key} = {other!r} but {spec.key} = "
+                                        f"{value!r}; the card's {name} is both")
+        out[name] = value
+    return out
+
+
+def hyper_value(config: dict[str, Any], spec: Hyper, what: str) -> ex.Number:
+    """The value config.json gives one hyperparameter: a key's value as it is written, an
+    expression's computed exactly (an int when whole)."""
+    env, missing = _env(config, ex.names(spec.expr), what)
+    if missing is not None:
+        if spec.null is not None:
+            return spec.null
+        if spec.default is None:
+            raise RuntimeInputError(f"config.json lacks '{missing}' ({what}"
+                                    f"{' = ' + spec.text if spec.computed else ''})")
+        env, missing = _env(config, ex.names(spec.default), what)
+        if missing is not None:
+            raise RuntimeInputError(f"config.json lacks '{missing}' ({what}'s default)")
+        return _computed(spec.default, env, what, config)
+    return _computed(spec.expr, env, what, config)
+
+
+def _env(config: dict[str, Any], keys: list[str], what: str) -> tuple[dict[str, Fraction],
+                                                                     str | None]:
+    """The exact values of `keys`, or the first absent or null one."""
+    env = {}
+    for key in keys:
+        value = lookup(config, key)
+        if value is None:
+            return env, key
+        try:
+            env[key] = ex.exact(value)
+        except ex.ExprError:
+            raise RuntimeInputError(f"config.json has {key} = {value!r} ({what}); expected a "
+                                    "number") from None
+    return env, None
+
+
+def _computed(expr: ex.Expr, env: dict[str, Fraction], what: str,
+              config: dict[str, Any] | None = None) -> ex.Number:
+    """`expr`'s value; a bare key's as config.json writes it (10000.0 stays a float)."""
+    if isinstance(expr, ex.Name) and config is not None:
+        return lookup(config, expr.name)
+    try:
+        return ex.number(ex.evaluate(expr, env))
+    except ex.ExprError as err:
+        raise RuntimeInputError(f"config.json: cannot compute {what}: {err}") from None
+
+
+def describe(spec: Hyper, value: Any) -> str:
+    """`has n_head = 0`, or `gives head_dim * partial_rotary_factor = 3.5`: where a value of
+    config.json's came from."""
+    return f"{'gives' if spec.computed else 'has'} {spec.text} = {value!r}"
+
+
+def check_config(config: dict[str, Any], mapping: Mapping) -> None:
+    """Refuse a config.json that describes a computation the card does not perform: another
+    model type, a fixed value changed, a derived value that disagrees, or a key the mapping
+    does not understand."""
+    if config.get("model_type", mapping.model_type) != mapping.model_type:
+        raise RuntimeInputError(f"config.json is for model_type '{config['model_type']}'; "
+                                f"{mapping.source} maps '{mapping.model_type}'")
+    for key, accepted in mapping.fixed_config.items():
+        value = lookup(config, key, _ABSENT)
+        if value is not _ABSENT and value not in accepted:
+            raise RuntimeInputError(f"config.json has {key} = {value!r}, but the card "
+                                    f"{mapping.card} computes {key} = {accepted[0]!r}")
+    for key, (text, e) in mapping.derived_config.items():
+        _check_derived(config, mapping, key, text, e)
+    unknown = _not_understood(config, mapping.understood())
+    if unknown is not None:
+        key, value = unknown
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise RuntimeInputError(f"config key '{key}' = {shown} is not understood by "
+                                f"{mapping.source}: it maps it to no hyperparameter, fixes no "
+                                "value for it and does not list it as harmless")
+
+
+def _check_derived(config: dict[str, Any], mapping: Mapping, key: str, text: str,
+                   e: ex.Expr) -> None:
+    value = lookup(config, key)
+    if value is None:
+        return  # transformers computes it as the card does
+    env, missing = _env(config, ex.names(e), f"{key} = {text}")
+    if missing is not None:
+        raise RuntimeInputError(f"config.json has {key} = {value!r} but no '{missing}' to "
+                                f"check it against ({key} = {text})")
+    try:
+        ok = ex.exact(value) == ex.evaluate(e, env)
+    except ex.ExprError as err:
+        raise RuntimeInputError(f"config.json: cannot check {key} = {text}: {err}") from None
+    if not ok:
+        raise RuntimeInputError(f"config.json has {key} = {value!r}, but the card {mapping.card} "
+                                f"computes {key} = {text} = {_computed(e, env, key)!r}")
+
+
+def _not_understood(config: dict[str, Any], known: set[str],
+                    prefix: str = "") -> tuple[str, Any] | None:
+    """The first key (dotted) of `config` that is neither known nor harmless, with its value;
+    an object of which some keys are known is searched key by key."""
+    for key, value in config.items():
+        path = prefix + key
+        if path in known or (not prefix and harmless(key)):
+            continue
+        if isinstance(value, dict) and any(k.startswith(path + ".") for k in known):
+            found = _not_understood(value, known, path + ".")
+            if found is not None:
+                return found
+            continue
+        return path, value
+    return None
+
+
+def select_for_config(mappings: list[Mapping], config: dict[str, Any] | None) -> Mapping:
+    """The mapping a config.json describes: the first whose fixed values it keeps among those
+    whose architecture it names, or among all if it names none of theirs (a bare LlamaModel's
+    checkpoint names its own: architectures choose between mappings, they refuse none).
+    No config.json: the first mapping."""
+    if config is None:
+        return mappings[0]
+    named = config.get("architectures")
+    named = named if isinstance(named, list) else []
+    fits = [m for m in mappings if m.architecture in named] or mappings
+    errors = []
+    for m in fits:
+        try:
+            check_config(config, m)
+        except RuntimeInputError as err:
+            errors.append(err)
+        else:
+            return m
+    raise errors[0]
+
+
+# ------------------------------------------------------------------ export
+
+
+def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
+    """config.json for a model with these hyperparameters (keyed by Python name): keys first,
+    then fixed values, then each computed hyperparameter solved for its key, then derived
+    values, then `export_config`."""
+    config: dict[str, Any] = {"architectures": [mapping.architecture],
+                              "model_type": mapping.model_type}
+    computed = []
+    for name, spec in mapping.hyperparameters.items():
+        if spec.computed:
+            computed.append((name, spec))
+            continue
+        for key in spec.keys:
+            store(config, key, hypers[identifier(name)])
+    for key, accepted in mapping.fixed_config.items():
+        store(config, key, accepted[0])
+    for name, spec in computed:
+        _export_computed(config, name, spec, hypers[identifier(name)])
+    for key, (text, e) in mapping.derived_config.items():
+        env, missing = _env(config, ex.names(e), f"{key} = {text}")
+        if missing is not None:
+            raise RuntimeInputError(f"cannot write {key} = {text}: no {missing}")
+        store(config, key, _computed(e, env, key))
+    for key, value in mapping.export_config.items():
+        store(config, key, value)
+    return config
+
+
+def _export_computed(config: dict[str, Any], name: str, spec: Hyper, value: Any) -> None:
+    """Write the key `spec` solves for, so that importing `config` gives `value` back."""
+    if spec.null is not None and value == spec.null:
+        if spec.solve is not None:
+            store(config, spec.solve, None)
+        return
+    known = [k for k in ex.names(spec.expr) if k != spec.solve]
+    env, missing = _env(config, known, f"the card's {name}")
+    if missing is not None:
+        raise RuntimeInputError(f"cannot write the card's {name} = {spec.text}: no '{missing}' "
+                                "in the config written so far")
+    try:
+        target = ex.exact(value)
+        if spec.solve is not None:
+            env[spec.solve] = ex.solve(spec.expr, spec.solve, target, env)
+            store(config, spec.solve, ex.number(env[spec.solve]))
+        got = ex.evaluate(spec.expr, env)
+    except ex.ExprError as err:
+        raise RuntimeInputError(f"cannot write the card's {name} = {value!r} as "
+                                f"{spec.text}: {err}") from None
+    if got != target:
+        raise RuntimeInputError(f"the card's {name} = {value!r}, but the config written gives "
+                                f"{spec.text} = {ex.number(got)!r}")

@@ -1,0 +1,348 @@
+"""A mapping file read into a `Mapping` (the keys are described in cardc/interop/__init__.py).
+
+No torch here: a mapping is read, checked and reported on without building a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..runtime.errors import RuntimeInputError
+from ..spelling import canonical_name
+from . import expr as ex
+
+MAPPING_SUFFIX = ".hf.json"
+
+Need = Callable[[bool, str], None]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One role in a fused tensor: its card tensor, and its width in each group (an expression
+    of the card's hyperparameters), or None for the card tensor's width over the groups."""
+    card: str
+    size: str | None = None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One Hugging Face tensor and where it lives in the card's model."""
+    hf: str
+    card: str  # a fused tensor's: its first part's
+    transpose: bool = False
+    chunk: tuple[int, int] = (0, 1)
+    axis: int = 0
+    shape: tuple[int, ...] | None = None  # the Hugging Face layout, a reshape of the card's
+    groups: str | None = None  # fused: how many times the parts repeat along `axis`
+    parts: tuple[Part, ...] = ()  # fused: the roles within one group, in order
+
+    @property
+    def cards(self) -> tuple[str, ...]:
+        """The card tensors it holds, each once."""
+        return tuple(dict.fromkeys(p.card for p in self.parts)) if self.parts else (self.card,)
+
+    def at(self, i: int) -> Entry:
+        parts = tuple(Part(p.card.format(i=i), p.size) for p in self.parts)
+        return Entry(self.hf.format(i=i), self.card.format(i=i), self.transpose, self.chunk,
+                     self.axis, self.shape, self.groups, parts)
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """How a card hyperparameter relates to config.json: `text` (a key, or an expression of
+    keys) gives it. A key absent or null makes it `null` if set, else `default`'s value.
+    Export writes `solve` (solved from the expression), or null where the value is `null`."""
+    text: str
+    expr: ex.Expr
+    default: ex.Expr | None = None
+    same: tuple[str, ...] = ()  # further config keys that hold the same value
+    null: ex.Number | None = None
+    solve: str | None = None
+    computed: bool = False  # written as {"expr": …}, not as a key
+
+    @property
+    def key(self) -> str:
+        return self.text
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.text, *self.same)
+
+    def reads(self) -> list[str]:
+        """Every config key it reads."""
+        return ex.names(self.expr) + list(self.same) + \
+            (ex.names(self.default) if self.default is not None else [])
+
+
+@dataclass(frozen=True)
+class Mapping:
+    source: str  # where it was read, for messages
+    raw: dict[str, Any]  # as read: a checkpoint records it, so export needs no file
+    card: str
+    architecture: str
+    model_type: str
+    hyperparameters: dict[str, Hyper]
+    fixed_config: dict[str, list[Any]]
+    export_config: dict[str, Any]
+    layers: str | None
+    tensors: tuple[Entry, ...]
+    tied: dict[str, str]
+    base_prefix: str
+    ignore: tuple[str, ...]
+    base_model: bool = False
+    derived_config: dict[str, tuple[str, ex.Expr]] = field(default_factory=dict)
+    harmless: tuple[str, ...] = ()
+
+    def entries(self, n_layers: int) -> list[Entry]:
+        """The table with `{i}` expanded for every layer."""
+        out = []
+        for e in self.tensors:
+            out += [e.at(i) for i in range(n_layers)] if "{i}" in e.hf else [e]
+        return out
+
+    def ignored(self, name: str) -> bool:
+        return any(re.fullmatch(re.escape(p).replace(r"\{i\}", r"\d+"), name) for p in self.ignore)
+
+    def understood(self) -> set[str]:
+        """The config keys (dotted) this mapping reads, fixes, writes or knows to be harmless."""
+        keys = {"model_type", *self.fixed_config, *self.export_config, *self.harmless}
+        for spec in self.hyperparameters.values():
+            keys.update(spec.reads())
+        for key, (_, e) in self.derived_config.items():
+            keys.update([key, *ex.names(e)])
+        return keys
+
+
+def mapping_path(card: str | os.PathLike[str]) -> Path:
+    path = Path(card)
+    return path.with_name(path.stem + MAPPING_SUFFIX)
+
+
+def load_mappings(card: str | os.PathLike[str]) -> list[Mapping]:
+    """The mappings of the file beside `card`: its top level's card first, then its variants."""
+    path = mapping_path(card)
+    if not path.is_file():
+        raise RuntimeInputError(f"{card} has no Hugging Face mapping: expected {path}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RuntimeInputError(f"cannot read {path}: {err}") from None
+    return parse_mappings(raw, str(path))
+
+
+def load_mapping(card: str | os.PathLike[str], name: str | None = None) -> Mapping:
+    """The mapping of the card `name` (default: the file's top-level card) beside `card`."""
+    return select_by_name(load_mappings(card), name)
+
+
+def select_by_name(mappings: list[Mapping], name: str | None) -> Mapping:
+    if name is None:
+        return mappings[0]
+    for m in mappings:
+        if m.card == name:
+            return m
+    raise RuntimeInputError(f"{mappings[0].source} maps no card {name!r} (it maps "
+                            f"{', '.join(m.card for m in mappings)})")
+
+
+def parse_mappings(raw: Any, source: str) -> list[Mapping]:
+    """Every mapping of a file: the top level, then each variant patched onto it."""
+    if not isinstance(raw, dict):
+        raise RuntimeInputError(f"{source}: expected a JSON object")
+    variants = raw.get("variants", {})
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        raise RuntimeInputError(f"{source}: 'variants' must map card names to objects")
+    base = {k: v for k, v in raw.items() if k != "variants"}
+    out = [parse_mapping(base, source)]
+    for name, patch in variants.items():
+        if "variants" in patch:
+            raise RuntimeInputError(f"{source}: variant '{name}' has variants of its own")
+        merged = merge_patch(base, {**patch, "card": name})
+        out.append(parse_mapping(merged, f"{source} (variant {name})"))
+    cards = [m.card for m in out]
+    dup = next((c for c in cards if cards.count(c) > 1), None)
+    if dup is not None:
+        raise RuntimeInputError(f"{source}: card '{dup}' is mapped twice")
+    return out
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """`patch` applied to `target` as a JSON merge patch (RFC 7396); neither is changed."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def parse_mapping(raw: Any, source: str) -> Mapping:
+    """A mapping from its JSON (a file's top level, or one variant merged into it), every
+    malformed part reported against `source`."""
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise RuntimeInputError(f"{source}: {what}")
+
+    if isinstance(raw, dict) and "variants" in raw:  # a whole file: its top-level mapping
+        return parse_mappings(raw, source)[0]
+    _check_keys(raw, need)
+    hypers = {canonical_name(name): _hyper(name, spec, need)
+              for name, spec in raw["hyperparameters"].items()}
+    tensors = tuple(_entry(hf, spec, need) for hf, spec in raw["tensors"].items())
+    layers = canonical_name(raw["layers"]) if isinstance(raw.get("layers"), str) else None
+    need(layers in hypers or not any("{i}" in e.hf for e in tensors),
+         "names with {i} need 'layers', the hyperparameter that counts the layers")
+    fixed: dict[str, list[Any]] = {}
+    derived: dict[str, tuple[str, ex.Expr]] = {}
+    for key, value in raw.get("fixed_config", {}).items():
+        if isinstance(value, dict) and set(value) == {"expr"}:
+            derived[key] = (value["expr"], _parse(value["expr"], f"fixed_config '{key}'", need))
+        else:
+            fixed[key] = value if isinstance(value, list) else [value]
+    export = dict(raw.get("export_config", {}))
+    hypers = _with_solved_keys(hypers, {*fixed, *derived, *export}, need)
+    return Mapping(source, raw, raw["card"], raw["architecture"], raw["model_type"], hypers, fixed,
+                   export, layers, tensors, dict(raw.get("tied", {})),
+                   str(raw.get("base_prefix", "")), tuple(raw.get("ignore", [])),
+                   raw.get("base_model", False) is True, derived,
+                   tuple(raw.get("harmless", [])))
+
+
+_KEYS = {"about", "card", "architecture", "model_type", "hyperparameters", "fixed_config",
+         "export_config", "layers", "tensors", "tied", "base_prefix", "ignore", "variants",
+         "base_model", "harmless"}
+
+
+def _check_keys(raw: Any, need: Need) -> None:
+    need(isinstance(raw, dict), "expected a JSON object")
+    for key in sorted(set(raw) - _KEYS):  # a misspelt key would otherwise be ignored
+        need(False, f"unknown key '{key}' (known: {', '.join(sorted(_KEYS))})")
+    for key in ("card", "architecture", "model_type"):
+        need(isinstance(raw.get(key), str), f"'{key}' must be a string")
+    for key in ("hyperparameters", "tensors"):
+        need(isinstance(raw.get(key), dict) and bool(raw[key]), f"'{key}' must be a non-empty object")
+    for key in ("fixed_config", "export_config", "tied"):
+        need(isinstance(raw.get(key, {}), dict), f"'{key}' must be an object")
+    for key in ("ignore", "harmless"):
+        value = raw.get(key, [])
+        need(isinstance(value, list) and all(isinstance(v, str) for v in value),
+             f"'{key}' must be a list of names")
+    need(isinstance(raw.get("base_model", False), bool), "'base_model' must be true or false")
+
+
+def _parse(text: Any, where: str, need: Need) -> ex.Expr:
+    need(isinstance(text, str), f"{where}: an expression must be a string")
+    try:
+        return ex.parse(text)
+    except ex.ExprError as err:
+        need(False, f"{where}: {err}")
+        raise AssertionError from None  # need(False, …) raised
+
+
+_HYPER_KEYS = {"key", "default", "same", "expr", "null", "solve"}
+
+
+def _hyper(name: str, spec: Any, need: Need) -> Hyper:
+    where = f"hyperparameter '{name}'"
+    spec = {"key": spec} if isinstance(spec, str) else spec
+    need(isinstance(spec, dict) and (isinstance(spec.get("key"), str) != ("expr" in spec)),
+         f"{where} must name a config key (\"key\") or compute it (\"expr\")")
+    unknown = sorted(set(spec) - _HYPER_KEYS)
+    need(not unknown, f"{where}: unknown key '{unknown[0] if unknown else ''}'")
+    same = spec.get("same", [])
+    need(isinstance(same, list) and all(isinstance(k, str) for k in same),
+         f"{where}: 'same' must be a list of config keys")
+    default = _parse(spec["default"], f"{where}: 'default'", need) if "default" in spec else None
+    if "key" in spec:
+        need(not {"null", "solve"} & set(spec), f"{where}: 'null' and 'solve' need \"expr\"")
+        return Hyper(spec["key"], ex.Name(spec["key"]), default, tuple(same), solve=spec["key"])
+    text = spec["expr"]
+    null = spec.get("null")
+    need(null is None or type(null) in (int, float), f"{where}: 'null' must be a number")
+    need(not same, f"{where}: 'same' needs \"key\"")
+    solve = spec.get("solve")
+    parsed = _parse(text, where, need)
+    if solve is not None:
+        need(isinstance(solve, str), f"{where}: 'solve' must name a config key")
+        why = ex.solvable(parsed, solve)
+        need(why is None, f"{where}: cannot solve '{text}' for '{solve}': {why}")
+    return Hyper(text, parsed, default, (), null, solve, computed=True)
+
+
+def _with_solved_keys(hypers: dict[str, Hyper], written: set[str], need: Need) -> dict[str, Hyper]:
+    """Each computed hyperparameter with the config key export solves for: the one key its
+    expression reads that nothing else writes (none: export only checks the expression)."""
+    for spec in hypers.values():
+        if not spec.computed:
+            written.update(spec.keys)
+    written.update(s.solve for s in hypers.values() if s.computed and s.solve is not None)
+    out = {}
+    for name, spec in hypers.items():
+        if spec.computed and spec.solve is None:
+            free = [k for k in ex.names(spec.expr) if k not in written]
+            need(len(free) <= 1, f"hyperparameter '{name}': '{spec.text}' reads {len(free)} keys "
+                 f"nothing else writes ({', '.join(free)}): 'solve' must name the one export "
+                 "writes")
+            if free:
+                why = ex.solvable(spec.expr, free[0])
+                need(why is None, f"hyperparameter '{name}': export cannot solve '{spec.text}' "
+                     f"for '{free[0]}': {why}")
+                spec = Hyper(spec.text, spec.expr, spec.default, (), spec.null, free[0], True)
+                written.add(free[0])
+        out[name] = spec
+    return out
+
+
+def _entry(hf: str, spec: Any, need: Need) -> Entry:
+    spec = {"card": spec} if isinstance(spec, str) else spec
+    if isinstance(spec, dict) and "fused" in spec:
+        return _fused_entry(hf, spec, need)
+    need(isinstance(spec, dict) and isinstance(spec.get("card"), str),
+         f"tensor '{hf}' must map to a card tensor name")
+    chunk, axis = spec.get("chunk", [0, 1]), spec.get("axis", 0)
+    need(isinstance(chunk, list) and len(chunk) == 2 and all(type(c) is int for c in chunk)
+         and 0 <= chunk[0] < chunk[1], f"tensor '{hf}': 'chunk' must be [k, n] with 0 <= k < n")
+    need(type(axis) is int, f"tensor '{hf}': 'axis' must be an integer")
+    shape = spec.get("shape")
+    need(shape is None or isinstance(shape, list) and all(type(n) is int for n in shape),
+         f"tensor '{hf}': 'shape' must be a list of integers")
+    need(shape is None or not spec.get("transpose") and chunk == [0, 1],
+         f"tensor '{hf}': 'shape' cannot be combined with 'transpose' or 'chunk'")
+    return Entry(hf, spec["card"], spec.get("transpose", False) is True, (chunk[0], chunk[1]), axis,
+                 None if shape is None else tuple(shape))
+
+
+def _fused_entry(hf: str, spec: dict[str, Any], need: Need) -> Entry:
+    """`{"fused": {"axis": a, "groups": EXPR, "parts": [CARD or [CARD, SIZE], …]}}`."""
+    where = f"tensor '{hf}'"
+    need(not {"card", "chunk", "shape", "axis"} & set(spec),
+         f"{where}: 'fused' names its card tensors in 'parts' and its axis inside; it cannot be "
+         "combined with 'card', 'chunk', 'shape' or 'axis'")
+    fused = spec["fused"]
+    need(isinstance(fused, dict) and not set(fused) - {"axis", "groups", "parts"},
+         f"{where}: 'fused' must be an object of 'axis', 'groups' and 'parts'")
+    axis, groups, parts = fused.get("axis", 0), fused.get("groups", "1"), fused.get("parts")
+    need(type(axis) is int, f"{where}: 'fused' 'axis' must be an integer")
+    groups = str(groups) if type(groups) is int else groups
+    _parse(groups, f"{where}: 'groups'", need)
+    need(isinstance(parts, list) and len(parts) >= 2,
+         f"{where}: 'fused' 'parts' must list two or more card tensors")
+    out = []
+    for p in parts:
+        p = [p] if isinstance(p, str) else p
+        need(isinstance(p, list) and len(p) in (1, 2) and all(isinstance(x, str) for x in p),
+             f"{where}: each part must be a card tensor name or [name, size]")
+        if len(p) == 2:
+            _parse(p[1], f"{where}: size of part '{p[0]}'", need)
+        out.append(Part(p[0], p[1] if len(p) == 2 else None))
+    return Entry(hf, out[0].card, spec.get("transpose", False) is True, axis=axis, groups=groups,
+                 parts=tuple(out))

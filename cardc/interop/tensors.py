@@ -1,0 +1,210 @@
+"""Hugging Face tensors ↔ the card's state dict: renames, transposes, chunks, reshapes and fused
+tensors split by group (every move exact: import then export gives the very bytes back)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..names import identifier
+from ..runtime.errors import RuntimeInputError
+from ..spelling import canonical_name
+from . import expr as ex
+from .mapping import Entry, Mapping
+
+Hypers = dict[str, Any]  # the card's hyperparameters by Python name, as a checkpoint records them
+
+
+def to_card_state(mapping: Mapping, hf_state: dict[str, torch.Tensor],
+                  expected: dict[str, torch.Tensor], n_layers: int,
+                  hypers: Hypers | None = None) -> dict[str, torch.Tensor]:
+    """Hugging Face tensors renamed, transposed, split and joined into the card's state dict.
+
+    `expected` is the card model's state dict (for shapes); `hypers` the values a fused
+    tensor's group count and sizes read. Every mismatch names the tensor."""
+    hf_state = _normalise(mapping, hf_state)
+    entries = mapping.entries(n_layers)
+    _check_names(mapping, entries, hf_state, set(expected), n_layers)
+    parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    axis: dict[str, int] = {}
+    for e in entries:
+        got = hf_state[e.hf]
+        if e.parts:
+            for card, k, t in _split_fused(e, got, expected, hypers or {}):
+                parts.setdefault(card, []).append((k, t))
+                axis[card] = e.axis
+            continue
+        want = _hf_shape(e, expected[e.card].shape)
+        if tuple(got.shape) != want:
+            raise RuntimeInputError(f"tensor '{e.hf}' has shape {tuple(got.shape)}; the card's "
+                                    f"{e.card} needs {want}")
+        got = got.reshape(expected[e.card].shape) if e.shape is not None else got
+        parts.setdefault(e.card, []).append((e.chunk[0], got.T if e.transpose else got))
+        axis[e.card] = e.axis
+    return {card: torch.cat([t for _, t in sorted(ts, key=lambda kt: kt[0])], dim=axis[card])
+            for card, ts in parts.items()}
+
+
+def _check_names(mapping: Mapping, entries: list[Entry], hf_state: dict[str, torch.Tensor],
+                 card_names: set[str], n_layers: int) -> None:
+    extra = sorted(set(hf_state) - {e.hf for e in entries})
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise RuntimeInputError(f"unexpected tensor '{extra[0]}'{more}: {mapping.source} maps no "
+                                f"such tensor for a model with {n_layers} layers")
+    missing = [e for e in entries if e.hf not in hf_state]
+    if missing:
+        raise RuntimeInputError(f"missing tensor '{missing[0].hf}' (the card's {missing[0].card})")
+    mapped = {c for e in entries for c in e.cards}
+    unmapped = sorted(card_names - mapped)
+    if unmapped:
+        raise RuntimeInputError(f"{mapping.source} does not map the card's tensor '{unmapped[0]}'")
+    unknown = sorted(mapped - card_names)
+    if unknown:
+        raise RuntimeInputError(f"{mapping.source} maps to '{unknown[0]}', which the card's model "
+                                "does not have")
+
+
+def _normalise(mapping: Mapping, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Add a missing base prefix, drop ignored buffers, fold tied copies."""
+    prefix = mapping.base_prefix
+    if prefix and not any(name.startswith(prefix) for name in hf_state):
+        hf_state = {prefix + name: t for name, t in hf_state.items()}
+    state = {name: t for name, t in hf_state.items() if not mapping.ignored(name)}
+    for alias, target in mapping.tied.items():
+        if alias in state:
+            copy = state.pop(alias)
+            if target in state and not torch.equal(copy, state[target]):
+                raise RuntimeInputError(f"tensor '{alias}' differs from '{target}', but the card "
+                                        f"{mapping.card} ties them")
+    return state
+
+
+def _hf_shape(e: Entry, card_shape: torch.Size) -> tuple[int, ...]:
+    if e.shape is not None:  # the reshape a meta tensor takes: an impossible one names the tensor
+        try:
+            return tuple(torch.empty(card_shape, device="meta").reshape(e.shape).shape)
+        except RuntimeError:
+            raise RuntimeInputError(f"tensor '{e.hf}': the card's {e.card} of shape "
+                                    f"{tuple(card_shape)} has no shape {list(e.shape)}") from None
+    shape = list(card_shape)
+    k, n = e.chunk
+    if n > 1:
+        shape[e.axis] //= n
+    return tuple(reversed(shape)) if e.transpose else tuple(shape)
+
+
+# ------------------------------------------------------------------ fused tensors
+
+
+def _layout(e: Entry, shapes: dict[str, torch.Size],
+            hypers: Hypers) -> tuple[int, list[int], list[int], tuple[int, ...]]:
+    """A fused tensor's group count, each part's width in a group, each part's piece index in
+    its card tensor, and the whole tensor's shape in the card's layout."""
+    where = f"tensor '{e.hf}'"
+    groups = _size(e.groups or "1", hypers, where)
+    axis = e.axis
+    first = shapes[e.parts[0].card]
+    if not 0 <= axis < len(first):
+        raise RuntimeInputError(f"{where}: fused axis {axis} is not an axis of the card's "
+                                f"{e.parts[0].card} of shape {tuple(first)}")
+    count = {c: sum(p.card == c for p in e.parts) for c in e.cards}
+    widths, pieces, seen = [], [], dict.fromkeys(e.cards, 0)
+    for p in e.parts:
+        shape = shapes[p.card]
+        others = [n for i, n in enumerate(shape) if i != axis]
+        if len(shape) != len(first) or others != [n for i, n in enumerate(first) if i != axis]:
+            raise RuntimeInputError(f"{where}: the card's {p.card} of shape {tuple(shape)} does "
+                                    f"not fuse with {e.parts[0].card} of shape {tuple(first)} "
+                                    f"along axis {axis}")
+        whole, rest = divmod(shape[axis], groups * count[p.card])
+        width = _size(p.size, hypers, where) if p.size is not None else whole
+        if rest or width * groups * count[p.card] != shape[axis]:
+            raise RuntimeInputError(f"{where}: the card's {p.card} has {shape[axis]} along axis "
+                                    f"{axis}, not {count[p.card]} × {groups} groups of "
+                                    f"{width if p.size is not None else shape[axis] / groups}")
+        widths.append(width)
+        pieces.append(seen[p.card])
+        seen[p.card] += 1
+    full = list(first)
+    full[axis] = groups * sum(widths)
+    return groups, widths, pieces, tuple(full)
+
+
+def _size(text: str, hypers: Hypers, where: str) -> int:
+    """A group count or part width: an expression of the card's hyperparameters."""
+    e = ex.parse(text)
+    env = {}
+    for name in ex.names(e):
+        value = hypers.get(identifier(canonical_name(name)))
+        if value is None:
+            raise RuntimeInputError(f"{where}: '{text}' reads '{name}', which is no "
+                                    "hyperparameter of the card")
+        env[name] = ex.exact(value)
+    try:
+        value = ex.evaluate(e, env)
+    except ex.ExprError as err:
+        raise RuntimeInputError(f"{where}: {err}") from None
+    if value.denominator != 1 or value < 1:
+        raise RuntimeInputError(f"{where}: '{text}' = {ex.number(value)} is not a positive whole "
+                                "number")
+    return int(value)
+
+
+def _split_fused(e: Entry, got: torch.Tensor, expected: dict[str, torch.Tensor],
+                 hypers: Hypers) -> list[tuple[str, int, torch.Tensor]]:
+    """The card tensors' pieces of a fused Hugging Face tensor: (card name, piece, tensor)."""
+    groups, widths, pieces, full = _layout(e, {c: expected[c].shape for c in e.cards}, hypers)
+    want = tuple(reversed(full)) if e.transpose else full
+    if tuple(got.shape) != want:
+        raise RuntimeInputError(f"tensor '{e.hf}' has shape {tuple(got.shape)}; the card's "
+                                f"{', '.join(e.cards)} need {want}")
+    t = got.T if e.transpose else got
+    a = e.axis
+    grouped = t.reshape(*full[:a], groups, sum(widths), *full[a + 1:])
+    out = []
+    for p, piece, part in zip(e.parts, pieces, grouped.split(widths, dim=a + 1), strict=True):
+        out.append((p.card, piece, part.reshape(*full[:a], -1, *full[a + 1:])))
+    return out
+
+
+def _join_fused(e: Entry, state: dict[str, torch.Tensor], hypers: Hypers) -> torch.Tensor:
+    """The Hugging Face tensor the card tensors' pieces make, group by group."""
+    groups, widths, pieces, full = _layout(e, {c: state[c].shape for c in e.cards}, hypers)
+    a = e.axis
+    chunks = []
+    for p, piece, width in zip(e.parts, pieces, widths, strict=True):
+        t = state[p.card].detach().narrow(a, piece * groups * width, groups * width)
+        chunks.append(t.reshape(*full[:a], groups, width, *full[a + 1:]))
+    fused = torch.cat(chunks, dim=a + 1).reshape(full)
+    return fused.T if e.transpose else fused
+
+
+# ------------------------------------------------------------------ export
+
+
+def from_card_state(mapping: Mapping, state: dict[str, torch.Tensor], n_layers: int,
+                    hypers: Hypers | None = None) -> dict[str, torch.Tensor]:
+    """The card's state dict under Hugging Face names, each tensor contiguous and unshared;
+    a bare base model's names without the base prefix, as its checkpoints have them."""
+    entries = mapping.entries(n_layers)
+    unmapped = sorted(set(state) - {c for e in entries for c in e.cards})
+    if unmapped:
+        raise RuntimeInputError(f"{mapping.source} does not map the card's tensor '{unmapped[0]}'")
+    out = {}
+    for e in entries:
+        lacking = [c for c in e.cards if c not in state]
+        if lacking:
+            raise RuntimeInputError(f"the checkpoint lacks the card's tensor '{lacking[0]}'")
+        if e.parts:
+            out[e.hf] = _join_fused(e, state, hypers or {}).contiguous().clone().cpu()
+            continue
+        t = state[e.card].detach()
+        k, n = e.chunk
+        t = t.chunk(n, dim=e.axis)[k] if n > 1 else t
+        t = t.reshape(e.shape) if e.shape is not None else t
+        out[e.hf] = (t.T if e.transpose else t).contiguous().clone().cpu()
+    if mapping.base_model and mapping.base_prefix:
+        out = {name.removeprefix(mapping.base_prefix): t for name, t in out.items()}
+    return out

@@ -1,0 +1,157 @@
+"""`cardc import` and `cardc export`: a Hugging Face checkpoint into a card's model and back."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..names import identifier
+from ..runtime.errors import RuntimeInputError
+from .config import check_config, config_for, describe, preset_from_config, select_for_config
+from .files import HF_CONFIG, read_hf, write_hf
+from .mapping import MAPPING_SUFFIX, Mapping, load_mappings, parse_mapping, select_by_name
+from .tensors import from_card_state, to_card_state
+
+META_KEY = "hf"  # the checkpoint metadata entry that records an import
+
+
+def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = None,
+              overrides: dict[str, float] | None = None, name: str | None = None) -> nn.Module:
+    """The model of a card of the file `card` holding a Hugging Face checkpoint's weights.
+
+    The card is `name`, else the one whose mapping fits config.json (`select_for_config`).
+    Hyperparameters come from the preset, else from config.json; `overrides` apply last.
+    `model.card_meta` records the import and the mapping, so the checkpoint exports anywhere."""
+    from ..build import build_model, checked, default_library, find_card, record_sampler
+    from ..runtime.checkpoint import load_state
+
+    mappings = load_mappings(card)
+    config, hf_state = read_hf(source)
+    if name is not None:
+        mapping = select_by_name(mappings, name)
+    else:
+        mapping = select_for_config(mappings, config)
+    hypers: dict[str, float] = {}
+    if config is not None:
+        check_config(config, mapping)  # with a preset too: the weights must mean the same
+        hypers = {} if preset is not None else preset_from_config(config, mapping)
+    elif preset is None:
+        raise RuntimeInputError(f"no {HF_CONFIG} beside '{source}': give --preset to choose "
+                                "the hyperparameters")
+    lib, checker, _ = checked([card], default_library(card))
+    alg = find_card(lib, checker, card, mapping.card)
+    check_sizes(checker.info(alg), mapping, hypers, preset, overrides or {}, hf_state)
+    model = build_model(card, preset, {**hypers, **(overrides or {})}, name=mapping.card)
+    expected = model.state_dict()
+    state = to_card_state(mapping, hf_state, expected, _layers(mapping, model.card_meta),
+                          model.card_meta["hyperparameters"])
+    load_state(model, state)
+    model.card_meta[META_KEY] = {"source": os.fspath(source), "mapping": mapping.raw}
+    record_sampler(model.card_meta, lib, checker, alg)
+    return model
+
+
+def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: str | None,
+                overrides: dict[str, float], hf_state: dict[str, torch.Tensor]) -> None:
+    """Refuse config.json sizes the card cannot be built at, before any tensor is allocated:
+    a dimension that is not a positive whole number (`n_head = 0`), a value outside the range
+    the card declares, or more parameters than the source's tensors hold (`n_layer = 10^6`)."""
+    from ..info import PresetError, check_ranges, count, preset_values
+    from ..types import BundleTy
+
+    sig = info.sig
+    for name, value in hypers.items():
+        spec = sig.hypers.get(name)
+        if spec is not None and spec.elem == "ℕ" and not (value >= 1 and float(value).is_integer()):
+            raise RuntimeInputError(f"config.json {describe(mapping.hyperparameters[name], value)}"
+                                    f"; the card's {name} must be a positive whole number")
+    try:
+        values = preset_values(sig, preset, {**hypers, **overrides})
+        check_ranges(sig.alg, values)
+        params = count(sig.tree, values, sig.alg.span) if isinstance(sig.tree, BundleTy) else 0
+    except PresetError as err:
+        keys = [mapping.hyperparameters[n].key for n in hypers if f"'{n}'" in err.message]
+        raise RuntimeInputError(f"config.json{' (' + keys[0] + ')' if keys else ''}: "
+                                f"{err.message}") from None
+    except (ArithmeticError, ValueError) as err:
+        raise RuntimeInputError(f"config.json: these sizes do not build the card: {err}") from None
+    held = sum(t.numel() for t in hf_state.values())
+    if params > 2 * held:  # tied or synthesised tensors never make a card twice its source
+        shown = ", ".join(f"{mapping.hyperparameters[n].key} = {int(v):,}" for n, v in hypers.items()
+                          if sig.hypers.get(n) is not None and sig.hypers[n].elem == "ℕ")
+        raise RuntimeInputError(f"config.json's sizes ({shown}) make {params:,} parameters, but "
+                                f"the checkpoint holds {held:,} values; the config does not "
+                                "describe these weights")
+
+
+def import_checkpoint(card: str, source: str | os.PathLike[str], out: str | os.PathLike[str],
+                      preset: str | None = None, overrides: dict[str, float] | None = None,
+                      name: str | None = None) -> tuple[nn.Module, str]:
+    """`cardc import`: a cardc checkpoint in `out`, which then holds this checkpoint alone
+    (written beside it and moved into place whole, as a training run is)."""
+    from ..runtime.checkpoint import CHECKPOINT_NAME, save_checkpoint
+    from ..runtime.runs import check_destination, new_run_id, staged_run
+
+    check_destination(out)
+    model = import_hf(card, source, preset, overrides, name)
+    try:
+        with staged_run(out) as folder:
+            save_checkpoint(folder, model, {**model.card_meta, "run": new_run_id()})
+    except OSError as err:
+        raise RuntimeInputError(f"cannot write '{out}': {err.strerror or err}") from None
+    return model, os.path.join(os.fspath(out), CHECKPOINT_NAME)
+
+
+def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
+              library: str | os.PathLike[str] = "cards") -> tuple[Mapping, Path]:
+    """A cardc checkpoint as a Hugging Face model folder that `from_pretrained` loads.
+
+    An imported checkpoint carries its mapping; a trained one is matched to the mapping file
+    beside its card in `library`."""
+    from ..runtime.checkpoint import read_checkpoint
+
+    meta, state = read_checkpoint(run_dir)
+    mapping = checkpoint_mapping(meta, library)
+    if meta.get("name") != mapping.card:
+        raise RuntimeInputError(f"'{run_dir}' holds {meta.get('name')}, but {mapping.source} "
+                                f"maps {mapping.card}")
+    hypers = meta.get("hyperparameters") or {}
+    try:
+        config = config_for(mapping, hypers)
+    except KeyError as err:
+        raise RuntimeInputError(f"'{run_dir}' records no hyperparameter {err}") from None
+    tensors = from_card_state(mapping, state, _layers(mapping, meta), hypers)
+    return mapping, write_hf(dest, tensors, config)
+
+
+def checkpoint_mapping(meta: dict[str, Any], library: str | os.PathLike[str]) -> Mapping:
+    recorded = meta.get(META_KEY)
+    if isinstance(recorded, dict) and "mapping" in recorded:
+        return parse_mapping(recorded["mapping"], "the checkpoint's mapping")
+    card = str(meta.get("card", ""))
+    stem = Path(card).stem
+    found = sorted(Path(library).rglob(stem + MAPPING_SUFFIX)) if stem else []
+    beside = [p for p in found if p.with_name(stem + ".card").is_file()]
+    if not beside:
+        raise RuntimeInputError(f"no Hugging Face mapping for {card or 'this checkpoint'}: "
+                                f"expected {stem or '<card>'}{MAPPING_SUFFIX} beside its card "
+                                f"under '{library}' (see --library)")
+    text = (meta.get("cards") or {}).get(card)  # prefer the card the checkpoint was built from
+    same = [p for p in beside if p.with_name(stem + ".card").read_text(encoding="utf-8") == text]
+    mappings = load_mappings((same or beside)[0].with_name(stem + ".card"))
+    name = meta.get("name")
+    return next((m for m in mappings if m.card == name), mappings[0])
+
+
+def _layers(mapping: Mapping, meta: dict[str, Any]) -> int:
+    if mapping.layers is None:
+        return 0
+    try:
+        return int(meta["hyperparameters"][identifier(mapping.layers)])
+    except (KeyError, TypeError, ValueError):
+        raise RuntimeInputError(f"the checkpoint records no '{mapping.layers}' "
+                                "(the number of layers)") from None
