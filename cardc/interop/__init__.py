@@ -25,7 +25,8 @@ and because the files it describes (`config.json`, the safetensors index) are JS
     2/5; see cardc/interop/expr.py). Export inverts it: it writes the one key EXPR reads that no
     other hyperparameter, `fixed_config` or `export_config` writes (`partial_rotary_factor =
     d_r / head_dim`), exactly, so config → hyperparameters → config gives the same numbers back;
-    `"solve": K` names that key where several are free. A key to solve for must occur once and
+    `"solve": K` names that key where several are free; it is written as an int when whole,
+    unless `"type": "float"` (a factor of 1.0 stays 1.0). A key to solve for must occur once and
     not under `//`, `min` or `max`; with no free key export writes nothing and checks that EXPR
     gives the value. `"default": EXPR2` applies when a key EXPR reads is absent or null;
     `"null": n` instead makes the hyperparameter n then, and export writes the solved key as

@@ -14,6 +14,15 @@ from .mapping import Hyper, Mapping
 _ABSENT = object()
 
 
+class ConfigMismatch(RuntimeInputError):
+    """A config.json the mapping refuses; `stage` is how far its checks got (a variant whose
+    fixed values fit and that then refuses a key says more than one refused for its tying)."""
+
+    def __init__(self, message: str, stage: tuple[int, int]) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
 def lookup(config: dict[str, Any], key: str, absent: Any = None) -> Any:
     """`a.b` reads config["a"]["b"]: transformers 5 nests rope_theta in rope_parameters."""
     value: Any = config
@@ -102,22 +111,25 @@ def check_config(config: dict[str, Any], mapping: Mapping) -> None:
     model type, a fixed value changed, a derived value that disagrees, or a key the mapping
     does not understand."""
     if config.get("model_type", mapping.model_type) != mapping.model_type:
-        raise RuntimeInputError(f"config.json is for model_type '{config['model_type']}'; "
-                                f"{mapping.source} maps '{mapping.model_type}'")
-    for key, accepted in mapping.fixed_config.items():
+        raise ConfigMismatch(f"config.json is for model_type '{config['model_type']}'; "
+                             f"{mapping.source} maps '{mapping.model_type}'", (0, 0))
+    for i, (key, accepted) in enumerate(mapping.fixed_config.items()):
         value = lookup(config, key, _ABSENT)
         if value is not _ABSENT and value not in accepted:
-            raise RuntimeInputError(f"config.json has {key} = {value!r}, but the card "
-                                    f"{mapping.card} computes {key} = {accepted[0]!r}")
+            raise ConfigMismatch(f"config.json has {key} = {value!r}, but the card "
+                                 f"{mapping.card} computes {key} = {accepted[0]!r}", (1, i))
     for key, (text, e) in mapping.derived_config.items():
-        _check_derived(config, mapping, key, text, e)
+        try:
+            _check_derived(config, mapping, key, text, e)
+        except RuntimeInputError as err:
+            raise ConfigMismatch(str(err), (2, 0)) from None
     unknown = _not_understood(config, mapping.understood())
     if unknown is not None:
         key, value = unknown
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        raise RuntimeInputError(f"config key '{key}' = {shown} is not understood by "
-                                f"{mapping.source}: it maps it to no hyperparameter, fixes no "
-                                "value for it and does not list it as harmless")
+        raise ConfigMismatch(f"config key '{key}' = {shown} is not understood by "
+                             f"{mapping.source}: it maps it to no hyperparameter, fixes no "
+                             "value for it and does not list it as harmless", (3, 0))
 
 
 def _check_derived(config: dict[str, Any], mapping: Mapping, key: str, text: str,
@@ -159,21 +171,21 @@ def select_for_config(mappings: list[Mapping], config: dict[str, Any] | None) ->
     """The mapping a config.json describes: the first whose fixed values it keeps among those
     whose architecture it names, or among all if it names none of theirs (a bare LlamaModel's
     checkpoint names its own: architectures choose between mappings, they refuse none).
-    No config.json: the first mapping."""
+    None fits: the refusal of the one whose checks got furthest. No config.json: the first."""
     if config is None:
         return mappings[0]
     named = config.get("architectures")
     named = named if isinstance(named, list) else []
     fits = [m for m in mappings if m.architecture in named] or mappings
-    errors = []
+    errors: list[ConfigMismatch] = []
     for m in fits:
         try:
             check_config(config, m)
-        except RuntimeInputError as err:
+        except ConfigMismatch as err:
             errors.append(err)
         else:
             return m
-    raise errors[0]
+    raise max(errors, key=lambda err: err.stage)  # the first of the furthest
 
 
 # ------------------------------------------------------------------ export
@@ -221,7 +233,8 @@ def _export_computed(config: dict[str, Any], name: str, spec: Hyper, value: Any)
         target = ex.exact(value)
         if spec.solve is not None:
             env[spec.solve] = ex.solve(spec.expr, spec.solve, target, env)
-            store(config, spec.solve, ex.number(env[spec.solve]))
+            solved = env[spec.solve]
+            store(config, spec.solve, float(solved) if spec.real else ex.number(solved))
         got = ex.evaluate(spec.expr, env)
     except ex.ExprError as err:
         raise RuntimeInputError(f"cannot write the card's {name} = {value!r} as "

@@ -65,6 +65,7 @@ class Hyper:
     null: ex.Number | None = None
     solve: str | None = None
     computed: bool = False  # written as {"expr": …}, not as a key
+    real: bool = False  # export writes the solved key as a float even when whole
 
     @property
     def key(self) -> str:
@@ -248,7 +249,7 @@ def _parse(text: Any, where: str, need: Need) -> ex.Expr:
         raise AssertionError from None  # need(False, …) raised
 
 
-_HYPER_KEYS = {"key", "default", "same", "expr", "null", "solve"}
+_HYPER_KEYS = {"key", "default", "same", "expr", "null", "solve", "type"}
 
 
 def _hyper(name: str, spec: Any, need: Need) -> Hyper:
@@ -263,19 +264,21 @@ def _hyper(name: str, spec: Any, need: Need) -> Hyper:
          f"{where}: 'same' must be a list of config keys")
     default = _parse(spec["default"], f"{where}: 'default'", need) if "default" in spec else None
     if "key" in spec:
-        need(not {"null", "solve"} & set(spec), f"{where}: 'null' and 'solve' need \"expr\"")
+        need(not {"null", "solve", "type"} & set(spec),
+             f"{where}: 'null', 'solve' and 'type' need \"expr\"")
         return Hyper(spec["key"], ex.Name(spec["key"]), default, tuple(same), solve=spec["key"])
     text = spec["expr"]
     null = spec.get("null")
     need(null is None or type(null) in (int, float), f"{where}: 'null' must be a number")
     need(not same, f"{where}: 'same' needs \"key\"")
     solve = spec.get("solve")
+    need(spec.get("type", "int") in ("int", "float"), f"{where}: 'type' must be \"int\" or \"float\"")
     parsed = _parse(text, where, need)
     if solve is not None:
         need(isinstance(solve, str), f"{where}: 'solve' must name a config key")
         why = ex.solvable(parsed, solve)
         need(why is None, f"{where}: cannot solve '{text}' for '{solve}': {why}")
-    return Hyper(text, parsed, default, (), null, solve, computed=True)
+    return Hyper(text, parsed, default, (), null, solve, True, spec.get("type") == "float")
 
 
 def _with_solved_keys(hypers: dict[str, Hyper], written: set[str], need: Need) -> dict[str, Hyper]:
@@ -296,7 +299,8 @@ def _with_solved_keys(hypers: dict[str, Hyper], written: set[str], need: Need) -
                 why = ex.solvable(spec.expr, free[0])
                 need(why is None, f"hyperparameter '{name}': export cannot solve '{spec.text}' "
                      f"for '{free[0]}': {why}")
-                spec = Hyper(spec.text, spec.expr, spec.default, (), spec.null, free[0], True)
+                spec = Hyper(spec.text, spec.expr, spec.default, (), spec.null, free[0], True,
+                             spec.real)
                 written.add(free[0])
         out[name] = spec
     return out

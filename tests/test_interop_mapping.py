@@ -1,0 +1,501 @@
+"""What a mapping file can say beyond names: hyperparameters computed from config keys (exactly,
+and solved back on export), fused tensors laid out head by head or group by group, and the
+refusal of a config key nobody maps, fixes or knows to be harmless.
+
+Most checks use synthetic configs and tensors; where `transformers` has the layout (GPT-NeoX,
+Falcon), a random-weight model's own tensors are split and compared with what its module
+computes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from cardc.interop import (
+    config_for,
+    from_card_state,
+    load_mappings,
+    parse_mapping,
+    preset_from_config,
+    select_for_config,
+    to_card_state,
+)
+from cardc.interop import expr as ex
+from cardc.interop.harmless import HARMLESS_KEYS, NOT_HARMLESS_BASE_KEYS
+from cardc.runtime.errors import RuntimeInputError
+
+try:
+    import transformers
+except ImportError:  # the synthetic checks run without it
+    transformers = None
+needs_transformers = pytest.mark.skipif(transformers is None, reason="needs transformers")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mapping(hypers: dict, tensors: dict | None = None, **more) -> object:
+    raw = {"card": "X", "architecture": "XForCausalLM", "model_type": "x",
+           "hyperparameters": hypers, "tensors": tensors or {"w": "W"}, **more}
+    return parse_mapping(raw, "x.hf.json")
+
+
+def bits(value) -> tuple[type, bytes]:
+    return type(value), struct.pack("<d", value) if isinstance(value, float) else str(value).encode()
+
+
+# ------------------------------------------------------------------ expressions
+
+
+def test_expressions_parse_evaluate_and_render():
+    e = ex.parse("rope_parameters.partial_rotary_factor · (hidden_size / num_heads) − 1")
+    assert ex.names(e) == ["rope_parameters.partial_rotary_factor", "hidden_size", "num_heads"]
+    env = {"rope_parameters.partial_rotary_factor": ex.exact(0.4), "hidden_size": ex.exact(80),
+           "num_heads": ex.exact(4)}
+    assert ex.evaluate(e, env) == 7  # 0.4 is 2/5 exactly: 2/5 · 20 − 1
+    assert ex.render(e) == "(rope_parameters.partial_rotary_factor * (hidden_size / num_heads)) - 1"
+    assert ex.evaluate(ex.parse("max(a // 3, min(2, -a))"), {"a": ex.exact(10)}) == 3
+    assert ex.evaluate(ex.parse("1e3 * .5"), {}) == 500
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty expression"),
+    ("a +", "expected a value but found the end"),
+    ("(a", "expected ) but found the end"),
+    ("a $ b", "unexpected '$'"),
+    ("min(a b)", "expected ) but found 'b'"),
+    ("3 4", "unexpected '4'"),
+    ("__import__('os')", "unexpected '''"),
+])
+def test_bad_expressions_are_named(text, message):
+    with pytest.raises(ex.ExprError, match=re.escape(message)):
+        ex.parse(text)
+
+
+@pytest.mark.parametrize("text, name, why", [
+    ("a * a", "a", "'a' occurs 2 times"),
+    ("b // a", "a", "'a' is inside //"),
+    ("max(a, 1)", "a", "'a' is inside max()"),
+    ("b + 1", "a", "it does not read 'a'"),
+])
+def test_what_cannot_be_solved(text, name, why):
+    assert ex.solvable(ex.parse(text), name) == why
+
+
+@pytest.mark.parametrize("text, value, others, want", [
+    ("x + 1", 6, {}, 5), ("1 - x", 6, {}, -5), ("x - 1", 6, {}, 7), ("2 * x", 6, {}, 3),
+    ("x / 4", 6, {}, 24), ("12 / x", 6, {}, 2), ("(x + b) * b", 20, {"b": 4}, 1), ("-x", 3, {}, -3),
+])
+def test_solving_inverts_every_operator(text, value, others, want):
+    env = {k: ex.exact(v) for k, v in others.items()}
+    got = ex.solve(ex.parse(text), "x", ex.exact(value), env)
+    assert got == want and ex.evaluate(ex.parse(text), {**env, "x": got}) == value
+
+
+def test_a_bad_expression_names_the_mapping_file_and_key():
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "x.hf.json: hyperparameter 'd_r': unexpected '^' in 'head_dim ^ 2'")):
+        mapping({"d_r": {"expr": "head_dim ^ 2"}})
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "x.hf.json: hyperparameter 'd_r': cannot solve 'a * a' for 'a': 'a' occurs 2 times")):
+        mapping({"d_r": {"expr": "a * a", "solve": "a"}})
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "hyperparameter 'd_r': 'a * b' reads 2 keys nothing else writes (a, b): 'solve' must "
+            "name the one export writes")):
+        mapping({"d_r": {"expr": "a * b"}})
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "x.hf.json: fixed_config 'head_dim': expected a value but found the end in 'D /'")):
+        mapping({"D": "hidden_size"}, fixed_config={"head_dim": {"expr": "D /"}})
+
+
+# ------------------------------------------------------------------ computed hyperparameters
+
+ROTARY = {"D": "hidden_size", "H": "num_attention_heads", "d": "head_dim",
+          "d_r": {"expr": "head_dim * rope_parameters.partial_rotary_factor", "type": "float"}}
+
+
+@pytest.mark.parametrize("head_dim, factor, d_r", [(16, 0.25, 4), (20, 0.4, 8), (10, 0.3, 3),
+                                                   (64, 1.0, 64), (96, 0.5, 48)])
+def test_computed_hyperparameter_round_trips_bit_exact(head_dim, factor, d_r):
+    """d_r = head_dim · partial_rotary_factor; export solves partial_rotary_factor = d_r / head_dim.
+    0.3 · 10 is 3.0000000000000004 in floating point: evaluated exactly it is 3."""
+    m = mapping(ROTARY)
+    config = {"hidden_size": 4 * head_dim, "num_attention_heads": 4, "head_dim": head_dim,
+              "rope_parameters": {"partial_rotary_factor": factor}}
+    hypers = preset_from_config(config, m)
+    assert hypers["d_r"] == d_r and type(hypers["d_r"]) is int
+    back = config_for(m, hypers)
+    got = back["rope_parameters"]["partial_rotary_factor"]
+    assert bits(got) == bits(factor), (got, factor)
+    assert {k: back[k] for k in config} == config
+
+
+def test_integer_keys_are_solved_back_as_integers():
+    """G = num_attention_heads / num_key_value_heads: export writes num_key_value_heads = H / G."""
+    m = mapping({"H": "num_attention_heads",
+                 "G": {"expr": "num_attention_heads / num_key_value_heads"}})
+    config = {"num_attention_heads": 12, "num_key_value_heads": 4}
+    hypers = preset_from_config(config, m)
+    assert hypers == {"H": 12, "G": 3}
+    back = config_for(m, hypers)
+    assert back["num_key_value_heads"] == 4 and type(back["num_key_value_heads"]) is int
+
+
+def test_an_expression_with_no_free_key_is_checked_on_export():
+    m = mapping({"D": "hidden_size", "H": "num_attention_heads",
+                 "d": {"expr": "hidden_size / num_attention_heads"}})
+    assert config_for(m, {"D": 64, "H": 4, "d": 16})["hidden_size"] == 64
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "the card's d = 8, but the config written gives hidden_size / num_attention_heads = 16")):
+        config_for(m, {"D": 64, "H": 4, "d": 8})
+
+
+def test_a_missing_key_is_named_with_the_hyperparameter():
+    m = mapping(ROTARY)
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "config.json lacks 'rope_parameters.partial_rotary_factor' (the card's d_r = "
+            "head_dim * rope_parameters.partial_rotary_factor)")):
+        preset_from_config({"hidden_size": 64, "num_attention_heads": 4, "head_dim": 16}, m)
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "config.json has head_dim = 'wide' (the card's d); expected a number")):
+        preset_from_config({"hidden_size": 64, "num_attention_heads": 4, "head_dim": "wide",
+                            "rope_parameters": {"partial_rotary_factor": 0.5}}, m)
+
+
+def test_a_default_applies_when_a_key_is_absent():
+    m = mapping({"D": "hidden_size", "H": "num_attention_heads",
+                 "d_r": {"expr": "head_dim * partial_rotary_factor",
+                         "default": "hidden_size / num_attention_heads * partial_rotary_factor",
+                         "solve": "partial_rotary_factor"}})
+    config = {"hidden_size": 64, "num_attention_heads": 4, "partial_rotary_factor": 0.25}
+    assert preset_from_config(config, m)["d_r"] == 4
+    assert preset_from_config({**config, "head_dim": 32}, m)["d_r"] == 8
+
+
+# ------------------------------------------------------------------ the padding row's ID
+
+PAD = {"V": "vocab_size", "P": {"expr": "pad_token_id + 1", "null": 0}}
+
+
+@pytest.mark.parametrize("config, p", [
+    ({"vocab_size": 50, "pad_token_id": None}, 0),
+    ({"vocab_size": 50}, 0),
+    ({"vocab_size": 50, "pad_token_id": 0}, 1),
+    ({"vocab_size": 50, "pad_token_id": 49}, 50),
+])
+def test_pad_token_id_becomes_the_padding_row_and_back(config, p):
+    """pad_token_id (0-based, null or absent for none) ↔ P: 0 for no padding row, k for the
+    token with 1-based ID k."""
+    m = mapping(PAD)
+    hypers = preset_from_config(config, m)
+    assert hypers == {"V": 50, "P": p}
+    back = config_for(m, hypers)
+    assert back["pad_token_id"] == config.get("pad_token_id")
+    assert preset_from_config(back, m) == hypers
+
+
+def test_computed_value_that_is_not_whole_is_refused_by_name():
+    """GPT-2's D_f computed as n_embd · mlp_ratio: 48 · 3.5625 = 171 builds, · 3.51 does not."""
+    from cardc.build import checked, default_library, find_card
+    from cardc.interop import check_sizes
+
+    card = str(ROOT / "cards" / "gpt2.card")
+    raw = json.loads((ROOT / "cards" / "gpt2.hf.json").read_text())
+    raw["hyperparameters"]["D_f"] = {"expr": "n_embd * mlp_ratio"}
+    m = parse_mapping(raw, "gpt2.hf.json")
+    config = {"vocab_size": 64, "n_embd": 48, "n_head": 4, "n_layer": 1, "n_positions": 16,
+              "layer_norm_epsilon": 1e-5, "mlp_ratio": 3.5625}
+    lib, checker, _ = checked([card], default_library(card))
+    info = checker.info(find_card(lib, checker, card, "GPT2"))
+    held = {"w": torch.zeros(10**6)}
+    hypers = preset_from_config(config, m)
+    assert hypers["D_f"] == 171
+    check_sizes(info, m, hypers, None, {}, held)
+    hypers = preset_from_config({**config, "mlp_ratio": 3.51}, m)
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "config.json gives n_embd * mlp_ratio = 168.48; the card's D_f must be a positive "
+            "whole number")):
+        check_sizes(info, m, hypers, None, {}, held)
+
+
+# ------------------------------------------------------------------ fused tensors
+
+D, H, HKV, HD = 8, 4, 2, 3  # model width, query heads, key/value heads, head width
+
+
+def fused_mapping(groups: str, parts: list) -> object:
+    tensors = {"qkv.weight": {"fused": {"axis": 1, "groups": groups, "parts": parts},
+                              "transpose": True},
+               "qkv.bias": {"fused": {"axis": 0, "groups": groups, "parts": parts_of_bias(parts)}}}
+    return mapping({"H": "n_head", "H_kv": "n_kv"}, tensors)
+
+
+def parts_of_bias(parts: list) -> list:
+    return [p.replace("W_", "b_") if isinstance(p, str) else [p[0].replace("W_", "b_"), p[1]]
+            for p in parts]
+
+
+def card_state(widths: dict[str, int]) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for name, width in widths.items():
+        out[f"W_{name}"] = torch.randn(D, width, generator=gen)
+        out[f"b_{name}"] = torch.randn(width, generator=gen)
+    return out
+
+
+def reference_layout(state, order: list[list[tuple[str, int]]]) -> torch.Tensor:
+    """The fused (out, in) weight built by hand: for each group, the listed (role, head) rows."""
+    rows = [state[f"W_{role}"][:, h * HD:(h + 1) * HD].T for group in order for role, h in group]
+    return torch.cat(rows, dim=0)
+
+
+LAYOUTS = {
+    # GPT-NeoX and Falcon (classic): per head, its q, k and v
+    "per-head": ("H", ["W_q", "W_k", "W_v"], {"q": H * HD, "k": H * HD, "v": H * HD},
+                 [[("q", h), ("k", h), ("v", h)] for h in range(H)]),
+    # Falcon's new architecture: per key/value group, its H/H_kv query heads, one k, one v
+    "per-group": ("H_kv", ["W_q", "W_k", ["W_v", "3"]],
+                  {"q": H * HD, "k": HKV * HD, "v": HKV * HD},
+                  [[*[("q", g * 2 + j) for j in range(2)], ("k", g), ("v", g)]
+                   for g in range(HKV)]),
+    # Falcon's multi-query: every query head, then one k, then one v
+    "multi-query": ("1", ["W_q", "W_k", "W_v"], {"q": H * HD, "k": HD, "v": HD},
+                    [[*[("q", h) for h in range(H)], ("k", 0), ("v", 0)]]),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_fused_layouts_split_and_join_bit_exact(layout):
+    groups, parts, widths, order = LAYOUTS[layout]
+    m = fused_mapping(groups, parts)
+    state = card_state(widths)
+    hypers = {"H": H, "H_kv": HKV}
+    hf = from_card_state(m, state, 0, hypers)
+    assert torch.equal(hf["qkv.weight"], reference_layout(state, order))
+    back = to_card_state(m, hf, state, 0, hypers)
+    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
+
+
+def test_a_card_tensor_named_by_several_parts_is_cut_in_order():
+    """A fused card W_qkv = [Q | K | V] from GPT-NeoX's per-head layout."""
+    m = mapping({"H": "n_head"}, {"qkv.weight": {"fused": {"axis": 1, "groups": "H", "parts": [
+        "W_qkv", "W_qkv", "W_qkv"]}, "transpose": True}})
+    w = torch.randn(D, 3 * H * HD, generator=torch.Generator().manual_seed(2))
+    hf = from_card_state(m, {"W_qkv": w}, 0, {"H": H})
+    per_head = hf["qkv.weight"].reshape(H, 3, HD, D)
+    for h in range(H):
+        for r in range(3):
+            assert torch.equal(per_head[h, r], w[:, r * H * HD + h * HD:][:, :HD].T)
+    assert torch.equal(to_card_state(m, hf, {"W_qkv": w}, 0, {"H": H})["W_qkv"], w)
+
+
+def test_bad_fused_tensors_are_named():
+    groups, parts, widths, _ = LAYOUTS["per-group"]
+    m = fused_mapping(groups, parts)
+    state = card_state(widths)
+    hf = from_card_state(m, state, 0, {"H": H, "H_kv": HKV})
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "tensor 'qkv.weight' has shape (23, 8); the card's W_q, W_k, W_v need (24, 8)")):
+        to_card_state(m, {**hf, "qkv.weight": hf["qkv.weight"][1:]}, state, 0,
+                      {"H": H, "H_kv": HKV})
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "tensor 'qkv.weight': the card's W_k has 6 along axis 1, not 1 × 4 groups of 1.5")):
+        from_card_state(m, state, 0, {"H": H, "H_kv": 4})
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "tensor 'qkv.weight': 'H_kv' reads 'H_kv', which is no hyperparameter of the card")):
+        from_card_state(m, state, 0, {"H": H})
+    with pytest.raises(RuntimeInputError, match="tensor 'w': 'fused' names its card tensors"):
+        mapping({"H": "n"}, {"w": {"card": "W", "fused": {"parts": ["a", "b"]}}})
+    with pytest.raises(RuntimeInputError, match="'fused' 'parts' must list two or more"):
+        mapping({"H": "n"}, {"w": {"fused": {"parts": ["a"]}}})
+
+
+@needs_transformers
+def test_gpt_neox_query_key_value_splits_into_what_its_module_computes(monkeypatch):
+    """GPT-NeoX's query_key_value is per head (q, k, v): the split W_q, W_k, W_v (and biases)
+    project a random input to exactly the queries, keys and values its attention receives."""
+    from transformers.models.gpt_neox import modeling_gpt_neox as neox
+
+    config = transformers.GPTNeoXConfig(vocab_size=50, hidden_size=D * 2, num_attention_heads=H,
+                                        num_hidden_layers=1, intermediate_size=32,
+                                        attn_implementation="eager")
+    torch.manual_seed(0)
+    attn = transformers.GPTNeoXForCausalLM(config).gpt_neox.layers[0].attention.eval()
+    hd = 2 * D // H
+    m = mapping({"H": "num_attention_heads"}, {
+        "w": {"fused": {"axis": 1, "groups": "H", "parts": ["W_q", "W_k", "W_v"]},
+              "transpose": True},
+        "b": {"fused": {"axis": 0, "groups": "H", "parts": ["b_q", "b_k", "b_v"]}}})
+    expected = {f"{p}_{r}": torch.empty(2 * D, H * hd) if p == "W" else torch.empty(H * hd)
+                for p in "Wb" for r in "qkv"}
+    hf = {"w": attn.query_key_value.weight.detach(), "b": attn.query_key_value.bias.detach()}
+    card = to_card_state(m, hf, expected, 0, {"H": H})
+    seen = {}
+
+    def capture(module, query, key, value, *args, **kwargs):
+        seen.update(q=query, k=key, v=value)
+        return torch.zeros(query.shape[0], query.shape[2], H, hd), None
+
+    monkeypatch.setattr(neox, "eager_attention_forward", capture)
+    x = torch.randn(2, 5, 2 * D)
+    no_rotation = (torch.ones(2, 5, hd), torch.zeros(2, 5, hd))  # position 0's angles
+    with torch.no_grad():
+        attn(x, attention_mask=None, position_embeddings=no_rotation)
+    for r in "qkv":
+        mine = (x @ card[f"W_{r}"] + card[f"b_{r}"]).reshape(2, 5, H, hd).transpose(1, 2)
+        assert torch.allclose(mine, seen[r], atol=1e-6), r
+    assert torch.equal(from_card_state(m, card, 0, {"H": H})["w"], hf["w"])
+
+
+@needs_transformers
+@pytest.mark.parametrize("new_arch, n_kv", [(True, 2), (False, 1), (False, None)])
+def test_falcon_query_key_value_splits_into_what_its_module_computes(new_arch, n_kv):
+    """Falcon's three layouts: grouped (new architecture, H_kv groups), multi-query (one group),
+    and classic per head. The split projections equal its own `_split_heads`."""
+    multi_query = n_kv == 1
+    config = transformers.FalconConfig(
+        vocab_size=50, hidden_size=2 * D, num_attention_heads=H, num_hidden_layers=1,
+        new_decoder_architecture=new_arch, multi_query=multi_query,
+        num_kv_heads=n_kv if new_arch else None, bias=True)
+    torch.manual_seed(0)
+    attn = transformers.FalconForCausalLM(config).transformer.h[0].self_attention.eval()
+    hd, kv = 2 * D // H, (n_kv or H)
+    groups = {True: "H_kv", False: "1"}[new_arch] if n_kv else "H"
+    m = mapping({"H": "num_attention_heads", "H_kv": "num_kv_heads"}, {
+        "w": {"fused": {"axis": 1, "groups": groups, "parts": ["W_q", "W_k", "W_v"]},
+              "transpose": True},
+        "b": {"fused": {"axis": 0, "groups": groups, "parts": ["b_q", "b_k", "b_v"]}}})
+    widths = {"q": H * hd, "k": kv * hd, "v": kv * hd}
+    expected = {f"{p}_{r}": torch.empty(2 * D, widths[r]) if p == "W" else torch.empty(widths[r])
+                for p in "Wb" for r in "qkv"}
+    hf = {"w": attn.query_key_value.weight.detach(), "b": attn.query_key_value.bias.detach()}
+    hypers = {"H": H, "H_kv": kv}
+    card = to_card_state(m, hf, expected, 0, hypers)
+    x = torch.randn(2, 5, 2 * D)
+    with torch.no_grad():
+        q, k, v = attn._split_heads(attn.query_key_value(x))
+    want = {"q": q.reshape(2, 5, H, hd)}
+    for r, t in (("k", k), ("v", v)):  # the new architecture repeats each group's k, v per query
+        t = t.reshape(2, 5, -1, hd)
+        want[r] = t[:, :, ::H // kv] if new_arch else t
+    for r in "qkv":
+        mine = (x @ card[f"W_{r}"] + card[f"b_{r}"]).reshape(2, 5, -1, hd)
+        assert torch.allclose(mine, want[r], atol=1e-6), r
+    back = from_card_state(m, card, 0, hypers)
+    assert torch.equal(back["w"], hf["w"]) and torch.equal(back["b"], hf["b"])
+
+
+# ------------------------------------------------------------------ no silent mis-import
+
+
+@needs_transformers
+def test_harmless_keys_cover_the_base_config():
+    """Every key of a default PretrainedConfig is decided: harmless, or left to each mapping."""
+    base = set(transformers.PretrainedConfig().to_dict())
+    assert base - HARMLESS_KEYS - NOT_HARMLESS_BASE_KEYS == set()
+
+
+TINY = dict(vocab_size=50, max_position_embeddings=32)
+CONFIGS = {
+    "gpt2": ("GPT2Config", dict(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2)),
+    "llama": ("LlamaConfig", dict(TINY, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2)),
+    "qwen2": ("Qwen2Config", dict(TINY, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2)),
+    "bert": ("BertConfig", dict(TINY, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                                num_attention_heads=4)),
+    "bart": ("BartConfig", dict(TINY, d_model=16, encoder_layers=1, decoder_layers=1,
+                                encoder_attention_heads=2, decoder_attention_heads=2,
+                                encoder_ffn_dim=24, decoder_ffn_dim=24)),
+}
+
+
+def full_config(family: str, **changes) -> dict:
+    cls, sizes = CONFIGS[family]
+    return getattr(transformers, cls)(**sizes, **changes).to_dict()
+
+
+@needs_transformers
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_default_configs_of_each_family_import(family):
+    """A default config of each architecture, every key as to_dict() has it, is understood."""
+    mappings = load_mappings(ROOT / "cards" / f"{family}.card")
+    config = full_config(family)
+    m = select_for_config(mappings, config)
+    assert preset_from_config(config, m)
+
+
+LLAMA_REFUSED = [
+    (dict(attention_bias=True), "config.json has attention_bias = True, but the card Llama computes "),
+    (dict(mlp_bias=True), "config.json has mlp_bias = True"),
+    (dict(head_dim=8), "config.json has head_dim = 8, but the card LlamaUntied computes head_dim = "
+                       "hidden_size / num_attention_heads = 4"),
+    (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
+     "config.json has rope_parameters.rope_type = 'linear'"),
+]
+
+
+@needs_transformers
+@pytest.mark.parametrize("changes, message", LLAMA_REFUSED)
+def test_llama_configs_that_change_the_math_are_refused(changes, message):
+    with pytest.raises(RuntimeInputError, match=re.escape(message)):
+        select_for_config(load_mappings(ROOT / "cards" / "llama.card"),
+                          full_config("llama", **changes))
+
+
+@needs_transformers
+@pytest.mark.parametrize("family, key, value, shown", [
+    ("llama", "rope_parameters.partial_rotary_factor", 0.5, "0.5"),
+    ("llama", "sliding_window", 16, "16"),
+    ("qwen2", "qk_layernorm", True, "True"),
+    ("gpt2", "n_embd_scale", 2, "2"),
+    ("bert", "position_embedding_type", "relative_key", None),
+    ("bart", "normalize_before", True, "True"),
+])
+def test_a_key_nobody_understands_is_refused_by_name(family, key, value, shown):
+    config = full_config(family)
+    mappings = load_mappings(ROOT / "cards" / f"{family}.card")
+    source = select_for_config(mappings, config).source
+    *path, last = key.split(".")
+    obj = config
+    for part in path:
+        obj = obj[part]
+    obj[last] = value
+    with pytest.raises(RuntimeInputError) as err:
+        preset_from_config(config, select_for_config(mappings, config))
+    if shown is None:  # fixed by the mapping: refused as a fixed value
+        assert f"config.json has {key} = {value!r}" in str(err.value)
+        return
+    assert str(err.value) == (
+        f"config key '{key}' = {shown} is not understood by {source}: it maps it "
+        "to no hyperparameter, fixes no value for it and does not list it as harmless")
+
+
+@needs_transformers
+def test_a_refused_key_is_one_line_from_the_command_line(tmp_path, capsys):
+    """`cardc import` of a Llama whose config has partial rotary: exit 1, one line, the key."""
+    from test_interop_families import FAMILIES, make_hf
+
+    from cardc.cli import main
+
+    fam = FAMILIES["llama-tied"]
+    make_hf("llama-tied", fam).save_pretrained(tmp_path / "hf")
+    capsys.readouterr()  # its progress bar
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["rope_parameters"]["partial_rotary_factor"] = 0.5
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        code = main(["import", fam.card, "--from", str(tmp_path / "hf"), "--out",
+                     str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith("cardc: error: config key 'rope_parameters.partial_rotary_factor' = "
+                          "0.5 is not understood by cards/llama.hf.json")
+    assert not (tmp_path / "run").exists()
