@@ -499,3 +499,41 @@ def test_a_refused_key_is_one_line_from_the_command_line(tmp_path, capsys):
     assert err.startswith("cardc: error: config key 'rope_parameters.partial_rotary_factor' = "
                           "0.5 is not understood by cards/llama.hf.json")
     assert not (tmp_path / "run").exists()
+
+
+@needs_transformers
+def test_a_fused_per_group_checkpoint_imports_into_a_card_and_back():
+    """A Llama checkpoint whose q, k and v are fused per key/value group (Falcon's layout) imports
+    into cards/llama.card's separate W_q, W_k, W_v through a mapping alone: the same logits as
+    transformers', and export fuses the very tensors back."""
+    from test_interop_families import FAMILIES, H, H_KV, N, V, make_hf
+
+    from cardc.build import build_model
+    from cardc.runtime.checkpoint import load_state
+
+    hf_model = make_hf("llama-tied", FAMILIES["llama-tied"])
+    state = dict(hf_model.state_dict())
+    hd, g = hf_model.config.hidden_size // H, H // H_KV
+    for i in range(N):
+        pre = f"model.layers.{i}.self_attn."
+        q, k, v = (state.pop(pre + f"{r}_proj.weight") for r in "qkv")
+        groups = [q.reshape(H_KV, g * hd, -1), k.reshape(H_KV, hd, -1), v.reshape(H_KV, hd, -1)]
+        state[pre + "qkv.weight"] = torch.cat(groups, dim=1).reshape(-1, q.shape[1])
+    raw = json.loads((ROOT / "cards" / "llama.hf.json").read_text())
+    tensors = {k: v for k, v in raw["tensors"].items() if not re.search(r"\.[qkv]_proj\.", k)}
+    tensors["model.layers.{i}.self_attn.qkv.weight"] = {"transpose": True, "fused": {
+        "axis": 1, "groups": "H_kv", "parts": ["block.{i}.attn.W_q", "block.{i}.attn.W_k",
+                                               "block.{i}.attn.W_v"]}}
+    m = parse_mapping({**raw, "tensors": tensors}, "fused.hf.json")
+    config = hf_model.config.to_dict()
+    hypers = preset_from_config(config, select_for_config([m], config))
+    model = build_model(str(ROOT / "cards" / "llama.card"), None, hypers, name="Llama").eval()
+    recorded = model.card_meta["hyperparameters"]
+    load_state(model, to_card_state(m, state, model.state_dict(), N, recorded))
+    x = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        diff = (model(x) - hf_model(x).logits).abs().max().item()
+    assert diff <= 1e-4, diff
+    back = from_card_state(m, model.state_dict(), N, recorded)
+    assert set(back) == set(state) - {"lm_head.weight"}
+    assert all(torch.equal(back[k], state[k]) for k in back)
