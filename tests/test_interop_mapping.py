@@ -456,7 +456,7 @@ def test_llama_configs_that_change_the_math_are_refused(changes, message):
     ("qwen2", "qk_layernorm", True, "True"),
     ("gpt2", "n_embd_scale", 2, "2"),
     ("bert", "position_embedding_type", "relative_key", None),
-    ("bart", "normalize_before", True, "True"),
+    ("bart", "relative_attention_num_buckets", 32, "32"),
 ])
 def test_a_key_nobody_understands_is_refused_by_name(family, key, value, shown):
     config = full_config(family)
