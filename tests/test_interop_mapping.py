@@ -506,7 +506,7 @@ def test_a_fused_per_group_checkpoint_imports_into_a_card_and_back():
     """A Llama checkpoint whose q, k and v are fused per key/value group (Falcon's layout) imports
     into cards/llama.card's separate W_q, W_k, W_v through a mapping alone: the same logits as
     transformers', and export fuses the very tensors back."""
-    from test_interop_families import FAMILIES, H, H_KV, N, V, make_hf
+    from test_interop_families import FAMILIES, H_KV, H, N, V, make_hf
 
     from cardc.build import build_model
     from cardc.runtime.checkpoint import load_state
@@ -537,3 +537,32 @@ def test_a_fused_per_group_checkpoint_imports_into_a_card_and_back():
     back = from_card_state(m, model.state_dict(), N, recorded)
     assert set(back) == set(state) - {"lm_head.weight"}
     assert all(torch.equal(back[k], state[k]) for k in back)
+
+
+def test_every_unknown_key_is_listed():
+    m = mapping({"D": "hidden_size"})
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "config key 'a' = [1, 2] is not understood by x.hf.json: it maps it to no "
+            "hyperparameter, fixes no value for it and does not list it as harmless (nor are "
+            "b, d)")):
+        preset_from_config({"hidden_size": 8, "a": [1, 2], "b": {"c": None}, "d": 1,
+                            "use_cache": True, "_commit_hash": "x"}, m)
+    assert preset_from_config({"hidden_size": 8, "b": {"c": 1}}, mapping(
+        {"D": "hidden_size"}, harmless=["b.c"])) == {"D": 8}
+
+
+@needs_transformers
+@pytest.mark.parametrize("path", sorted((ROOT / "cards").rglob("*.hf.json")),
+                         ids=lambda p: p.name)
+def test_every_mapping_understands_its_default_config(path):
+    """Each mapping (each variant too) takes the default config transformers makes for its
+    model_type, with the values the mapping fixes set: every key is mapped, fixed or harmless."""
+    from cardc.interop.config import store
+
+    for m in load_mappings(path.with_name(path.name.removesuffix(".hf.json") + ".card")):
+        config = transformers.AutoConfig.for_model(m.model_type).to_dict()
+        for key, accepted in m.fixed_config.items():
+            store(config, key, accepted[0])
+        config["architectures"] = [m.architecture]
+        assert select_for_config([m], config) is m
+        assert set(preset_from_config(config, m)) == set(m.hyperparameters)

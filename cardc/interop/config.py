@@ -124,12 +124,13 @@ def check_config(config: dict[str, Any], mapping: Mapping) -> None:
         except RuntimeInputError as err:
             raise ConfigMismatch(str(err), (2, 0)) from None
     unknown = _not_understood(config, mapping.understood())
-    if unknown is not None:
-        key, value = unknown
+    if unknown:
+        (key, value), others = unknown[0], [k for k, _ in unknown[1:]]
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        also = f" (nor are {', '.join(others)})" if others else ""
         raise ConfigMismatch(f"config key '{key}' = {shown} is not understood by "
                              f"{mapping.source}: it maps it to no hyperparameter, fixes no "
-                             "value for it and does not list it as harmless", (3, 0))
+                             f"value for it and does not list it as harmless{also}", (3, 0))
 
 
 def _check_derived(config: dict[str, Any], mapping: Mapping, key: str, text: str,
@@ -151,20 +152,19 @@ def _check_derived(config: dict[str, Any], mapping: Mapping, key: str, text: str
 
 
 def _not_understood(config: dict[str, Any], known: set[str],
-                    prefix: str = "") -> tuple[str, Any] | None:
-    """The first key (dotted) of `config` that is neither known nor harmless, with its value;
+                    prefix: str = "") -> list[tuple[str, Any]]:
+    """The keys (dotted) of `config` that are neither known nor harmless, with their values;
     an object of which some keys are known is searched key by key."""
+    out = []
     for key, value in config.items():
         path = prefix + key
         if path in known or (not prefix and harmless(key)):
             continue
         if isinstance(value, dict) and any(k.startswith(path + ".") for k in known):
-            found = _not_understood(value, known, path + ".")
-            if found is not None:
-                return found
-            continue
-        return path, value
-    return None
+            out += _not_understood(value, known, path + ".")
+        else:
+            out.append((path, value))
+    return out
 
 
 def select_for_config(mappings: list[Mapping], config: dict[str, Any] | None) -> Mapping:
