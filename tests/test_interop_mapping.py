@@ -566,3 +566,18 @@ def test_every_mapping_understands_its_default_config(path):
         config["architectures"] = [m.architecture]
         assert select_for_config([m], config) is m
         assert set(preset_from_config(config, m)) == set(m.hyperparameters)
+
+
+def test_a_key_in_either_place_transformers_has_kept_it():
+    """transformers 5 nests partial_rotary_factor in rope_parameters, 4 kept it at the top: the
+    expression reads the nested key, its default the top-level one; export writes the nested."""
+    m = mapping({"D": "hidden_size", "H": "num_attention_heads", "d_r": {
+        "expr": "hidden_size / num_attention_heads * rope_parameters.partial_rotary_factor",
+        "default": "hidden_size / num_attention_heads * partial_rotary_factor",
+        "type": "float"}})
+    old = {"hidden_size": 80, "num_attention_heads": 4, "partial_rotary_factor": 0.4}
+    new = {"hidden_size": 80, "num_attention_heads": 4,
+           "rope_parameters": {"partial_rotary_factor": 0.4}}
+    assert preset_from_config(old, m) == preset_from_config(new, m) == {"D": 80, "H": 4, "d_r": 8}
+    back = config_for(m, {"D": 80, "H": 4, "d_r": 8})
+    assert bits(back["rope_parameters"]["partial_rotary_factor"]) == bits(0.4)
