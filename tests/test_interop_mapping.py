@@ -61,6 +61,7 @@ def test_expressions_parse_evaluate_and_render():
     assert ex.render(e) == "(rope_parameters.partial_rotary_factor * (hidden_size / num_heads)) - 1"
     assert ex.evaluate(ex.parse("max(a // 3, min(2, -a))"), {"a": ex.exact(10)}) == 3
     assert ex.evaluate(ex.parse("1e3 * .5"), {}) == 500
+    assert ex.names(ex.parse("θ_base × 2")) == ["θ_base"]  # a card's hyperparameter, Greek
 
 
 @pytest.mark.parametrize("text, message", [

@@ -49,7 +49,7 @@ class Call:
 Expr = Num | Name | BinOp | Call
 
 _TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)"
-                    r"|(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)"
+                    r"|(?P<name>[^\W\d]\w*(?:\.[^\W\d]\w*)*)"
                     r"|(?P<op>//|[-+*/(),−·×]))")
 _SPELLING = {"−": "-", "·": "*", "×": "*"}
 _FUNCTIONS = ("min", "max")
