@@ -311,6 +311,13 @@ def test_bad_fused_tensors_are_named():
     with pytest.raises(RuntimeInputError, match=re.escape(
             "tensor 'qkv.weight': 'H_kv' reads 'H_kv', which is no hyperparameter of the card")):
         from_card_state(m, state, 0, {"H": H})
+    wrong = fused_mapping(groups, ["W_q", "W_k", ["W_v", "HD - 1"]])
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "tensor 'qkv.weight': 'HD - 1' reads 'HD', which is no hyperparameter of the card")):
+        from_card_state(wrong, state, 0, {"H": H, "H_kv": HKV})
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "tensor 'qkv.weight': the card's W_v has 6 along axis 1, not 1 × 2 groups of 2")):
+        from_card_state(wrong, state, 0, {"H": H, "H_kv": HKV, "HD": HD})
     with pytest.raises(RuntimeInputError, match="tensor 'w': 'fused' names its card tensors"):
         mapping({"H": "n"}, {"w": {"card": "W", "fused": {"parts": ["a", "b"]}}})
     with pytest.raises(RuntimeInputError, match="'fused' 'parts' must list two or more"):
