@@ -28,11 +28,11 @@ B, T = 3, 17
 MAPPING = load_mapping(ROOT / "cards" / "mistral.card")
 
 
-def make_hf():
+def make_hf(window: int | None = WINDOW):
     config = transformers.MistralConfig(
         vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
         num_key_value_heads=H_KV, head_dim=HEAD, intermediate_size=D_F,
-        max_position_embeddings=CTX, sliding_window=WINDOW, rope_theta=THETA, rms_norm_eps=EPS,
+        max_position_embeddings=CTX, sliding_window=window, rope_theta=THETA, rms_norm_eps=EPS,
         tie_word_embeddings=False, attention_dropout=0.0)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -111,6 +111,24 @@ def test_cardc_import_of_a_saved_mistral_matches_its_logits(tmp_path):
     r = cardc("import", "cards/mistral.card", "--from", str(tmp_path / "hf"),
               "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
+    idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        diff = max_diff(logits_of_run(tmp_path / "run", idx), hf(idx).logits)
+    assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
+
+
+def test_a_checkpoint_without_a_window_imports_as_the_whole_context(tmp_path):
+    """sliding_window null (every position sees all before it) imports as w = ctx."""
+    from test_interop import cardc, logits_of_run
+
+    from cardc.runtime.checkpoint import read_checkpoint
+
+    hf = make_hf(window=None)
+    hf.save_pretrained(tmp_path / "hf")
+    r = cardc("import", "cards/mistral.card", "--from", str(tmp_path / "hf"),
+              "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    assert read_checkpoint(tmp_path / "run")[0]["hyperparameters"]["w"] == CTX
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         diff = max_diff(logits_of_run(tmp_path / "run", idx), hf(idx).logits)
