@@ -138,3 +138,15 @@ def test_a_tiny_qwen3_trains_and_samples(tmp_path):
     assert last < first, r.stdout
     s = cardc("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
     assert s.returncode == 0, s.stderr
+
+
+def test_a_config_without_head_dim_reads_as_transformers_reads_it():
+    """Qwen3Config's head_dim defaults to 128, not hidden_size/heads: so must the import's."""
+    from cardc.interop import preset_from_config
+
+    config = {"vocab_size": V, "hidden_size": D, "num_attention_heads": H,
+              "intermediate_size": D_F, "num_hidden_layers": N, "max_position_embeddings": CTX,
+              "rms_norm_eps": EPS, "rope_theta": THETA}
+    want = transformers.Qwen3Config(**config).head_dim
+    assert want != D // H
+    assert preset_from_config(config, MAPPING)["d"] == want
