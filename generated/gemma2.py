@@ -33,23 +33,23 @@ def RoPE(X, theta_base=10000):
     return torch.cat([X_1 * torch.cos(Phi) - X_2 * torch.sin(Phi), X_2 * torch.cos(Phi) + X_1 * torch.sin(Phi)], dim=-1)  # (…, T, d)  [rope.card:10]
 
 
-def SoftCappedHead(Q, K, V, w, s, c_attn):
-    """Y ← SoftCappedHead(Q, K, V | w, s, c_attn): Softmax attention of one head over scores soft-
-    capped at ±c_attn, row t seeing the positions t′ with t − w < t′ ≤ t only.
+def SoftCappedHead(Q, K, V, s, c_attn, Mask):
+    """Y ← SoftCappedHead(Q, K, V | s, c_attn, Mask): Softmax attention of one head over scores
+    scaled by 1/√s and soft-capped at ±c_attn, row t seeing the positions t′ that Mask[t,
+    t′] allows.
 
     Card: cards/gemma2.card:89
     """
-    T = Q.shape[-2]
-    S = Q @ K.transpose(-2, -1) / math.sqrt(s)  # (…, T, T)  [gemma2.card:94]
-    S = c_attn * torch.tanh(S / c_attn)  # (…, T, T)  [gemma2.card:95]
-    S = S.masked_fill(torch.arange(T, device=Q.device)[None, :] > torch.arange(T, device=Q.device)[:, None], -math.inf)  # (…, T, T)  [gemma2.card:96]
-    S = S.masked_fill(torch.arange(T, device=Q.device)[None, :] <= torch.arange(T, device=Q.device)[:, None] - w, -math.inf)  # (…, T, T)  [gemma2.card:97]
+    S = Q @ K.transpose(-2, -1) / math.sqrt(s)  # (…, T, T)  [gemma2.card:95]
+    S = c_attn * torch.tanh(S / c_attn)  # (…, T, T)  [gemma2.card:96]
+    S = S.masked_fill(~Mask, -math.inf)  # (…, T, T)  [gemma2.card:97]
     return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [gemma2.card:98]
 
 
-def SoftCappedGroup(K, V, Q, theta_base, w, s, c_attn):
-    """Y ← SoftCappedGroup(K, V, Q | θ_base, w, s, c_attn): G soft-capped sliding-window heads that
-    share one key and one value head; queries and keys are turned by RoPE first.
+def SoftCappedGroup(K, V, Q, theta_base, s, c_attn, Mask):
+    """Y ← SoftCappedGroup(K, V, Q | θ_base, s, c_attn, Mask): G soft-capped heads that share one
+    key and one value head, row t of each seeing the positions t′ that Mask[t, t′] allows;
+    queries and keys are turned by RoPE first.
 
     Card: cards/gemma2.card:78
     """
@@ -58,7 +58,7 @@ def SoftCappedGroup(K, V, Q, theta_base, w, s, c_attn):
     K_tilde = RoPE(K, theta_base=theta_base)  # (…, T, d)  [gemma2.card:85]
     Y_j = []  # [gemma2.card:86]
     for j in range(D_g // d):  # [gemma2.card:86]
-        Y_j.append(SoftCappedHead(RoPE(Q[..., :, j * d:(j + 1) * d], theta_base=theta_base), K_tilde, V, w=w, s=s, c_attn=c_attn))  # (…, T, d)  Y^j  [gemma2.card:86]
+        Y_j.append(SoftCappedHead(RoPE(Q[..., :, j * d:(j + 1) * d], theta_base=theta_base), K_tilde, V, s=s, c_attn=c_attn, Mask=Mask))  # (…, T, d)  Y^j  [gemma2.card:86]
     return torch.cat(Y_j, dim=-1)  # (…, T, D_g)  [gemma2.card:87]
 
 
@@ -98,12 +98,13 @@ class SoftCappedAttention(nn.Module):
         self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [gemma2.card:70]
 
     def forward(self, X):
+        T = X.shape[-2]
         Q = X @ self.W_q  # (B, T, H d)  [gemma2.card:71]
         K = X @ self.W_k  # (B, T, H_kv d)  [gemma2.card:72]
         V = X @ self.W_v  # (B, T, H_kv d)  [gemma2.card:73]
         Y_g = []  # [gemma2.card:74]
         for g in range(self.H_kv):  # [gemma2.card:74]
-            Y_g.append(SoftCappedGroup(K[..., :, g * self.d:(g + 1) * self.d], V[..., :, g * self.d:(g + 1) * self.d], Q[..., :, g * self.G * self.d:(g + 1) * self.G * self.d], theta_base=self.theta_base, w=self.w, s=self.s, c_attn=self.c_attn))  # (B, T, H d/H_kv)  Y^g  [gemma2.card:74]
+            Y_g.append(SoftCappedGroup(K[..., :, g * self.d:(g + 1) * self.d], V[..., :, g * self.d:(g + 1) * self.d], Q[..., :, g * self.G * self.d:(g + 1) * self.G * self.d], theta_base=self.theta_base, s=self.s, c_attn=self.c_attn, Mask=(torch.arange(T, device=X.device)[:, None] - self.w < torch.arange(T, device=X.device)[None, :]) * (torch.arange(T, device=X.device)[None, :] <= torch.arange(T, device=X.device)[:, None])))  # (B, T, H d/H_kv)  Y^g  [gemma2.card:74]
         Y = torch.cat(Y_g, dim=-1)  # (B, T, H d)  [gemma2.card:75]
         return Y @ self.W_o  # (B, T, D)  [gemma2.card:76]
 

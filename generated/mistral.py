@@ -32,23 +32,22 @@ def RoPE(X, theta_base=10000):
     return torch.cat([X_1 * torch.cos(Phi) - X_2 * torch.sin(Phi), X_2 * torch.cos(Phi) + X_1 * torch.sin(Phi)], dim=-1)  # (…, T, d)  [rope.card:10]
 
 
-def SlidingWindowHead(Q, K, V, w):
-    """Y ← SlidingWindowHead(Q, K, V | w): Softmax attention of one head, row t seeing the
-    positions t′ with t − w < t′ ≤ t only.
+def MaskedHead(Q, K, V, Mask):
+    """Y ← MaskedHead(Q, K, V | Mask): Softmax attention of one head, row t seeing the positions t′
+    that Mask[t, t′] allows.
 
     Card: cards/mistral.card:65
     """
     d = Q.shape[-1]
-    T = Q.shape[-2]
     S = Q @ K.transpose(-2, -1) / math.sqrt(d)  # (…, T, T)  [mistral.card:70]
-    S = S.masked_fill(torch.arange(T, device=Q.device)[None, :] > torch.arange(T, device=Q.device)[:, None], -math.inf)  # (…, T, T)  [mistral.card:71]
-    S = S.masked_fill(torch.arange(T, device=Q.device)[None, :] <= torch.arange(T, device=Q.device)[:, None] - w, -math.inf)  # (…, T, T)  [mistral.card:72]
-    return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [mistral.card:73]
+    S = S.masked_fill(~Mask, -math.inf)  # (…, T, T)  [mistral.card:71]
+    return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [mistral.card:72]
 
 
-def SlidingWindowGroup(K, V, Q, theta_base, w):
-    """Y ← SlidingWindowGroup(K, V, Q | θ_base, w): G sliding-window heads that share one key and
-    one value head; queries and keys are turned by RoPE first.
+def MaskedGroup(K, V, Q, theta_base, Mask):
+    """Y ← MaskedGroup(K, V, Q | θ_base, Mask): G heads that share one key and one value head, row
+    t of each seeing the positions t′ that Mask[t, t′] allows; queries and keys are turned
+    by RoPE first.
 
     Card: cards/mistral.card:54
     """
@@ -57,7 +56,7 @@ def SlidingWindowGroup(K, V, Q, theta_base, w):
     K_tilde = RoPE(K, theta_base=theta_base)  # (…, T, d)  [mistral.card:61]
     Y_j = []  # [mistral.card:62]
     for j in range(D_g // d):  # [mistral.card:62]
-        Y_j.append(SlidingWindowHead(RoPE(Q[..., :, j * d:(j + 1) * d], theta_base=theta_base), K_tilde, V, w=w))  # (…, T, d)  Y^j  [mistral.card:62]
+        Y_j.append(MaskedHead(RoPE(Q[..., :, j * d:(j + 1) * d], theta_base=theta_base), K_tilde, V, Mask=Mask))  # (…, T, d)  Y^j  [mistral.card:62]
     return torch.cat(Y_j, dim=-1)  # (…, T, D_g)  [mistral.card:63]
 
 
@@ -85,12 +84,13 @@ class SlidingWindowAttention(nn.Module):
         self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [mistral.card:46]
 
     def forward(self, X):
+        T = X.shape[-2]
         Q = X @ self.W_q  # (B, T, H d)  [mistral.card:47]
         K = X @ self.W_k  # (B, T, H_kv d)  [mistral.card:48]
         V = X @ self.W_v  # (B, T, H_kv d)  [mistral.card:49]
         Y_g = []  # [mistral.card:50]
         for g in range(self.H_kv):  # [mistral.card:50]
-            Y_g.append(SlidingWindowGroup(K[..., :, g * self.d:(g + 1) * self.d], V[..., :, g * self.d:(g + 1) * self.d], Q[..., :, g * self.G * self.d:(g + 1) * self.G * self.d], theta_base=self.theta_base, w=self.w))  # (B, T, H d/H_kv)  Y^g  [mistral.card:50]
+            Y_g.append(MaskedGroup(K[..., :, g * self.d:(g + 1) * self.d], V[..., :, g * self.d:(g + 1) * self.d], Q[..., :, g * self.G * self.d:(g + 1) * self.G * self.d], theta_base=self.theta_base, Mask=(torch.arange(T, device=X.device)[:, None] - self.w < torch.arange(T, device=X.device)[None, :]) * (torch.arange(T, device=X.device)[None, :] <= torch.arange(T, device=X.device)[:, None])))  # (B, T, H d/H_kv)  Y^g  [mistral.card:50]
         Y = torch.cat(Y_g, dim=-1)  # (B, T, H d)  [mistral.card:51]
         return Y @ self.W_o  # (B, T, D)  [mistral.card:52]
 
