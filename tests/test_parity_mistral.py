@@ -136,7 +136,7 @@ def test_a_checkpoint_without_a_window_imports_as_the_whole_context(tmp_path):
 
 
 def test_a_tiny_mistral_trains_and_samples(tmp_path):
-    """`cardc train cards/mistral.card` runs its training card (val loss falls), with a window
+    """`cardc train cards/mistral.card` trains it (val loss falls), with a window
     shorter than the training sequences, and the run samples."""
     from test_interop import cardc
 
@@ -145,7 +145,7 @@ def test_a_tiny_mistral_trains_and_samples(tmp_path):
               "--eval-every", "12", "--batch-size", "4", "--block-size", "16",
               "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "with MistralTraining" in r.stdout
+    assert "training Mistral (" in r.stdout  # whichever recipe trains it
     first, last = (float(x) for x in r.stdout.split("val loss ")[1].split(" after")[0].split(" -> "))
     assert last < first, r.stdout
     s = cardc("sample", str(tmp_path), "--seed", "0", "--tokens", "8")

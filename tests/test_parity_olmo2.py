@@ -113,14 +113,14 @@ def test_cardc_import_of_a_saved_olmo2_matches_its_logits(tmp_path):
 
 
 def test_a_tiny_olmo2_trains_and_samples(tmp_path):
-    """`cardc train cards/olmo2.card` runs its training card (val loss falls); the run samples."""
+    """`cardc train cards/olmo2.card` trains it (val loss falls); the run samples."""
     from test_interop import cardc
 
     r = cardc("train", "cards/olmo2.card", "--preset", "tiny", "--set", "D=32", "--set", "d=8",
               "--set", "D_f=64", "--set", "N=1", "--steps", "12", "--eval-every", "12",
               "--batch-size", "4", "--block-size", "16", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "with OLMo2Training" in r.stdout
+    assert "training OLMo2 (" in r.stdout  # whichever recipe trains it
     first, last = (float(x) for x in r.stdout.split("val loss ")[1].split(" after")[0].split(" -> "))
     assert last < first, r.stdout
     s = cardc("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
