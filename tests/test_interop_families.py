@@ -1,5 +1,5 @@
-"""`cardc import` then `cardc export` of Llama, Qwen2 (tied and untied) and BERT (BertModel and
-BertForMaskedLM), as tests/test_interop.py does for GPT-2.
+"""`cardc import` then `cardc export` of Llama, Qwen2, Qwen3 (tied and untied), Mistral, OLMo 2 and
+BERT (BertModel and BertForMaskedLM), as tests/test_interop.py does for GPT-2.
 
 For each, a small randomly initialised transformers model (no download; every parameter random,
 biases and norm gains included) is saved with `save_pretrained`, imported through the mapping
@@ -57,10 +57,20 @@ FAMILIES = {
     "llama-untied": Family("cards/llama.card", "LlamaUntied", "LlamaForCausalLM", False),
     "qwen2-tied": Family("cards/qwen2.card", "Qwen2", "Qwen2ForCausalLM", True),
     "qwen2-untied": Family("cards/qwen2.card", "Qwen2Untied", "Qwen2ForCausalLM", False),
+    "qwen3-tied": Family("cards/qwen3.card", "Qwen3", "Qwen3ForCausalLM", True),
+    "qwen3-untied": Family("cards/qwen3.card", "Qwen3Untied", "Qwen3ForCausalLM", False),
+    "mistral": Family("cards/mistral.card", "Mistral", "MistralForCausalLM", False),
+    "olmo2": Family("cards/olmo2.card", "OLMo2", "Olmo2ForCausalLM", False),
     "bert": Family("cards/bert.card", "BERT", "BertModel", True),
     "bert-mlm": Family("cards/bert.card", "BERTForMaskedLM", "BertForMaskedLM", True),
 }
-THETA = {"llama": 10000.0, "qwen2": 1e6}
+THETA = {"llama": 10000.0, "qwen2": 1e6, "qwen3": 1e6, "mistral": 1e4, "olmo2": 5e5}
+EXTRA = {  # what each family's config sets beyond Llama's: heads wider than D/H, a window
+    "qwen2": {"use_sliding_window": False},
+    "qwen3": {"head_dim": 16},
+    "mistral": {"head_dim": 16, "sliding_window": 5},
+    "olmo2": {"pad_token_id": None, "eos_token_id": None},
+}
 
 
 def config_of(key: str, fam: Family):
@@ -70,7 +80,7 @@ def config_of(key: str, fam: Family):
             intermediate_size=D_F, max_position_embeddings=CTX, type_vocab_size=TYPES,
             hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     family = key.split("-")[0]
-    extra = {"use_sliding_window": False} if family == "qwen2" else {}
+    extra = EXTRA.get(family, {})
     cfg = getattr(transformers, fam.cls.replace("ForCausalLM", "Config"))
     return cfg(vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
                num_key_value_heads=H_KV, intermediate_size=D_F, max_position_embeddings=CTX,
