@@ -18,7 +18,7 @@ from . import lalr
 from . import syntax as s
 from .diagnostics import Diagnostics
 from .lalr import Token
-from .spelling import canonical_name
+from .spelling import canonical_name, function_name
 
 
 def normalize(text: str) -> str:
@@ -176,7 +176,7 @@ class _Build:
 
     def signature(self, c):
         names = [x for x in c if isinstance(x, list)]
-        name = next(str(t) for t in c if isinstance(t, Token) and t.type == "NAME")
+        name = self._function(next(t for t in c if isinstance(t, Token) and t.type == "NAME"))
         params = next((x[1] for x in c if isinstance(x, tuple)), ())
         args = tuple(names[1]) if len(names) > 1 else ()
         return {"outputs": tuple(names[0]), "name": name, "args": args, "params": params}
@@ -576,7 +576,11 @@ class _Build:
     @_meta
     def call(self, meta, c):
         args, params, bar = next((x for x in c if isinstance(x, tuple)), ((), (), False))
-        return s.Call(str(c[0]), args, params, bar, span=self.sp(meta))
+        return s.Call(self._function(c[0]), args, params, bar, span=self.sp(meta))
+
+    def _function(self, tok: Token) -> str:
+        """A card's or function's name, as written (`Phi` stays `Phi`; see function_name)."""
+        return function_name(self.source[tok.start_pos:tok.end_pos])
 
     def call_args(self, c):
         return (tuple(c[0]), (), False)
