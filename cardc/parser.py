@@ -233,6 +233,8 @@ class _Build:
         return self._line("end", meta, number, None, c[-1], end_tok.column)
 
     def _line(self, kind, meta, number, payload, tail, column):
+        if tail.get("period"):
+            payload = _full_stop(kind, payload)
         return Line(kind, self.sp(meta), column, number, payload, tail.get("note"),
                     tail.get("annotation"), tail.get("comment"), tail.get("text"))
 
@@ -251,6 +253,8 @@ class _Build:
                 tail["text"] = text.strip()
             elif tok.type == "COMMENT":
                 tail["comment"] = _comment(tok)
+            elif tok.type == "PERIOD":
+                tail["period"] = True
         return tail
 
     def _annotation(self, text: str, tok: Token, offset: int) -> s.Decl | None:
@@ -275,6 +279,12 @@ class _Build:
         if prose is not None:
             last = decls[-1]
             decls[-1] = replace(last, prose=_join(last.prose, prose))
+        return decls
+
+    @_meta
+    def decls_continued(self, meta, c):
+        decls = [x for x in c if isinstance(x, s.Decl)]
+        decls[-1] = replace(decls[-1], end=",")
         return decls
 
     @_meta
@@ -696,6 +706,20 @@ def _item(x, file):
 
 def _note(tok: Token) -> str:
     return str(tok).lstrip("▷/").strip()
+
+
+def _full_stop(kind: str, payload: Any) -> Any:
+    """A line of declarations that ends with a full stop, as the paper prints the last line of
+    a list: kept on its last declaration. A period after anything else is dropped."""
+    items = payload[1] if kind == "block" else payload
+    last = items[-1] if kind in ("block", "items") and items else None
+    if not isinstance(last, list) or not last or not isinstance(last[-1], s.Decl):
+        return payload
+    decl = last[-1]
+    if decl.prose is not None or decl.end:
+        return payload
+    items = [*items[:-1], [*last[:-1], replace(decl, end=".")]]
+    return (payload[0], items) if kind == "block" else items
 
 
 def _comment(tok: Token) -> str:

@@ -255,6 +255,7 @@ class Decl:
     value: Expr | None = None  # a default, a definition or an initial value
     init: Expr | None = None  # a distribution after "~"
     prose: str | None = None
+    end: str = ""  # "," or ".": the line ends after it so (a list printed over several lines)
     span: Span = _span()
 
 
