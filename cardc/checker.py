@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from . import syntax as s
 from .diagnostics import Diagnostics
-from .dims import ONE, Dim
+from .dims import ONE, Dim, solve
 from .library import Library
 from .render.text import render_expr
 from .spelling import canonical_name, display
@@ -1105,6 +1105,8 @@ class _Body:
         first = tys[0]
         if e.sep == "," and any(ty.vocab is not None and ty.rank <= 1 for ty in tys):
             return self.tokens(e, items, tys)
+        if first.rank >= 2 and len(items) > 1 and len(items) == len(e.items):
+            return self.join_parts(e, items, tys)
         for x, ty in zip(items[1:], tys[1:], strict=False):
             if not same_shape(first, ty):
                 self.error(x.span, f"cannot concatenate {ty} with {first}")
@@ -1121,6 +1123,27 @@ class _Body:
         if e.sep == ";":
             return Ty((count * first.shape[0],) + first.shape[1:])
         return Ty(first.shape[:-1] + (count * first.shape[-1],))
+
+    def join_parts(self, e: s.Concat, items: list[s.Expr], tys: list[Ty]) -> Ty:
+        """[A, B] side by side (the last axes add up), [A; B] one above the other (the first
+        axes do): parts written out one by one may differ in width, ℝ^{T×a} and ℝ^{T×b}
+        making ℝ^{T×(a + b)}; every other axis must agree."""
+        first = tys[0]
+        axis = 0 if e.sep == ";" else first.rank - 1
+        hint = ("parts side by side may differ in width only" if e.sep == ","
+                else "parts one above the other may differ in height only")
+        total: Dim | None = Dim.const(0)
+        for x, ty in zip(items, tys, strict=True):
+            if ty.rank != first.rank or not all(
+                    i == axis or dims_equal(a, b)
+                    for i, (a, b) in enumerate(zip(ty.shape, first.shape, strict=True))):
+                self.error(x.span, f"cannot concatenate {ty} with {first}", hint=hint)
+                raise CheckError
+            size = ty.shape[axis]
+            total = None if size is None or total is None else total + size
+        shape = list(first.shape)
+        shape[axis] = total
+        return Ty(tuple(shape), first.elem)
 
     def tokens(self, e: s.Concat, items: list[s.Expr], tys: list[Ty]) -> Ty:
         """[x, y], [bos_token]: tokens and sequences joined into one sequence."""
@@ -1410,18 +1433,24 @@ class _Body:
         return False
 
     def unify(self, want: tuple, got: tuple, bind: dict[str, Dim]) -> bool:
+        """Bind the callee's symbols so that its dimensions `want` equal the caller's `got`:
+        each dimension that leaves one unknown symbol, linearly, binds it (`3 d` against
+        `3 D/H`), in as many passes as bindings make more dimensions solvable."""
         if len(want) != len(got):
             return False
-        pending = []
-        for w, g in zip(want, got, strict=False):
-            if w is None or g is None:
-                continue
-            syms = w.symbols - set(bind)
-            if len(w.terms) == 1 and w.terms[0][1] == 1 and len(w.terms[0][0]) == 1 \
-                    and w.terms[0][0][0][1] == 1 and syms:
-                bind[w.terms[0][0][0][0]] = g
-            else:
-                pending.append((w, g))
+        pending = [(w, g) for w, g in zip(want, got, strict=True) if w is not None and g is not None]
+        while True:
+            left = []
+            for w, g in pending:
+                unknowns = w.symbols - set(bind)
+                solved = solve(subst_dim(w, bind), g, unknowns) if unknowns else None
+                if solved is None:
+                    left.append((w, g))
+                else:
+                    bind[solved[0]] = solved[1]
+            if len(left) == len(pending):
+                break
+            pending = left
         return all(dims_equal(subst_dim(w, bind), g) for w, g in pending)
 
 

@@ -103,3 +103,29 @@ class Dim:
 
 
 ONE = Dim.const(1)
+
+
+def solve(want: Dim, got: Dim, unknowns: set[str]) -> tuple[str, Dim] | None:
+    """The one unknown of `want = got`, where it can be read off exactly: `want` holds one
+    symbol of `unknowns`, in one term, to the power 1 or −1 (`3 d = 3 D/H` gives d = D/H,
+    `d_r + e = d` gives e = d − d_r). None when there is no such unknown."""
+    present = want.symbols & unknowns
+    if len(present) != 1:
+        return None
+    (sym,) = present
+    terms = [(m, c) for m, c in want.terms if any(s == sym for s, _ in m)]
+    if len(terms) != 1:
+        return None
+    (mono, coef), = terms
+    power = dict(mono)[sym]
+    if power not in (1, -1):
+        return None
+    rest = Dim.of({m: c for m, c in want.terms if m != mono})
+    factor = Dim.of({tuple((s, e) for s, e in mono if s != sym): coef})
+    value = (got - rest) / factor  # a single term: exact
+    if value is None:
+        return None
+    if power == -1:
+        value = ONE / value if value.terms else None
+    return (sym, value) if value is not None else None
+

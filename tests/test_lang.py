@@ -120,3 +120,88 @@ def test_a_comma_at_the_end_of_a_step_is_still_an_error():
     parse("Algorithm: Y ← F(X)\nInput: X ∈ ℝ^{T}\nOutput: Y ∈ ℝ^{T}\n1 Y ← X,\n2 return Y\n",
           "<t>", diags)
     assert [(d.span.line, d.message) for d in diags.errors] == [(4, "unexpected ','")]
+
+
+# ------------------------------------------------------------------ parts of different widths
+
+PARTIAL = """\
+Algorithm: Y ← PartialRoPE(X | θ_base)
+Input: X ∈ ℝ^{T×d}
+Output: Y ∈ ℝ^{T×d}
+Hyperparameters: d, d_r ∈ ℕ, θ_base ∈ (0, ∞) = 10000
+1 return Y = [RoPE(X[:, 1 : d_r] | θ_base = θ_base), X[:, d_r + 1 : d]]
+"""
+
+
+def _rotate_half(x: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary embedding, rotate-half convention, written directly in torch."""
+    t, d = x.shape[-2], x.shape[-1]
+    inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]
+    cos, sin = torch.cos(ang).to(x.dtype), torch.sin(ang).to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def test_parts_of_different_widths_concatenate(tmp_path):
+    assert _errors(PARTIAL, tmp_path) == []
+    assert "[RoPE(X[:, 1 : d_r] | θ_base = θ_base), X[:, d_r + 1 : d]]" in _round_trips(
+        PARTIAL.replace("θ", "theta").replace("ℝ", "R").replace("×", " x "))
+    model = _model(PARTIAL, tmp_path, d=12, d_r=4, θ_base=500.0)
+    x = torch.randn(2, 7, 12, dtype=torch.float64)
+    want = torch.cat([_rotate_half(x[..., :4], 500.0), x[..., 4:]], dim=-1)
+    torch.testing.assert_close(model(x), want)
+
+
+@pytest.mark.parametrize("parts, shape", [
+    ("[X[:, 1 : a], X[:, a + 1 : d]]", None),
+    ("[X, X[:, 1 : a], X]", "ℝ^{T×a + 2 d}"),
+    ("[X[1 : a, :]; X]", "ℝ^{T + a×d}"),
+])
+def test_widths_add_up(parts, shape, tmp_path):
+    card = ("Algorithm: Y ← F(X)\nInput: X ∈ ℝ^{T×d}\nOutput: Y ∈ ℝ^{T×d}\n"
+            f"Hyperparameters: a, d ∈ ℕ\n1 return Y = {parts}\n")
+    want = [] if shape is None else [f"5:14: returns {shape} but Output declares ℝ^{{T×d}}"]
+    assert _errors(card, tmp_path) == want
+
+
+def test_parts_side_by_side_must_agree_in_height(tmp_path):
+    card = ("Algorithm: Y ← F(X)\nInput: X ∈ ℝ^{T×d}\nOutput: Y ∈ ℝ^{T×d}\n"
+            "Hyperparameters: a, d ∈ ℕ\n1 return Y = [X[1 : a, :], X]\n")
+    assert _errors(card, tmp_path) == ["5:28: cannot concatenate ℝ^{T×d} with ℝ^{a×d}"]
+
+
+# ------------------------------------------------------------------ dimensions in normal form
+
+
+@pytest.mark.parametrize("written", ["2·(d/2)", "d_r + (d − d_r)", "(3 d − d)/2", "d/3 + 2 d/3"])
+def test_dimension_arithmetic_normalises(written, tmp_path):
+    card = ("Algorithm: Y ← F(X)\nInput: X ∈ ℝ^{T×d}\n"
+            f"Output: Y ∈ ℝ^{{T×{written}}}\nHyperparameters: d, d_r ∈ ℕ\n1 return Y = X\n")
+    assert _errors(card, tmp_path) == []
+
+
+THREE = """\
+Algorithm: Y ← FirstThird(X)
+Input: X ∈ ℝ^{T×3d}
+Output: Y ∈ ℝ^{T×d}
+1 return Y = X[:, 1 : d]
+
+Algorithm: Y ← Heads(X | W)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×d}
+Hyperparameters: D, H ∈ ℕ; d = D/H
+Parameters: W ∈ ℝ^{D×3·D/H}
+1 return Y = FirstThird(X W)
+"""
+
+
+def test_a_callee_width_of_3d_unifies_with_3_D_over_H(tmp_path):
+    assert _errors(THREE, tmp_path) == []
+    wrong = THREE.replace("Output: Y ∈ ℝ^{T×d}\nHyperparameters", "Output: Y ∈ ℝ^{T×D}\n"
+                          "Hyperparameters")
+    assert _errors(wrong, tmp_path) == ["11:14: returns ℝ^{T×D/H} but Output declares ℝ^{T×D}"]
+    first, second = THREE.split("\n\n")
+    model = _model(second + "\n\n" + first, tmp_path, D=8, H=2)
+    x = torch.randn(3, 5, 8)
+    torch.testing.assert_close(model(x), (x @ model.state_dict()["W"])[..., :4])
