@@ -1082,6 +1082,9 @@ class _Body:
         shape: list[Dim | None] = []
         for axis, item in enumerate(e.items):
             size = base.shape[axis]
+            if isinstance(item, s.Progression):
+                shape.append(self.progression_size(item))
+                continue
             if isinstance(item, s.Slice):
                 if item.lo is None and item.hi is None:
                     shape.append(size)
@@ -1098,6 +1101,23 @@ class _Body:
                                       f"of {_d(size)}", hint="tokens index the vocabulary axis")
             shape += list(ity.shape)  # a vector of token IDs gathers rows
         return Ty(tuple(shape) + base.shape[len(e.items):], base.elem, vocab=base.vocab)
+
+    def progression_size(self, p: s.Progression) -> Dim:
+        """How many entries `a, b, …, c` picks: (c − a)/(b − a) + 1, its step b − a a whole
+        number from 1 up."""
+        first, second, last = self.dim_of(p.first), self.dim_of(p.second), self.dim_of(p.last)
+        step = (second - first).constant()
+        if step is None or step < 1 or step.denominator != 1:
+            self.error(p.second.span, f"the step of a progression must be a whole number from "
+                                      f"1 up, not {_d(second - first)}",
+                       hint="the odd columns of X are 'X[:, 1, 3, …, d − 1]', a step of 2")
+            raise CheckError
+        return (last - first) * Dim.const(1 / step) + ONE
+
+    def expr_progression(self, e: s.Progression) -> Ty:
+        self.error(e.span, "a progression 'a, b, …, c' picks entries of an index only",
+                   hint="write it inside the brackets of an index: 'X[:, 1, 3, …, d − 1]'")
+        raise CheckError
 
     def expr_concat(self, e: s.Concat) -> Ty:
         items = [x for x in e.items if not isinstance(x, s.Ellipsis_)]

@@ -564,8 +564,32 @@ class _Build:
     def index(self, meta, c):
         return s.Index(c[0], tuple(c[2]), span=self.sp(meta))
 
+    def index_ellipsis(self, c):
+        return c[0]
+
     def index_items(self, c):
-        return [x for x in c if not isinstance(x, Token)]
+        """The items of an index; `a, b, …, c` among them is one Progression."""
+        items = [x for x in c if not (isinstance(x, Token) and x.type != "ELLIPSIS")]
+        out: list = []
+        for k, x in enumerate(items):
+            if not isinstance(x, Token):
+                out.append(x)
+                continue
+            last = items[k + 1] if k + 1 < len(items) else None
+            terms = [*out[-2:], last]
+            if len(out) < 2 or not all(_term(y) for y in terms):
+                self.diags.error(_span(self.file, x), "a progression in an index is written with "
+                                 "its first two terms, '…' and its last",
+                                 hint="the odd columns of X are 'X[:, 1, 3, …, d − 1]' (ASCII "
+                                      "'X[:, 1, 3, ..., d - 1]'), the even ones "
+                                      "'X[:, 2, 4, …, d]'")
+                continue
+            first, second = out[-2:]
+            out[-2:] = [s.Progression(first, second, last, span=s.Span(
+                self.file, first.span.line, first.span.col, last.span.end_line,
+                last.span.end_col))]
+            items[k + 1] = None  # taken
+        return [x for x in out if x is not None]
 
     @_meta
     def slice_all(self, meta, c):
@@ -720,6 +744,11 @@ def _full_stop(kind: str, payload: Any) -> Any:
         return payload
     items = [*items[:-1], [*last[:-1], replace(decl, end=".")]]
     return (payload[0], items) if kind == "block" else items
+
+
+def _term(x) -> bool:
+    """A term of a progression: an expression, not a slice or another progression."""
+    return isinstance(x, _EXPRS) and not isinstance(x, s.Slice | s.Progression)
 
 
 def _comment(tok: Token) -> str:
@@ -919,8 +948,8 @@ def _line_start(text: str, line: int) -> int | None:
     return pos if pos < len(text) else None
 
 
-_EXPRS = (s.Name, s.Num, s.BinOp, s.Unary, s.Power, s.Transpose, s.Slice, s.Index, s.Arg, s.Call,
-          s.Concat, s.Iverson, s.Sum, s.Choice, s.SetBuilder)
+_EXPRS = (s.Name, s.Num, s.BinOp, s.Unary, s.Power, s.Transpose, s.Slice, s.Progression, s.Index,
+          s.Arg, s.Call, s.Concat, s.Iverson, s.Sum, s.Choice, s.SetBuilder)
 
 
 def _nested_too_deeply(node: object, file: str, diags: Diagnostics) -> None:

@@ -205,3 +205,115 @@ def test_a_callee_width_of_3d_unifies_with_3_D_over_H(tmp_path):
     model = _model(second + "\n\n" + first, tmp_path, D=8, H=2)
     x = torch.randn(3, 5, 8)
     torch.testing.assert_close(model(x), (x @ model.state_dict()["W"])[..., :4])
+
+
+# ------------------------------------------------------------------ slice assignment
+
+
+SLICE_ASSIGN = """\
+Algorithm: Y ← PartialRoPE(X | θ_base)
+Input: X ∈ ℝ^{T×d}
+Output: Y ∈ ℝ^{T×d}
+Hyperparameters: d, d_r ∈ ℕ, θ_base ∈ (0, ∞) = 10000
+1 Y ← X ⊙ X
+2 Y[:, 1 : d_r] ← RoPE(X[:, 1 : d_r] | θ_base = θ_base)
+3 return Y
+"""
+
+
+def test_slice_assignment_generates_values_and_gradients(tmp_path):
+    assert _errors(SLICE_ASSIGN, tmp_path) == []
+    assert "2 Y[:, 1 : d_r] ← RoPE(X[:, 1 : d_r] | θ_base = θ_base)" in _round_trips(
+        SLICE_ASSIGN.replace("←", "<-"))
+    model = _model(SLICE_ASSIGN, tmp_path, d=10, d_r=6, θ_base=100.0)
+    x = torch.randn(2, 5, 10, dtype=torch.float64, requires_grad=True)
+    want_x = x.detach().clone().requires_grad_(True)
+    want = torch.cat([_rotate_half(want_x[..., :6], 100.0), (want_x * want_x)[..., 6:]], dim=-1)
+    got = model(x)
+    torch.testing.assert_close(got, want)
+    weights = torch.randn_like(want)
+    (got * weights).sum().backward()
+    (want * weights).sum().backward()
+    torch.testing.assert_close(x.grad, want_x.grad)
+
+
+def test_slice_assignment_of_a_scalar_broadcasts(tmp_path):
+    card = ("Algorithm: Y ← Zeroed(X)\nInput: X ∈ ℝ^{T×d}\nOutput: Y ∈ ℝ^{T×d}\n"
+            "Hyperparameters: d, a ∈ ℕ\n1 Y ← 2 X\n2 Y[:, a + 1 : d] ← 0\n3 return Y\n")
+    assert _errors(card, tmp_path) == []
+    x = torch.randn(3, 4, 6)
+    want = 2 * x
+    want[..., 2:] = 0
+    torch.testing.assert_close(_model(card, tmp_path, d=6, a=2)(x), want)
+
+
+def test_slice_assignment_of_the_wrong_width_is_one_error(tmp_path):
+    card = SLICE_ASSIGN.replace("Y[:, 1 : d_r]", "Y[:, 2 : d_r]")
+    assert _errors(card, tmp_path) == [
+        "6:3: cannot store ℝ^{T×d_r} into ℝ^{T×d_r − 1}"]
+
+
+# ------------------------------------------------------------------ strided views
+
+PAIRS = ROOT / "tests" / "lang" / "rope_pairs.card"
+
+
+def _meta_rotary(x: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary embedding on interleaved pairs, as Meta's original Llama code computes it: the
+    pairs as complex numbers, turned by unit complex numbers."""
+    t, d = x.shape[-2], x.shape[-1]
+    freqs = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    turns = torch.polar(torch.ones(t, d // 2, dtype=torch.float64),
+                        torch.outer(torch.arange(t, dtype=torch.float64), freqs))
+    pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(pairs * turns).flatten(-2)
+
+
+def test_rotary_on_interleaved_pairs_without_a_loop(tmp_path):
+    text = PAIRS.read_text(encoding="utf-8")
+    assert _round_trips(text) == text
+    ascii_text = "".join(  # the steps in ASCII spelling
+        line.replace("…", "...").replace("−", "-").replace("←", "<-") if line[0].isdigit()
+        else line for line in text.splitlines(keepends=True))
+    assert "X[:, 2, 4, ..., d]" in ascii_text
+    assert _round_trips(ascii_text) == text
+    assert _errors(text, tmp_path) == []
+    model = _model(text, tmp_path, d=8, θ_base=10000.0)
+    x = torch.randn(2, 6, 8, dtype=torch.float64, requires_grad=True)
+    want_x = x.detach().clone().requires_grad_(True)
+    got, want = model(x), _meta_rotary(want_x, 10000.0)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(x.grad, want_x.grad)
+
+
+def test_strided_views_lower_to_strided_slices(tmp_path):
+    from cardc.build import checked, find_card, source
+
+    path = tmp_path / "pairs.card"
+    path.write_text(PAIRS.read_text(encoding="utf-8"), encoding="utf-8")
+    lib, checker, _ = checked([str(path)], str(ROOT / "cards"))
+    code = source(checker, find_card(lib, checker, str(path), None))
+    assert "X_1 = X[..., :, ::2]" in code and "X_2 = X[..., :, 1::2]" in code
+    assert "for " not in code.split("def forward")[1]
+
+
+@pytest.mark.parametrize("view, shape", [
+    ("X[:, 1, 3, …, d − 1]", "ℝ^{T×d/2}"),
+    ("X[:, 2, 4, …, d]", "ℝ^{T×d/2}"),
+    ("X[:, 1, 4, …, d − 2]", "ℝ^{T×d/3}"),
+    ("X[1, 3, …, T − 1, :]", "ℝ^{T/2×d}"),
+])
+def test_strided_views_are_typed(view, shape, tmp_path):
+    card = ("Algorithm: Y ← F(X)\nInput: X ∈ ℝ^{T×d}\nOutput: Y ∈ ℝ^{T×d}\n"
+            f"Hyperparameters: d ∈ ℕ\n1 return Y = {view}\n")
+    assert _errors(card, tmp_path) == [f"5:14: returns {shape} but Output declares ℝ^{{T×d}}"]
+    assert f"return Y = {view}" in _round_trips(card)
+
+
+def test_strided_view_values(tmp_path):
+    card = ("Algorithm: Y ← F(X)\nInput: X ∈ ℝ^{T×d}\nOutput: Y ∈ ℝ^{T×d/3}\n"
+            "Hyperparameters: d ∈ ℕ\n1 return Y = X[:, 2, 5, …, d − 1]\n")
+    x = torch.randn(2, 3, 9)
+    torch.testing.assert_close(_model(card, tmp_path, d=9)(x), x[..., 1::3])

@@ -203,7 +203,7 @@ def test_a_derived_size_blames_the_preset_and_notes_the_declaration(tmp_path):
     ("llama.card", "D = 128, H = 4, H_kv = 2", "D = 128, H = 4, H_kv = 3",
      "12:8: error: G = H/H_kv = 4/3 (H = 4, H_kv = 3) is not a whole number"),
     ("llama.card", "D = 128, H = 4, H_kv = 2", "D = 132, H = 4, H_kv = 2",
-     "12:8: error: 1/2 d = 33/2 (d = 33) is not a whole number"),
+     "12:8: error: d/2 = 33/2 (d = 33) is not a whole number"),
     ("llama.card", "ctx = 256  ▷ trains", "ctx = 256, θ_base = −∞  ▷ trains",
      "12:87: error: −∞ is not a finite number"),
     ("llama.card", "ctx = 256  ▷ trains", "ctx = 256, θ_base = 0  ▷ trains",

@@ -165,6 +165,10 @@ class Renderer:
             return f"{lo} : {hi}"
         return f"{lo}:{hi}"
 
+    def progression_text(self, node: s.Progression, tail: bool) -> str:
+        return f"{self.sub(node.first, SUM)}, {self.sub(node.second, SUM)}, …, " \
+               f"{self.sub(node.last, SUM)}"
+
     def arg_text(self, node: s.Arg, tail: bool) -> str:
         return f"{self.sub(node.target, POSTFIX)} {node.op} {self.text(node.value)}"
 
