@@ -185,6 +185,9 @@ class _DeclEnv:
         if not isinstance(item, s.Decl):
             self.error(item.span, f"bundles belong under Parameters, not {kind}")
             return
+        if item.pad is not None:
+            self.error(item.span, f"a padding row belongs to a parameter, not to {kind}",
+                       hint="declare it on the embedding matrix under Parameters")
         for name in item.names:
             ty = self.decl_type(item, name)
             if kind != "Hyperparameters" and item.type is None and item.value is None:
@@ -297,8 +300,28 @@ class _DeclEnv:
             if item.type is None and item.value is None:
                 out[name] = BundleTy()  # structure comes from the card it is passed to
             else:
-                out[name] = replace(self.decl_type(item, name), init=item.value, init_dist=item.init)
+                out[name] = replace(self.decl_type(item, name), init=item.value,
+                                    init_dist=item.init, pad=self.padding_row(item))
         return out
+
+    def padding_row(self, item: s.Decl) -> str | None:
+        """`W_e ∈ ℝ^{V×D}, padding row v_pad`: v_pad must be a whole-number hyperparameter of
+        the card (token IDs count from 1, so 0 says there is none) and W_e a matrix of rows."""
+        if item.pad is None:
+            return None
+        hyper = self.hypers.get(item.pad)
+        if hyper is None or hyper.elem != "ℕ" or hyper.shape or item.pad in self.definitions:
+            self.error(item.span, f"the padding row '{display(item.pad)}' is not a "
+                                  "whole-number hyperparameter of this card",
+                       hint=f"declare it: 'Hyperparameters: {display(item.pad)} ∈ ℕ = 0', the "
+                            "ID of the padding token (0: none)")
+            return None
+        if not isinstance(item.type, s.Tensor) or len(item.type.dims) != 2:
+            self.error(item.span, "a padding row belongs to a matrix whose rows tokens pick",
+                       hint="declare it on the embedding matrix, as 'W_e ∈ ℝ^{V×D}, padding "
+                            "row v_pad'")
+            return None
+        return item.pad
 
     def range_dim(self, expr: s.Expr) -> Dim | None:
         if isinstance(expr, s.Concat) and len(expr.items) == 1:

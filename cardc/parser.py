@@ -291,7 +291,11 @@ class _Build:
     def typed_decl(self, meta, c):
         value = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "="), None)
         init = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "~"), None)
-        return s.Decl(tuple(c[0]), c[2], value, init, span=self.sp(meta))
+        pad = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "pad"), None)
+        return s.Decl(tuple(c[0]), c[2], value, init, pad=pad, span=self.sp(meta))
+
+    def decl_pad(self, c):
+        return ("pad", str(c[-1]))
 
     @_meta
     def prose_decl(self, meta, c):

@@ -267,6 +267,7 @@ class Decl:
     init: Expr | None = None  # a distribution after "~"
     prose: str | None = None
     end: str = ""  # "," or ".": the line ends after it so (a list printed over several lines)
+    pad: str | None = None  # `, padding row v_pad`: the hyperparameter naming a padding row
     span: Span = _span()
 
 

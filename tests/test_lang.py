@@ -317,3 +317,70 @@ def test_strided_view_values(tmp_path):
             "Hyperparameters: d ∈ ℕ\n1 return Y = X[:, 2, 5, …, d − 1]\n")
     x = torch.randn(2, 3, 9)
     torch.testing.assert_close(_model(card, tmp_path, d=9)(x), x[..., 1::3])
+
+
+# ------------------------------------------------------------------ the padding row
+
+EMBED = """\
+Algorithm: E ← Embed(x | W_e)
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: E ∈ ℝ^{T×D}
+Hyperparameters: V, D ∈ ℕ, v_pad ∈ ℕ = 0, the padding token (0: none)
+Parameters: W_e ∈ ℝ^{V×D}, padding row v_pad, token embeddings.
+1 return E = W_e[x]
+"""
+
+
+def test_the_padding_row_is_a_clause_of_the_declaration():
+    decl = next(d for d in s.nodes(_parse(EMBED)) if isinstance(d, s.Decl) and d.names == ("W_e",))
+    assert (decl.pad, decl.prose) == ("v_pad", "token embeddings.")
+    assert _round_trips(EMBED.replace("ℝ^{V×D}", "R^{V x D}")) == EMBED
+
+
+@pytest.mark.parametrize("v_pad", [0, 1, 4, 7])
+def test_the_padding_row_gets_no_gradient(v_pad, tmp_path):
+    """Card token IDs count from 1: v_pad is nn.Embedding's padding_idx + 1, and 0 is none."""
+    model = _model(EMBED, tmp_path, V=7, D=3, v_pad=v_pad)
+    ref = torch.nn.Embedding(7, 3, padding_idx=v_pad - 1 if v_pad else None)
+    with torch.no_grad():
+        ref.weight.copy_(model.W_e)
+    x = torch.tensor([[0, 3, 6, 3, 1], [6, 6, 2, 0, 5]])  # 0-based, as tensors hold tokens
+    weights = torch.randn(2, 5, 3)
+    (model(x) * weights).sum().backward()
+    (ref(x) * weights).sum().backward()
+    torch.testing.assert_close(model.W_e.grad, ref.weight.grad)
+    if v_pad:
+        assert not model.W_e.grad[v_pad - 1].any() and model.W_e.grad.abs().sum() > 0
+
+
+def test_llama_and_qwen2_say_no_padding_row_by_default():
+    from cardc.build import checked, find_card, source
+
+    for card in ("llama", "qwen2"):
+        path = str(ROOT / "cards" / f"{card}.card")
+        lib, checker, _ = checked([path], str(ROOT / "cards"))
+        alg = find_card(lib, checker, path, None)
+        assert checker.info(alg).sig.defaults["v_pad"] == s.Num("0")
+        assert "padding_idx=self.v_pad - 1 if self.v_pad > 0 else None" in source(checker, alg)
+
+
+@pytest.mark.parametrize("change, message", [
+    ("v_pad ∈ ℕ = 0, the padding token (0: none)", "5:13: the padding row 'w' is not a "
+     "whole-number hyperparameter of this card"),
+    ("v_pad ∈ (0, ∞) = 1", "5:13: the padding row 'w' is not a whole-number hyperparameter "
+     "of this card"),
+])
+def test_a_padding_row_names_a_hyperparameter(change, message, tmp_path):
+    card = EMBED.replace("padding row v_pad", "padding row w")
+    card = card.replace("v_pad ∈ ℕ = 0, the padding token (0: none)",
+                        change.replace("v_pad", "w") if "(0, ∞)" in change else change)
+    assert _errors(card, tmp_path) == [message]
+
+
+def test_a_padding_row_belongs_to_a_matrix_parameter(tmp_path):
+    card = EMBED.replace("Output: E ∈ ℝ^{T×D}", "Output: E ∈ ℝ^{T×D}, padding row v_pad")
+    assert _errors(card, tmp_path) == ["3:9: a padding row belongs to a parameter, not to Output"]
+    card = EMBED.replace("W_e ∈ ℝ^{V×D}, padding", "b ∈ ℝ^{D}, padding row v_pad, W_e ∈ "
+                         "ℝ^{V×D}, padding")
+    assert _errors(card, tmp_path) == [
+        "5:13: a padding row belongs to a matrix whose rows tokens pick"]

@@ -1016,6 +1016,9 @@ class Body:
                 items.append(self.progression(item, base, k))
                 continue
             idx = self.expr(item)
+            pad = self.ty(e.base).pad
+            if idx.ty.shape and pad is not None and len(e.items) == 1 and not base.lifted:
+                return Val(self.embedding(idx.code, base.code, pad), self.ty(e), idx.lifted)
             if idx.ty.shape:  # token IDs pick rows: W_e[x]
                 items.append(idx.code)
                 lifted = lifted or idx.lifted
@@ -1024,6 +1027,13 @@ class Body:
         if base.lifted and not base.flipped:  # E[1] of a T×D matrix is its first row: E[..., 0, :]
             items += [ir.SliceX(None, None)] * (len(base.ty.shape) - len(e.items))
         return Val(ir.Sub(base.code, tuple(items)), self.ty(e), lifted)
+
+    def embedding(self, tokens: ir.Expr, table: ir.Expr, pad: str) -> ir.Expr:
+        """Rows of `table` picked by tokens, the padding row's receiving no gradient: card
+        token v_pad is row v_pad − 1, and v_pad = 0 names none."""
+        row = self.dim(Dim.sym(pad))
+        index = ir.Cond(ir.Bin(">", row, _int(0)), ir.Bin("-", row, _int(1)), ir.Ref("None"))
+        return _call("F.embedding", tokens, table, padding_idx=index)
 
     def procedure_index(self, e: s.Index, base: Val) -> Val:
         """Indexing in a training or inference card, where indices may be tensors: positions

@@ -266,6 +266,8 @@ class Renderer:
                 out += f" ~ {init.func}({', '.join(VALUES.text(a) for a in init.args)})"
             else:
                 out += f" ~ {VALUES.text(init)}"
+        if node.pad is not None:
+            out += f", padding row {node.pad}"
         return out
 
     def decl_line_text(self, node: s.Decl) -> str:
