@@ -127,6 +127,7 @@ class _Build:
         self.file = file
         self.diags = Diagnostics()
         self.source = source  # the text parsed, for constructs read back from it
+        self.bad_lines: set[int] = set()  # lines whose syntax error a callback reported
 
     def run(self, start: str, at: tuple[int, int] = (0, 1)) -> Any:
         return lalr.parse(self.source, start, self.node, _respell, at)
@@ -587,6 +588,12 @@ class _Build:
                                  hint="the odd columns of X are 'X[:, 1, 3, …, d − 1]' (ASCII "
                                       "'X[:, 1, 3, ..., d - 1]'), the even ones "
                                       "'X[:, 2, 4, …, d]'")
+                self.bad_lines.add(x.line)  # a syntax error: the card is not checked
+                first = out.pop() if out and _term(out[-1]) else None
+                if _term(last):
+                    items[k + 1] = None
+                out.append(s.Slice(first, last if _term(last) else None,
+                                   span=_span(self.file, x)))
                 continue
             first, second = out[-2:]
             out[-2:] = [s.Progression(first, second, last, span=s.Span(
@@ -910,7 +917,7 @@ def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None) -> 
     diags.sources[file] = text
     build = _Build(file, text)
     lines, bad = _parse_lines(build, file, diags, text)
-    if bad:
+    if bad or build.bad_lines:
         diags.items += [d for d in build.diags.items if d.span.line not in bad]
         return s.CardFile(file, ())
     diags.items += build.diags.items
