@@ -317,7 +317,7 @@ class _DeclEnv:
                             "ID of the padding token (0: none)")
             return None
         if not isinstance(item.type, s.Tensor) or len(item.type.dims) != 2:
-            self.error(item.span, "a padding row belongs to a matrix whose rows tokens pick",
+            self.error(item.span, "a padding row belongs to a matrix that tokens index",
                        hint="declare it on the embedding matrix, as 'W_e ∈ ℝ^{V×D}, padding "
                             "row v_pad'")
             return None

@@ -383,4 +383,28 @@ def test_a_padding_row_belongs_to_a_matrix_parameter(tmp_path):
     card = EMBED.replace("W_e ∈ ℝ^{V×D}, padding", "b ∈ ℝ^{D}, padding row v_pad, W_e ∈ "
                          "ℝ^{V×D}, padding")
     assert _errors(card, tmp_path) == [
-        "5:13: a padding row belongs to a matrix whose rows tokens pick"]
+        "5:13: a padding row belongs to a matrix that tokens index"]
+
+
+def test_a_padding_column_in_the_papers_layout(tmp_path):
+    """The paper's W_e ∈ ℝ^{d_e×N_V} picks columns: the padding token's column gets no
+    gradient."""
+    card = """\
+Algorithm: E ← EmbedColumns(x | W_e)
+Input: x ∈ V*, token IDs.
+Output: E ∈ ℝ^{d_e×length(x)}
+Hyperparameters: v_pad ∈ ℕ = 0, the padding token (0: none)
+Parameters: W_e ∈ ℝ^{d_e×N_V}, padding row v_pad, the token embedding matrix.
+1 ℓ ← length(x)
+2 for t ∈ [ℓ] : e_t ← W_e[:, x[t]]
+3 return E = [e_1, e_2, …, e_ℓ]
+"""
+    assert _errors(card, tmp_path) == []
+    model = _model(card, tmp_path, d_e=3, N_V=5, v_pad=2)
+    x = torch.tensor([[1, 0, 1, 4]])
+    out = model(x)
+    torch.testing.assert_close(out, model.W_e.detach().T[x])
+    out.sum().backward()
+    assert not model.W_e.grad[:, 1].any()
+    torch.testing.assert_close(model.W_e.grad[:, 0], torch.ones(3))
+    torch.testing.assert_close(model.W_e.grad[:, 4], torch.ones(3))

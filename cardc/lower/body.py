@@ -1003,7 +1003,9 @@ class Body:
                 cols = base.code if base.flipped else _mT(base.code)
                 # token IDs are 0-based in tensors; a position (W_p[:, ℓ]) is 1-based
                 pick = idx.code if idx.ty.vocab is not None or idx.rows else _dec(idx.code)
-                return Val(ir.Sub(cols, (pick,)), self.ty(e), idx.lifted, False, idx.rows)
+                pad = self.ty(e.base).pad
+                code = ir.Sub(cols, (pick,)) if pad is None else self.embedding(pick, cols, pad)
+                return Val(code, self.ty(e), idx.lifted, False, idx.rows)
         if self.procedure:
             return self.procedure_index(e, base)
         items: list[ir.Expr | ir.SliceX] = [ir.Ref("...")] if base.lifted else []
