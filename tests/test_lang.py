@@ -408,3 +408,14 @@ Parameters: W_e ∈ ℝ^{d_e×N_V}, padding row v_pad, the token embedding matri
     assert not model.W_e.grad[:, 1].any()
     torch.testing.assert_close(model.W_e.grad[:, 0], torch.ones(3))
     torch.testing.assert_close(model.W_e.grad[:, 4], torch.ones(3))
+
+
+def test_a_padding_token_past_the_vocabulary_is_refused(capsys, monkeypatch):
+    """v_pad ∈ {0..V}: a value past V (a bad pad_token_id) is refused by name, before any
+    model is built."""
+    from cardc.cli import main
+
+    monkeypatch.chdir(ROOT)
+    assert main(["info", "cards/llama.card", "--preset", "tiny", "--set", "v_pad=257"]) == 1
+    assert "'v_pad' = 257 lies outside [0, 256]" in capsys.readouterr().err
+    assert main(["info", "cards/qwen2.card", "--preset", "tiny", "--set", "v_pad=256"]) == 0
