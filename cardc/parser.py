@@ -589,11 +589,6 @@ class _Build:
                                       "'X[:, 1, 3, ..., d - 1]'), the even ones "
                                       "'X[:, 2, 4, …, d]'")
                 self.bad_lines.add(x.line)  # a syntax error: the card is not checked
-                first = out.pop() if out and _term(out[-1]) else None
-                if _term(last):
-                    items[k + 1] = None
-                out.append(s.Slice(first, last if _term(last) else None,
-                                   span=_span(self.file, x)))
                 continue
             first, second = out[-2:]
             out[-2:] = [s.Progression(first, second, last, span=s.Span(
