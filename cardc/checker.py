@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from . import syntax as s
 from .diagnostics import Diagnostics
-from .dims import ONE, Dim
+from .dims import ONE, Dim, solve
 from .library import Library
 from .render.text import render_expr
 from .spelling import canonical_name, display
@@ -185,6 +185,9 @@ class _DeclEnv:
         if not isinstance(item, s.Decl):
             self.error(item.span, f"bundles belong under Parameters, not {kind}")
             return
+        if item.pad is not None:
+            self.error(item.span, f"a padding row belongs to a parameter, not to {kind}",
+                       hint="declare it on the embedding matrix under Parameters")
         for name in item.names:
             ty = self.decl_type(item, name)
             if kind != "Hyperparameters" and item.type is None and item.value is None:
@@ -297,8 +300,28 @@ class _DeclEnv:
             if item.type is None and item.value is None:
                 out[name] = BundleTy()  # structure comes from the card it is passed to
             else:
-                out[name] = replace(self.decl_type(item, name), init=item.value, init_dist=item.init)
+                out[name] = replace(self.decl_type(item, name), init=item.value,
+                                    init_dist=item.init, pad=self.padding_row(item))
         return out
+
+    def padding_row(self, item: s.Decl) -> str | None:
+        """`W_e ∈ ℝ^{V×D}, padding row v_pad`: v_pad must be a whole-number hyperparameter of
+        the card (token IDs count from 1, so 0 says there is none) and W_e a matrix of rows."""
+        if item.pad is None:
+            return None
+        hyper = self.hypers.get(item.pad)
+        if hyper is None or hyper.elem != "ℕ" or hyper.shape or item.pad in self.definitions:
+            self.error(item.span, f"the padding row '{display(item.pad)}' is not a "
+                                  "whole-number hyperparameter of this card",
+                       hint=f"declare it: 'Hyperparameters: {display(item.pad)} ∈ ℕ = 0', the "
+                            "ID of the padding token (0: none)")
+            return None
+        if not isinstance(item.type, s.Tensor) or len(item.type.dims) != 2:
+            self.error(item.span, "a padding row belongs to a matrix that tokens index",
+                       hint="declare it on the embedding matrix, as 'W_e ∈ ℝ^{V×D}, padding "
+                            "row v_pad'")
+            return None
+        return item.pad
 
     def range_dim(self, expr: s.Expr) -> Dim | None:
         if isinstance(expr, s.Concat) and len(expr.items) == 1:
@@ -1082,6 +1105,9 @@ class _Body:
         shape: list[Dim | None] = []
         for axis, item in enumerate(e.items):
             size = base.shape[axis]
+            if isinstance(item, s.Progression):
+                shape.append(self.progression_size(item))
+                continue
             if isinstance(item, s.Slice):
                 if item.lo is None and item.hi is None:
                     shape.append(size)
@@ -1099,12 +1125,31 @@ class _Body:
             shape += list(ity.shape)  # a vector of token IDs gathers rows
         return Ty(tuple(shape) + base.shape[len(e.items):], base.elem, vocab=base.vocab)
 
+    def progression_size(self, p: s.Progression) -> Dim:
+        """How many entries `a, b, …, c` picks: (c − a)/(b − a) + 1, its step b − a a whole
+        number from 1 up."""
+        first, second, last = self.dim_of(p.first), self.dim_of(p.second), self.dim_of(p.last)
+        step = (second - first).constant()
+        if step is None or step < 1 or step.denominator != 1:
+            self.error(p.second.span, f"the step of a progression must be a whole number from "
+                                      f"1 up, not {_d(second - first)}",
+                       hint="the odd columns of X are 'X[:, 1, 3, …, d − 1]', a step of 2")
+            raise CheckError
+        return (last - first) * Dim.const(1 / step) + ONE
+
+    def expr_progression(self, e: s.Progression) -> Ty:
+        self.error(e.span, "a progression 'a, b, …, c' picks entries of an index only",
+                   hint="write it inside the brackets of an index: 'X[:, 1, 3, …, d − 1]'")
+        raise CheckError
+
     def expr_concat(self, e: s.Concat) -> Ty:
         items = [x for x in e.items if not isinstance(x, s.Ellipsis_)]
         tys = [self.tensor(x) for x in items]
         first = tys[0]
         if e.sep == "," and any(ty.vocab is not None and ty.rank <= 1 for ty in tys):
             return self.tokens(e, items, tys)
+        if first.rank >= 2 and len(items) > 1 and len(items) == len(e.items):
+            return self.join_parts(e, items, tys)
         for x, ty in zip(items[1:], tys[1:], strict=False):
             if not same_shape(first, ty):
                 self.error(x.span, f"cannot concatenate {ty} with {first}")
@@ -1121,6 +1166,27 @@ class _Body:
         if e.sep == ";":
             return Ty((count * first.shape[0],) + first.shape[1:])
         return Ty(first.shape[:-1] + (count * first.shape[-1],))
+
+    def join_parts(self, e: s.Concat, items: list[s.Expr], tys: list[Ty]) -> Ty:
+        """[A, B] side by side (the last axes add up), [A; B] one above the other (the first
+        axes do): parts written out one by one may differ in width, ℝ^{T×a} and ℝ^{T×b}
+        making ℝ^{T×(a + b)}; every other axis must agree."""
+        first = tys[0]
+        axis = 0 if e.sep == ";" else first.rank - 1
+        hint = ("parts side by side may differ in width only" if e.sep == ","
+                else "parts one above the other may differ in height only")
+        total: Dim | None = Dim.const(0)
+        for x, ty in zip(items, tys, strict=True):
+            if ty.rank != first.rank or not all(
+                    i == axis or dims_equal(a, b)
+                    for i, (a, b) in enumerate(zip(ty.shape, first.shape, strict=True))):
+                self.error(x.span, f"cannot concatenate {ty} with {first}", hint=hint)
+                raise CheckError
+            size = ty.shape[axis]
+            total = None if size is None or total is None else total + size
+        shape = list(first.shape)
+        shape[axis] = total
+        return Ty(tuple(shape), first.elem)
 
     def tokens(self, e: s.Concat, items: list[s.Expr], tys: list[Ty]) -> Ty:
         """[x, y], [bos_token]: tokens and sequences joined into one sequence."""
@@ -1410,18 +1476,24 @@ class _Body:
         return False
 
     def unify(self, want: tuple, got: tuple, bind: dict[str, Dim]) -> bool:
+        """Bind the callee's symbols so that its dimensions `want` equal the caller's `got`:
+        each dimension that leaves one unknown symbol, linearly, binds it (`3 d` against
+        `3 D/H`), in as many passes as bindings make more dimensions solvable."""
         if len(want) != len(got):
             return False
-        pending = []
-        for w, g in zip(want, got, strict=False):
-            if w is None or g is None:
-                continue
-            syms = w.symbols - set(bind)
-            if len(w.terms) == 1 and w.terms[0][1] == 1 and len(w.terms[0][0]) == 1 \
-                    and w.terms[0][0][0][1] == 1 and syms:
-                bind[w.terms[0][0][0][0]] = g
-            else:
-                pending.append((w, g))
+        pending = [(w, g) for w, g in zip(want, got, strict=True) if w is not None and g is not None]
+        while True:
+            left = []
+            for w, g in pending:
+                unknowns = w.symbols - set(bind)
+                solved = solve(subst_dim(w, bind), g, unknowns) if unknowns else None
+                if solved is None:
+                    left.append((w, g))
+                else:
+                    bind[solved[0]] = solved[1]
+            if len(left) == len(pending):
+                break
+            pending = left
         return all(dims_equal(subst_dim(w, bind), g) for w, g in pending)
 
 

@@ -62,7 +62,7 @@ def _item(i: ir.Expr | ir.SliceX) -> str:
     if isinstance(i, ir.SliceX):
         lo = "" if i.lo is None else expr_py(i.lo, 1)
         hi = "" if i.hi is None else expr_py(i.hi, 1)
-        return f"{lo}:{hi}"
+        return f"{lo}:{hi}" if i.step is None else f"{lo}:{hi}:{expr_py(i.step, 1)}"
     return expr_py(i)
 
 

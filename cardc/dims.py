@@ -87,19 +87,56 @@ class Dim:
         return total
 
     def __str__(self) -> str:
+        """`d_r − 1`, `d/2`, `3 D/(2 H)`: terms with symbols first, the constant last."""
         if not self.terms:
             return "0"
+        terms = sorted(self.terms, key=lambda t: t[0] == ())
         parts = []
-        for i, (mono, coef) in enumerate(self.terms):
-            num = [s if e == 1 else f"{s}^{e}" for s, e in mono if e > 0]
-            den = [s if e == -1 else f"{s}^{-e}" for s, e in mono if e < 0]
-            mag = abs(coef)
-            body = " ".join(([str(mag)] if mag != 1 or not num else []) + num) or "1"
-            if den:
-                body += "/" + (den[0] if len(den) == 1 else "(" + " ".join(den) + ")")
-            sign = "−" if coef < 0 else "+"
-            parts.append(("−" if coef < 0 else "") + body if i == 0 else f" {sign} {body}")
+        for i, (mono, coef) in enumerate(terms):
+            body = _term_text(mono, abs(coef))
+            if i == 0:
+                parts.append(("−" if coef < 0 else "") + body)
+            else:
+                parts.append(f" {'−' if coef < 0 else '+'} {body}")
         return "".join(parts)
 
 
+def _term_text(mono: Monomial, mag: Fraction) -> str:
+    num = [s if e == 1 else f"{s}^{e}" for s, e in mono if e > 0]
+    den = [s if e == -1 else f"{s}^{-e}" for s, e in mono if e < 0]
+    if mag.denominator != 1:
+        den.insert(0, str(mag.denominator))
+    top = ([str(mag.numerator)] if mag.numerator != 1 or not num else []) + num
+    body = " ".join(top)
+    if den:
+        body += "/" + (den[0] if len(den) == 1 else "(" + " ".join(den) + ")")
+    return body
+
+
 ONE = Dim.const(1)
+
+
+def solve(want: Dim, got: Dim, unknowns: set[str]) -> tuple[str, Dim] | None:
+    """The one unknown of `want = got`, where it can be read off exactly: `want` holds one
+    symbol of `unknowns`, in one term, to the power 1 or −1 (`3 d = 3 D/H` gives d = D/H,
+    `d_r + e = d` gives e = d − d_r). None when there is no such unknown."""
+    present = want.symbols & unknowns
+    if len(present) != 1:
+        return None
+    (sym,) = present
+    terms = [(m, c) for m, c in want.terms if any(s == sym for s, _ in m)]
+    if len(terms) != 1:
+        return None
+    (mono, coef), = terms
+    power = dict(mono)[sym]
+    if power not in (1, -1):
+        return None
+    rest = Dim.of({m: c for m, c in want.terms if m != mono})
+    factor = Dim.of({tuple((s, e) for s, e in mono if s != sym): coef})
+    value = (got - rest) / factor  # a single term: exact
+    if value is None:
+        return None
+    if power == -1:
+        value = ONE / value if value.terms else None
+    return (sym, value) if value is not None else None
+

@@ -61,6 +61,7 @@ class Un:
 class SliceX:
     lo: Expr | None
     hi: Expr | None
+    step: Expr | None = None
 
 
 @dataclass(frozen=True)

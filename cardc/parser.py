@@ -18,7 +18,7 @@ from . import lalr
 from . import syntax as s
 from .diagnostics import Diagnostics
 from .lalr import Token
-from .spelling import canonical_name
+from .spelling import canonical_name, function_name
 
 
 def normalize(text: str) -> str:
@@ -127,6 +127,7 @@ class _Build:
         self.file = file
         self.diags = Diagnostics()
         self.source = source  # the text parsed, for constructs read back from it
+        self.bad_lines: set[int] = set()  # lines whose syntax error a callback reported
 
     def run(self, start: str, at: tuple[int, int] = (0, 1)) -> Any:
         return lalr.parse(self.source, start, self.node, _respell, at)
@@ -176,7 +177,7 @@ class _Build:
 
     def signature(self, c):
         names = [x for x in c if isinstance(x, list)]
-        name = next(str(t) for t in c if isinstance(t, Token) and t.type == "NAME")
+        name = self._function(next(t for t in c if isinstance(t, Token) and t.type == "NAME"))
         params = next((x[1] for x in c if isinstance(x, tuple)), ())
         args = tuple(names[1]) if len(names) > 1 else ()
         return {"outputs": tuple(names[0]), "name": name, "args": args, "params": params}
@@ -233,6 +234,8 @@ class _Build:
         return self._line("end", meta, number, None, c[-1], end_tok.column)
 
     def _line(self, kind, meta, number, payload, tail, column):
+        if tail.get("period"):
+            payload = _full_stop(kind, payload)
         return Line(kind, self.sp(meta), column, number, payload, tail.get("note"),
                     tail.get("annotation"), tail.get("comment"), tail.get("text"))
 
@@ -251,6 +254,8 @@ class _Build:
                 tail["text"] = text.strip()
             elif tok.type == "COMMENT":
                 tail["comment"] = _comment(tok)
+            elif tok.type == "PERIOD":
+                tail["period"] = True
         return tail
 
     def _annotation(self, text: str, tok: Token, offset: int) -> s.Decl | None:
@@ -278,10 +283,20 @@ class _Build:
         return decls
 
     @_meta
+    def decls_continued(self, meta, c):
+        decls = [x for x in c if isinstance(x, s.Decl)]
+        decls[-1] = replace(decls[-1], end=",")
+        return decls
+
+    @_meta
     def typed_decl(self, meta, c):
         value = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "="), None)
         init = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "~"), None)
-        return s.Decl(tuple(c[0]), c[2], value, init, span=self.sp(meta))
+        pad = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "pad"), None)
+        return s.Decl(tuple(c[0]), c[2], value, init, pad=pad, span=self.sp(meta))
+
+    def decl_pad(self, c):
+        return ("pad", str(c[-1]))
 
     @_meta
     def prose_decl(self, meta, c):
@@ -554,8 +569,33 @@ class _Build:
     def index(self, meta, c):
         return s.Index(c[0], tuple(c[2]), span=self.sp(meta))
 
+    def index_ellipsis(self, c):
+        return c[0]
+
     def index_items(self, c):
-        return [x for x in c if not isinstance(x, Token)]
+        """The items of an index; `a, b, …, c` among them is one Progression."""
+        items = [x for x in c if not (isinstance(x, Token) and x.type != "ELLIPSIS")]
+        out: list = []
+        for k, x in enumerate(items):
+            if not isinstance(x, Token):
+                out.append(x)
+                continue
+            last = items[k + 1] if k + 1 < len(items) else None
+            terms = [*out[-2:], last]
+            if len(out) < 2 or not all(_term(y) for y in terms):
+                self.diags.error(_span(self.file, x), "a progression in an index is written with "
+                                 "its first two terms, '…' and its last",
+                                 hint="the odd columns of X are 'X[:, 1, 3, …, d − 1]' (ASCII "
+                                      "'X[:, 1, 3, ..., d - 1]'), the even ones "
+                                      "'X[:, 2, 4, …, d]'")
+                self.bad_lines.add(x.line)  # a syntax error: the card is not checked
+                continue
+            first, second = out[-2:]
+            out[-2:] = [s.Progression(first, second, last, span=s.Span(
+                self.file, first.span.line, first.span.col, last.span.end_line,
+                last.span.end_col))]
+            items[k + 1] = None  # taken
+        return [x for x in out if x is not None]
 
     @_meta
     def slice_all(self, meta, c):
@@ -576,7 +616,11 @@ class _Build:
     @_meta
     def call(self, meta, c):
         args, params, bar = next((x for x in c if isinstance(x, tuple)), ((), (), False))
-        return s.Call(str(c[0]), args, params, bar, span=self.sp(meta))
+        return s.Call(self._function(c[0]), args, params, bar, span=self.sp(meta))
+
+    def _function(self, tok: Token) -> str:
+        """A card's or function's name, as written (`Phi` stays `Phi`; see function_name)."""
+        return function_name(self.source[tok.start_pos:tok.end_pos])
 
     def call_args(self, c):
         return (tuple(c[0]), (), False)
@@ -692,6 +736,25 @@ def _item(x, file):
 
 def _note(tok: Token) -> str:
     return str(tok).lstrip("▷/").strip()
+
+
+def _full_stop(kind: str, payload: Any) -> Any:
+    """A line of declarations that ends with a full stop, as the paper prints the last line of
+    a list: kept on its last declaration. A period after anything else is dropped."""
+    items = payload[1] if kind == "block" else payload
+    last = items[-1] if kind in ("block", "items") and items else None
+    if not isinstance(last, list) or not last or not isinstance(last[-1], s.Decl):
+        return payload
+    decl = last[-1]
+    if decl.prose is not None or decl.end:
+        return payload
+    items = [*items[:-1], [*last[:-1], replace(decl, end=".")]]
+    return (payload[0], items) if kind == "block" else items
+
+
+def _term(x) -> bool:
+    """A term of a progression: an expression, not a slice or another progression."""
+    return isinstance(x, _EXPRS) and not isinstance(x, s.Slice | s.Progression)
 
 
 def _comment(tok: Token) -> str:
@@ -849,7 +912,7 @@ def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None) -> 
     diags.sources[file] = text
     build = _Build(file, text)
     lines, bad = _parse_lines(build, file, diags, text)
-    if bad:
+    if bad or build.bad_lines:
         diags.items += [d for d in build.diags.items if d.span.line not in bad]
         return s.CardFile(file, ())
     diags.items += build.diags.items
@@ -891,8 +954,8 @@ def _line_start(text: str, line: int) -> int | None:
     return pos if pos < len(text) else None
 
 
-_EXPRS = (s.Name, s.Num, s.BinOp, s.Unary, s.Power, s.Transpose, s.Slice, s.Index, s.Arg, s.Call,
-          s.Concat, s.Iverson, s.Sum, s.Choice, s.SetBuilder)
+_EXPRS = (s.Name, s.Num, s.BinOp, s.Unary, s.Power, s.Transpose, s.Slice, s.Progression, s.Index,
+          s.Arg, s.Call, s.Concat, s.Iverson, s.Sum, s.Choice, s.SetBuilder)
 
 
 def _nested_too_deeply(node: object, file: str, diags: Diagnostics) -> None:

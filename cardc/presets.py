@@ -17,7 +17,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
@@ -520,6 +520,8 @@ def _intervals(alg: s.Algorithm, env: dict[str, Fraction]) -> dict[str, tuple]:
     """`η ∈ (0, ∞)`: name → ((lo, closed) or None for −∞, (hi, closed) or None for ∞, text)."""
     out = {}
     for d in alg.decls("Hyperparameters"):
+        if isinstance(d, s.Decl) and isinstance(d.type, s.IntRange):  # {0..V}: [0, V]
+            d = replace(d, type=s.Interval(d.type.lo, d.type.hi, True, True))
         if not (isinstance(d, s.Decl) and isinstance(d.type, s.Interval)):
             continue
         t = d.type

@@ -21,15 +21,29 @@ HAT, TILDE = "\u0302", "\u0303"
 _RUN = re.compile(r"[A-Za-z]+")
 
 
+# Greek letters that name builtin functions: spelled out at a call (`sigma(x)`), they are the
+# symbol; any other name before "(" names a card or a function and keeps its letters
+FUNCTION_SYMBOLS = frozenset({"σ"})
+
+
 @lru_cache(maxsize=4096)  # a card repeats its names many times over
-def canonical_name(text: str) -> str:
-    """`gamma^1_l` → `γ^1_l`, `X~` → `X̃`, `e^` → `ê`, `t'` → `t′` (decomposed Unicode)."""
+def canonical_name(text: str, greek: bool = True) -> str:
+    """`gamma^1_l` → `γ^1_l`, `X~` → `X̃`, `e^` → `ê`, `t'` → `t′` (decomposed Unicode).
+    With `greek` false, letters are kept as written (card names: `Phi` is not `Φ`)."""
     text = unicodedata.normalize("NFD", text)
-    text = _RUN.sub(lambda m: GREEK.get(m.group(0), m.group(0)), text)
+    if greek:
+        text = _RUN.sub(lambda m: GREEK.get(m.group(0), m.group(0)), text)
     text = text.replace("~", TILDE).replace("'", "′")
     if text.endswith("^"):
         text = text[:-1] + HAT
     return re.sub(r"\^(?=[_^])", HAT, text)
+
+
+def function_name(written: str) -> str:
+    """The name of a card or function as a header or a call writes it: decorations in canonical
+    form, Greek spelled out only where it is a builtin's symbol (`sigma` → `σ`)."""
+    symbol = canonical_name(written)
+    return symbol if symbol in FUNCTION_SYMBOLS else canonical_name(written, greek=False)
 
 
 def display(text: str) -> str:

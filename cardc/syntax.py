@@ -86,9 +86,20 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class Progression:
+    """``1, 3, …, d − 1`` as an index: the entries first, second, … up to last, a step of
+    second − first apart (the odd columns of X are ``X[:, 1, 3, …, d − 1]``)."""
+
+    first: Expr
+    second: Expr
+    last: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
 class Index:
     base: Expr
-    items: tuple[Expr, ...]  # each an Expr or a Slice
+    items: tuple[Expr, ...]  # each an Expr, a Slice or a Progression
     span: Span = _span()
 
 
@@ -158,8 +169,8 @@ class SetBuilder:
     span: Span = _span()
 
 
-Expr = (Name | Num | BinOp | Unary | Power | Transpose | Slice | Index | Arg | Call | Ellipsis_ | Concat
-        | Iverson | Sum | Choice | SetBuilder)
+Expr = (Name | Num | BinOp | Unary | Power | Transpose | Slice | Progression | Index | Arg | Call
+        | Ellipsis_ | Concat | Iverson | Sum | Choice | SetBuilder)
 
 # ---------------------------------------------------------------------- types
 
@@ -255,6 +266,8 @@ class Decl:
     value: Expr | None = None  # a default, a definition or an initial value
     init: Expr | None = None  # a distribution after "~"
     prose: str | None = None
+    end: str = ""  # "," or ".": the line ends after it so (a list printed over several lines)
+    pad: str | None = None  # `, padding row v_pad`: the hyperparameter naming a padding row
     span: Span = _span()
 
 

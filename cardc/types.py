@@ -21,6 +21,7 @@ class Ty:
     init: s.Expr | None = None  # parameters: the declared initial value or distribution
     init_dist: s.Expr | None = None
     vocab: Dim | None = None  # token IDs (a token, a sequence): the size of their vocabulary
+    pad: str | None = None  # an embedding matrix: the hyperparameter naming its padding row
 
     @property
     def rank(self) -> int:

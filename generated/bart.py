@@ -239,8 +239,8 @@ class BART(nn.Module):
         self.eps = eps
         self.max_seq_len = self.ctx
         self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [bart.card:10]
-        self.W_enc_p = nn.Parameter(torch.empty(2 + ctx, D).normal_(0.0, 0.02))  # (2 + ctx, D)  [bart.card:11]
-        self.W_dec_p = nn.Parameter(torch.empty(2 + ctx, D).normal_(0.0, 0.02))  # (2 + ctx, D)  [bart.card:12]
+        self.W_enc_p = nn.Parameter(torch.empty(2 + ctx, D).normal_(0.0, 0.02))  # (ctx + 2, D)  [bart.card:11]
+        self.W_dec_p = nn.Parameter(torch.empty(2 + ctx, D).normal_(0.0, 0.02))  # (ctx + 2, D)  [bart.card:12]
         self.gamma_enc_e = nn.Parameter(torch.ones(D))  # (D,)  [bart.card:13]
         self.beta_enc_e = nn.Parameter(torch.zeros(D))  # (D,)  [bart.card:13]
         self.gamma_dec_e = nn.Parameter(torch.ones(D))  # (D,)  [bart.card:14]

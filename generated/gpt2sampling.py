@@ -28,5 +28,5 @@ def GPT2Sampling(x, theta_hat, l_gen, tau, ctx):
         else:
             q = torch.softmax(z / tau, dim=-1)  # [gpt2_sampling.card:15]
             y = torch.multinomial(q, 1)[..., 0]
-        x = torch.cat([x, y[..., None]], dim=-1)  # (B, 1 + |x|′)  [gpt2_sampling.card:16]
+        x = torch.cat([x, y[..., None]], dim=-1)  # (B, |x|′ + 1)  [gpt2_sampling.card:16]
     return x[..., l:l + l_gen]  # (B, ℓ_gen)  [gpt2_sampling.card:18]

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 PRESETS = {
-    "tiny": dict(V=256, D=128, H=4, H_kv=2, D_f=344, N=4, ctx=256, eps=1e-05, theta_base=10000.0),
+    "tiny": dict(V=256, D=128, H=4, H_kv=2, D_f=344, N=4, ctx=256, eps=1e-05, theta_base=10000.0, v_pad=0),
 }
 
 
@@ -122,7 +122,7 @@ class LlamaBlock(nn.Module):
     """X ← LlamaBlock(X | θ): A pre-norm Llama block: grouped-query attention with RoPE, then a
     SwiGLU MLP, each added to the residual stream.
 
-    Card: cards/llama.card:41
+    Card: cards/llama.card:43
     """
 
     def __init__(self, D: int, eps: float, theta_base: float, H: int, H_kv: int, D_f: int):
@@ -133,15 +133,15 @@ class LlamaBlock(nn.Module):
         self.H = H
         self.H_kv = H_kv
         self.D_f = D_f
-        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [llama.card:47]
-        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [llama.card:49]
-        self.attn = GroupedQueryAttention(D=D, H=H, H_kv=H_kv, theta_base=theta_base)  # [llama.card:48]
-        self.mlp = SwiGLU(D=D, D_f=D_f)  # [llama.card:50]
+        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [llama.card:49]
+        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [llama.card:51]
+        self.attn = GroupedQueryAttention(D=D, H=H, H_kv=H_kv, theta_base=theta_base)  # [llama.card:50]
+        self.mlp = SwiGLU(D=D, D_f=D_f)  # [llama.card:52]
 
     def forward(self, X, cache=None):
-        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [llama.card:51]
-        X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [llama.card:52]
-        return X  # (B, T, D)  [llama.card:53]
+        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [llama.card:53]
+        X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [llama.card:54]
+        return X  # (B, T, D)  [llama.card:55]
 
 
 class LlamaUntied(nn.Module):
@@ -149,10 +149,10 @@ class LlamaUntied(nn.Module):
     blocks of grouped-query attention and a SwiGLU MLP, and an unembedding of its own (Llama
     2, Llama 3 8B).
 
-    Card: cards/llama.card:21
+    Card: cards/llama.card:22
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, D_f: int, N: int, ctx: int, eps: float = 1e-05, theta_base: float = 10000):
+    def __init__(self, V: int, D: int, H: int, H_kv: int, D_f: int, N: int, ctx: int, eps: float = 1e-05, theta_base: float = 10000, v_pad: int = 0):
         super().__init__()
         self.V = V
         self.D = D
@@ -163,19 +163,20 @@ class LlamaUntied(nn.Module):
         self.ctx = ctx
         self.eps = eps
         self.theta_base = theta_base
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [llama.card:28]
-        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [llama.card:31]
-        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [llama.card:32]
+        self.v_pad = v_pad
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [llama.card:30]
+        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [llama.card:33]
+        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [llama.card:34]
         self.block = nn.ModuleList(
             LlamaBlock(D=D, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, D_f=D_f) for _ in range(N)
-        )  # [llama.card:30]
+        )  # [llama.card:32]
 
     def forward(self, x, targets=None, cache=None):
-        E = self.W_e[x]  # (B, T, D)  [llama.card:34]
-        for block in self.block:  # [llama.card:35]
-            E = block(E, cache=cache)  # (B, T, D)  [llama.card:36]
-        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [llama.card:38]
-        P = E @ self.W_u  # (B, T, V)  [llama.card:39]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [llama.card:36]
+        for block in self.block:  # [llama.card:37]
+            E = block(E, cache=cache)  # (B, T, D)  [llama.card:38]
+        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [llama.card:40]
+        P = E @ self.W_u  # (B, T, V)  [llama.card:41]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]
         if targets is None:

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PRESETS = {
-    "tiny": dict(V=256, D=128, H=4, H_kv=2, D_f=344, N=4, ctx=256, eps=1e-06, theta_base=10000.0),
-    "qwen2-0.5b": dict(V=151936, D=896, H=14, H_kv=2, D_f=4864, N=24, ctx=131072, eps=1e-06, theta_base=1000000.0),
+    "tiny": dict(V=256, D=128, H=4, H_kv=2, D_f=344, N=4, ctx=256, eps=1e-06, theta_base=10000.0, v_pad=0),
+    "qwen2-0.5b": dict(V=151936, D=896, H=14, H_kv=2, D_f=4864, N=24, ctx=131072, eps=1e-06, theta_base=1000000.0, v_pad=0),
 }
 
 
@@ -124,7 +124,7 @@ class Qwen2Block(nn.Module):
     """X ← Qwen2Block(X | θ): A pre-norm Qwen2 block: LlamaBlock with biased query, key and value
     projections.
 
-    Card: cards/qwen2.card:41
+    Card: cards/qwen2.card:43
     """
 
     def __init__(self, D: int, eps: float, theta_base: float, H: int, H_kv: int, D_f: int):
@@ -135,15 +135,15 @@ class Qwen2Block(nn.Module):
         self.H = H
         self.H_kv = H_kv
         self.D_f = D_f
-        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [qwen2.card:47]
-        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [qwen2.card:49]
-        self.attn = GroupedQueryAttentionBiased(D=D, H=H, H_kv=H_kv, theta_base=theta_base)  # [qwen2.card:48]
-        self.mlp = SwiGLU(D=D, D_f=D_f)  # [qwen2.card:50]
+        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [qwen2.card:49]
+        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [qwen2.card:51]
+        self.attn = GroupedQueryAttentionBiased(D=D, H=H, H_kv=H_kv, theta_base=theta_base)  # [qwen2.card:50]
+        self.mlp = SwiGLU(D=D, D_f=D_f)  # [qwen2.card:52]
 
     def forward(self, X, cache=None):
-        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [qwen2.card:51]
-        X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [qwen2.card:52]
-        return X  # (B, T, D)  [qwen2.card:53]
+        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [qwen2.card:53]
+        X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [qwen2.card:54]
+        return X  # (B, T, D)  [qwen2.card:55]
 
 
 class Qwen2(nn.Module):
@@ -153,7 +153,7 @@ class Qwen2(nn.Module):
     Card: cards/qwen2.card:1
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 10000):
+    def __init__(self, V: int, D: int, H: int, H_kv: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 10000, v_pad: int = 0):
         super().__init__()
         self.V = V
         self.D = D
@@ -164,18 +164,19 @@ class Qwen2(nn.Module):
         self.ctx = ctx
         self.eps = eps
         self.theta_base = theta_base
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [qwen2.card:8]
-        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [qwen2.card:11]
+        self.v_pad = v_pad
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [qwen2.card:9]
+        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [qwen2.card:12]
         self.block = nn.ModuleList(
             Qwen2Block(D=D, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, D_f=D_f) for _ in range(N)
-        )  # [qwen2.card:10]
+        )  # [qwen2.card:11]
 
     def forward(self, x, targets=None, cache=None):
-        E = self.W_e[x]  # (B, T, D)  [qwen2.card:14]
-        for block in self.block:  # [qwen2.card:15]
-            E = block(E, cache=cache)  # (B, T, D)  [qwen2.card:16]
-        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen2.card:18]
-        P = E @ self.W_e.T  # (B, T, V)  [qwen2.card:19]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [qwen2.card:15]
+        for block in self.block:  # [qwen2.card:16]
+            E = block(E, cache=cache)  # (B, T, D)  [qwen2.card:17]
+        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen2.card:19]
+        P = E @ self.W_e.T  # (B, T, V)  [qwen2.card:20]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]
         if targets is None:

@@ -307,6 +307,7 @@ GENERATOR_NAMES = {
     "math", "new", "new_cache", "nn", "optimizer", "past", "persistent", "phi", "range", "report",
     "rotary", "self", "source", "super", "targets", "torch", "undecayed", "weight_decay", "Z",
     "qkv", "kv", "parts", "loss", "unbiased", "alpha", "None", "True", "False", "p",
+    "padding_idx", "start", "end", "step",
 }
 GENERATOR_ATTRS = {
     "Module", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
@@ -320,7 +321,8 @@ GENERATOR_ATTRS = {
     "tanh", "erf", "sigmoid", "mean", "var", "max", "min", "pi", "inf", "layer_norm", "T", "kv",
     "cos", "sin", "omega", "append", "clamp", "tolist", "item", "long", "topk", "div", "size",
     "view", "reshape", "unsqueeze", "squeeze", "expand", "masked_fill", "logical_not", "cumsum",
-    "rsqrt", "pow", "abs", "square", "randint", "bernoulli", "lerp", "norm",
+    "rsqrt", "pow", "abs", "square", "randint", "bernoulli", "lerp", "norm", "embedding",
+    "slice_scatter", "zeros_like",
 }
 GENERATOR_STRINGS = {"tanh", "omega", "probabilities", "params", "weight_decay", "lr",
                      " exceeds the model's ", " positions", "sequence length "}

@@ -201,13 +201,13 @@ def test_a_derived_size_blames_the_preset_and_notes_the_declaration(tmp_path):
 
 @pytest.mark.parametrize("card, old, new, message", [
     ("llama.card", "D = 128, H = 4, H_kv = 2", "D = 128, H = 4, H_kv = 3",
-     "12:8: error: G = H/H_kv = 4/3 (H = 4, H_kv = 3) is not a whole number"),
+     "13:8: error: G = H/H_kv = 4/3 (H = 4, H_kv = 3) is not a whole number"),
     ("llama.card", "D = 128, H = 4, H_kv = 2", "D = 132, H = 4, H_kv = 2",
-     "12:8: error: 1/2 d = 33/2 (d = 33) is not a whole number"),
+     "13:8: error: d/2 = 33/2 (d = 33) is not a whole number"),
     ("llama.card", "ctx = 256  ▷ trains", "ctx = 256, θ_base = −∞  ▷ trains",
-     "12:87: error: −∞ is not a finite number"),
+     "13:87: error: −∞ is not a finite number"),
     ("llama.card", "ctx = 256  ▷ trains", "ctx = 256, θ_base = 0  ▷ trains",
-     "12:87: error: 'θ_base' = 0 lies outside (0, ∞)"),
+     "13:87: error: 'θ_base' = 0 lies outside (0, ∞)"),
     ("nn/attention.card", "Hyperparameters: D, H ∈ ℕ; d = D/H, the width of a head.\n",
      "Hyperparameters: D, H ∈ ℕ; d = D/H, the width of a head.\nPreset p: D = 8, d = 2\n",
      "error: 'd' = D/H is derived, not set"),

@@ -245,7 +245,8 @@ def _concat(items: list, sep: str, ellipsis: bool) -> s.Concat:
 
 
 def _extend(children):
-    slices = st.builds(s.Slice, st.none() | children, st.none() | children)
+    slices = st.builds(s.Slice, st.none() | children, st.none() | children) | \
+        st.builds(s.Progression, children, children, children)
     args = st.builds(s.Arg, children, children, st.sampled_from(["=", "≡"]))
     return st.one_of(
         st.builds(s.BinOp, st.sampled_from(["+", "−", "·", "⊙", "/", " "]), children, children),

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .. import ir
 from .. import syntax as s
-from ..checker import CONSTANTS, PAIRWISE, CallInfo, CardInfo, instance
+from ..checker import CONSTANTS, PAIRWISE, CallInfo, CardInfo, expr_dim, instance
 from ..dims import Dim
 from ..namecheck import card_identifiers
 from ..spelling import display
@@ -277,6 +277,8 @@ class Body:
         if isinstance(st.value, s.SetBuilder) and isinstance(st.target, s.Name):
             self.sets[st.target.id] = self.arange_of(st.value.var, st.value.domain, step)
             self.domain = self.sets[st.target.id]
+        if isinstance(st.target, s.Index) and self.assign_part(st.target, st.value, step):
+            return
         if not isinstance(st.target, s.Name):
             self.fail(st.target, "code generation handles assignments to a name only here",
                       hint="assign the whole value, e.g. 'X ← …'")
@@ -293,6 +295,36 @@ class Body:
         if val.code != ir.Ref(name):  # `ℓ ← length(x)` where ℓ is already read off x
             self.emit(ir.Assign((name,), val.code, self.note(step, val)))
         self.scope.values[st.target.id] = _like(val, ir.Ref(name))
+
+    def assign_part(self, target: s.Index, value: s.Expr, step: s.Step) -> bool:
+        """`Y[:, a : b] ← v` (or a strided part, `Y[:, 1, 3, …, d − 1] ← v`) where Y already
+        holds a value: Y with that part replaced, computed as a new tensor (`slice_scatter`),
+        so gradients reach both v and the entries of Y that are kept."""
+        old = self.scope.values.get(target.base.id) if isinstance(target.base, s.Name) else None
+        if not isinstance(old, Val) or old.rows or self.family_of(target.base.id) is not None:
+            return False
+        parts = [(k, i) for k, i in enumerate(target.items) if not _is_all(i)]
+        if len(parts) != 1 or not isinstance(parts[0][1], s.Slice | s.Progression):
+            self.fail(target, "code generation replaces one range of one axis at a time",
+                      hint="write 'Y[:, a : b] ← …' with ':' for every other axis")
+        k, item = parts[0]
+        part = self.slice(item, old, k) if isinstance(item, s.Slice) else \
+            self.progression(item, old, k)
+        val = self.expr(value)
+        src = _mT(val.code) if val.flipped != old.flipped and len(val.ty.shape) == 2 else val.code
+        index = (ir.Ref("..."),) + tuple(
+            part if j == old.axis(k) else ir.SliceX(None, None) for j in range(old.axis(k), 0))
+        if val.lifted != old.lifted or len(val.ty.shape) != len(old.ty.shape):  # broadcast
+            src = ir.Bin("+", _call("torch.zeros_like", ir.Sub(old.code, index)), src)
+        kwargs = {"dim": _int(old.axis(k))}
+        for key, bound in (("start", part.lo), ("end", part.hi), ("step", part.step)):
+            if bound is not None:
+                kwargs[key] = bound
+        name = local_name(target.base.id)
+        code = _method(old.code, "slice_scatter", src, **kwargs)
+        self.emit(ir.Assign((name,), code, self.note(step, old)))
+        self.scope.values[target.base.id] = _like(old, ir.Ref(name))
+        return True
 
     def decode(self, st: s.Assign, step: s.Step) -> bool:
         """`P ← M(…, x[a : b] | θ̂)` in a loop, where only P's last row is read: M decodes with
@@ -963,7 +995,7 @@ class Body:
                       hint="code generation vectorises a map whose iterations are independent")
         base = self.expr(e.base)
         if len(e.items) == 2 and len(base.ty.shape) == 2 and _is_all(e.items[0]) and \
-                not isinstance(e.items[1], s.Slice):
+                not isinstance(e.items[1], s.Slice | s.Progression):
             idx = self.expr(e.items[1])
             if idx.lifted or idx.rows:  # W_e[:, x[t]]: the columns the tokens pick
                 if base.lifted:
@@ -971,7 +1003,9 @@ class Body:
                 cols = base.code if base.flipped else _mT(base.code)
                 # token IDs are 0-based in tensors; a position (W_p[:, ℓ]) is 1-based
                 pick = idx.code if idx.ty.vocab is not None or idx.rows else _dec(idx.code)
-                return Val(ir.Sub(cols, (pick,)), self.ty(e), idx.lifted, False, idx.rows)
+                pad = self.ty(e.base).pad
+                code = ir.Sub(cols, (pick,)) if pad is None else self.embedding(pick, cols, pad)
+                return Val(code, self.ty(e), idx.lifted, False, idx.rows)
         if self.procedure:
             return self.procedure_index(e, base)
         items: list[ir.Expr | ir.SliceX] = [ir.Ref("...")] if base.lifted else []
@@ -980,7 +1014,13 @@ class Body:
             if isinstance(item, s.Slice):
                 items.append(self.slice(item, base, k))
                 continue
+            if isinstance(item, s.Progression):
+                items.append(self.progression(item, base, k))
+                continue
             idx = self.expr(item)
+            pad = self.ty(e.base).pad
+            if idx.ty.shape and pad is not None and len(e.items) == 1 and not base.lifted:
+                return Val(self.embedding(idx.code, base.code, pad), self.ty(e), idx.lifted)
             if idx.ty.shape:  # token IDs pick rows: W_e[x]
                 items.append(idx.code)
                 lifted = lifted or idx.lifted
@@ -989,6 +1029,13 @@ class Body:
         if base.lifted and not base.flipped:  # E[1] of a T×D matrix is its first row: E[..., 0, :]
             items += [ir.SliceX(None, None)] * (len(base.ty.shape) - len(e.items))
         return Val(ir.Sub(base.code, tuple(items)), self.ty(e), lifted)
+
+    def embedding(self, tokens: ir.Expr, table: ir.Expr, pad: str) -> ir.Expr:
+        """Rows of `table` picked by tokens, the padding row's receiving no gradient: card
+        token v_pad is row v_pad − 1, and v_pad = 0 names none."""
+        row = self.dim(Dim.sym(pad))
+        index = ir.Cond(ir.Bin(">", row, _int(0)), ir.Bin("-", row, _int(1)), ir.Ref("None"))
+        return _call("F.embedding", tokens, table, padding_idx=index)
 
     def procedure_index(self, e: s.Index, base: Val) -> Val:
         """Indexing in a training or inference card, where indices may be tensors: positions
@@ -1049,6 +1096,28 @@ class Body:
             # W_p[1 : T] bounds T by the rows; W_p[3 : T + 2] (positions from row 3) by 2 fewer
             self.max_seq_len = self.dim(base.ty.shape[axis] - Dim.const(skip))
         return ir.SliceX(lo, hi)
+
+    def progression(self, item: s.Progression, base: Val, axis: int) -> ir.SliceX:
+        """1-based inclusive `a, b, …, c` → 0-based `a − 1 : c : b − a`; the end is left out
+        where c is the axis's last entry of the progression (`X[..., 0::2]`)."""
+        defs = self.info.sig.definitions
+        first, second, last = (expr_dim(x, defs) for x in (item.first, item.second, item.last))
+        if first is None or second is None or last is None:
+            self.fail(item, "code generation needs a progression of sizes the card declares")
+        step = (second - first).constant()
+        if step is None or step < 1 or step.denominator != 1:
+            self.fail(item.second, "code generation needs a progression with a whole step")
+        lo = None
+        if first != Dim.const(1):
+            lo = _dec(_whole(self.expr(item.first).code))
+        size = base.ty.shape[axis]
+        rest = None if size is None else (size - last).constant()
+        hi = None if rest is not None and 0 <= rest < step else _whole(self.expr(item.last).code)
+        return ir.SliceX(lo, hi, _int(int(step)))
+
+    def expr_Progression(self, e: s.Progression) -> Val:
+        self.fail(e, "code generation reads a progression 'a, b, …, c' as an index of a "
+                     "value of the card only")
 
     def runtime_offset(self, item: s.Slice) -> int | None:
         """k for a slice [k + 1 : T + k] of a length T read at call time, else None."""

@@ -11,7 +11,7 @@ from typing import Any
 from .. import ir
 from .. import syntax as s
 from ..checker import CallInfo, Checker, expr_dim, instance, split_name
-from ..dims import Dim
+from ..dims import Dim, solve
 from ..info import preset_values
 from ..names import number
 from ..spelling import display
@@ -553,14 +553,20 @@ def _ctor_dim(d: Dim) -> ir.Expr:
     return dim_expr(d, lambda sym: ir.Ref(local_name(sym.lstrip("?"))))
 
 
+_SIZE = "|size|"  # a placeholder symbol: the size an axis has at run time
+
+
 def _note_dims(shapes: dict[str, ir.Expr], arg: str, dims, negative: bool) -> None:
+    """Sizes read off an argument's shape: `d` of an axis of d, and of 3d too (its size // 3)."""
     for k, d in enumerate(dims):
         if d is None or len(d.symbols) != 1:
             continue
         sym = next(iter(d.symbols))
-        if d == Dim.sym(sym) and sym not in shapes:
+        solved = solve(d, Dim.sym(_SIZE), {sym}) if sym not in shapes else None
+        if solved is not None and solved[1].symbols == {_SIZE}:
             index = k - len(dims) if negative else k
-            shapes[sym] = ir.Sub(ir.Attr(ir.Ref(arg), "shape"), (ir.Lit(str(index)),))
+            size = ir.Sub(ir.Attr(ir.Ref(arg), "shape"), (ir.Lit(str(index)),))
+            shapes[sym] = dim_expr(solved[1], lambda _, size=size: size)
 
 
 def _names(e) -> list[s.Name]:

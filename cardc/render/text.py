@@ -19,8 +19,9 @@ Canonical layout:
 * the header, its ``▷`` note, then the ``/* … */`` comments;
 * the blocks in their order. Consecutive typed declarations share a line, joined by ``, ``; a
   declaration without a type (``H, prose``, ``d = D/H``) is joined by ``; `` (after ``, `` it
-  would read as prose); a declaration with prose ends its line; a line breaks before it would pass
-  100 columns. The first line sits on the block's own line (``Input: X ∈ …``), and so does a
+  would read as prose); a declaration with prose ends its line, and so does one written at the
+  end of a line with a comma or a full stop (the paper prints long lists so, ``Decl.end``); a
+  line breaks before it would pass 100 columns. The first line sits on the block's own line (``Input: X ∈ …``), and so does a
   bundle or family that is the block's only item (``Parameters: W consisting of:``); every other
   line is indented 4 spaces, and the items of a bundle or family 4 more;
 * presets, one a line;
@@ -164,6 +165,10 @@ class Renderer:
             return f"{lo} : {hi}"
         return f"{lo}:{hi}"
 
+    def progression_text(self, node: s.Progression, tail: bool) -> str:
+        return f"{self.sub(node.first, SUM)}, {self.sub(node.second, SUM)}, …, " \
+               f"{self.sub(node.last, SUM)}"
+
     def arg_text(self, node: s.Arg, tail: bool) -> str:
         return f"{self.sub(node.target, POSTFIX)} {node.op} {self.text(node.value)}"
 
@@ -261,6 +266,8 @@ class Renderer:
                 out += f" ~ {init.func}({', '.join(VALUES.text(a) for a in init.args)})"
             else:
                 out += f" ~ {VALUES.text(init)}"
+        if node.pad is not None:
+            out += f", padding row {node.pad}"
         return out
 
     def decl_line_text(self, node: s.Decl) -> str:
@@ -292,7 +299,8 @@ class Renderer:
                     text = sep + text
             line.append(text)
             prev = item
-            if item.prose is not None:  # prose runs to the end of its line
+            if item.prose is not None or item.end:  # prose runs to the end of its line
+                line.append(item.end)
                 out.append(pad + "".join(line))
                 line, prev = [], None
         if line:

@@ -23,5 +23,5 @@ def DInference(x, theta_hat, l_gen, tau):
         else:
             q = torch.softmax(torch.log(p) / tau, dim=-1)  # [dinference.card:12]
             y = torch.multinomial(q, 1)[..., 0]
-        x = torch.cat([x, y[..., None]], dim=-1)  # (B, 1 + |x|′)  [dinference.card:13]
+        x = torch.cat([x, y[..., None]], dim=-1)  # (B, |x|′ + 1)  [dinference.card:13]
     return x[..., l:l + l_gen]  # (B, ℓ_gen)  [dinference.card:15]

@@ -24,5 +24,5 @@ def EDInference(z, theta_hat, tau):
         else:
             q = torch.softmax(torch.log(p) / tau, dim=-1)  # [edinference.card:13]
             y = torch.multinomial(q, 1)[..., 0]
-        x_hat = torch.cat([x_hat, y[..., None]], dim=-1)  # (B, 1 + |x̂|′)  [edinference.card:14]
-    return x_hat  # (B, 1 + |x̂|′)  [edinference.card:16]
+        x_hat = torch.cat([x_hat, y[..., None]], dim=-1)  # (B, |x̂|′ + 1)  [edinference.card:14]
+    return x_hat  # (B, |x̂|′ + 1)  [edinference.card:16]

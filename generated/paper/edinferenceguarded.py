@@ -25,5 +25,5 @@ def EDInferenceGuarded(z, theta_hat, tau, l_out):
         else:
             q = torch.softmax(torch.log(p) / tau, dim=-1)  # [edinference_guarded.card:14]
             y = torch.multinomial(q, 1)[..., 0]
-        x_hat = torch.cat([x_hat, y[..., None]], dim=-1)  # (B, 1 + |x̂|′)  [edinference_guarded.card:15]
-    return x_hat  # (B, 1 + |x̂|′)  [edinference_guarded.card:17]
+        x_hat = torch.cat([x_hat, y[..., None]], dim=-1)  # (B, |x̂|′ + 1)  [edinference_guarded.card:15]
+    return x_hat  # (B, |x̂|′ + 1)  [edinference_guarded.card:17]

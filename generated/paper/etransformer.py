@@ -29,20 +29,20 @@ class MHAttention(nn.Module):
         self.d_out = d_out
         self.W_q = nn.Parameter(torch.empty(H * d_attn, d_x).normal_(0.0, 0.02))  # (H d_attn, d_x)  [mhattention.card:9]
         self.b_q = nn.Parameter(torch.zeros(H * d_attn))  # (H d_attn,)  [mhattention.card:9]
-        self.W_k = nn.Parameter(torch.empty(H * d_attn, d_z).normal_(0.0, 0.02))  # (H d_attn, d_z)  [mhattention.card:9]
-        self.b_k = nn.Parameter(torch.zeros(H * d_attn))  # (H d_attn,)  [mhattention.card:9]
-        self.W_v = nn.Parameter(torch.empty(H * d_mid, d_z).normal_(0.0, 0.02))  # (H d_mid, d_z)  [mhattention.card:10]
-        self.b_v = nn.Parameter(torch.zeros(H * d_mid))  # (H d_mid,)  [mhattention.card:10]
-        self.W_o = nn.Parameter(torch.empty(d_out, H * d_mid).normal_(0.0, 0.02))  # (d_out, H d_mid)  [mhattention.card:11]
-        self.b_o = nn.Parameter(torch.zeros(d_out))  # (d_out,)  [mhattention.card:11]
+        self.W_k = nn.Parameter(torch.empty(H * d_attn, d_z).normal_(0.0, 0.02))  # (H d_attn, d_z)  [mhattention.card:10]
+        self.b_k = nn.Parameter(torch.zeros(H * d_attn))  # (H d_attn,)  [mhattention.card:10]
+        self.W_v = nn.Parameter(torch.empty(H * d_mid, d_z).normal_(0.0, 0.02))  # (H d_mid, d_z)  [mhattention.card:11]
+        self.b_v = nn.Parameter(torch.zeros(H * d_mid))  # (H d_mid,)  [mhattention.card:11]
+        self.W_o = nn.Parameter(torch.empty(d_out, H * d_mid).normal_(0.0, 0.02))  # (d_out, H d_mid)  [mhattention.card:12]
+        self.b_o = nn.Parameter(torch.zeros(d_out))  # (d_out,)  [mhattention.card:12]
 
     def forward(self, X, Z, Mask):
-        Q = F.linear(X, self.W_q, self.b_q).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)  # (B, H, ℓ_x, d_attn)  [mhattention.card:12]
-        K = F.linear(Z, self.W_k, self.b_k).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)  # (B, H, ℓ_z, d_attn)  [mhattention.card:12]
-        V = F.linear(Z, self.W_v, self.b_v).unflatten(-1, (self.H, self.d_mid)).transpose(-3, -2)  # (B, H, ℓ_z, d_mid)  [mhattention.card:12]
-        Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=Mask)  # (B, H, ℓ_x, d_mid)  [mhattention.card:12]
-        Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, ℓ_x, H d_mid)  [mhattention.card:14]
-        return F.linear(Y, self.W_o, self.b_o)  # (B, ℓ_x, d_out)  [mhattention.card:15]
+        Q = F.linear(X, self.W_q, self.b_q).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)  # (B, H, ℓ_x, d_attn)  [mhattention.card:13]
+        K = F.linear(Z, self.W_k, self.b_k).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)  # (B, H, ℓ_z, d_attn)  [mhattention.card:13]
+        V = F.linear(Z, self.W_v, self.b_v).unflatten(-1, (self.H, self.d_mid)).transpose(-3, -2)  # (B, H, ℓ_z, d_mid)  [mhattention.card:13]
+        Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=Mask)  # (B, H, ℓ_x, d_mid)  [mhattention.card:13]
+        Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, ℓ_x, H d_mid)  [mhattention.card:15]
+        return F.linear(Y, self.W_o, self.b_o)  # (B, ℓ_x, d_out)  [mhattention.card:16]
 
 
 class ETransformer(nn.Module):
