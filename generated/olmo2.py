@@ -24,10 +24,10 @@ def RoPE(X, theta_base=10000):
     """
     d = X.shape[-1]
     T = X.shape[-2]
-    omega_ = theta_base ** (-2 * (torch.arange(1, d // 2 + 1, device=X.device) - 1) / d)  # (1/2 d,)  [rope.card:6]
-    Phi = (torch.arange(1, T + 1, device=X.device) - 1)[..., None] * omega_  # (T, 1/2 d)  [rope.card:7]
-    X_1 = X[..., :, :d // 2]  # (…, T, 1/2 d)  [rope.card:8]
-    X_2 = X[..., :, d // 2:d]  # (…, T, 1/2 d)  [rope.card:9]
+    omega_ = theta_base ** (-2 * (torch.arange(1, d // 2 + 1, device=X.device) - 1) / d)  # (d/2,)  [rope.card:6]
+    Phi = (torch.arange(1, T + 1, device=X.device) - 1)[..., None] * omega_  # (T, d/2)  [rope.card:7]
+    X_1 = X[..., :, :d // 2]  # (…, T, d/2)  [rope.card:8]
+    X_2 = X[..., :, d // 2:d]  # (…, T, d/2)  [rope.card:9]
     return torch.cat([X_1 * torch.cos(Phi) - X_2 * torch.sin(Phi), X_2 * torch.cos(Phi) + X_1 * torch.sin(Phi)], dim=-1)  # (…, T, d)  [rope.card:10]
 
 

@@ -27,6 +27,7 @@ CARD = ROOT / "cards" / "qwen2.card"
 
 V, D, N, H, H_KV, D_F, CTX, THETA, EPS = 101, 48, 2, 4, 2, 96, 64, 1e6, 1e-6
 B, T = 3, 17
+PAD = 5  # a pad token (0-based, as transformers counts) that the input holds
 MAPPING = load_mapping(CARD)
 
 
@@ -35,6 +36,7 @@ def make_hf(tied: bool):
         vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
         num_key_value_heads=H_KV, intermediate_size=D_F, max_position_embeddings=CTX,
         rope_theta=THETA, rms_norm_eps=EPS, tie_word_embeddings=tied, attention_dropout=0.0,
+        pad_token_id=PAD,
         use_sliding_window=False)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -48,7 +50,8 @@ def make_hf(tied: bool):
 
 
 def make_ours(tied: bool):
-    hypers = dict(V=V, D=D, H=H, H_kv=H_KV, D_f=D_F, N=N, ctx=CTX, ε=EPS, θ_base=THETA)
+    hypers = dict(V=V, D=D, H=H, H_kv=H_KV, D_f=D_F, N=N, ctx=CTX, ε=EPS, θ_base=THETA,
+                  v_pad=PAD + 1)  # the card counts token IDs from 1
     model = build_model(str(CARD), None, hypers, library=str(ROOT / "cards"),
                         name=None if tied else "Qwen2Untied")
     return model.float().eval()
@@ -60,6 +63,7 @@ def pair(request):
     hf, ours = make_hf(tied), make_ours(tied)
     table = load_through_mapping(hf, ours, MAPPING, N, tied)
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
+    idx[:, ::4] = PAD  # the padding row is read, so its gradient is compared
     return hf, ours, table, idx, tied
 
 
@@ -115,3 +119,28 @@ def test_swapped_query_heads_are_caught(pair):
             swap_columns(t, 0, d)
         diff = max_diff(broken(idx), hf(idx).logits)
     assert diff > 1e-3, f"swapping query heads changed the logits by only {diff:.3e}"
+
+
+def test_mapping_reads_the_pad_token_as_the_padding_row():
+    """config.json's pad_token_id k is the card's v_pad = k + 1; none is 0; export inverts it."""
+    from cardc.interop.config import config_for, preset_from_config
+    from cardc.names import identifier
+
+    config = make_hf(tied=True).config.to_dict()
+    hypers = preset_from_config(config, MAPPING)
+    assert hypers["v_pad"] == PAD + 1
+    assert preset_from_config({**config, "pad_token_id": None}, MAPPING)["v_pad"] == 0
+    stored = {identifier(k): v for k, v in hypers.items()}  # as a run records them
+    assert config_for(MAPPING, stored)["pad_token_id"] == PAD
+    assert config_for(MAPPING, {**stored, "v_pad": 0})["pad_token_id"] is None
+
+
+def test_a_card_without_the_padding_row_is_caught(pair):
+    """A negative control: with v_pad = 0 the pad row takes a gradient transformers does not."""
+    hf, ours, table, idx, tied = pair
+    hypers = dict(V=V, D=D, H=H, H_kv=H_KV, D_f=D_F, N=N, ctx=CTX, ε=EPS, θ_base=THETA, v_pad=0)
+    broken = build_model(str(CARD), None, hypers, library=str(ROOT / "cards"),
+                         name=None if tied else "Qwen2Untied").float().eval()
+    broken.load_state_dict(ours.state_dict(), strict=True)
+    diffs = next_token_grad_diffs(hf, broken, table, idx)
+    assert max(diffs.values()) > 1e-3, "a card without the padding row matched its gradient"

@@ -61,14 +61,20 @@ def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: s
     a dimension that is not a positive whole number (`n_head = 0`), a value outside the range
     the card declares, or more parameters than the source's tensors hold (`n_layer = 10^6`)."""
     from ..info import PresetError, check_ranges, count, preset_values
+    from .. import syntax as s
     from ..types import BundleTy
 
     sig = info.sig
+    ranged = {n for d in sig.alg.decls("Hyperparameters")  # {0..V}: check_ranges bounds it
+              if isinstance(d, s.Decl) and isinstance(d.type, s.IntRange) for n in d.names}
     for name, value in hypers.items():
         spec = sig.hypers.get(name)
-        if spec is not None and spec.elem == "ℕ" and not (value >= 1 and float(value).is_integer()):
+        least = 0 if name in ranged else 1
+        if spec is not None and spec.elem == "ℕ" and not (value >= least and
+                                                          float(value).is_integer()):
+            what = "a whole number" if least == 0 else "a positive whole number"
             raise RuntimeInputError(f"config.json {describe(mapping.hyperparameters[name], value)}"
-                                    f"; the card's {name} must be a positive whole number")
+                                    f"; the card's {name} must be {what}")
     try:
         values = preset_values(sig, preset, {**hypers, **overrides})
         check_ranges(sig.alg, values)
