@@ -60,8 +60,8 @@ def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: s
     """Refuse config.json sizes the card cannot be built at, before any tensor is allocated:
     a dimension that is not a positive whole number (`n_head = 0`), a value outside the range
     the card declares, or more parameters than the source's tensors hold (`n_layer = 10^6`)."""
-    from ..info import PresetError, check_ranges, count, preset_values
     from .. import syntax as s
+    from ..info import PresetError, check_ranges, count, preset_values
     from ..types import BundleTy
 
     sig = info.sig
