@@ -17,6 +17,8 @@ from ..dims import Dim
 from ..namecheck import card_identifiers
 from ..spelling import display
 from ..types import BundleTy, FamilyTy, Ty, subst_dim
+from .attention import find_cores, lower_core
+from .heads import vectorise
 from .values import (
     Family,
     LowerError,
@@ -197,6 +199,7 @@ class Body:
         self.sets: dict[str, Val] = {}  # T̃ ← {t ∈ [ℓ] : …}: the values t ranges over
         self.decoded: set[str] = set()  # P ← M(x | θ̂) decoded with a KV cache: P's last row
         self.buffers: list[ir.Buffer] = []  # constants the module computes once (RoPE's ω)
+        self.given: dict[int, Val] = {}  # values of expressions lowered beforehand
 
     # ------------------------------------------------------------------ helpers
     def fail(self, node, message: str, hint: str | None = None):
@@ -252,7 +255,19 @@ class Body:
 
     # ------------------------------------------------------------------ steps
     def run(self) -> list[ir.Stmt]:
+        cores = find_cores(self.alg) if self.low.fuse and not self.column else []
+        waiting = {id(st) for core in cores for st in (core.score, core.mask) if st is not None}
         for step in self.alg.steps:
+            if id(step) in waiting:
+                continue  # lowered with the step that reads softmax(S) V
+            core = next((c for c in cores if c.reader is step), None)
+            fused = lower_core(self, core) if core is not None else None
+            if fused is not None:
+                self.given[id(core.product)] = fused
+            elif core is not None:  # SDPA cannot take it: the literal steps, batched
+                for st in (core.score, core.mask):
+                    if st is not None:
+                        self.step(st)
             self.step(step)
         return self.out
 
@@ -356,7 +371,8 @@ class Body:
         if st.style == "map" or isinstance(st.over, s.Concat):
             if self.indexes_by(st.body, st.var):
                 return self.position_map(st, step)
-            if self.low.fuse and self.low.passes.head_map(self, st, step):
+            if self.low.fuse and (self.low.passes.head_map(self, st, step) or
+                                  vectorise(self, st, step)):
                 return None
             return self.map_loop(st, step)
         return self.fail(st, "code generation does not handle this loop yet")
@@ -734,6 +750,8 @@ class Body:
 
     # ------------------------------------------------------------------ expressions
     def expr(self, e: s.Expr) -> Val:
+        if id(e) in self.given:  # computed already, for every head at once (cardc.lower.heads)
+            return self.given[id(e)]
         method = getattr(self, "expr_" + type(e).__name__, None)
         if method is None:
             self.fail(e, "code generation does not handle this expression yet")
