@@ -1,11 +1,12 @@
 """The softmax attention core, recognised by its local structure among a card's steps.
 
     S ← Q K^⊺ · scale                  (`/√d`, `· c`, `/ c`: any scale)
-    ∀t, t′, if c(t, t′) then S[t, t′] ← −∞      (optional: a causal, windowed or explicit mask)
+    ∀t, t′, if c(t, t′) then S[t, t′] ← −∞      (none or more: causal, windowed, explicit masks)
     … softmax(S) V …                   (S read nowhere else)
 
-is one `F.scaled_dot_product_attention(Q, K, V, …)`: `is_causal=True` when c is `t′ > t`, else a
-boolean `attn_mask` of the positions c leaves visible, and `scale=` unless the scale is SDPA's
+is one `F.scaled_dot_product_attention(Q, K, V, …)`: `is_causal=True` when the only c is
+`t′ > t`, else a boolean `attn_mask` of the positions no c hides (`t′ > t`, then
+`t′ ≤ t − w`, is a sliding window), and `scale=` unless the scale is SDPA's
 own 1/√(width of Q). Whatever comes before (projections, slices of a fused projection, rotary,
 norms on queries and keys) and after is the card's own math, lowered step by step. A core SDPA
 cannot express (a soft cap `c · tanh(S/c)` between the steps) keeps its literal steps, which are
@@ -29,7 +30,7 @@ class Core:
     `softmax(S) V` inside the step that reads it."""
 
     score: s.Step
-    mask: s.Step | None
+    masks: tuple[s.Step, ...]
     product: s.BinOp
     reader: s.Step
     q: s.Expr
@@ -38,8 +39,9 @@ class Core:
     scale: tuple[str, s.Expr] | None  # ("/", c) or ("·", c); None: no scale written
 
     @property
-    def skipped(self) -> set[int]:
-        return {id(self.score), *((id(self.mask),) if self.mask else ())}
+    def waiting(self) -> tuple[s.Step, ...]:
+        """The steps lowered with the reader: the score, then the masks."""
+        return (self.score, *self.masks)
 
 
 def find_cores(alg: s.Algorithm) -> list[Core]:
@@ -57,10 +59,10 @@ def _core_at(steps: list[s.Step], i: int) -> Core | None:
     if scores is None:
         return None
     q, k, scale = scores
-    mask = None
     j = i + 1
-    if j < len(steps) and _masks(steps[j].stmt, name):
-        mask, j = steps[j], j + 1
+    while j < len(steps) and _masks(steps[j].stmt, name):
+        j += 1
+    masks = tuple(steps[i + 1:j])
     if j >= len(steps):
         return None
     reader = steps[j]
@@ -71,7 +73,7 @@ def _core_at(steps: list[s.Step], i: int) -> Core | None:
         return None  # S is read again: keep it
     if _assigns(reader.stmt, {n for n in _names(q) | _names(k)} - {name}):
         return None
-    return Core(steps[i], mask, products[0], reader, q, k, products[0].right, scale)
+    return Core(steps[i], masks, products[0], reader, q, k, products[0].right, scale)
 
 
 def _scores(e: s.Expr) -> tuple[s.Expr, s.Expr, tuple[str, s.Expr] | None] | None:
@@ -137,7 +139,7 @@ def lower_core(body, core: Core) -> Val | None:
     if any(not x.lifted or x.rows or x.flipped or len(x.ty.shape) != 2 for x in (q, k, v)):
         return None
     kwargs: list[tuple[str, ir.Expr]] = []
-    if core.mask is not None:
+    if core.masks:
         kwargs += _mask(body, core)
     scale = _scale(body, core, q)
     if scale is False:
@@ -169,23 +171,27 @@ def _scale(body, core: Core, q: Val) -> ir.Expr | None | bool:
 
 
 def _mask(body, core: Core) -> list[tuple[str, ir.Expr]]:
-    """`is_causal=True` for `t′ > t` (or `¬(t′ ≤ t)`); else the visible positions."""
-    st = core.mask.stmt
-    t, u = st.vars
-    cond = st.body.cond
-    if _causal(cond, t, u):
+    """`is_causal=True` for one mask `t′ > t` (or `¬(t′ ≤ t)`); else the visible positions,
+    where no mask's condition holds."""
+    rules = [m.stmt for m in core.masks]
+    if len(rules) == 1 and _causal(rules[0].body.cond, *rules[0].vars):
         return [("is_causal", ir.Lit("True"))]
     shape = body.ty(core.score.stmt.value).shape
-    visible, negate = (cond.operand, False) if isinstance(cond, s.Unary) and cond.op == "¬" \
-        else (cond, True)
+    visible: ir.Expr | None = None
     outer = body.point
-    body.point = {t: (0, 2, shape[0]), u: (1, 2, shape[1])}
     try:
-        val = body.expr(visible)
+        for rule in rules:
+            t, u = rule.vars
+            body.point = {t: (0, 2, shape[0]), u: (1, 2, shape[1])}
+            cond = rule.body.cond
+            if isinstance(cond, s.Unary) and cond.op == "¬":
+                seen = body.expr(cond.operand).code
+            else:
+                seen = ir.Un("~", body.expr(cond).code)
+            visible = seen if visible is None else ir.Bin("&", visible, seen)
     finally:
         body.point = outer
-    code = ir.Un("~", val.code) if negate else val.code
-    return [("attn_mask", code)]
+    return [("attn_mask", visible)]
 
 
 def _causal(cond: s.Expr, t: str, u: str) -> bool:

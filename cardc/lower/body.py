@@ -256,7 +256,7 @@ class Body:
     # ------------------------------------------------------------------ steps
     def run(self) -> list[ir.Stmt]:
         cores = find_cores(self.alg) if self.low.fuse and not self.column else []
-        waiting = {id(st) for core in cores for st in (core.score, core.mask) if st is not None}
+        waiting = {id(st) for core in cores for st in core.waiting}
         for step in self.alg.steps:
             if id(step) in waiting:
                 continue  # lowered with the step that reads softmax(S) V
@@ -265,9 +265,8 @@ class Body:
             if fused is not None:
                 self.given[id(core.product)] = fused
             elif core is not None:  # SDPA cannot take it: the literal steps, batched
-                for st in (core.score, core.mask):
-                    if st is not None:
-                        self.step(st)
+                for st in core.waiting:
+                    self.step(st)
             self.step(step)
         return self.out
 
