@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from .. import ir
 from .. import syntax as s
 from ..types import Ty
+from .context import Steps
 from .values import LowerError, Val
 
 
@@ -132,7 +133,7 @@ def _names(e) -> set[str]:
 
 
 # ------------------------------------------------------------------ lowering
-def lower_core(body, core: Core) -> Val | None:
+def lower_core(body: Steps, core: Core) -> Val | None:
     """The core as one SDPA call, for the step that reads `softmax(S) V`; None when its values
     are not batched row-major matrices (the literal steps stay)."""
     q, k, v = body.expr(core.q), body.expr(core.k), body.expr(core.v)
@@ -152,7 +153,7 @@ def lower_core(body, core: Core) -> Val | None:
     return Val(call, Ty(ty.shape, ty.elem), True)
 
 
-def _scale(body, core: Core, q: Val) -> ir.Expr | None | bool:
+def _scale(body: Steps, core: Core, q: Val) -> ir.Expr | None | bool:
     """None for SDPA's default 1/√(width of Q); else the factor the card writes (False: one
     that is not a number, which SDPA cannot take)."""
     if core.scale is None:
@@ -170,7 +171,7 @@ def _scale(body, core: Core, q: Val) -> ir.Expr | None | bool:
     return ir.Bin("/", ir.Lit("1.0"), value.code) if op == "/" else value.code
 
 
-def _mask(body, core: Core) -> list[tuple[str, ir.Expr]]:
+def _mask(body: Steps, core: Core) -> list[tuple[str, ir.Expr]]:
     """`is_causal=True` for one mask `t′ > t` (or `¬(t′ ≤ t)`); else the visible positions,
     where no mask's condition holds."""
     rules = [m.stmt for m in core.masks]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from .. import ir
 from .. import syntax as s
@@ -18,6 +17,7 @@ from ..namecheck import card_identifiers
 from ..spelling import display
 from ..types import BundleTy, FamilyTy, Ty, subst_dim
 from .attention import find_cores, lower_core
+from .context import Lowerer
 from .heads import vectorise
 from .values import (
     Family,
@@ -31,9 +31,6 @@ from .values import (
     num_lit,
     shape_text,
 )
-
-if TYPE_CHECKING:
-    from .cards import Lowering
 
 ELEMENTWISE = {"ReLU": "torch.relu", "SiLU": "F.silu", "σ": "torch.sigmoid", "exp": "torch.exp",
                "log": "torch.log", "tanh": "torch.tanh"}
@@ -167,7 +164,7 @@ def _is_ones_row(e: s.Expr) -> bool:
 class Body:
     """Lowers the steps of `alg` in `scope`; `dim` maps a dimension symbol to Python."""
 
-    def __init__(self, lowering: Lowering, alg: s.Algorithm, info: CardInfo, scope: Scope,
+    def __init__(self, lowering: Lowerer, alg: s.Algorithm, info: CardInfo, scope: Scope,
                  dim: Callable[[str], ir.Expr], lead: str):
         self.low = lowering
         self.alg = alg

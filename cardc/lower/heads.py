@@ -29,6 +29,7 @@ from ..checker import CallInfo, instance, split_name
 from ..dims import Dim
 from ..spelling import display
 from ..types import BundleTy, FamilyTy, Ty
+from .context import Steps
 from .values import Family, Stacked, Val, attr_name, local_name
 
 
@@ -47,7 +48,7 @@ class _Declined(Exception):
 class HeadMap:
     """One map over heads, lowered as one call of its card with a head axis on each value."""
 
-    def __init__(self, body, st: s.For, call: CallInfo, count: Dim):
+    def __init__(self, body: Steps, st: s.For, call: CallInfo, count: Dim):
         self.body, self.st, self.call, self.count = body, st, call, count
         self.var = st.var
 
@@ -166,7 +167,7 @@ class HeadMap:
         return out
 
 
-def vectorise(body, st: s.For, step: s.Step) -> bool:
+def vectorise(body: Steps, st: s.For, step: s.Step) -> bool:
     """`for h ∈ [H] : Y^h ← F(…)` as one call of F over every head; False keeps the loop."""
     if len(st.body) != 1 or not isinstance(st.over, s.Concat) or len(st.over.items) != 1:
         return False
