@@ -233,6 +233,8 @@ class Program:
     imports: set[str] = field(default_factory=set)  # "math"
     kv_cache: bool = False  # some module decodes with a KVCache, defined in the file
     rotary: bool = False  # and shares RoPE's angles through it (KVCache.rotary)
+    ordered: bool = False  # some attention keys its cache by call order (KVCache.extend(None…))
+    uncached: bool = False  # some causal attention cannot read a cache: no KV cache at all
 
 
 # ------------------------------------------------------------------ rewriting

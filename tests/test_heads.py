@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cardc.build import checked, load_module, model_cards, source
+from cardc.build import checked, instantiate, load_module, model_cards, source
+from cardc.info import preset_values
 from cardc.lower.cards import Lowering
+from cardc.lower.values import local_name
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = sorted((ROOT / "tests" / "cards" / "heads").glob("*.card"))
@@ -138,18 +140,76 @@ def test_head_map_calls_the_head_once_with_every_head():
 # ------------------------------------------------------------------ every model card
 
 
-@pytest.fixture(scope="module")
-def library_models() -> list[tuple[str, str]]:
+def _walk_models(paths: list[str]) -> list[tuple[str, object, str]]:
+    """(name, an instance of its fused module, its source) of every model card in `paths`, at
+    its `tiny` preset (or the test sizes), parameters randomised."""
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)
-        paths = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cards").rglob("*.card"))
         lib, checker, _ = checked(paths, "cards")
-        return [(alg.name, source(checker, alg)) for alg in model_cards(lib, checker)]
+        out = []
+        for alg in model_cards(lib, checker):
+            sig = checker.info(alg).sig
+            if not Lowering.is_language_model(sig):
+                continue
+            values = dict(SIZES)
+            if any(p.name == "tiny" for p in alg.presets):
+                values = dict(preset_values(sig, "tiny", {}))
+            model, _ = instantiate(checker, alg, {local_name(k): v for k, v in values.items()})
+            model.vocabularies = [int(ty.vocab.evaluate(values)) for _, ty in sig.inputs]
+            g = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn(p.shape, generator=g) * 0.1)
+            out.append((alg.name, model.eval(), source(checker, alg),
+                        sig.layout == "column"))
+        return out
 
 
-def test_no_model_card_loops_over_heads_or_positions(library_models):
-    assert len(library_models) >= 10
-    assert {name: _loops(text) for name, text in library_models if _loops(text)} == {}
+@pytest.fixture(scope="module")
+def walked():
+    paths = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cards").rglob("*.card"))
+    return _walk_models(paths + [str(p.relative_to(ROOT)) for p in VARIANTS])
+
+
+def _inputs(model, length: int, seed: int) -> list[torch.Tensor]:
+    """Random tokens for each input, from its own vocabulary."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, n, (2, length), generator=g) for n in model.vocabularies]
+
+
+def _causal(model) -> bool:
+    """Whether the logits of a position ignore the tokens after it (of the last input)."""
+    xs = _inputs(model, 12, 1)
+    ys = [*xs[:-1], xs[-1].clone()]
+    ys[-1][:, 8:] = (ys[-1][:, 8:] + 1) % model.vocabularies[-1]
+    with torch.no_grad():
+        a, b = model(*xs), model(*ys)
+    return torch.equal(a[:, :8], b[:, :8])
+
+
+def test_walk_every_causal_language_model_decodes_with_a_cache(walked):
+    """Every causal language model among the library's cards and the variants: `new_cache()`,
+    and feeding the tokens in chunks through it gives the logits of full recomputation."""
+    causal = [(name, model, column) for name, model, _, column in walked if _causal(model)]
+    assert len(causal) >= 10  # the library's decoders and every variant
+    missing = [name for name, model, column in causal
+               if not hasattr(model, "new_cache") and not column]
+    assert missing == []
+    for name, model, _column in causal:
+        if not hasattr(model, "new_cache"):
+            continue  # the paper's column-major DTransformer: its mask arrives as a tensor
+        *prefix, x = _inputs(model, 14, 2)
+        with torch.no_grad():
+            full = model(*prefix, x)
+            cache = model.new_cache()
+            chunks = [x[:, :5], x[:, 5:6], x[:, 6:7], x[:, 7:11], x[:, 11:]]
+            rows = torch.cat([model(*prefix, c, cache=cache) for c in chunks], dim=-2)
+        assert cache.pos == 14, name
+        assert (rows - full).abs().max().item() < 1e-5, name
+
+
+def test_walk_no_model_forward_loops_over_heads_or_positions(walked):
+    assert {name: _loops(text) for name, _, text, _ in walked if _loops(text)} == {}
 
 
 # ------------------------------------------------------------------ the lowering's imports

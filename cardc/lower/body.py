@@ -16,7 +16,7 @@ from ..dims import Dim
 from ..namecheck import card_identifiers
 from ..spelling import display
 from ..types import BundleTy, FamilyTy, Ty, subst_dim
-from .attention import find_cores, lower_core
+from .attention import find_cores, prepare
 from .context import Lowerer
 from .heads import vectorise
 from .values import (
@@ -197,6 +197,7 @@ class Body:
         self.decoded: set[str] = set()  # P ← M(x | θ̂) decoded with a KV cache: P's last row
         self.buffers: list[ir.Buffer] = []  # constants the module computes once (RoPE's ω)
         self.given: dict[int, Val] = {}  # values of expressions lowered beforehand
+        self.uses_cache = False  # an attention core reads the KV cache (cardc.lower.attention)
 
     # ------------------------------------------------------------------ helpers
     def fail(self, node, message: str, hint: str | None = None):
@@ -252,18 +253,15 @@ class Body:
 
     # ------------------------------------------------------------------ steps
     def run(self) -> list[ir.Stmt]:
-        cores = find_cores(self.alg) if self.low.fuse and not self.column else []
+        cores = find_cores(self.alg, set(self.info.sig.hypers)) \
+            if self.low.fuse and not self.column else []
         waiting = {id(st) for core in cores for st in core.waiting}
         for step in self.alg.steps:
             if id(step) in waiting:
                 continue  # lowered with the step that reads softmax(S) V
             core = next((c for c in cores if c.reader is step), None)
-            fused = lower_core(self, core) if core is not None else None
-            if fused is not None:
-                self.given[id(core.product)] = fused
-            elif core is not None:  # SDPA cannot take it: the literal steps, batched
-                for st in core.waiting:
-                    self.step(st)
+            if core is not None:
+                prepare(self, core)
             self.step(step)
         return self.out
 

@@ -52,6 +52,7 @@ class Lowering:
         self.checker = checker
         self.lib = checker.lib
         self.fuse = fuse
+        self.decoder = False  # lowering a causal language model: attention reads a KV cache
         self.passes = Passes(fuse)
         self.program = ir.Program(sources=[])
         self._modules: dict[int, ir.Module] = {}
@@ -69,6 +70,7 @@ class Lowering:
 
     # ------------------------------------------------------------------ entry point
     def model(self, alg: s.Algorithm) -> ir.Program:
+        self.decoder = self.fuse and self.is_language_model(self.checker.info(alg).sig)
         top = self.module(alg, top=True)
         if self.fuse:
             fold_bias(self.program)

@@ -21,6 +21,7 @@ from .values import Scope, Val
 class Lowerer(Protocol):
     checker: Checker
     fuse: bool
+    decoder: bool  # the model is a causal language model: attention reads a KV cache
     passes: Any  # cardc.lower.intrinsics.Passes
     program: ir.Program
     lib: Any
@@ -50,8 +51,12 @@ class Steps(Protocol):
     column: bool
     given: dict[int, Val]
     point: dict[str, tuple[int, int, Dim]]
+    ranged: dict[str, Val]
+    uses_cache: bool
 
     def expr(self, e: s.Expr) -> Val: ...
+
+    def step(self, step: s.Step) -> None: ...
 
     def emit(self, st: ir.Stmt) -> None: ...
 
