@@ -235,6 +235,7 @@ class Program:
     rotary: bool = False  # and shares RoPE's angles through it (KVCache.rotary)
     ordered: bool = False  # some attention keys its cache by call order (KVCache.extend(None…))
     uncached: bool = False  # some causal attention cannot read a cache: no KV cache at all
+    grouped: bool = False  # a function attends through grouped_sdpa, defined in the file
 
 
 # ------------------------------------------------------------------ rewriting

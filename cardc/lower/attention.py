@@ -188,8 +188,10 @@ def prepare(body: Steps, core: Core) -> None:
         kwargs += _mask(body, core, q, k, offset=cached)
     if scale is not None:
         kwargs.append(("scale", scale))
-    call = ir.Call(ir.Ref("F.scaled_dot_product_attention"), (q.code, k.code, v.code),
-                   tuple(kwargs))
+    sdpa = "F.scaled_dot_product_attention"
+    if body.lead == "…":  # a function: its heads may sit on any axes, its K and V be shared
+        sdpa, body.low.program.grouped = "grouped_sdpa", True
+    call = ir.Call(ir.Ref(sdpa), (q.code, k.code, v.code), tuple(kwargs))
     ty = body.ty(core.product)
     body.given[id(core.product)] = Val(call, Ty(ty.shape, ty.elem), True)
     return None
