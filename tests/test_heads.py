@@ -21,7 +21,7 @@ from cardc.lower.values import local_name
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = sorted((ROOT / "tests" / "cards" / "heads").glob("*.card"))
-SIZES = dict(V=61, D=32, H=4, N=2, D_f=40, H_kv=2, ctx=24)
+SIZES = dict(V=61, D=32, H=4, N=2, D_f=40, H_kv=2, ctx=24, w=3)
 
 
 def _compile(path: Path) -> list[tuple[str, str, str, bool]]:
@@ -108,6 +108,16 @@ def test_variant_fused_equals_literal_with_gradients(variant):
     loss_b.backward()
     for (pname, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=pname)
+
+
+def test_rotary_is_recognised_by_its_math(variant):
+    """A card whose steps are rotate-half RoPE becomes the file's rotate_half, its tables
+    computed once per positions; the literal twin keeps the card's steps."""
+    name, fused, literal = variant
+    if "RoPE(" not in literal:
+        return
+    assert "rotate_half(" in fused and "def RoPE(" not in fused, name
+    assert "rotate_half(" not in literal, name
 
 
 def test_sliding_window_hides_positions_w_or_more_behind():

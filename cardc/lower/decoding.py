@@ -17,6 +17,7 @@ from collections.abc import Callable
 from .. import ir
 
 SDPA = ir.Ref("F.scaled_dot_product_attention")
+ROTATE = ir.Ref("rotate_half")  # RoPE (cardc.lower.intrinsics): takes the positions' start
 CACHE = ir.Ref("cache")
 PAST = ir.Ref("past")
 NO_CACHE = ir.Bin("is", CACHE, ir.Lit("None"))
@@ -56,13 +57,16 @@ def _cache_function(f: ir.Function, cached: set[str]) -> bool:
             len(st.targets) == 1 and _rows_of_argument(st.value, f.args)}
 
     def shift(e):
+        if isinstance(e, ir.Call) and e.func == ROTATE and all(k != "past" for k, _ in e.kwargs):
+            args = tuple(ir.rewrite(a, shift) for a in e.args)
+            return dataclasses.replace(e, args=args, kwargs=(*e.kwargs, ("past", PAST)))
         if isinstance(e, ir.Call) and e.func == ir.Ref("torch.arange") and len(e.args) == 2 and \
                 e.args[0] == ir.Lit("1") and isinstance(e.args[1], ir.Bin) and \
                 e.args[1].op == "+" and e.args[1].right == ir.Lit("1") and \
                 isinstance(e.args[1].left, ir.Ref) and e.args[1].left.id in rows:
             return dataclasses.replace(e, args=(ir.Bin("+", PAST, ir.Lit("1")),
                                                 ir.Bin("+", PAST, e.args[1])))
-        return _with_cache(e, cached)
+        return _with_cache(e, cached, shift)
 
     body = [ir.rewrite(st, shift) for st in f.body]
     if "past" in _ref_ids(body):
@@ -83,13 +87,14 @@ def _rows_of_argument(e: ir.Expr, args: list[ir.Arg]) -> bool:
         isinstance(e.obj.obj, ir.Ref) and e.obj.obj.id in {a.name for a in args}
 
 
-def _with_cache(e, functions: set[str]):
-    """A call of a function that takes the cache, given it."""
+def _with_cache(e, functions: set[str], inner: Callable | None = None):
+    """A call of a function that takes the cache, given it; its arguments rewritten by
+    `inner` (this rewrite itself by default)."""
     if isinstance(e, ir.Call) and isinstance(e.func, ir.Ref) and e.func.id in functions and \
             all(k != "cache" for k, _ in e.kwargs):
-        args = tuple(ir.rewrite(a, lambda x: _with_cache(x, functions)) for a in e.args)
-        kwargs = tuple((k, ir.rewrite(v, lambda x: _with_cache(x, functions)))
-                       for k, v in e.kwargs)
+        again = inner or (lambda x: _with_cache(x, functions))
+        args = tuple(ir.rewrite(a, again) for a in e.args)
+        kwargs = tuple((k, ir.rewrite(v, again)) for k, v in e.kwargs)
         return dataclasses.replace(e, args=args, kwargs=(*kwargs, ("cache", CACHE)))
     return None
 

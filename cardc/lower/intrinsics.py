@@ -124,11 +124,13 @@ class Passes:
     def call(self, body: Steps, e: s.Call, call: CallInfo) -> ir.Expr | None:
         if not self.fuse:
             return None
-        found = self.find(call.callee, "layer_norm_ε", "layer_norm", "rms_norm")
+        found = self.find(call.callee, "layer_norm_ε", "layer_norm", "rms_norm", "rope")
         if found is None:
             return None
         which, ren = found
         sig = body.low.checker.info(call.callee).sig
+        if which == "rope":
+            return self.rope(body, e, call, ren)
         if len(sig.inputs) != 1 or len(sig.inputs[0][1].shape) != 1:
             return None
         x = body.expr(e.args[0]).code
@@ -148,6 +150,28 @@ class Passes:
             return _call("F.rms_norm", x, ir.Seq((width,)), gamma, eps)
         beta = body.expr(call.params[ren["β"]]).code
         return _call("F.layer_norm", x, ir.Seq((width,)), gamma, beta, eps)
+
+    # ------------------------------------------------------------------ rotary embeddings
+    def rope(self, body: Steps, e: s.Call, call: CallInfo, ren: dict[str, str]) -> ir.Expr | None:
+        """A card whose steps are rotate-half RoPE: `rotate_half(X, θ_base)`, a helper of the
+        generated file whose angle tables are computed once per positions, width and base
+        (every layer, queries and keys share them); decoding with a KV cache starts the
+        positions after the cached ones (cardc.lower.decoding)."""
+        sig = body.low.checker.info(call.callee).sig
+        if len(sig.inputs) != 1 or len(sig.inputs[0][1].shape) != 2 or sig.layout == "column":
+            return None
+        x = body.expr(e.args[0])
+        if x.flipped or x.rows:
+            return None
+        given = call.hypers.get(ren["θ_base"])
+        if given is None:
+            given = sig.defaults.get(ren["θ_base"])
+        elif isinstance(given, s.Arg):
+            given = given.value
+        if given is None:
+            return None
+        body.low.program.rope = True
+        return _call("rotate_half", x.code, body.expr(given).code)
 
     # ------------------------------------------------------------------ grouped-query attention
     def card_body(self, body: Steps) -> list[ir.Stmt] | None:
