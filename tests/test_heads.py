@@ -137,6 +137,24 @@ def test_sliding_window_hides_positions_w_or_more_behind():
     assert not torch.equal(a[0, 6], b[0, 6])
 
 
+def test_sliding_window_keeps_a_bounded_cache():
+    """Under a window of w positions the cache holds the last w keys and values of each
+    layer, however many tokens were decoded, and still gives full recomputation's logits."""
+    (name, fused, _, _), = _compile(ROOT / "tests" / "cards" / "heads" / "sliding_window.card")
+    cls = getattr(load_module(fused, "window_cache"), name)
+    torch.manual_seed(0)
+    model = cls(V=61, D=32, H=4, N=2, w=3).eval()
+    x = torch.randint(0, 61, (2, 16))
+    with torch.no_grad():
+        full = model(x)
+        cache = model.new_cache()
+        rows = torch.cat([model(x[:, :6], cache=cache),
+                          *(model(x[:, t:t + 1], cache=cache) for t in range(6, 16))], dim=1)
+    assert (rows - full).abs().max().item() < 1e-5
+    assert len(cache.kv) == 2
+    assert all(k.shape[-2] == 3 and v.shape[-2] == 3 for k, v in cache.kv.values())
+
+
 def test_head_map_calls_the_head_once_with_every_head():
     (_, fused, _, _), = _compile(ROOT / "tests" / "cards" / "heads" / "fused_per_head.card")
     # the fused projection's columns, head by head: (B, T, 3 D) → (B, H, T, 3 d)

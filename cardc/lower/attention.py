@@ -166,7 +166,7 @@ def prepare(body: Steps, core: Core) -> None:
             body.low.program.uncached = True  # keys over the new positions only: no cache
         return _literal(body, core)  # SDPA cannot take it, and no cache asks for more
     if cached:
-        k, v = _extend(body, core, k, v)
+        k, v = _extend(body, core, k, v, _window(core))
     if core.transforms:  # a soft cap: the exact math, with the cache's positions
         for st in (core.score, *core.transforms):
             body.step(st)
@@ -206,9 +206,12 @@ def _literal(body: Steps, core: Core) -> None:
         body.step(st)
 
 
-def _extend(body: Steps, core: Core, k: Val, v: Val) -> tuple[Val, Val]:
+def _extend(body: Steps, core: Core, k: Val, v: Val, window: s.Expr | None
+            ) -> tuple[Val, Val]:
     """`K, V = cache.extend(None, K, V)` with a cache: the positions decoded before come
-    first. K and V are named first if the card computes them in place."""
+    first. K and V are named first if the card computes them in place. Under a window of w
+    positions the cache keeps the last w only (`keep=w`): the mask rules read positions
+    relative to the keys at hand, which a window's rule allows."""
     names = []
     for expr, val in ((core.k, k), (core.v, v)):
         if isinstance(val.code, ir.Ref):
@@ -217,8 +220,9 @@ def _extend(body: Steps, core: Core, k: Val, v: Val) -> tuple[Val, Val]:
         name = body.fresh("K" if expr is core.k else "V")
         body.emit(ir.Assign((name,), val.code, body.note(core.score, None)))
         names.append(name)
+    keep = () if window is None else (("keep", body.expr(window).code),)
     extend = ir.Assign(tuple(names), ir.Call(ir.Attr(CACHE, "extend"), (
-        ir.Lit("None"), *(ir.Ref(n) for n in names))), ir.Note(
+        ir.Lit("None"), *(ir.Ref(n) for n in names)), keep), ir.Note(
         text="the cached positions come first", line=body.note(core.score).line))
     body.emit(ir.If(ir.Bin("is not", CACHE, ir.Lit("None")), (extend,)))
     body.uses_cache = True
@@ -226,6 +230,25 @@ def _extend(body: Steps, core: Core, k: Val, v: Val) -> tuple[Val, Val]:
         if isinstance(expr, s.Name):
             body.scope.values[expr.id] = replace(body.expr(expr), code=ir.Ref(name))
     return replace(k, code=ir.Ref(names[0])), replace(v, code=ir.Ref(names[1]))
+
+
+def _window(core: Core) -> s.Expr | None:
+    """w of a rule hiding `t′ ≤ t − w` beside the causal one: a sliding window. Every rule
+    is then a difference of positions, the same wherever the keys at hand start."""
+    rules = [m.stmt for m in core.masks]
+    found = None
+    for rule in rules:
+        t, u = rule.vars
+        cond = rule.body.cond
+        if _causal(cond, t, u):
+            continue
+        if not (isinstance(cond, s.BinOp) and cond.op == "≤" and getattr(cond.left, "id", None)
+                == u and isinstance(cond.right, s.BinOp) and cond.right.op == "−" and
+                getattr(cond.right.left, "id", None) == t and
+                not {t, u} & _names(cond.right.right)):
+            return None  # another rule: positions from the first key, all of them kept
+        found = cond.right.right
+    return found
 
 
 def _scale(body: Steps, core: Core, q: Val) -> ir.Expr | None | bool:
