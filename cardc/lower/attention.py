@@ -159,6 +159,8 @@ def prepare(body: Steps, core: Core) -> None:
     q, k, v = body.expr(core.q), body.expr(core.k), body.expr(core.v)
     causal = any(_causal(m.stmt.body.cond, *m.stmt.vars) for m in core.masks)
     cached = body.low.decoder and causal
+    if body.low.decoder and not cached:  # a mask the cache cannot place: decode without one
+        body.low.program.uncached = True
     scale = _scale(body, core, q) if all(_batched(x) for x in (q, k, v)) else False
     names = isinstance(core.k, s.Name) and isinstance(core.v, s.Name)
     if scale is False or core.transforms and not (cached and names):
