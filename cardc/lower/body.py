@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from .. import ir
 from .. import syntax as s
@@ -17,6 +16,9 @@ from ..dims import Dim
 from ..namecheck import card_identifiers
 from ..spelling import display
 from ..types import BundleTy, FamilyTy, Ty, subst_dim
+from .attention import find_cores, prepare
+from .context import Lowerer
+from .heads import vectorise
 from .values import (
     Family,
     LowerError,
@@ -29,9 +31,6 @@ from .values import (
     num_lit,
     shape_text,
 )
-
-if TYPE_CHECKING:
-    from .cards import Lowering
 
 ELEMENTWISE = {"ReLU": "torch.relu", "SiLU": "F.silu", "σ": "torch.sigmoid", "exp": "torch.exp",
                "log": "torch.log", "tanh": "torch.tanh"}
@@ -165,7 +164,7 @@ def _is_ones_row(e: s.Expr) -> bool:
 class Body:
     """Lowers the steps of `alg` in `scope`; `dim` maps a dimension symbol to Python."""
 
-    def __init__(self, lowering: Lowering, alg: s.Algorithm, info: CardInfo, scope: Scope,
+    def __init__(self, lowering: Lowerer, alg: s.Algorithm, info: CardInfo, scope: Scope,
                  dim: Callable[[str], ir.Expr], lead: str):
         self.low = lowering
         self.alg = alg
@@ -197,6 +196,8 @@ class Body:
         self.sets: dict[str, Val] = {}  # T̃ ← {t ∈ [ℓ] : …}: the values t ranges over
         self.decoded: set[str] = set()  # P ← M(x | θ̂) decoded with a KV cache: P's last row
         self.buffers: list[ir.Buffer] = []  # constants the module computes once (RoPE's ω)
+        self.given: dict[int, Val] = {}  # values of expressions lowered beforehand
+        self.uses_cache = False  # an attention core reads the KV cache (cardc.lower.attention)
 
     # ------------------------------------------------------------------ helpers
     def fail(self, node, message: str, hint: str | None = None):
@@ -252,7 +253,15 @@ class Body:
 
     # ------------------------------------------------------------------ steps
     def run(self) -> list[ir.Stmt]:
+        cores = find_cores(self.alg, set(self.info.sig.hypers)) \
+            if self.low.fuse and not self.column else []
+        waiting = {id(st) for core in cores for st in core.waiting}
         for step in self.alg.steps:
+            if id(step) in waiting:
+                continue  # lowered with the step that reads softmax(S) V
+            core = next((c for c in cores if c.reader is step), None)
+            if core is not None:
+                prepare(self, core)
             self.step(step)
         return self.out
 
@@ -388,7 +397,8 @@ class Body:
         if st.style == "map" or isinstance(st.over, s.Concat):
             if self.indexes_by(st.body, st.var):
                 return self.position_map(st, step)
-            if self.low.fuse and self.low.passes.head_map(self, st, step):
+            if self.low.fuse and (self.low.passes.head_map(self, st, step) or
+                                  vectorise(self, st, step)):
                 return None
             return self.map_loop(st, step)
         return self.fail(st, "code generation does not handle this loop yet")
@@ -766,6 +776,8 @@ class Body:
 
     # ------------------------------------------------------------------ expressions
     def expr(self, e: s.Expr) -> Val:
+        if id(e) in self.given:  # computed already, for every head at once (cardc.lower.heads)
+            return self.given[id(e)]
         method = getattr(self, "expr_" + type(e).__name__, None)
         if method is None:
             self.fail(e, "code generation does not handle this expression yet")

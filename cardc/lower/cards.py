@@ -52,6 +52,7 @@ class Lowering:
         self.checker = checker
         self.lib = checker.lib
         self.fuse = fuse
+        self.decoder = False  # lowering a causal language model: attention reads a KV cache
         self.passes = Passes(fuse)
         self.program = ir.Program(sources=[])
         self._modules: dict[int, ir.Module] = {}
@@ -69,6 +70,7 @@ class Lowering:
 
     # ------------------------------------------------------------------ entry point
     def model(self, alg: s.Algorithm) -> ir.Program:
+        self.decoder = self.fuse and self.is_language_model(self.checker.info(alg).sig)
         top = self.module(alg, top=True)
         if self.fuse:
             fold_bias(self.program)
@@ -423,19 +425,23 @@ class Lowering:
                 args.append(ir.Arg(local_name(tname)))
                 scope.tensors[tname] = ir.Ref(local_name(tname))
                 _note_dims(shapes, local_name(tname), ty.shape, negative=False)
+        bound = bound_sizes(alg, info)
+        given: set[str] = set()  # sizes no argument's shape tells (a window w): passed in
         for hname in card_names(sig):
             hty = sig.hypers[hname]
-            if hty.shape or hty.value is None:
+            if hty.shape or hty.value is None or _unshaped(hname, hty, shapes, sig, bound):
                 default = sig.defaults.get(hname)
                 args.append(ir.Arg(local_name(hname), _ctor_value(default) if default else None))
                 scope.values[hname] = Val(ir.Ref(local_name(hname)), hty, False,
                                           column and hty.rank == 2)
+                if hty.value is not None:
+                    given.add(hname)
         used: dict[str, ir.Expr] = {}
-
-        bound = bound_sizes(alg, info)
 
         def dim_of(sym: str) -> ir.Expr:
             sym = sym.lstrip("?")
+            if sym in given:
+                return ir.Ref(local_name(sym))
             if sym in sig.definitions:
                 return dim_expr(sig.definitions[sym], dim_of)
             if sym in bound and sym not in shapes:
@@ -541,6 +547,12 @@ def _tree_symbols(entry: Entry) -> set[str]:
     if isinstance(entry, BundleTy):
         return set().union(*(_tree_symbols(e) for e in entry.members.values()))
     return {sym.lstrip("?") for sym in entry.over.symbols} | _tree_symbols(entry.entry)
+
+
+def _unshaped(name: str, ty: Ty, shapes: dict[str, ir.Expr], sig, bound) -> bool:
+    """A size hyperparameter that no argument's shape, definition or step gives."""
+    return ty.value == Dim.sym(name) and name not in shapes and name not in sig.definitions \
+        and name not in bound
 
 
 def _stored(sig, shape: tuple) -> tuple:

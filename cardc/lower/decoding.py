@@ -17,6 +17,7 @@ from collections.abc import Callable
 from .. import ir
 
 SDPA = ir.Ref("F.scaled_dot_product_attention")
+ROTATE = ir.Ref("rotate_half")  # RoPE (cardc.lower.intrinsics): takes the positions' start
 CACHE = ir.Ref("cache")
 PAST = ir.Ref("past")
 NO_CACHE = ir.Bin("is", CACHE, ir.Lit("None"))
@@ -25,21 +26,88 @@ HAS_CACHE = ir.Bin("is not", CACHE, ir.Lit("None"))
 
 def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
     """Give `top`, a language model, incremental decoding where its attention is causal."""
-    if not top.language_model:
+    if not top.language_model or program.uncached:
         return
+    functions: set[str] = set()  # functions that take the cache
+    for f in program.functions:  # callees first
+        if _cache_function(f, functions):
+            functions.add(f.name)
+    program.ordered = bool(functions)
     cached: set[str] = set()  # classes whose forward takes the cache
     for m in program.modules:  # callees first
         attends = _cache_attention(m)
         program.rotary |= attends and _share_rotary(m)
         if attends:
             m.body = _offset_positions(m, m.body)
-        calls = _pass_cache(m, cached)
-        if attends or calls:
+        calls = _pass_cache(m, cached, functions)
+        if attends or calls or _reads_cache(m.body):
             m.inputs.append(ir.Arg("cache", ir.Lit("None")))
             cached.add(m.name)
     if top.name in cached:
         _count_positions(top)
         top.cached = program.kv_cache = True
+
+
+# ------------------------------------------------------------------ functions
+def _cache_function(f: ir.Function, cached: set[str]) -> bool:
+    """A function whose attention extends the cache (cardc.lower.attention), whose positions
+    (`torch.arange(1, T + 1)` over the rows of an argument) start after the cached ones, or
+    that calls such a function, takes the cache and passes it on."""
+    rows = {st.targets[0] for st in f.body if isinstance(st, ir.Assign) and
+            len(st.targets) == 1 and _rows_of_argument(st.value, f.args)}
+
+    def shift(e):
+        if isinstance(e, ir.Call) and e.func == ROTATE and all(k != "past" for k, _ in e.kwargs):
+            args = tuple(ir.rewrite(a, shift) for a in e.args)
+            return dataclasses.replace(e, args=args, kwargs=(*e.kwargs, ("past", PAST)))
+        if isinstance(e, ir.Call) and e.func == ir.Ref("torch.arange") and len(e.args) == 2 and \
+                e.args[0] == ir.Lit("1") and isinstance(e.args[1], ir.Bin) and \
+                e.args[1].op == "+" and e.args[1].right == ir.Lit("1") and \
+                isinstance(e.args[1].left, ir.Ref) and e.args[1].left.id in rows:
+            return dataclasses.replace(e, args=(ir.Bin("+", PAST, ir.Lit("1")),
+                                                ir.Bin("+", PAST, e.args[1])))
+        return _with_cache(e, cached, shift)
+
+    body = [ir.rewrite(st, shift) for st in f.body]
+    if "past" in _ref_ids(body):
+        at = next((i for i, st in enumerate(body) if not (isinstance(st, ir.Assign) and
+                                                         st.targets[0] in rows)), 0)
+        body.insert(at, _past())
+    f.body = body
+    if not _reads_cache(body):
+        return False
+    f.args.append(ir.Arg("cache", ir.Lit("None")))
+    return True
+
+
+def _rows_of_argument(e: ir.Expr, args: list[ir.Arg]) -> bool:
+    """`X.shape[-2]` of an argument X: its rows, positions in a row-major card."""
+    return isinstance(e, ir.Sub) and e.items == (ir.Lit("-2"),) and \
+        isinstance(e.obj, ir.Attr) and e.obj.name == "shape" and \
+        isinstance(e.obj.obj, ir.Ref) and e.obj.obj.id in {a.name for a in args}
+
+
+def _with_cache(e, functions: set[str], inner: Callable | None = None):
+    """A call of a function that takes the cache, given it; its arguments rewritten by
+    `inner` (this rewrite itself by default)."""
+    if isinstance(e, ir.Call) and isinstance(e.func, ir.Ref) and e.func.id in functions and \
+            all(k != "cache" for k, _ in e.kwargs):
+        again = inner or (lambda x: _with_cache(x, functions))
+        args = tuple(ir.rewrite(a, again) for a in e.args)
+        kwargs = tuple((k, ir.rewrite(v, again)) for k, v in e.kwargs)
+        return dataclasses.replace(e, args=args, kwargs=(*kwargs, ("cache", CACHE)))
+    return None
+
+
+def _reads_cache(body) -> bool:
+    return "cache" in _ref_ids(body)
+
+
+def _ref_ids(stmts) -> set[str]:
+    found: set[str] = set()
+    for st in stmts:
+        ir.rewrite(st, lambda e: found.add(e.id) if isinstance(e, ir.Ref) else None)
+    return found
 
 
 # ------------------------------------------------------------------ attention
@@ -131,9 +199,15 @@ def _refs(node) -> set[str]:
 
 
 # ------------------------------------------------------------------ modules above
-def _pass_cache(m: ir.Module, cached: set[str]) -> bool:
-    """`self.attn(X)` → `self.attn(X, cache=cache)` for submodules that take the cache."""
+def _pass_cache(m: ir.Module, cached: set[str], functions: set[str]) -> bool:
+    """`self.attn(X)` → `self.attn(X, cache=cache)` for submodules that take the cache, and
+    alike for functions."""
     attrs = {f"self.{sub.name}" for sub in m.submodules if sub.cls in cached}
+    if functions:
+        before = m.body
+        m.body = [ir.rewrite(st, lambda e: _with_cache(e, functions)) for st in m.body]
+        if not attrs:
+            return m.body != before
     if not attrs:
         return False
     loops: set[str] = set()  # `for block in self.block`: `block` is one of them

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .. import ir
 from .. import syntax as s
@@ -18,10 +17,8 @@ from ..checker import CallInfo
 from ..diagnostics import Diagnostics
 from ..dims import Dim
 from ..types import BundleTy, Ty
+from .context import Steps
 from .values import Family, Val, local_name
-
-if TYPE_CHECKING:
-    from .body import Body
 
 _IGNORED = {"span", "var_span", "number", "annotation", "note", "where", "end_number"}
 _NAMES = {("Name", "id"), ("Sum", "index"), ("For", "var"), ("ForAll", "vars"),
@@ -110,7 +107,7 @@ class Passes:
         return None
 
     # ------------------------------------------------------------------ GELU
-    def gelu(self, body: Body, x: ir.Expr, tanh: bool) -> ir.Expr:
+    def gelu(self, body: Steps, x: ir.Expr, tanh: bool) -> ir.Expr:
         if self.fuse:
             return _call("F.gelu", x, approximate=ir.Lit('"tanh"')) if tanh else _call("F.gelu", x)
         body.low.program.imports.add("math")
@@ -124,14 +121,16 @@ class Passes:
         return ir.Bin("*", half_x, ir.Bin("+", ir.Lit("1"), erf))
 
     # ------------------------------------------------------------------ layer norm
-    def call(self, body: Body, e: s.Call, call: CallInfo) -> ir.Expr | None:
+    def call(self, body: Steps, e: s.Call, call: CallInfo) -> ir.Expr | None:
         if not self.fuse:
             return None
-        found = self.find(call.callee, "layer_norm_ε", "layer_norm", "rms_norm")
+        found = self.find(call.callee, "layer_norm_ε", "layer_norm", "rms_norm", "rope")
         if found is None:
             return None
         which, ren = found
         sig = body.low.checker.info(call.callee).sig
+        if which == "rope":
+            return self.rope(body, e, call, ren)
         if len(sig.inputs) != 1 or len(sig.inputs[0][1].shape) != 1:
             return None
         x = body.expr(e.args[0]).code
@@ -152,8 +151,30 @@ class Passes:
         beta = body.expr(call.params[ren["β"]]).code
         return _call("F.layer_norm", x, ir.Seq((width,)), gamma, beta, eps)
 
+    # ------------------------------------------------------------------ rotary embeddings
+    def rope(self, body: Steps, e: s.Call, call: CallInfo, ren: dict[str, str]) -> ir.Expr | None:
+        """A card whose steps are rotate-half RoPE: `rotate_half(X, θ_base)`, a helper of the
+        generated file whose angle tables are computed once per positions, width and base
+        (every layer, queries and keys share them); decoding with a KV cache starts the
+        positions after the cached ones (cardc.lower.decoding)."""
+        sig = body.low.checker.info(call.callee).sig
+        if len(sig.inputs) != 1 or len(sig.inputs[0][1].shape) != 2 or sig.layout == "column":
+            return None
+        x = body.expr(e.args[0])
+        if x.flipped or x.rows:
+            return None
+        given = call.hypers.get(ren["θ_base"])
+        if given is None:
+            given = sig.defaults.get(ren["θ_base"])
+        elif isinstance(given, s.Arg):
+            given = given.value
+        if given is None:
+            return None
+        body.low.program.rope = True
+        return _call("rotate_half", x.code, body.expr(given).code)
+
     # ------------------------------------------------------------------ grouped-query attention
-    def card_body(self, body: Body) -> list[ir.Stmt] | None:
+    def card_body(self, body: Steps) -> list[ir.Stmt] | None:
         """A whole card whose math is a known intrinsic, lowered in one piece: grouped-query
         attention with RoPE becomes per-role projections, a rotation and fused SDPA."""
         if not self.fuse:
@@ -164,7 +185,7 @@ class Passes:
                 return GroupedQuery(body, ren).lower()
         return None
 
-    def tree_match(self, body: Body, card: s.Algorithm, pattern: str) -> dict[str, str] | None:
+    def tree_match(self, body: Steps, card: s.Algorithm, pattern: str) -> dict[str, str] | None:
         """`card` matches `pattern`, and every card it calls matches the pattern of that name
         (the patterns name their callees as the library does)."""
         ren = match(patterns()[pattern], card)
@@ -177,7 +198,7 @@ class Passes:
         return ren
 
     # ------------------------------------------------------------------ attention heads
-    def head_map(self, body: Body, st: s.For, step: s.Step) -> bool:
+    def head_map(self, body: Steps, st: s.For, step: s.Step) -> bool:
         """`for h ∈ [H] : Y^h ← head(X | W^h_qkv, Mask)` → one projection and fused SDPA."""
         if len(st.body) != 1 or not isinstance(st.body[0].stmt, s.Assign):
             return False
@@ -238,7 +259,7 @@ class Passes:
         body.scope.values[assign.target.id] = fam
         return True
 
-    def head_map_cross(self, body: Body, st: s.For, step: s.Step, assign: s.Assign,
+    def head_map_cross(self, body: Steps, st: s.For, step: s.Step, assign: s.Assign,
                        call: CallInfo, ren: dict[str, str]) -> bool:
         """Row-major cross-attention heads: the fused W_qkv (columns q | k | v, heads within
         each) is split once, so X is projected to the queries and Z to keys and values in one
@@ -286,7 +307,7 @@ class Passes:
         body.scope.values[assign.target.id] = fam
         return True
 
-    def head_map_column(self, body: Body, st: s.For, step: s.Step, assign: s.Assign,
+    def head_map_column(self, body: Steps, st: s.For, step: s.Step, assign: s.Assign,
                         call: CallInfo, ren: dict[str, str]) -> bool:
         """The paper's heads: per-role projections (nn.Linear layout, heads stacked on the
         output axis), then fused SDPA; Z ≠ X makes it cross-attention."""
@@ -335,7 +356,7 @@ class Passes:
         body.scope.values[assign.target.id] = fam
         return True
 
-    def stacked_roles(self, body: Body, call: CallInfo, ren: dict[str, str], var: str):
+    def stacked_roles(self, body: Steps, call: CallInfo, ren: dict[str, str], var: str):
         """The stacked storage of W_q, W_k, W_v (and b_q, b_k, b_v), in one tensor each."""
         given = call.params.get(ren["W_qkv"])
         entry = body.info.types.get(id(given))
@@ -368,7 +389,7 @@ class Passes:
             return None
         return weights, biases
 
-    def mask(self, body: Body, call: CallInfo, name: str,
+    def mask(self, body: Steps, call: CallInfo, name: str,
              key_first: bool = False) -> dict[str, ir.Expr] | None:
         """SDPA's masking arguments for a rule over (query t, key t′), or (key, query) in the
         paper's layout; SDPA wants a (query, key) mask, which is how a flipped one is stored."""
@@ -402,7 +423,7 @@ class GroupedQuery:
     own axis, RoPE applied to queries and keys at once, key/value heads repeated for the G query
     heads of a group."""
 
-    def __init__(self, body: Body, ren: dict[str, str]):
+    def __init__(self, body: Steps, ren: dict[str, str]):
         self.body, self.ren = body, ren
         self.step = body.alg.steps[0]
         self.x = ir.Ref(local_name(body.info.sig.inputs[0][0]))

@@ -1,0 +1,339 @@
+"""The softmax attention core, recognised by its local structure among a card's steps.
+
+    S ← Q K^⊺ · scale                  (`/√d`, `· c`, `/ c`: any scale)
+    ∀t, t′, if c(t, t′) then S[t, t′] ← −∞      (none or more: causal, windowed, explicit masks)
+    … softmax(S) V …                   (S read nowhere else)
+
+is one `F.scaled_dot_product_attention(Q, K, V, …)`: `is_causal=True` when the only c is
+`t′ > t`, else a boolean `attn_mask` of the positions no c hides (`t′ > t`, then
+`t′ ≤ t − w`, is a sliding window), and `scale=` unless the scale is SDPA's
+own 1/√(width of Q). Whatever comes before (projections, slices of a fused projection, rotary,
+norms on queries and keys) and after is the card's own math, lowered step by step. A core SDPA
+cannot express (a soft cap `c · tanh(S/c)` between the steps) keeps its literal steps, which are
+already batched. In a causal language model (`Lowerer.decoder`) the keys and values that reach
+the core are extended by the KV cache's first (cardc.lower.decoding passes the cache down), and
+mask rules other than plain causality place the queries after the cached positions; a capped
+core then keeps its exact math over the extended keys. Row-major cards only; with `fuse=False`
+nothing is recognised, which is the literal twin the tests compare against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .. import ir
+from .. import syntax as s
+from ..types import Ty
+from .context import Steps
+from .values import LowerError, Val
+
+
+@dataclass
+class Core:
+    """Steps of one attention core: the score step, an optional mask step, and the product
+    `softmax(S) V` inside the step that reads it."""
+
+    score: s.Step
+    transforms: tuple[s.Step, ...]  # S ← f(S), elementwise with numbers (a soft cap)
+    masks: tuple[s.Step, ...]
+    product: s.BinOp
+    reader: s.Step
+    q: s.Expr
+    k: s.Expr
+    v: s.Expr
+    scale: tuple[str, s.Expr] | None  # ("/", c) or ("·", c); None: no scale written
+
+    @property
+    def waiting(self) -> tuple[s.Step, ...]:
+        """The steps lowered with the reader: the score, then the masks."""
+        return (self.score, *self.transforms, *self.masks)
+
+
+def find_cores(alg: s.Algorithm, scalars: set[str]) -> list[Core]:
+    """Every attention core among the top-level steps of `alg`; `scalars` are the names a
+    transform of the scores may read besides them (hyperparameters)."""
+    steps = list(alg.steps)
+    return [core for i in range(len(steps)) if (core := _core_at(steps, i, scalars)) is not None]
+
+
+def _core_at(steps: list[s.Step], i: int, scalars: set[str]) -> Core | None:
+    st = steps[i].stmt
+    if not (isinstance(st, s.Assign) and isinstance(st.target, s.Name)):
+        return None
+    name = st.target.id
+    scores = _scores(st.value)
+    if scores is None:
+        return None
+    q, k, scale = scores
+    j = i + 1
+    while j < len(steps) and _transforms(steps[j].stmt, name, scalars):
+        j += 1
+    transforms, m = tuple(steps[i + 1:j]), j
+    while j < len(steps) and _masks(steps[j].stmt, name):
+        j += 1
+    masks = tuple(steps[m:j])
+    if j >= len(steps):
+        return None
+    reader = steps[j]
+    products = [n for n in s.nodes(reader.stmt) if _is_product(n, name)]
+    if len(products) != 1 or _reads(reader.stmt, name) != 1:
+        return None
+    if any(_reads(later.stmt, name) for later in steps[j + 1:]):
+        return None  # S is read again: keep it
+    if _assigns(reader.stmt, {n for n in _names(q) | _names(k)} - {name}):
+        return None
+    return Core(steps[i], transforms, masks, products[0], reader, q, k, products[0].right, scale)
+
+
+def _scores(e: s.Expr) -> tuple[s.Expr, s.Expr, tuple[str, s.Expr] | None] | None:
+    """`Q K^⊺`, `Q K^⊺/c`, `Q K^⊺ · c` or `c · Q K^⊺`: the queries, keys and scale."""
+    scale = None
+    if isinstance(e, s.BinOp) and e.op == "/":
+        e, scale = e.left, ("/", e.right)
+    elif isinstance(e, s.BinOp) and e.op in ("·", " ") and _qk(e.left) and not _qk(e.right):
+        e, scale = e.left, ("·", e.right)
+    elif isinstance(e, s.BinOp) and e.op in ("·", " ") and _qk(e.right) and not _qk(e.left):
+        e, scale = e.right, ("·", e.left)
+    if not _qk(e):
+        return None
+    return e.left, e.right.operand, scale
+
+
+def _qk(e: s.Expr) -> bool:
+    return isinstance(e, s.BinOp) and e.op in (" ", "·") and isinstance(e.right, s.Transpose) \
+        and not isinstance(e.left, s.Transpose)
+
+
+def _transforms(st: s.Stmt, name: str, scalars: set[str]) -> bool:
+    """`S ← c · tanh(S/c)`: S again, from S and numbers only."""
+    return isinstance(st, s.Assign) and isinstance(st.target, s.Name) and \
+        st.target.id == name and name in _names(st.value) and \
+        _names(st.value) <= {name, *scalars}
+
+
+def _masks(st: s.Stmt, name: str) -> bool:
+    """`∀t, t′, if c then S[t, t′] ← −∞`."""
+    if not (isinstance(st, s.ForAll) and len(st.vars) == 2 and isinstance(st.body, s.If)):
+        return False
+    then = st.body.then
+    return isinstance(then, s.Assign) and isinstance(then.target, s.Index) and \
+        isinstance(then.target.base, s.Name) and then.target.base.id == name and \
+        [getattr(i, "id", None) for i in then.target.items] == list(st.vars) and \
+        _minus_infinity(then.value)
+
+
+def _minus_infinity(e: s.Expr) -> bool:
+    return isinstance(e, s.Unary) and e.op == "−" and isinstance(e.operand, s.Num) and \
+        e.operand.text == "∞"
+
+
+def _is_product(e, name: str) -> bool:
+    """`softmax(S) V`."""
+    return isinstance(e, s.BinOp) and e.op in (" ", "·") and isinstance(e.left, s.Call) and \
+        e.left.func == "softmax" and len(e.left.args) == 1 and \
+        isinstance(e.left.args[0], s.Name) and e.left.args[0].id == name and \
+        name not in _names(e.right)
+
+
+def _reads(st, name: str) -> int:
+    return sum(1 for n in s.nodes(st) if isinstance(n, s.Name) and n.id == name)
+
+
+def _assigns(st, names: set[str]) -> bool:
+    return isinstance(st, s.Assign) and isinstance(st.target, s.Name) and st.target.id in names
+
+
+def _names(e) -> set[str]:
+    return {n.id for n in s.nodes(e) if isinstance(n, s.Name)}
+
+
+# ------------------------------------------------------------------ lowering
+CACHE = ir.Ref("cache")
+NO_CACHE = ir.Bin("is", CACHE, ir.Lit("None"))
+
+
+def prepare(body: Steps, core: Core) -> None:
+    """Before the step that reads `softmax(S) V`: the core's own steps, as one SDPA call that
+    the reader's product becomes (`body.given`), or as the card's steps. In a causal language
+    model the keys and values that reach the product are first extended by the KV cache's."""
+    q, k, v = body.expr(core.q), body.expr(core.k), body.expr(core.v)
+    causal = any(_causal(m.stmt.body.cond, *m.stmt.vars) for m in core.masks)
+    cached = body.low.decoder and causal
+    if body.low.decoder and not cached:  # a mask the cache cannot place: decode without one
+        body.low.program.uncached = True
+    scale = _scale(body, core, q) if all(_batched(x) for x in (q, k, v)) else False
+    names = isinstance(core.k, s.Name) and isinstance(core.v, s.Name)
+    if scale is False or core.transforms and not (cached and names):
+        if cached:
+            body.low.program.uncached = True  # keys over the new positions only: no cache
+        return _literal(body, core)  # SDPA cannot take it, and no cache asks for more
+    if cached:
+        k, v = _extend(body, core, k, v, _window(core))
+    if core.transforms:  # a soft cap: the exact math, with the cache's positions
+        for st in (core.score, *core.transforms):
+            body.step(st)
+        name = core.score.stmt.target.id
+        scores = body.expr(s.Name(name, span=core.score.span))
+        minus_inf = ir.Un("-", ir.Ref("math.inf"))
+        body.low.program.imports.add("math")
+        masked = ir.Call(ir.Attr(scores.code, "masked_fill"),
+                         (_not(_visible(body, core, q, k, offset=True)), minus_inf))
+        body.emit(ir.Assign((scores.code.id,), masked,
+                            body.note(core.masks[0], None, "the hidden positions")))
+        return None
+    kwargs: list[tuple[str, ir.Expr]] = []
+    if cached and len(core.masks) == 1:  # only causal: SDPA's own mask, the cache's after it
+        kwargs += [("attn_mask", ir.Cond(NO_CACHE, ir.Lit("None"),
+                                         ir.Call(ir.Attr(CACHE, "mask"), (q.code, k.code)))),
+                   ("is_causal", NO_CACHE)]
+    elif core.masks:
+        kwargs += _mask(body, core, q, k, offset=cached)
+    if scale is not None:
+        kwargs.append(("scale", scale))
+    sdpa = "F.scaled_dot_product_attention"
+    if body.lead == "…":  # a function: its heads may sit on any axes, its K and V be shared
+        sdpa, body.low.program.grouped = "grouped_sdpa", True
+    call = ir.Call(ir.Ref(sdpa), (q.code, k.code, v.code), tuple(kwargs))
+    ty = body.ty(core.product)
+    body.given[id(core.product)] = Val(call, Ty(ty.shape, ty.elem), True)
+    return None
+
+
+def _batched(x: Val) -> bool:
+    return x.lifted and not x.rows and not x.flipped and len(x.ty.shape) == 2
+
+
+def _literal(body: Steps, core: Core) -> None:
+    for st in core.waiting:
+        body.step(st)
+
+
+def _extend(body: Steps, core: Core, k: Val, v: Val, window: s.Expr | None
+            ) -> tuple[Val, Val]:
+    """`K, V = cache.extend(None, K, V)` with a cache: the positions decoded before come
+    first. K and V are named first if the card computes them in place. Under a window of w
+    positions the cache keeps the last w only (`keep=w`): the mask rules read positions
+    relative to the keys at hand, which a window's rule allows."""
+    names = []
+    for expr, val in ((core.k, k), (core.v, v)):
+        if isinstance(val.code, ir.Ref):
+            names.append(val.code.id)
+            continue
+        name = body.fresh("K" if expr is core.k else "V")
+        body.emit(ir.Assign((name,), val.code, body.note(core.score, None)))
+        names.append(name)
+    keep = () if window is None else (("keep", body.expr(window).code),)
+    extend = ir.Assign(tuple(names), ir.Call(ir.Attr(CACHE, "extend"), (
+        ir.Lit("None"), *(ir.Ref(n) for n in names)), keep), ir.Note(
+        text="the cached positions come first", line=body.note(core.score).line))
+    body.emit(ir.If(ir.Bin("is not", CACHE, ir.Lit("None")), (extend,)))
+    body.uses_cache = True
+    for expr, name in zip((core.k, core.v), names, strict=True):
+        if isinstance(expr, s.Name):
+            body.scope.values[expr.id] = replace(body.expr(expr), code=ir.Ref(name))
+    return replace(k, code=ir.Ref(names[0])), replace(v, code=ir.Ref(names[1]))
+
+
+def _window(core: Core) -> s.Expr | None:
+    """w of a rule hiding `t′ ≤ t − w` beside the causal one: a sliding window. Every rule
+    is then a difference of positions, the same wherever the keys at hand start."""
+    rules = [m.stmt for m in core.masks]
+    found = None
+    for rule in rules:
+        t, u = rule.vars
+        cond = rule.body.cond
+        if _causal(cond, t, u):
+            continue
+        if not (isinstance(cond, s.BinOp) and cond.op == "≤" and getattr(cond.left, "id", None)
+                == u and isinstance(cond.right, s.BinOp) and cond.right.op == "−" and
+                getattr(cond.right.left, "id", None) == t and
+                not {t, u} & _names(cond.right.right)):
+            return None  # another rule: positions from the first key, all of them kept
+        found = cond.right.right
+    return found
+
+
+def _scale(body: Steps, core: Core, q: Val) -> ir.Expr | None | bool:
+    """None for SDPA's default 1/√(width of Q); else the factor the card writes (False: one
+    that is not a number, which SDPA cannot take)."""
+    if core.scale is None:
+        return ir.Lit("1.0")
+    op, c = core.scale
+    if op == "/" and isinstance(c, s.Unary) and c.op == "√":
+        try:
+            if body.low.dim_value(body.alg, c.operand) == q.ty.shape[-1]:
+                return None
+        except LowerError:  # not a dimension: a scale like any other
+            pass
+    value = body.expr(c)
+    if value.lifted or value.rows or value.ty.shape:
+        return False
+    return ir.Bin("/", ir.Lit("1.0"), value.code) if op == "/" else value.code
+
+
+def _mask(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> list[tuple[str, ir.Expr]]:
+    """`is_causal=True` for one mask `t′ > t` (or `¬(t′ ≤ t)`); else the visible positions."""
+    rules = [m.stmt for m in core.masks]
+    if not offset and len(rules) == 1 and _causal(rules[0].body.cond, *rules[0].vars):
+        return [("is_causal", ir.Lit("True"))]
+    return [("attn_mask", _visible(body, core, q, k, offset))]
+
+
+def _visible(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> ir.Expr:
+    """The positions no mask step hides, (T_q, T_k). With `offset`, query t sits at
+    T_k − T_q + t: after the cached positions, which the keys include."""
+    shape = body.ty(core.score.stmt.value).shape
+    visible: ir.Expr | None = None
+    outer, ranged = body.point, body.ranged
+    try:
+        for rule in (m.stmt for m in core.masks):
+            t, u = rule.vars
+            if offset:
+                body.point = {}
+                body.ranged = {**ranged, **_positions(body, t, u, q, k, shape)}
+            else:
+                body.point = {t: (0, 2, shape[0]), u: (1, 2, shape[1])}
+            cond = rule.body.cond
+            if isinstance(cond, s.Unary) and cond.op == "¬":
+                seen = body.expr(cond.operand).code
+            else:
+                seen = _not(body.expr(cond).code)
+            visible = seen if visible is None else ir.Bin("&", visible, seen)
+    finally:
+        body.point, body.ranged = outer, ranged
+    return visible
+
+
+def _not(e: ir.Expr) -> ir.Expr:
+    return e.operand if isinstance(e, ir.Un) and e.op == "~" else ir.Un("~", e)
+
+
+def _positions(body: Steps, t: str, u: str, q: Val, k: Val, shape) -> dict[str, Val]:
+    """0-based positions of the queries (a column) and the keys (a row)."""
+    rows = ir.Sub(ir.Attr(q.code, "shape"), (ir.Lit("-2"),))
+    cols = ir.Sub(ir.Attr(k.code, "shape"), (ir.Lit("-2"),))
+    device = {"device": ir.Attr(q.code, "device")}
+    first = ir.Bin("-", cols, rows)
+    queries = ir.Call(ir.Ref("torch.arange"), (first, cols), tuple(device.items()))
+    keys = ir.Call(ir.Ref("torch.arange"), (cols,), tuple(device.items()))
+    return {
+        t: Val(ir.Sub(queries, (ir.SliceX(None, None), ir.Ref("None"))), Ty((shape[0], None), "ℕ")),
+        u: Val(ir.Sub(keys, (ir.Ref("None"), ir.SliceX(None, None))), Ty((None, shape[1]), "ℕ")),
+    }
+
+
+def _causal(cond: s.Expr, t: str, u: str) -> bool:
+    """`t′ > t`, `t < t′`, `¬(t′ ≤ t)` or `¬(t ≥ t′)`: t′ after t is hidden."""
+    if isinstance(cond, s.Iverson):
+        cond = cond.cond
+    if isinstance(cond, s.Unary) and cond.op == "¬":
+        inner = cond.operand.cond if isinstance(cond.operand, s.Iverson) else cond.operand
+        return _pair(inner) in ((u, "≤", t), (t, "≥", u))
+    return _pair(cond) in ((u, ">", t), (t, "<", u))
+
+
+def _pair(e: s.Expr) -> tuple[str, str, str] | None:
+    if isinstance(e, s.BinOp) and isinstance(e.left, s.Name) and isinstance(e.right, s.Name):
+        return e.left.id, e.op, e.right.id
+    return None
+

@@ -1,0 +1,79 @@
+"""What the parts of the lowering ask of one another, as protocols, so that they import one
+another one way: values ← context ← attention, heads, intrinsics, decoding ← body ← cards.
+
+`Lowerer` is what lowering a card's steps asks of the whole lowering (cardc.lower.cards);
+`Steps` is what a fusion pass asks of the lowering of one card's steps (cardc.lower.body).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .. import ir
+from .. import syntax as s
+from ..checker import CallInfo, CardInfo, Checker
+from ..dims import Dim
+from ..types import Ty
+from .values import Scope, Val
+
+
+class Lowerer(Protocol):
+    checker: Checker
+    fuse: bool
+    decoder: bool  # the model is a causal language model: attention reads a KV cache
+    passes: Any  # cardc.lower.intrinsics.Passes
+    program: ir.Program
+    lib: Any
+
+    def walk(self, alg: s.Algorithm, find: Callable[[s.Algorithm], Any]) -> Any: ...
+
+    def function(self, alg: s.Algorithm) -> str: ...
+
+    def decodes(self, alg: s.Algorithm) -> bool: ...
+
+    def dim_value(self, alg: s.Algorithm, e: s.Expr) -> Dim: ...
+
+    def flat_tensors(self, entry: Any) -> list[tuple[str, Ty]]: ...
+
+    def tensor_hypers(self, alg: s.Algorithm) -> list[str]: ...
+
+
+class Steps(Protocol):
+    low: Lowerer
+    alg: s.Algorithm
+    info: CardInfo
+    scope: Scope
+    out: list[ir.Stmt]
+    buffers: list[ir.Buffer]
+    dim_of: Callable[[str], ir.Expr]
+    lead: str
+    column: bool
+    given: dict[int, Val]
+    point: dict[str, tuple[int, int, Dim]]
+    ranged: dict[str, Val]
+    uses_cache: bool
+
+    def expr(self, e: s.Expr) -> Val: ...
+
+    def step(self, step: s.Step) -> None: ...
+
+    def emit(self, st: ir.Stmt) -> None: ...
+
+    def note(self, node: Any, val: Val | None = None, text: str | None = None) -> ir.Note: ...
+
+    def ty(self, e: s.Expr) -> Ty: ...
+
+    def dim(self, d: Dim) -> ir.Expr: ...
+
+    def dim_text(self, d: Dim) -> str: ...
+
+    def size(self, e: s.Expr) -> Dim: ...
+
+    def fresh(self, name: str, avoid: frozenset[str] = frozenset()) -> str: ...
+
+    def mask_rule(self, call: CallInfo, name: str, rule: s.Arg) -> Val: ...
+
+    def hyper_value(self, call: CallInfo, name: str, given: s.Expr) -> ir.Expr: ...
+
+    def module_for(self, e: s.Call, call: CallInfo) -> ir.Expr | None: ...

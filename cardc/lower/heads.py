@@ -1,0 +1,211 @@
+"""Maps over heads, vectorised by their structure.
+
+`for h ∈ [H] : Y^h ← F(args | params^h, hypers)` is F applied to every head at once: F is
+lowered to a function whose steps act on the trailing (card) axes of its values, so calling it
+once with a head axis in front of every argument's card axes computes all H heads. Each
+argument says how it reaches the heads:
+
+- one that does not name h is the same for every head: shared, and given a head axis of size 1
+  (`X.unsqueeze(-3)`), which broadcasting repeats;
+- a block of columns indexed by h, `X[:, (h − 1) w + 1 : h w]`, is X's columns split into H
+  blocks of w, the blocks on the head axis: `X.unflatten(-1, (H, w)).transpose(-3, -2)`;
+- a member of a family of parameters stacked for the heads (`W^h_q`) is its storage viewed
+  with the head axis first (`(H, D, w)`, a vector as `(H, 1, w)`), which `X @ W` and `X + b`
+  broadcast over.
+
+The result holds every head on that axis, `(…, H, T, w)`, which is what `[Y^1, …, Y^H]` joins
+(cardc.lower.body). Nested maps (groups of query heads, then the heads of a group) nest the
+same way, since the function called by the outer map sees the outer head axis as one more
+batch axis. A map whose arguments take any other form keeps its literal loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import ir
+from .. import syntax as s
+from ..checker import CallInfo, instance, split_name
+from ..dims import Dim
+from ..spelling import display
+from ..types import BundleTy, FamilyTy, Ty
+from .context import Steps
+from .values import Family, Stacked, Val, attr_name, local_name
+
+
+def _int(n: int) -> ir.Lit:
+    return ir.Lit(str(n))
+
+
+def _method(obj: ir.Expr, name: str, *args: ir.Expr) -> ir.Call:
+    return ir.Call(ir.Attr(obj, name), args)
+
+
+class _Declined(Exception):
+    """The map's arguments take a form this vectorisation does not handle."""
+
+
+class HeadMap:
+    """One map over heads, lowered as one call of its card with a head axis on each value."""
+
+    def __init__(self, body: Steps, st: s.For, call: CallInfo, count: Dim):
+        self.body, self.st, self.call, self.count = body, st, call, count
+        self.var = st.var
+
+    # ------------------------------------------------------------------ arguments
+    def argument(self, e: s.Expr) -> Val:
+        """An argument of the mapped card, with the head axis in front of its card axes."""
+        if self.var not in _names(e):
+            return self.shared(self.body.expr(e))
+        if isinstance(e, s.Index) and isinstance(e.base, s.Name) and len(e.items) == 2 and \
+                _is_all(e.items[0]) and isinstance(e.items[1], s.Slice) and \
+                self.var not in _names(e.base):
+            return self.block(e)
+        if isinstance(e, s.Call):
+            return self.through(e)
+        raise _Declined
+
+    def through(self, e: s.Call) -> Val:
+        """`RoPE(Q[:, (j − 1) d + 1 : j d])`: a card applied to head arguments applies to
+        every head at once, as it would to any batch axis; its tensors must not vary by head."""
+        call = self.body.info.calls.get(id(e))
+        if call is None or self.body.module_for(e, call) is not None or \
+                any(self.var in _names(p) for p in e.params):
+            raise _Declined
+        for a in e.args:
+            self.body.given[id(a)] = self.argument(a)
+        try:
+            val = self.body.expr(e)
+        finally:
+            for a in e.args:
+                self.body.given.pop(id(a), None)
+        if val.rows or val.flipped or not val.lifted:
+            raise _Declined
+        return val
+
+    def shared(self, val: Val) -> Val:
+        if val.rows or val.flipped:
+            raise _Declined
+        if not val.lifted:  # a parameter or a number broadcasts from the right already
+            return val
+        return replace(val, code=_method(val.code, "unsqueeze", _int(-len(val.ty.shape) - 1)))
+
+    def block(self, e: s.Index) -> Val:
+        """`X[:, (h − 1) w + 1 : h w]` for every h: X's columns as H blocks of w."""
+        item = e.items[1]
+        if item.lo is None or item.hi is None:
+            raise _Declined
+        lo, hi = (self.body.low.dim_value(self.body.alg, b) for b in (item.lo, item.hi))
+        width = hi - lo + Dim.const(1)
+        h = Dim.sym(self.var)
+        if self.var in width.symbols or hi != h * width:
+            raise _Declined  # not the h-th of equal consecutive blocks
+        base = self.body.expr(e.base)
+        if not base.lifted or base.rows or base.flipped or len(base.ty.shape) != 2:
+            raise _Declined
+        code = base.code
+        if base.ty.shape[1] != self.count * width:  # the blocks cover only the first columns
+            code = ir.Sub(code, (ir.Ref("..."), ir.SliceX(None, self.body.dim(self.count * width))))
+        split = ir.Seq((self.body.dim(self.count), self.body.dim(width)))
+        heads = _method(_method(code, "unflatten", _int(-1), split), "transpose", _int(-3),
+                        _int(-2))
+        return Val(heads, Ty((base.ty.shape[0], width), base.ty.elem), True)
+
+    # ------------------------------------------------------------------ parameters
+    def parameter(self, name: str, rank: int) -> ir.Expr:
+        """A tensor handed to the card for head h: its stacked family with the heads first,
+        padded to broadcast against values of card rank `rank`."""
+        for pattern, fam in self.body.scope.stacked.items():
+            if instance(pattern, fam.var, name) == self.var:
+                return self.stacked(fam, rank)
+        if any(v == self.var for _, v in split_name(name)[1]):
+            raise _Declined  # indexed by the head, but not stacked for the heads
+        return self.body.expr(s.Name(name, span=self.st.span)).code
+
+    def stacked(self, fam: Stacked, rank: int) -> ir.Expr:
+        if fam.axis != "last" or fam.over != self.count or not fam.shape:
+            raise _Declined
+        width = self.body.dim(fam.shape[-1])
+        store = ir.Ref(fam.storage)
+        if fam.count > 1:
+            dims = ir.Seq((_int(fam.count), self.body.dim(fam.over), width))
+            view = ir.Sub(_method(store, "unflatten", _int(-1), dims),
+                          (ir.Ref("..."), _int(fam.index), ir.SliceX(None, None),
+                           ir.SliceX(None, None)))
+        else:
+            view = _method(store, "unflatten", _int(-1), ir.Seq((self.body.dim(fam.over), width)))
+        if len(fam.shape) > 1:  # (…, H, w) → (H, …, w)
+            view = _method(view, "movedim", _int(-2), _int(0))
+        for _ in range(rank - len(fam.shape)):  # a vector beside matrices: (H, 1, w)
+            view = _method(view, "unsqueeze", _int(1))
+        return view
+
+    def parameters(self, rank: int) -> list[tuple[str, ir.Expr]]:
+        """Keyword arguments for the callee's tensors, each with its heads."""
+        callee = self.body.low.checker.info(self.call.callee).sig
+        out: list[tuple[str, ir.Expr]] = []
+        for name, entry in callee.params:
+            if name in callee.hypers:
+                continue
+            given = self.call.params.get(name)
+            if not isinstance(given, s.Name):
+                raise _Declined
+            if isinstance(entry, BundleTy):
+                mine = self.body.info.types.get(id(given))
+                if isinstance(mine, FamilyTy):
+                    mine = mine.entry
+                if not isinstance(mine, BundleTy):
+                    raise _Declined
+                theirs = self.body.low.flat_tensors(entry)
+                members = self.body.low.flat_tensors(mine)
+                if len(theirs) != len(members):
+                    raise _Declined
+                for (member, _), (own, _) in zip(theirs, members, strict=True):
+                    out.append((local_name(member), self.parameter(own, rank)))
+            else:
+                out.append((local_name(name), self.parameter(given.id, rank)))
+        return out
+
+
+def vectorise(body: Steps, st: s.For, step: s.Step) -> bool:
+    """`for h ∈ [H] : Y^h ← F(…)` as one call of F over every head; False keeps the loop."""
+    if len(st.body) != 1 or not isinstance(st.over, s.Concat) or len(st.over.items) != 1:
+        return False
+    assign = st.body[0].stmt
+    if not (isinstance(assign, s.Assign) and isinstance(assign.target, s.Name) and
+            instance(assign.target.id, st.var, assign.target.id) == st.var):
+        return False
+    e = assign.value
+    call = body.info.calls.get(id(e)) if isinstance(e, s.Call) else None
+    if call is None or body.module_for(e, call) is not None:
+        return False
+    callee = body.low.checker.info(call.callee).sig
+    if callee.layout == "column" or body.column:
+        return False
+    heads = HeadMap(body, st, call, body.size(st.over.items[0]))
+    try:
+        args = [heads.argument(a) for a in e.args]
+        args += [args[0]] * (len(callee.inputs) - len(args))  # Z = X: self-attention
+        rank = max((len(a.ty.shape) for a in args if a.lifted), default=0)
+        kwargs = heads.parameters(rank)
+    except _Declined:
+        return False
+    kwargs += [(local_name(n), body.hyper_value(call, n, g)) for n, g in call.hypers.items()]
+    fn = body.low.function(call.callee)
+    ty = body.ty(e)
+    local = body.fresh(f"{attr_name(assign.target.id, st.var)}_{local_name(st.var)}")
+    shape = ", ".join(body.dim_text(d) for d in (heads.count, *ty.shape))
+    code = ir.Call(ir.Ref(fn), tuple(a.code for a in args), tuple(kwargs))
+    body.emit(ir.Assign((local,), code, body.note(step, None, f"({body.lead}, {shape}): "
+                                                             f"every {display(st.var)} at once")))
+    fam = Family(st.var, local, ty, Val(ir.Ref(local), Ty(ty.shape, ty.elem), True))
+    body.scope.values[assign.target.id] = fam
+    return True
+
+
+def _names(e) -> set[str]:
+    return {n.id for n in s.nodes(e) if isinstance(n, s.Name)}
+
+
+def _is_all(item) -> bool:
+    return isinstance(item, s.Slice) and item.lo is None and item.hi is None
