@@ -14,6 +14,46 @@ PRESETS = {
 }
 
 
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__()
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V, keep=None):
+        """The layer's cached keys and values followed by these, which it keeps (the last
+        `keep` positions only, under a sliding window). A layer of None is the next attention
+        call of this forward: calls are keyed by their order."""
+        if layer is None:
+            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
+            layer, self.calls = n, (at, n + 1)
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        self.kv[layer] = (K, V) if keep is None else (K[..., -keep:, :], V[..., -keep:, :])
+        return K, V
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+
 ANGLES = {}  # (positions, width, base, device) → cos and sin: RoPE's tables, computed once
 
 
@@ -47,26 +87,28 @@ def grouped_sdpa(Q, K, V, **options):
     return Y.unflatten(-3, groups)
 
 
-def MaskedHead(Q, K, V, Mask):
-    """Y ← MaskedHead(Q, K, V | Mask): Softmax attention of one head, row t seeing the positions t′
-    that Mask[t, t′] allows.
+def WindowHead(Q, K, V, w, cache=None):
+    """Y ← WindowHead(Q, K, V | w): Softmax attention of one head, row t seeing the positions t′
+    with t − w < t′ ≤ t.
 
     Card: cards/mistral.card:65
     """
-    return grouped_sdpa(Q, K, V, attn_mask=Mask)  # (…, T, d_v)  [mistral.card:72]
+    if cache is not None:
+        K, V = cache.extend(None, K, V, keep=w)  # the cached positions come first  [mistral.card:70]
+    return grouped_sdpa(Q, K, V, attn_mask=~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w))  # (…, T, d_v)  [mistral.card:73]
 
 
-def MaskedGroup(K, V, Q, theta_base, Mask):
-    """Y ← MaskedGroup(K, V, Q | θ_base, Mask): G heads that share one key and one value head, row
-    t of each seeing the positions t′ that Mask[t, t′] allows; queries and keys are turned
-    by RoPE first.
+def WindowGroup(K, V, Q, theta_base, w, cache=None):
+    """Y ← WindowGroup(K, V, Q | θ_base, w): G heads that share one key and one value head, each
+    over the window of w positions up to its own; queries and keys are turned by RoPE first.
 
     Card: cards/mistral.card:54
     """
+    past = 0 if cache is None else cache.pos  # tokens decoded before these
     D_g = Q.shape[-1]
     d = K.shape[-1]
-    K_tilde = rotate_half(K, theta_base)  # (…, T, d)  [mistral.card:61]
-    Y_j = MaskedHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base), K_tilde.unsqueeze(-3), V.unsqueeze(-3), Mask=Mask)  # (…, G, T, d): every j at once  [mistral.card:62]
+    K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [mistral.card:61]
+    Y_j = WindowHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), w=w, cache=cache)  # (…, G, T, d): every j at once  [mistral.card:62]
     return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [mistral.card:63]
 
 
@@ -93,12 +135,11 @@ class SlidingWindowAttention(nn.Module):
         self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [mistral.card:45]
         self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [mistral.card:46]
 
-    def forward(self, X):
-        T = X.shape[-2]
+    def forward(self, X, cache=None):
         Q = X @ self.W_q  # (B, T, H d)  [mistral.card:47]
         K = X @ self.W_k  # (B, T, H_kv d)  [mistral.card:48]
         V = X @ self.W_v  # (B, T, H_kv d)  [mistral.card:49]
-        Y_g = MaskedGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, Mask=(torch.arange(T, device=X.device)[:, None] - self.w < torch.arange(T, device=X.device)[None, :]) * (torch.arange(T, device=X.device)[None, :] <= torch.arange(T, device=X.device)[:, None]))  # (B, H_kv, T, H d/H_kv): every g at once  [mistral.card:50]
+        Y_g = WindowGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, w=self.w, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [mistral.card:50]
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [mistral.card:51]
         return Y @ self.W_o  # (B, T, D)  [mistral.card:52]
 
@@ -144,8 +185,8 @@ class MistralBlock(nn.Module):
         self.attn = SlidingWindowAttention(D=D, H=H, H_kv=H_kv, d=d, w=w, theta_base=theta_base)  # [mistral.card:30]
         self.mlp = SwiGLU(D=D, D_f=D_f)  # [mistral.card:32]
 
-    def forward(self, X):
-        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps))  # (B, T, D)  [mistral.card:33]
+    def forward(self, X, cache=None):
+        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [mistral.card:33]
         X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [mistral.card:34]
         return X  # (B, T, D)  [mistral.card:35]
 
@@ -178,13 +219,19 @@ class Mistral(nn.Module):
             MistralBlock(D=D, w=w, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, D_f=D_f) for _ in range(N)
         )  # [mistral.card:11]
 
-    def forward(self, x, targets=None):
+    def forward(self, x, targets=None, cache=None):
         E = self.W_e[x]  # (B, T, D)  [mistral.card:16]
         for block in self.block:  # [mistral.card:17]
-            E = block(E)  # (B, T, D)  [mistral.card:18]
+            E = block(E, cache=cache)  # (B, T, D)  [mistral.card:18]
         E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [mistral.card:20]
         P = E @ self.W_u  # (B, T, V)  [mistral.card:21]
+        if cache is not None:
+            cache.pos = cache.pos + x.shape[-1]
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
+
+    def new_cache(self) -> KVCache:
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
+        return KVCache()
