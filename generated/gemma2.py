@@ -17,6 +17,46 @@ PRESETS = {
 }
 
 
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__()
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V, keep=None):
+        """The layer's cached keys and values followed by these, which it keeps (the last
+        `keep` positions only, under a sliding window). A layer of None is the next attention
+        call of this forward: calls are keyed by their order."""
+        if layer is None:
+            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
+            layer, self.calls = n, (at, n + 1)
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        self.kv[layer] = (K, V) if keep is None else (K[..., -keep:, :], V[..., -keep:, :])
+        return K, V
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+
 ANGLES = {}  # (positions, width, base, device) → cos and sin: RoPE's tables, computed once
 
 
@@ -36,30 +76,32 @@ def rotate_half(X, theta_base, past=0):
     return torch.cat([X_1 * cos - X_2 * sin, X_2 * cos + X_1 * sin], dim=-1)
 
 
-def SoftCappedHead(Q, K, V, s, c_attn, Mask):
-    """Y ← SoftCappedHead(Q, K, V | s, c_attn, Mask): Softmax attention of one head over scores
-    scaled by 1/√s and soft-capped at ±c_attn, row t seeing the positions t′ that Mask[t,
-    t′] allows.
+def SoftCappedHead(Q, K, V, s, c_attn, w, cache=None):
+    """Y ← SoftCappedHead(Q, K, V | s, c_attn, w): Softmax attention of one head over scores scaled
+    by 1/√s and soft-capped at ±c_attn, row t seeing the positions t′ with t − w < t′ ≤ t.
 
     Card: cards/gemma2.card:89
     """
+    if cache is not None:
+        K, V = cache.extend(None, K, V, keep=w)  # the cached positions come first  [gemma2.card:95]
     S = Q @ K.transpose(-2, -1) / math.sqrt(s)  # (…, T, T)  [gemma2.card:95]
     S = c_attn * torch.tanh(S / c_attn)  # (…, T, T)  [gemma2.card:96]
-    S = S.masked_fill(~Mask, -math.inf)  # (…, T, T)  [gemma2.card:97]
-    return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [gemma2.card:98]
+    S = S.masked_fill(~(~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w)), -math.inf)  # the hidden positions  [gemma2.card:97]
+    return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [gemma2.card:99]
 
 
-def SoftCappedGroup(K, V, Q, theta_base, s, c_attn, Mask):
-    """Y ← SoftCappedGroup(K, V, Q | θ_base, s, c_attn, Mask): G soft-capped heads that share one
-    key and one value head, row t of each seeing the positions t′ that Mask[t, t′] allows;
-    queries and keys are turned by RoPE first.
+def SoftCappedGroup(K, V, Q, theta_base, s, c_attn, w, cache=None):
+    """Y ← SoftCappedGroup(K, V, Q | θ_base, s, c_attn, w): G soft-capped heads that share one key
+    and one value head, row t of each seeing the positions t′ with t − w < t′ ≤ t; queries
+    and keys are turned by RoPE first.
 
     Card: cards/gemma2.card:78
     """
+    past = 0 if cache is None else cache.pos  # tokens decoded before these
     D_g = Q.shape[-1]
     d = K.shape[-1]
-    K_tilde = rotate_half(K, theta_base)  # (…, T, d)  [gemma2.card:85]
-    Y_j = SoftCappedHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base), K_tilde.unsqueeze(-3), V.unsqueeze(-3), s=s, c_attn=c_attn, Mask=Mask)  # (…, G, T, d): every j at once  [gemma2.card:86]
+    K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gemma2.card:85]
+    Y_j = SoftCappedHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), s=s, c_attn=c_attn, w=w, cache=cache)  # (…, G, T, d): every j at once  [gemma2.card:86]
     return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [gemma2.card:87]
 
 
@@ -98,12 +140,11 @@ class SoftCappedAttention(nn.Module):
         self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [gemma2.card:69]
         self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [gemma2.card:70]
 
-    def forward(self, X):
-        T = X.shape[-2]
+    def forward(self, X, cache=None):
         Q = X @ self.W_q  # (B, T, H d)  [gemma2.card:71]
         K = X @ self.W_k  # (B, T, H_kv d)  [gemma2.card:72]
         V = X @ self.W_v  # (B, T, H_kv d)  [gemma2.card:73]
-        Y_g = SoftCappedGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, s=self.s, c_attn=self.c_attn, Mask=(torch.arange(T, device=X.device)[:, None] - self.w < torch.arange(T, device=X.device)[None, :]) * (torch.arange(T, device=X.device)[None, :] <= torch.arange(T, device=X.device)[:, None]))  # (B, H_kv, T, H d/H_kv): every g at once  [gemma2.card:74]
+        Y_g = SoftCappedGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, s=self.s, c_attn=self.c_attn, w=self.w, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [gemma2.card:74]
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [gemma2.card:75]
         return Y @ self.W_o  # (B, T, D)  [gemma2.card:76]
 
@@ -154,8 +195,8 @@ class Gemma2Block(nn.Module):
         self.attn = SoftCappedAttention(D=D, H=H, H_kv=H_kv, d=d, w=w, s=s, c_attn=c_attn, theta_base=theta_base)  # [gemma2.card:32]
         self.mlp = GeGLU(D=D, D_f=D_f)  # [gemma2.card:35]
 
-    def forward(self, X):
-        X = X + GemmaRMSNorm(self.attn(GemmaRMSNorm(X, gamma=self.gamma1, eps=self.eps)), gamma=self.gamma2, eps=self.eps)  # (B, T, D)  [gemma2.card:37]
+    def forward(self, X, cache=None):
+        X = X + GemmaRMSNorm(self.attn(GemmaRMSNorm(X, gamma=self.gamma1, eps=self.eps), cache=cache), gamma=self.gamma2, eps=self.eps)  # (B, T, D)  [gemma2.card:37]
         X = X + GemmaRMSNorm(self.mlp(GemmaRMSNorm(X, gamma=self.gamma3, eps=self.eps)), gamma=self.gamma4, eps=self.eps)  # (B, T, D)  [gemma2.card:38]
         return X  # (B, T, D)  [gemma2.card:39]
 
@@ -195,14 +236,20 @@ class Gemma2(nn.Module):
             Gemma2Block(D=D, w=ctx, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, s=s, c_attn=c_attn, D_f=D_f) for _ in range(N // 2)
         )  # [gemma2.card:13]
 
-    def forward(self, x, targets=None):
+    def forward(self, x, targets=None, cache=None):
         E = self.W_e[x] * math.sqrt(self.D)  # (B, T, D)  [gemma2.card:17]
         for l in range(self.N // 2):  # [gemma2.card:18]
-            E = self.local[l](E)  # (B, T, D)  [gemma2.card:19]
-            E = self.global_[l](E)  # (B, T, D)  [gemma2.card:20]
+            E = self.local[l](E, cache=cache)  # (B, T, D)  [gemma2.card:19]
+            E = self.global_[l](E, cache=cache)  # (B, T, D)  [gemma2.card:20]
         E = GemmaRMSNorm(E, gamma=self.gamma_f, eps=self.eps)  # (B, T, D)  [gemma2.card:22]
         P = self.c_f * torch.tanh(E @ self.W_e.T / self.c_f)  # (B, T, V)  [gemma2.card:23]
+        if cache is not None:
+            cache.pos = cache.pos + x.shape[-1]
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
+
+    def new_cache(self) -> KVCache:
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
+        return KVCache()

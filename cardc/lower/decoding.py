@@ -216,9 +216,13 @@ def _pass_cache(m: ir.Module, cached: set[str], functions: set[str]) -> bool:
         if isinstance(st, ir.Loop) and isinstance(st.iter, ir.Ref) and st.iter.id in attrs:
             loops.add(st.target)
 
+    def submodule(f: ir.Expr) -> bool:  # self.attn, a loop's block, or self.block[l]
+        if isinstance(f, ir.Sub):
+            f = f.obj
+        return isinstance(f, ir.Ref) and (f.id in attrs or f.id in loops)
+
     def add(e):
-        if isinstance(e, ir.Call) and isinstance(e.func, ir.Ref) and \
-                (e.func.id in attrs or e.func.id in loops):
+        if isinstance(e, ir.Call) and submodule(e.func):
             args = tuple(ir.rewrite(a, add) for a in e.args)
             return dataclasses.replace(e, args=args, kwargs=(*e.kwargs, ("cache", CACHE)))
         return None
