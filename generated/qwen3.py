@@ -57,7 +57,8 @@ ANGLES = {}  # (positions, width, base, device) → cos and sin: RoPE's tables, 
 
 def rotate_half(X, theta_base, past=0):
     """RoPE in the rotate-half convention: row t of X, at position past + t (from 0), turned in
-    the planes (X[t, i], X[t, d/2 + i]) by the angle (past + t) θ_base^{−2i/d}."""
+    the planes (X[t, i], X[t, d/2 + i]) by the angle (past + t) θ_base^{−2i/d}: X cos plus
+    [X_2, X_1] sin, the first half's sines negated, so one roll and one fused multiply-add."""
     T, d = X.shape[-2], X.shape[-1]
     key = past, T, d, float(theta_base), X.device
     if key not in ANGLES:
@@ -65,10 +66,9 @@ def rotate_half(X, theta_base, past=0):
             ANGLES.clear()
         omega = theta_base ** -(torch.arange(0, d, 2, device=X.device, dtype=torch.float32) / d)
         phi = torch.arange(past, past + T, device=X.device, dtype=torch.float32)[:, None] * omega
-        ANGLES[key] = phi.cos(), phi.sin()  # (T, d/2) each
+        ANGLES[key] = phi.cos().repeat(1, 2), torch.cat([-phi.sin(), phi.sin()], dim=-1)  # (T, d)
     cos, sin = ANGLES[key]
-    X_1, X_2 = X[..., : d // 2], X[..., d // 2 :]
-    return torch.cat([X_1 * cos - X_2 * sin, X_2 * cos + X_1 * sin], dim=-1)
+    return torch.addcmul(X * cos, X.roll(d // 2, -1), sin)
 
 
 def grouped_sdpa(Q, K, V, **options):
