@@ -142,12 +142,8 @@ class Checker:
         checked again with calls to `name` made to `model`."""
         want = self.info(alg).sig.models[name]
         sig = self.info(model).sig
-        given = [ty for _, ty in sig.inputs]
-        bind: dict[str, Dim] = {}
-        fits = len(given) == 1 and isinstance(given[0], Ty) and isinstance(sig.output, Ty) \
-            and _fits(want.input, given[0], bind) and _fits(want.output, sig.output, bind)
-        if not fits:
-            shown = " , ".join(str(ty) for ty in given)
+        if not fits_model(want, sig):
+            shown = ", ".join(str(ty) for _, ty in sig.inputs)
             self.diags.error(model.span, f"'{model.name}' is not a card {display(name)} of "
                              f"{alg.name} can stand for: it maps {shown or 'nothing'} to "
                              f"{sig.output}, and {alg.name} needs {want}",
@@ -1541,6 +1537,14 @@ class _Body:
 
 _WORDS = {"+": "add", "−": "subtract", "⊙": "multiply element-wise", "·": "multiply",
           " ": "multiply", "/": "divide"}
+
+
+def fits_model(want: ModelTy, sig: Signature) -> bool:
+    """A card whose one input and output fit a card type, with one reading of its symbols."""
+    given = [ty for _, ty in sig.inputs]
+    bind: dict[str, Dim] = {}
+    return len(given) == 1 and isinstance(given[0], Ty) and isinstance(sig.output, Ty) \
+        and _fits(want.input, given[0], bind) and _fits(want.output, sig.output, bind)
 
 
 def _fits(want: Ty, given: Ty, bind: dict[str, Dim]) -> bool:
