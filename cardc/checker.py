@@ -1265,12 +1265,31 @@ class _Body:
                            hint=f"define it as a function of its parameters: "
                                 f"{display(e.func)}(θ) ← …")
                 raise CheckError
-            names = [a.name for _, a in self.c.lib.algorithms()] + sorted(BUILTINS) + [
+            cards = [a.name for _, a in self.c.lib.algorithms() if a.name]
+            others = sorted(BUILTINS) + [
                 k for sc in self.scopes for k, v in sc.items() if isinstance(v, FuncTy)]
-            self.error(e.span, f"unknown card or function '{display(e.func)}'",
-                       _spelling_hint(e.func) or _suggest(e.func, names))
+            hint = _spelling_hint(e.func) or _join_hints(
+                _suggest(e.func, cards) or (None if _card_like(e.func) else
+                                            _suggest(e.func, others)), self.searched())
+            self.error(e.span, f"unknown card or function '{display(e.func)}'", hint)
             raise CheckError
         return self.call_card(callee, e)
+
+    def searched(self) -> str:
+        """Where a card name was looked for, in order."""
+        import os
+
+        def shown(folder: str) -> str:
+            rel = os.path.relpath(folder)
+            return (folder if rel.startswith("..") else rel).rstrip("/") + "/"
+
+        folders: list[str] = []
+        for folder in [os.path.dirname(self.file.path) or ".", *map(str, self.c.lib.roots)]:
+            if not any(os.path.abspath(folder).startswith(os.path.abspath(f) + os.sep)
+                       or os.path.abspath(folder) == os.path.abspath(f) for f in folders):
+                folders.append(folder)  # a folder inside one already listed is searched too
+        return f"Cards are looked for in {', '.join(map(shown, folders))} (and " \
+               "the folders above the card's); add a folder with --library."
 
     def apply_optimizer(self, e: s.Call) -> Entry:
         """AdamW(θ, ∇loss(θ) | η, …): parameters and their gradient in, parameters out."""
@@ -1733,6 +1752,17 @@ def _spelling_hint(name: str) -> str | None:
     if name in ("matmul", "dot"):
         return "a matrix product is written 'W X' (side by side) or 'W · X'"
     return None
+
+
+def _card_like(name: str) -> bool:
+    """A name spelled as cards are (SwiGLU, LayerNorm), not a builtin's in another case: no
+    builtin is offered for it, only a card."""
+    return bool(re.fullmatch(r"[A-Z][A-Za-z0-9]*[A-Z][A-Za-z0-9]*", name)) and len(name) > 3 \
+        and name.lower() not in {b.lower() for b in BUILTINS}
+
+
+def _join_hints(*hints: str | None) -> str | None:
+    return " ".join(h for h in hints if h) or None
 
 
 def _suggest(name: str, candidates: list[str]) -> str | None:

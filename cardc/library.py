@@ -107,10 +107,13 @@ def default_library(card: str | Path) -> str:
 
 def library_roots(paths: list[str] | list[Path], given: Roots = None) -> list[str]:
     """The library folders searched after the cards' own: the ones given (--library, in order),
-    else the `cards/` folder (or folder) of each card."""
+    else the `cards/` folder (or folder) of each card, then ./cards where there is one."""
     if given:
         return [str(p) for p in (given if isinstance(given, list) else [given])]
-    return list(dict.fromkeys(default_library(p) for p in paths))
+    found = [default_library(p) for p in paths]
+    if DEFAULT_ROOT.is_dir():
+        found.append(str(DEFAULT_ROOT.resolve()))
+    return list(dict.fromkeys(found))
 
 
 def card_paths(paths: list[str | Path]) -> list[Path]:
