@@ -68,6 +68,19 @@ def bind_recipe(checker: Checker, alg: s.Algorithm, model: s.Algorithm) -> None:
         raise CardError(Diagnostics(errors, checker.diags.sources))
 
 
+def recipe_for(lib: Library, checker: Checker, model: s.Algorithm,
+               training: bool) -> s.Algorithm:
+    """The training (or inference) card `cardc train` (or `cardc sample`) runs for `model`,
+    a generic one bound to it."""
+    found = procedures_for(lib, checker, model, training)
+    if not found:
+        raise ValueError(f"no {'training' if training else 'inference'} card runs "
+                         f"{model.label}")
+    if unbound_models(checker, found[0]):
+        bind_recipe(checker, found[0], model)
+    return found[0]
+
+
 def serves(checker: Checker, alg: s.Algorithm, model: s.Algorithm) -> bool:
     """A generic recipe (one model, unbound) whose signature `model` fits."""
     from .checker import fits_model

@@ -15,6 +15,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from pathlib import Path
 
 from . import syntax as s
 from .diagnostics import Diagnostics
@@ -1277,19 +1278,12 @@ class _Body:
 
     def searched(self) -> str:
         """Where a card name was looked for, in order."""
-        import os
+        from .library import shown_folders
 
-        def shown(folder: str) -> str:
-            rel = os.path.relpath(folder)
-            return (folder if rel.startswith("..") else rel).rstrip("/") + "/"
-
-        folders: list[str] = []
-        for folder in [os.path.dirname(self.file.path) or ".", *map(str, self.c.lib.roots)]:
-            if not any(os.path.abspath(folder).startswith(os.path.abspath(f) + os.sep)
-                       or os.path.abspath(folder) == os.path.abspath(f) for f in folders):
-                folders.append(folder)  # a folder inside one already listed is searched too
-        return f"Cards are looked for in {', '.join(map(shown, folders))} (and " \
-               "the folders above the card's); add a folder with --library."
+        here = str(Path(self.file.path).parent)
+        folders = ", ".join(shown_folders([here, *self.c.lib.roots]))
+        return f"Cards are looked for in {folders} (and the folders above the card's); add a " \
+               "folder with --library."
 
     def apply_optimizer(self, e: s.Call) -> Entry:
         """AdamW(θ, ∇loss(θ) | η, …): parameters and their gradient in, parameters out."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import __version__
 from .diagnostics import CardError, Diagnostics
-from .library import card_paths, library_roots, load
+from .library import card_paths, library_roots, load, shown_folders
 from .runtime.errors import RuntimeInputError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -411,7 +411,7 @@ def _recipe(args: argparse.Namespace):
     if args.recipe and not found:
         raise UsageError(f"{args.recipe} holds no training card for {model.label}")
     if not found:
-        searched = ", ".join(f"{_shown_path(str(r))}/" for r in lib.roots)
+        searched = ", ".join(shown_folders(lib.roots))
         raise UsageError(f"no training card trains {model.label}: none calls it, and no "
                          f"generic one (as LMTraining trains any card {{1..V}}^{{T}} → "
                          f"ℝ^{{T×V}}) fits it; searched {searched}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,14 +107,27 @@ def default_library(card: str | Path) -> str:
 
 
 def library_roots(paths: list[str] | list[Path], given: Roots = None) -> list[str]:
-    """The library folders searched after the cards' own: the ones given (--library, in order),
-    else the `cards/` folder (or folder) of each card, then ./cards where there is one."""
-    if given:
-        return [str(p) for p in (given if isinstance(given, list) else [given])]
+    """The folders searched for cards, in order (the shipped library comes after them): the
+    `cards/` folder each card lives in (else its own folder), then the ones given (--library),
+    else ./cards where there is one."""
     found = [default_library(p) for p in paths]
-    if DEFAULT_ROOT.is_dir():
+    if given:
+        found += [str(p) for p in (given if isinstance(given, list) else [given])]
+    elif DEFAULT_ROOT.is_dir():
         found.append(str(DEFAULT_ROOT.resolve()))
     return list(dict.fromkeys(found))
+
+
+def shown_folders(folders: list[str] | list[Path]) -> list[str]:
+    """Folders as a message names them: relative to the working directory where they lie below
+    it, each once, and none inside one already named (it is searched with it)."""
+    kept: list[str] = []
+    for folder in map(os.path.abspath, map(str, folders)):
+        if not any(folder == k or folder.startswith(k + os.sep) for k in kept):
+            kept.append(folder)
+    rel = [os.path.relpath(k) for k in kept]
+    return [(k if r.startswith("..") else r).rstrip("/") + "/" for k, r in zip(kept, rel,
+                                                                             strict=True)]
 
 
 def card_paths(paths: list[str | Path]) -> list[Path]:

@@ -1,4 +1,4 @@
-"""cards/gpt2_training.card, the recipe `cardc train cards/gpt2.card` runs, means what it says:
+"""cards/recipes/lm_training.card, the recipe `cardc train cards/gpt2.card` runs, means what it says:
 its minibatch loss is the mean next-token cross-entropy, its learning rate warms up linearly and
 decays along a cosine, and AdamW's weight decay shrinks the weight matrices only."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cardc.build import build_model, checked, load_module, source
+from cardc.build import build_model, checked, load_module, recipe_for, source
 
 SMALL = {"V": 50, "D": 16, "H": 2, "D_f": 32, "N": 1, "ctx": 16}
 HYPERS = {"N_steps": 12, "B": 3, "l": 9, "eta": 1e-2, "eta_min": 1e-3, "N_warmup": 4,
@@ -20,9 +20,9 @@ HYPERS = {"N_steps": 12, "B": 3, "l": 9, "eta": 1e-2, "eta_min": 1e-3, "N_warmup
 
 @pytest.fixture(scope="module")
 def recipe():
-    lib, checker, _ = checked(["cards/gpt2_training.card"], "cards")
-    alg = lib.find("GPT2Training")
-    return load_module(source(checker, alg), "gpt2training").GPT2Training
+    lib, checker, _ = checked(["cards/gpt2.card"], "cards")
+    alg = recipe_for(lib, checker, lib.find("GPT2"), training=True)
+    return load_module(source(checker, alg), "lmtraining").LMTraining
 
 
 def _run(recipe, model, data, **hypers):
