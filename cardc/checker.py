@@ -68,7 +68,9 @@ class ModelTy:
     window: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.input} → {self.output}"
+        t = self.decl.type
+        return f"{render_expr(t.input)} → {render_expr(t.output)}" \
+            if isinstance(t, s.CardType) else f"{self.input} → {self.output}"
 
 
 @dataclass
@@ -225,8 +227,8 @@ class _DeclEnv:
             inp, outp = (self.decl_type(s.Decl((name,), x)) for x in (t.input, t.output))
             if window is not None and (t.length is None or Dim.sym(t.length) not in inp.shape):
                 self.error(t.span, f"'{t.length}' is not the length of {display(name)}'s input "
-                                   f"{inp}", hint="write the window as 'for T ≤ T_max', T the "
-                                                  "input's length")
+                                   f"{render_expr(t.input)}",
+                           hint="write the window as 'for T ≤ T_max', T the input's length")
             out[name] = ModelTy(inp, outp, d, window)
         return out
 
@@ -1436,7 +1438,8 @@ class _Body:
         parameters of whichever card it stands for."""
         name = display(e.func)
         if len(e.args) != 1:
-            self.error(e.span, f"{name} takes one input, {model.input}; given {len(e.args)}",
+            self.error(e.span, f"{name} takes one input, {str(model).split(' → ')[0]}; given "
+                               f"{len(e.args)}",
                        notes=((model.decl.span, f"{name} is declared here"),))
             raise CheckError
         if len(e.params) != 1 or not isinstance(e.params[0], s.Name):

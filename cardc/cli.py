@@ -318,6 +318,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     _validated(lib, checker, model_card, args.preset, model_overrides, _set_flags(args.set))
     model = build_model(lib.file_of(model_card).path, args.preset, model_overrides,
                         _library(args, [args.card]), model_card.name)
+    if checker.info(recipe).sig.models:
+        _require_causal(model, model_card, recipe)
     if resumed is not None:
         from .runtime.checkpoint import load_state
 
@@ -329,6 +331,16 @@ def cmd_train(args: argparse.Namespace) -> int:
           f"with {recipe.name} ({_shown_path(lib.file_of(recipe).path)}); writing {out}/")
     train(model, procedure_function(checker, recipe), hypers, cfg, model.card_meta)
     return EXIT_OK
+
+
+def _require_causal(model, model_card, recipe) -> None:
+    """A generic recipe's model is a causal language model: no row of its scores may change
+    with a later token (its card type states the shapes; this, the running model shows)."""
+    from .runtime.train import predicts_next_token
+
+    if not predicts_next_token(model):
+        raise UsageError(f"{recipe.name} trains a causal language model, and {model_card.label}"
+                         " reads ahead: its scores for a position change with a later token")
 
 
 def _resumed(run: str, checker, model_card) -> tuple[dict, dict]:

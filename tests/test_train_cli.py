@@ -299,3 +299,40 @@ def test_pad_vocab_refuses_a_resumed_run(run_dir, tmp_path):
     r = cardc("train", "cards/gpt2.card", "--preset", "tiny", "--resume", str(run_dir),
               "--pad-vocab", "--steps", "1", "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and "a resumed run keeps its checkpoint's" in r.stderr
+
+
+def test_a_run_that_records_no_sampler_samples_with_the_generic_one_and_says_so(run_dir,
+                                                                                 tmp_path):
+    """`cardc sample` never falls back silently: a checkpoint without a sampling card (an older
+    run's) samples with the library's LMSampling, bound to its model, and says so on stderr."""
+    from cardc.build import rebuild_model
+    from cardc.runtime.checkpoint import load_state, read_checkpoint, save_checkpoint
+
+    meta, state = read_checkpoint(run_dir)
+    model = rebuild_model(meta)
+    load_state(model, state)
+    del meta["sampler"]
+    meta["cards"] = {k: v for k, v in meta["cards"].items() if not k.startswith("recipes/")}
+    save_checkpoint(str(tmp_path), model, meta)
+    common = ["--prompt", "ab", "--tokens", "20", "--temperature", "0"]
+    r = cardc("sample", str(tmp_path), *common)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == (f"note: {tmp_path} records no sampling card; sampling GPT2 with the "
+                        "library's cards/recipes/lm_sampling.card\n")
+    assert r.stdout == cardc("sample", str(run_dir), *common).stdout
+
+
+def test_a_generic_recipe_refuses_a_model_that_reads_ahead(tmp_path):
+    """LMTraining trains causal language models: a card of its signature whose scores for a
+    position depend on later tokens is refused before training."""
+    card = (ROOT / "cards" / "gpt2.card").read_text(encoding="utf-8")
+    assert "CausalSelfAttention(" in card
+    (tmp_path / "ahead.card").write_text(
+        card.replace("GPT2(", "Ahead(").replace("CausalSelfAttention(", "SelfAttention("),
+        encoding="utf-8")
+    r = cardc("train", str(tmp_path / "ahead.card"), "--preset", "tiny", "--steps", "1",
+              "--out", str(tmp_path / "run"))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ("cardc: error: LMTraining trains a causal language model, and Ahead "
+                        "reads ahead: its scores for a position change with a later token\n")
+    assert not (tmp_path / "run").exists()
