@@ -854,7 +854,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--library", action="append", metavar="PATH",
                         help="a folder of cards that calls resolve against after the card's own "
                              "folder and those above it, before the library cardc ships; "
-                             "repeat for more (default: the cards/ folder the card lives in)")
+                             "repeat for more (default: ./cards)")
     return p
 
 

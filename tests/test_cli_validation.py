@@ -63,7 +63,7 @@ def test_version(capsys):
     ("sample", ["tokens to add (default: 200)", "(default: 0.8)", "(default: 1337)",
                 "(default: a newline)"]),
     ("build", ["output folder (default: generated)"]),
-    ("check", ["calls resolve against (default: cards)"]),
+    ("check", ["before the library cardc ships; repeat for more (default: ./cards)"]),
 ])
 def test_help_shows_the_defaults(capsys, verb, shown):
     code, out, _ = run(capsys, verb, "--help")
