@@ -191,3 +191,17 @@ def test_cardc_model_and_every_verb_take_a_library(tmp_path):
     assert r.returncode == 2
     assert r.stderr == f"cardc: error: --library {tmp_path / 'nowhere'}: no such folder\n"
     assert json.dumps(cardc.model.__doc__)  # documented
+
+
+@pytest.mark.parametrize("verb", [
+    ["check", "cards/gpt2.card"], ["info", "cards/gpt2.card"], ["build", "cards/gpt2.card"],
+    ["diff", "cards/gpt2.card", "cards/llama.card"],
+    ["train", "cards/gpt2.card", "--steps", "1"],
+    ["import", "cards/gpt2.card", "--from", "nowhere", "--out", "nowhere-run"],
+], ids=lambda v: v[0])
+def test_every_verb_reads_the_library_flag(verb, tmp_path):
+    """--library is a flag of every verb that reads cards, and a folder that is not there is
+    one clear line, before anything is read or written."""
+    r = cardc_in(ROOT, *verb, "--library", str(tmp_path / "none"), "--library", "cards")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"cardc: error: --library {tmp_path / 'none'}: no such folder\n"
