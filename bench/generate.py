@@ -1,17 +1,22 @@
 """Generation speed: the sampling card with its KV cache against `transformers`' `generate`.
 
 Both continue the same prompt greedily by the same number of tokens with the same weights: ours
-through the family's sampling card (`cards/gpt2_sampling.card`, …), the function `cardc sample`
-runs, which decodes through the generated model's KV cache; theirs through `generate` with its
-own cache. The two alternate over several rounds; medians and their ratio are reported, and the
-continuations are checked to be the same tokens.
+through the library's generic sampling card (cards/recipes/lm_sampling.card) bound to the model
+card, the function `cardc sample` runs, which decodes through the generated model's KV cache;
+theirs through `generate` with its own cache, the model built from the config `cardc export`
+writes through the card's mapping file and holding the same weights. The two alternate over
+several rounds; medians and their ratio are reported, and the continuations are checked to be
+the same tokens. Any model card with a mapping file works: `--card PATH` (its mapping
+`PATH.hf.json` beside it, or `--mapping`), or `--family NAME` for cards/NAME.card.
 
-    python bench/generate.py [--family gpt2|llama] [--preset tiny] [--tokens 256] [--rounds 5]
+    python bench/generate.py [--family gpt2|llama|qwen2 | --card PATH [--mapping FILE]]
+                             [--preset tiny] [--set NAME=VALUE] [--tokens 256] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -23,27 +28,41 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def ours(family: str, preset: str, ctx: int):
-    import cardc
+# config.json keys that bound the positions a model reads: the hyperparameter a mapping file
+# ties to one is set to the prompt and continuation's length, for both models
+POSITION_KEYS = {"max_position_embeddings", "n_positions", "n_ctx"}
+
+
+def context_hyper(mapping) -> str | None:
+    """The card's hyperparameter that the mapping ties to the model's number of positions."""
+    return next((name for name, spec in mapping.hyperparameters.items()
+                 if POSITION_KEYS & set(spec.keys)), None)
+
+
+def ours(card: str, name: str | None, preset: str, overrides: dict[str, float]):
+    """The model card's module and the sampler `cardc sample` runs for it, with the name of
+    the sampler's window hyperparameter."""
     from cardc import build
+    from cardc.names import identifier
 
-    model = cardc.model(str(ROOT / "cards" / f"{family}.card"), preset=preset, ctx=ctx).eval()
-    lib, checker, _ = build.checked([str(ROOT / "cards" / f"{family}_sampling.card")],
-                                    str(ROOT / "cards"))
-    card = next(a for f in lib.files if f.path.endswith(f"{family}_sampling.card")
-                for a in f.algorithms)
-    return model, build.procedure_function(checker, card)
+    model = build.build_model(card, preset, overrides, name=name).eval()
+    lib, checker, _ = build.checked([card], build.library_roots([card]))
+    alg = build.find_card(lib, checker, card, name)
+    sampler = build.recipe_for(lib, checker, alg, training=False)
+    window = next((m.window for m in checker.info(sampler).sig.models.values()), None)
+    return model, build.procedure_function(checker, sampler), window and identifier(window)
 
 
-def theirs(family: str, model) -> torch.nn.Module:
+def theirs(mapping, model) -> torch.nn.Module:
     """The same weights in transformers, exported through the card's mapping file."""
     from transformers import AutoModelForCausalLM
 
     from cardc import interop
+    from cardc.names import identifier
 
-    mapping = interop.load_mapping(ROOT / "cards" / f"{family}.card")
     hypers = model.card_meta["hyperparameters"]
-    tensors = interop.from_card_state(mapping, model.state_dict(), hypers["N"])
+    layers = hypers[identifier(mapping.layers)] if mapping.layers else 0
+    tensors = interop.from_card_state(mapping, model.state_dict(), layers)
     with tempfile.TemporaryDirectory() as folder:
         interop.write_hf(folder, tensors, interop.config_for(mapping, hypers))
         return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
@@ -60,20 +79,36 @@ def timed(run) -> tuple[float, torch.Tensor]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--family", default="gpt2", choices=["gpt2", "llama", "qwen2"])
+    p.add_argument("--family", default="gpt2", help="cards/FAMILY.card (default: gpt2)")
+    p.add_argument("--card", help="any model card file (instead of --family)")
+    p.add_argument("--name", help="which card of the file (default: its model card)")
+    p.add_argument("--mapping", help="its mapping file (default: CARD.hf.json beside it)")
     p.add_argument("--preset", default="tiny")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a hyperparameter of the model card")
     p.add_argument("--prompt", type=int, default=16, help="prompt length in tokens")
     p.add_argument("--tokens", type=int, default=256, help="tokens to add")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
-    torch.manual_seed(0)
+    from cardc import interop
+
+    card = args.card or str(ROOT / "cards" / f"{args.family}.card")
+    mappings = interop.parse_mappings(
+        json.loads(Path(args.mapping).read_text(encoding="utf-8")), args.mapping) \
+        if args.mapping else interop.load_mappings(card)
+    mapping = interop.select_by_name(mappings, args.name)
+    overrides = {k: float(v) for k, _, v in (s.partition("=") for s in args.set)}
     ctx = args.prompt + args.tokens  # room for the whole continuation, for both
-    model, sampler = ours(args.family, args.preset, ctx)
-    hf = theirs(args.family, model)
-    V = model.card_meta["hyperparameters"]["V"]
-    prompt = torch.randint(0, V, (1, args.prompt))
+    if context_hyper(mapping):
+        overrides.setdefault(context_hyper(mapping), ctx)
+    torch.manual_seed(0)
+    model, sampler, window = ours(card, mapping.card, args.preset, overrides)
+    hf = theirs(mapping, model)
+    vocab = model(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
+    prompt = torch.randint(0, vocab, (1, args.prompt))
     runs = {
-        "cardc": lambda: sampler(prompt, model, l_gen=args.tokens, tau=0, ctx=ctx),
+        "cardc": lambda: sampler(prompt, model, l_gen=args.tokens, tau=0,
+                                 **({window: ctx} if window else {})),
         "transformers": lambda: hf.generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=args.tokens,
             min_new_tokens=args.tokens, do_sample=False, use_cache=True,
@@ -88,7 +123,7 @@ def main() -> int:
             seconds, outs[name] = timed(run)
             times[name].append(seconds)
     same = torch.equal(outs["cardc"], outs["transformers"])
-    print(f"{args.family} {args.preset} (ctx {ctx}), greedy, prompt {args.prompt} + "
+    print(f"{mapping.card} ({Path(card).name}) {args.preset} (ctx {ctx}), greedy, prompt {args.prompt} + "
           f"{args.tokens} tokens, batch 1, fp32, cpu, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, median of {args.rounds} rounds")
     for name, ts in times.items():

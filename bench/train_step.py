@@ -10,6 +10,10 @@ rounds, the ratio ours/peer (above 1: the card's code is faster), and on CUDA th
 
     python bench/train_step.py [--model gpt2 llama] [--config tiny mid] [--batch 8] [--rounds 5]
                                [--device cpu|cuda] [--compile] [--peers transformers litgpt]
+
+Any model card with a mapping file: `--card PATH [--name CARD] [--mapping FILE] [--preset P]
+[--set NAME=VALUE]` times it against the `transformers` model its mapping exports to (the
+config `cardc export` writes, the same initial weights); litgpt only for the built-in families.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ def hyperparameters(family: str, preset: str, overrides: dict[str, int]) -> dict
 def run_worker(python: str, impl: str, spec: dict[str, Any]) -> dict[str, Any]:
     """One round of one implementation in a process of its own; its JSON result."""
     env = dict(os.environ)
-    if impl == "cardc":  # importable without an install, as on a bare GPU machine
+    if impl == "cardc" or spec.get("card"):  # importable without an install, as on a bare GPU
+        # machine; the transformers worker exports any card through cardc's mapping
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run([python, str(BENCH / f"worker_{impl}.py"), json.dumps(spec)],
                           capture_output=True, text=True, env=env)
@@ -62,32 +67,50 @@ def run_worker(python: str, impl: str, spec: dict[str, Any]) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def card_spec(card: str, preset: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A worker's spec for any model card: its hyperparameters as built, and its mapping."""
+    from cardc.build import build_model
+
+    overrides = {k: float(v) for k, _, v in (s.partition("=") for s in args.set)}
+    model = build_model(card, preset, overrides, name=args.name)
+    mapping = args.mapping or str(Path(card).with_suffix(".hf.json"))
+    return {"family": model.card_meta["name"], "card": str(Path(card).resolve()),
+            "name": model.card_meta["name"], "mapping": str(Path(mapping).resolve()),
+            "preset": preset, "overrides": overrides,
+            "hp": model.card_meta["hyperparameters"]}
+
+
 def bench_one(family: str, config: str, impls: dict[str, str],
-              args: argparse.Namespace) -> dict[str, Any]:
-    preset, overrides, block = CONFIGS[family][config]
-    hp = hyperparameters(family, preset, overrides)
-    spec = {"family": family, "preset": preset, "overrides": overrides, "hp": hp,
-            "batch": args.batch, "block": args.block or block, "steps": args.steps,
-            "warmup": args.warmup, "device": args.device, "compile": args.compile, "seed": 0}
+              args: argparse.Namespace, card: str | None = None) -> dict[str, Any]:
+    if card is not None:
+        spec = card_spec(card, config, args)
+        block = 128
+    else:
+        preset, overrides, block = CONFIGS[family][config]
+        spec = {"family": family, "preset": preset, "overrides": overrides,
+                "hp": hyperparameters(family, preset, overrides)}
+    spec.update({"batch": args.batch, "block": args.block or block, "steps": args.steps,
+                 "warmup": args.warmup, "device": args.device, "compile": args.compile,
+                 "seed": 0})
     names = list(impls)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:  # rotate who goes first
             results[name].append(run_worker(impls[name], name, spec))
-    return {"family": family, "config": config, "spec": spec, "results": results}
+    return {"family": spec["family"], "config": config, "spec": spec, "results": results}
 
 
 def report(run: dict[str, Any], device: str) -> list[str]:
     spec, hp, results = run["spec"], run["spec"]["hp"], run["results"]
     T = spec["block"]
     first = results["cardc"][0]
+    sizes = all(k in hp for k in ("N", "H", "D"))  # MFU needs layers and heads by these names
     flops = flops_per_token(first["params"] - first["position_params"], hp["N"], hp["H"],
-                            hp["D"] // hp["H"], T)
+                            hp["D"] // hp["H"], T) if sizes else None
     dtype = "bf16 autocast" if device.startswith("cuda") else "fp32"
-    lines = [f"{run['family']} {run['config']}: N={hp['N']} D={hp['D']} H={hp['H']}"
-             + (f" H_kv={hp['H_kv']}" if "H_kv" in hp else "")
-             + f" D_f={hp['D_f']} V={hp['V']}, batch {spec['batch']}×{T}, {dtype}, fused AdamW,"
-             + f" {device}"
+    shown = " ".join(f"{k}={v}" for k, v in hp.items() if isinstance(v, int))
+    lines = [f"{run['family']} {run['config']}: {shown}, batch {spec['batch']}×{T}, {dtype}, "
+             f"fused AdamW, {device}"
              + (", torch.compile" if spec["compile"] else "")
              + f"; median of {len(results['cardc'])} rounds × {spec['steps']} steps"]
     ours = statistics.median(r["tokens_per_s"] for r in results["cardc"])
@@ -97,7 +120,7 @@ def report(run: dict[str, Any], device: str) -> list[str]:
         line = (f"  {name:<13} {tps:12,.0f} tok/s  [{low:,.0f}–{high:,.0f}]"
                 f"  {1e3 * spec['batch'] * T / tps:8.1f} ms/step  {rounds[0]['params']:>11,} params"
                 f"  torch {rounds[0]['torch']}")
-        if device.startswith("cuda"):
+        if device.startswith("cuda") and flops is not None:
             line += f"  MFU {tps * flops / PEAK_BF16_FLOPS:6.1%}"
         if name != "cardc":
             line += f"  ours/peer {ours / tps:.2f}×"
@@ -108,8 +131,16 @@ def report(run: dict[str, Any], device: str) -> list[str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
-    p.add_argument("--config", "--preset", nargs="+", choices=["tiny", "mid"],
-                   default=["tiny", "mid"])
+    p.add_argument("--config", nargs="+", choices=["tiny", "mid"],
+                   help="the built-in families' sizes (default: tiny mid)")
+    p.add_argument("--card", action="append", default=[],
+                   help="any model card file, instead of --model; repeat for more")
+    p.add_argument("--name", help="which card of a --card file (default: its model card)")
+    p.add_argument("--mapping", help="a --card's mapping file (default: CARD.hf.json)")
+    p.add_argument("--preset", nargs="+", help="a --card's presets (default: tiny); for --model, "
+                                               "the same as --config")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a hyperparameter of a --card")
     p.add_argument("--peers", nargs="+", choices=IMPLS[1:], default=list(IMPLS[1:]))
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--block", type=int, default=0, help="T; 0: the config's (tiny 128, mid 256)")
@@ -131,8 +162,17 @@ def main() -> int:
             continue
         impls[peer] = python
     runs = []
-    for family in args.model:
-        for config in args.config:
+    if args.card:
+        impls.pop("litgpt", None)  # its worker knows the built-in families only
+        for card in args.card:
+            for preset in args.preset or ["tiny"]:
+                runs.append(bench_one("", preset, impls, args, card))
+                print("\n".join(report(runs[-1], args.device)), flush=True)
+    configs = args.config or args.preset or ["tiny", "mid"]
+    if not set(configs) <= {"tiny", "mid"}:
+        p.error(f"--config/--preset for --model: tiny or mid, not {' '.join(configs)}")
+    for family in [] if args.card else args.model:
+        for config in configs:
             runs.append(bench_one(family, config, impls, args))
             print("\n".join(report(runs[-1], args.device)), flush=True)
     if args.json:

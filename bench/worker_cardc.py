@@ -1,4 +1,5 @@
-"""Bench worker: the model cardc generates from cards/<family>.card (see bench/timing.py)."""
+"""Bench worker: the model cardc generates from cards/<family>.card, or from any model card
+(spec["card"]), see bench/timing.py."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ import torch
 from timing import Built, worker_main
 from torch import nn
 
-import cardc
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def build(spec: dict[str, Any]) -> Built:
-    model = cardc.model(str(ROOT / "cards" / f"{spec['family']}.card"), preset=spec["preset"],
-                        **spec["overrides"])
+    from cardc.build import build_model
+
+    card = spec.get("card") or str(ROOT / "cards" / f"{spec['family']}.card")
+    model = build_model(card, spec["preset"], spec["overrides"], name=spec.get("name"))
     W_p = getattr(model, "W_p", None)  # GPT-2's learned positions
     return model, W_p.numel() if W_p is not None else 0
 

@@ -1,5 +1,6 @@
 """Bench worker: Hugging Face transformers' GPT2LMHeadModel / LlamaForCausalLM at the card's
-hyperparameters, with SDPA attention as the card's code uses (see bench/timing.py)."""
+hyperparameters, or for any model card the model its mapping file exports to, with SDPA
+attention as the card's code uses (see bench/timing.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,36 @@ from timing import Built, worker_main
 from torch import nn
 
 
+def exported(spec: dict[str, Any]) -> Built:
+    """Any model card: the model built from the config `cardc export` writes through the card's
+    mapping file, holding the weights the card's own model starts from (same seed)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from cardc import interop
+    from cardc.build import build_model
+    from cardc.names import identifier
+
+    ours = build_model(spec["card"], spec["preset"], spec["overrides"], name=spec.get("name"))
+    raw = json.loads(Path(spec["mapping"]).read_text(encoding="utf-8"))
+    mapping = interop.select_by_name(interop.parse_mappings(raw, spec["mapping"]),
+                                     ours.card_meta["name"])
+    hp = ours.card_meta["hyperparameters"]
+    tensors = interop.from_card_state(mapping, ours.state_dict(),
+                                      hp[identifier(mapping.layers)] if mapping.layers else 0)
+    with tempfile.TemporaryDirectory() as folder:
+        interop.write_hf(folder, tensors, interop.config_for(mapping, hp))
+        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa")
+    W_p = getattr(ours, "W_p", None)  # learned positions, as the cardc worker counts them
+    return model.train(), W_p.numel() if W_p is not None else 0
+
+
 def build(spec: dict[str, Any]) -> Built:
+    if spec.get("card"):
+        return exported(spec)
     h = spec["hp"]
     if spec["family"] == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel

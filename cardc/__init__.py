@@ -10,8 +10,14 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-def model(card: str, preset: str | None = None, **overrides: Any):
-    """Build the `nn.Module` a model card describes, with a preset's hyperparameters."""
+def model(card: str, preset: str | None = None, library: list[str] | None = None,
+          **overrides: Any):
+    """Build the `nn.Module` a model card describes, with a preset's hyperparameters.
+
+    `library`: folders of cards its calls resolve against, after the card's own folder and
+    those above it and before the library cardc ships (as `--library` on the command line)."""
     from .build import build_model
 
-    return build_model(card, preset, overrides)
+    if isinstance(library, str):
+        library = [library]
+    return build_model(card, preset, overrides, library)

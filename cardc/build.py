@@ -18,7 +18,7 @@ from . import syntax as s
 from .checker import Checker, check
 from .codegen import generate
 from .diagnostics import CardError, Diagnostics
-from .library import Library, load
+from .library import Library, Roots, library_roots, load, shipped_library
 from .lower import LowerError, Lowering
 from .names import identifier
 from .types import BundleTy
@@ -52,6 +52,44 @@ def procedure_cards(lib: Library, checker: Checker,
     return out
 
 
+def unbound_models(checker: Checker, alg: s.Algorithm) -> list[str]:
+    """A recipe's card-valued hyperparameters that no model card is bound to yet."""
+    return [n for n in checker.info(alg).sig.models if (id(alg), n) not in checker.bindings]
+
+
+def bind_recipe(checker: Checker, alg: s.Algorithm, model: s.Algorithm) -> None:
+    """Bind a generic recipe's model M to `model`: its calls to M become calls to that card."""
+    for name in unbound_models(checker, alg):
+        if not checker.bind_model(alg, name, model):
+            raise CardError(Diagnostics(checker.diags.errors[-1:], checker.diags.sources))
+        checker.info(alg)
+    errors = [d for d in checker.diags.errors if d.span.file == checker.lib.file_of(alg).path]
+    if errors:
+        raise CardError(Diagnostics(errors, checker.diags.sources))
+
+
+def recipe_for(lib: Library, checker: Checker, model: s.Algorithm,
+               training: bool) -> s.Algorithm:
+    """The training (or inference) card `cardc train` (or `cardc sample`) runs for `model`,
+    a generic one bound to it."""
+    found = procedures_for(lib, checker, model, training)
+    if not found:
+        raise ValueError(f"no {'training' if training else 'inference'} card runs "
+                         f"{model.label}")
+    if unbound_models(checker, found[0]):
+        bind_recipe(checker, found[0], model)
+    return found[0]
+
+
+def serves(checker: Checker, alg: s.Algorithm, model: s.Algorithm) -> bool:
+    """A generic recipe (one model, unbound) whose signature `model` fits."""
+    from .checker import fits_model
+
+    names = unbound_models(checker, alg)
+    return len(names) == 1 and fits_model(checker.info(alg).sig.models[names[0]],
+                                          checker.info(model).sig)
+
+
 def trains(checker: Checker, alg: s.Algorithm) -> bool:
     """A training card hands back the parameters θ̂; an inference card hands back tokens."""
     return isinstance(checker.info(alg).sig.output, BundleTy)
@@ -59,12 +97,16 @@ def trains(checker: Checker, alg: s.Algorithm) -> bool:
 
 def procedures_for(lib: Library, checker: Checker, model: s.Algorithm,
                    training: bool) -> list[s.Algorithm]:
-    """The training (or inference) cards that run `model`, those in its own folder first."""
+    """The training (or inference) cards that run `model`, those in its own folder first; then
+    the generic ones whose model `model` can be, nearest in the lookup order first."""
     folder = Path(lib.file_of(model).path).parent
     found = [a for a in procedure_cards(lib, checker)
              if trains(checker, a) == training and called_model(checker, a) is model]
+    generic = [a for a in procedure_cards(lib, checker)
+               if trains(checker, a) == training and serves(checker, a, model)]
     return sorted(found, key=lambda a: (Path(lib.file_of(a).path).parent != folder,
-                                        lib.file_of(a).path))
+                                        lib.file_of(a).path)) + \
+        sorted(generic, key=lambda a: (lib.rank.get(lib.file_of(a).path, 0), lib.file_of(a).path))
 
 
 def called_model(checker: Checker, alg: s.Algorithm) -> s.Algorithm | None:
@@ -81,12 +123,16 @@ def procedure_function(checker: Checker, alg: s.Algorithm):
 
 def generated_cards(lib: Library, checker: Checker,
                     files: list[str] | None = None) -> list[s.Algorithm]:
-    """Everything `cardc build` writes a file for: models, then training and inference."""
-    return model_cards(lib, checker, files) + procedure_cards(lib, checker, files)
+    """Everything `cardc build` writes a file for: models, then training and inference cards
+    (a generic recipe has code only once a model is bound to it, when it runs)."""
+    return model_cards(lib, checker, files) + [
+        a for a in procedure_cards(lib, checker, files) if not unbound_models(checker, a)]
 
 
 def module_path(lib: Library, alg: s.Algorithm, out_dir: str | Path,
                 root: str | Path | None) -> Path:
+    if isinstance(root, list):
+        root = root[0] if root else None
     """generated/<the card's folder under the library root>/<card name>.py."""
     folder = Path(lib.file_of(alg).path).parent
     try:
@@ -96,7 +142,7 @@ def module_path(lib: Library, alg: s.Algorithm, out_dir: str | Path,
     return Path(out_dir) / sub / f"{identifier(alg.label).lower()}.py"
 
 
-def checked(paths: list[str], library: str | None) -> tuple[Library, Checker, list[str]]:
+def checked(paths: list[str], library: Roots) -> tuple[Library, Checker, list[str]]:
     """The library, checked; errors in the given cards or anything they call are fatal, errors
     elsewhere in the library (a card the given ones never call) are not."""
     lib, targets = load(paths, root=library)
@@ -131,6 +177,14 @@ def files_used(lib: Library, checker: Checker, files: set[str]) -> set[str]:
 
 def source(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> str:
     """The generated Python module for a model card."""
+    unbound = unbound_models(checker, alg)
+    if unbound:
+        decl = checker.info(alg).sig.models[unbound[0]].decl
+        diags = Diagnostics(sources=checker.lib.diags.sources)
+        diags.error(decl.span, f"{alg.name} has code only for a model card bound to "
+                               f"{unbound[0]}", "run it on a model: 'cardc train MODEL.card "
+                               f"--recipe {checker.lib.file_of(alg).path}'")
+        raise CardError(diags)
     try:
         lowering = Lowering(checker, fuse)
         inputs = checker.info(alg).sig.inputs
@@ -197,17 +251,10 @@ def instantiate(checker: Checker, alg: s.Algorithm, values: dict[str, float], fu
     return cls(**kwargs), kwargs
 
 
-def default_library(card: str | Path) -> str:
-    """The `cards/` folder a card lives in (its nearest ancestor of that name), else its folder."""
-    path = Path(card).resolve()
-    for parent in path.parents:
-        if parent.name == "cards":
-            return str(parent)
-    return str(path.parent)
 
 
 def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] | None = None,
-                library: str | None = None, name: str | None = None, fuse: bool = True):
+                library: Roots = None, name: str | None = None, fuse: bool = True):
     """The `nn.Module` of a model card at a preset, generated fresh from the card.
 
     `model.card_meta` records the card sources and hyperparameters, so a checkpoint can
@@ -215,7 +262,7 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
     """
     from .info import PresetError, preset_values
 
-    lib, checker, _ = checked([card], library or default_library(card))
+    lib, checker, _ = checked([card], library_roots([card], library))
     alg = find_card(lib, checker, card, name)
     try:
         values = preset_values(checker.info(alg).sig, preset, dict(overrides or {}))
@@ -223,13 +270,31 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
         raise err.card_error(lib.diags.sources) from None
     model, kwargs = instantiate(checker, alg, {identifier(k): v for k, v in values.items()}, fuse)
     files = [f.path for f in lib.files if f.path in lib.diags.sources]
-    base = os.path.commonpath([os.path.abspath(p) for p in [*files, card]])
+    own = [p for p in files if _shipped_name(p) is None]
+    base = os.path.commonpath([os.path.abspath(p) for p in [*own, card]])
     base = base if os.path.isdir(base) else os.path.dirname(base)
     rel = lambda p: Path(os.path.relpath(os.path.abspath(p), base)).as_posix()  # noqa: E731
+    used = files_used(lib, checker, {lib.file_of(alg).path})
+    cards = {}
+    for p in files:
+        inside = not rel(p).startswith("../")
+        if inside or p in used:  # the shipped library: only what the model calls
+            cards[rel(p) if inside else _shipped_name(p)] = lib.diags.sources[p]
     model.card_meta = {"card": rel(card), "name": alg.label, "preset": preset,
-                       "hyperparameters": kwargs,
-                       "cards": {rel(p): lib.diags.sources[p] for p in files}}
+                       "hyperparameters": kwargs, "cards": cards}
     return model
+
+
+LIBRARY_PREFIX = "library"  # where a checkpoint records cards of the shipped library
+
+
+def _shipped_name(path: str) -> str | None:
+    """`library/nn/rms_norm.card` for a card of the shipped library, else None."""
+    full = Path(os.path.abspath(path)).resolve()
+    for root in shipped_library():
+        if full.is_relative_to(root.resolve()):
+            return f"{LIBRARY_PREFIX}/{root.name}/{full.relative_to(root.resolve()).as_posix()}"
+    return None
 
 
 _UNSAFE = re.compile(r"[\\:\x00-\x1f\x7f]")  # a backslash, a drive's colon, control characters
@@ -340,19 +405,26 @@ def _check_recorded(checker: Checker, alg: s.Algorithm, hypers: dict[str, Any],
 def record_sampler(meta: dict[str, Any], lib: Library, checker: Checker,
                    model: s.Algorithm) -> None:
     """Record in a model's checkpoint metadata the inference card that samples it (the one
-    nearest the model's card) with the cards it calls, so `cardc sample` runs it anywhere."""
+    nearest the model's card, else the library's generic one, bound to the model) with the
+    cards it calls, so `cardc sample` runs it anywhere."""
     model_file = lib.file_of(model).path
     samplers = procedures_for(lib, checker, model, training=False)
     if not samplers:
         return
+    if unbound_models(checker, samplers[0]):
+        bind_recipe(checker, samplers[0], model)
     sampler = lib.file_of(samplers[0]).path
     base = Path(os.path.abspath(model_file)).parents[len(Path(meta["card"]).parts) - 1]
+
+    def recorded(path: str) -> str | None:
+        rel = Path(os.path.relpath(os.path.abspath(path), base))
+        return rel.as_posix() if ".." not in rel.parts else _shipped_name(path)
+
     cards = {}
     for path in sorted(files_used(lib, checker, {sampler})):
-        rel = Path(os.path.relpath(os.path.abspath(path), base))
-        if ".." in rel.parts:
+        name = recorded(path)
+        if name is None:
             return  # outside the folder the checkpoint's cards are recorded from
-        cards[rel.as_posix()] = lib.diags.sources[path]
+        cards[name] = lib.diags.sources[path]
     meta["cards"] = {**cards, **meta["cards"]}
-    meta["sampler"] = {"card": Path(os.path.relpath(os.path.abspath(sampler), base)).as_posix(),
-                       "name": samplers[0].label}
+    meta["sampler"] = {"card": recorded(sampler), "name": samplers[0].label}

@@ -15,6 +15,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from pathlib import Path
 
 from . import syntax as s
 from .diagnostics import Diagnostics
@@ -53,6 +54,23 @@ class Signature:
     tree: BundleTy  # every parameter, for counting and code generation
     layout: str | None  # "row", "column" or None when the card does not say
     elements: dict[str, FamilyTy] = field(default_factory=dict)  # x_n of a dataset x_{1:N}
+    models: dict[str, ModelTy] = field(default_factory=dict)  # cards taken as values (M)
+
+
+@dataclass
+class ModelTy:
+    """A card-valued hyperparameter `M ∈ {1..V}^{T} → ℝ^{T×V} for T ≤ T_max`: the signature
+    the card bound to it must have; `window` names the hyperparameter bounding its input."""
+
+    input: Ty
+    output: Ty
+    decl: s.Decl
+    window: str | None = None
+
+    def __str__(self) -> str:
+        t = self.decl.type
+        return f"{render_expr(t.input)} → {render_expr(t.output)}" \
+            if isinstance(t, s.CardType) else f"{self.input} → {self.output}"
 
 
 @dataclass
@@ -87,6 +105,8 @@ class Checker:
         self.infos: dict[int, CardInfo] = {}
         self._active: set[int] = set()
         self._decls: dict[int, list[s.Decl]] = {}  # by id(alg): read once, not per declaration
+        # (id(recipe), M) → the model card a card-valued hyperparameter stands for in this run
+        self.bindings: dict[tuple[int, str], s.Algorithm] = {}
 
     def decls(self, alg: s.Algorithm) -> list[s.Decl]:
         """Every declaration of a card, bundles and families opened."""
@@ -119,6 +139,25 @@ class Checker:
         finally:
             self._active.discard(key)
 
+    def bind_model(self, alg: s.Algorithm, name: str, model: s.Algorithm) -> bool:
+        """Let the card-valued hyperparameter `name` of `alg` stand for the card `model`, whose
+        signature must fit its declared one (else a diagnostic at `model`, and False); `alg` is
+        checked again with calls to `name` made to `model`."""
+        want = self.info(alg).sig.models[name]
+        sig = self.info(model).sig
+        if not fits_model(want, sig):
+            shown = ", ".join(str(ty) for _, ty in sig.inputs)
+            self.diags.error(model.span, f"'{model.name}' is not a card {display(name)} of "
+                             f"{alg.name} can stand for: it maps {shown or 'nothing'} to "
+                             f"{sig.output}, and {alg.name} needs {want}",
+                             hint="a recipe's model takes token IDs and returns one row of "
+                                  "scores per token",
+                             notes=((want.decl.span, f"{display(name)} is declared here"),))
+            return False
+        self.bindings[(id(alg), name)] = model
+        self.infos.pop(id(alg), None)  # checked again, its calls now made to `model`
+        return True
+
     def signature(self, alg: s.Algorithm) -> Signature:
         env = _DeclEnv(self, alg)
         for kind in ("Hyperparameters", "Input", "Output", "Parameters"):
@@ -139,6 +178,8 @@ class Checker:
             outs = list(env.outputs.values())
         params = []
         for name in alg.params:
+            if name in env.models:  # the recipe's model: bound by whoever runs it
+                continue
             entry = env.params.members.get(name) or env.hypers.get(name)
             if entry is None:
                 self.diags.error(alg.span, f"parameter '{display(name)}' is not declared",
@@ -147,7 +188,7 @@ class Checker:
             params.append((name, entry))
         return Signature(alg, inputs, outs[0] if outs else None, params, env.hypers,
                          env.defaults, env.definitions, env.params, _layout(alg, env),
-                         env.elements)
+                         env.elements, env.model_types())
 
 
 # ------------------------------------------------------------------ declarations
@@ -165,9 +206,31 @@ class _DeclEnv:
         self.params = BundleTy()
         self.datasets: list[s.Dataset] = []
         self.elements: dict[str, FamilyTy] = {}
+        self.models: dict[str, s.Decl] = {}
 
     def error(self, span, msg, hint=None):
         self.c.diags.error(span, msg, hint)
+
+    def model_types(self) -> dict[str, ModelTy]:
+        """Card-valued hyperparameters, their types read once every hyperparameter is known."""
+        out = {}
+        for name, d in self.models.items():
+            t = d.type
+            assert isinstance(t, s.CardType)
+            window = t.window
+            if window is not None and (window not in self.hypers or
+                                       self.hypers[window].elem != "ℕ"):
+                self.error(t.span, f"the window '{display(window)}' of {display(name)} is not "
+                                   "a hyperparameter of this card in ℕ",
+                           hint=f"declare it: 'Hyperparameters: {display(window)} ∈ ℕ'")
+                window = None
+            inp, outp = (self.decl_type(s.Decl((name,), x)) for x in (t.input, t.output))
+            if window is not None and (t.length is None or Dim.sym(t.length) not in inp.shape):
+                self.error(t.span, f"'{t.length}' is not the length of {display(name)}'s input "
+                                   f"{render_expr(t.input)}",
+                           hint="write the window as 'for T ≤ T_max', T the input's length")
+            out[name] = ModelTy(inp, outp, d, window)
+        return out
 
     def declare(self, kind: str, item: s.Item) -> None:
         if isinstance(item, s.Sentence):
@@ -184,6 +247,15 @@ class _DeclEnv:
             return
         if not isinstance(item, s.Decl):
             self.error(item.span, f"bundles belong under Parameters, not {kind}")
+            return
+        if isinstance(item.type, s.CardType):
+            if kind != "Hyperparameters":
+                self.error(item.span, f"a card taken as a value belongs under Hyperparameters, "
+                                      f"not {kind}",
+                           hint="the recipe's model is a hyperparameter, as DTraining's "
+                                "transformer is in the paper")
+                return
+            self.models.update({name: item for name in item.names})
             return
         if item.pad is not None:
             self.error(item.span, f"a padding row belongs to a parameter, not to {kind}",
@@ -1244,6 +1316,13 @@ class _Body:
         return Ty(body.shape)
 
     def expr_call(self, e: s.Call) -> Ty:
+        model = self.sig.models.get(e.func)  # a card-valued hyperparameter shadows the library
+        if model is not None:
+            bound = self.c.bindings.get((id(self.alg), e.func))
+            return self.call_card(bound, e) if bound is not None else self.call_model(e, model)
+        local = self.try_lookup(e.func)
+        if isinstance(local, FuncTy):  # the card's own loss(θ) shadows a library card 'loss'
+            return self.apply_function(e, local)
         if e.func in OPTIMIZERS and self.c.lib.find(e.func, self.file) is None:
             return self.apply_optimizer(e)
         if e.func in BUILTINS and self.c.lib.find(e.func, self.file) is None:
@@ -1258,12 +1337,24 @@ class _Body:
                            hint=f"define it as a function of its parameters: "
                                 f"{display(e.func)}(θ) ← …")
                 raise CheckError
-            names = [a.name for _, a in self.c.lib.algorithms()] + sorted(BUILTINS) + [
+            cards = [a.name for _, a in self.c.lib.algorithms() if a.name]
+            others = sorted(BUILTINS) + [
                 k for sc in self.scopes for k, v in sc.items() if isinstance(v, FuncTy)]
-            self.error(e.span, f"unknown card or function '{display(e.func)}'",
-                       _spelling_hint(e.func) or _suggest(e.func, names))
+            hint = _spelling_hint(e.func) or _join_hints(
+                _suggest(e.func, cards) or (None if _card_like(e.func) else
+                                            _suggest(e.func, others)), self.searched())
+            self.error(e.span, f"unknown card or function '{display(e.func)}'", hint)
             raise CheckError
         return self.call_card(callee, e)
+
+    def searched(self) -> str:
+        """Where a card name was looked for, in order."""
+        from .library import shown_folders
+
+        here = str(Path(self.file.path).parent)
+        folders = ", ".join(shown_folders([here, *self.c.lib.roots]))
+        return f"Cards are looked for in {folders} (and the folders above the card's); add a " \
+               "folder with --library."
 
     def apply_optimizer(self, e: s.Call) -> Entry:
         """AdamW(θ, ∇loss(θ) | η, …): parameters and their gradient in, parameters out."""
@@ -1411,6 +1502,41 @@ class _Body:
             return out
         return Ty(lift + out.shape, out.elem, vocab=out.vocab)
 
+    def call_model(self, e: s.Call, model: ModelTy) -> Ty:
+        """`M(x | θ)` for a card-valued M not bound to a card: its declared signature, θ the
+        parameters of whichever card it stands for."""
+        name = display(e.func)
+        if len(e.args) != 1:
+            self.error(e.span, f"{name} takes one input, {str(model).split(' → ')[0]}; given "
+                               f"{len(e.args)}",
+                       notes=((model.decl.span, f"{name} is declared here"),))
+            raise CheckError
+        if len(e.params) != 1 or not isinstance(e.params[0], s.Name):
+            self.error(e.span, f"{name} takes its parameters after '|': write "
+                               f"{name}(x | θ)", notes=((model.decl.span, "declared here"),))
+            raise CheckError
+        theta = e.params[0]
+        have = self.lookup(theta.id, theta.span)
+        if not isinstance(have, BundleTy):
+            self.error(theta.span, f"{name}'s parameters are a bundle, and '{display(theta.id)}'"
+                                   f" is {have}", hint="declare them by prose alone: "
+                                                       f"'Input: θ, the parameters of {name}.'")
+            raise CheckError
+        self.info.types[id(theta)] = have
+        got = self.tensor(e.args[0])
+        want, bind = model.input, {}
+        extra = got.rank - want.rank
+        lift = tuple(d for d in got.shape[:extra] if d is not None) if extra > 0 else ()
+        if extra < 0 or not self.unify(want.shape, got.shape[max(extra, 0):], bind) or (
+                want.vocab is not None and got.vocab is not None
+                and not self.unify((want.vocab,), (got.vocab,), bind)):
+            self.error(e.args[0].span, f"{name} expects {_shown(want, bind)}, got {got}",
+                       notes=((model.decl.span, f"{name} is declared here"),))
+            raise CheckError
+        out = substitute(model.output, bind)
+        assert isinstance(out, Ty)
+        return Ty(lift + out.shape, out.elem, vocab=out.vocab)
+
     def bind_params(self, sig: Signature, e: s.Call, bind: dict[str, Dim]):
         params: dict[str, s.Expr] = {}
         hypers: dict[str, s.Expr] = {}
@@ -1502,6 +1628,34 @@ class _Body:
 
 _WORDS = {"+": "add", "−": "subtract", "⊙": "multiply element-wise", "·": "multiply",
           " ": "multiply", "/": "divide"}
+
+
+def fits_model(want: ModelTy, sig: Signature) -> bool:
+    """A card whose one input and output fit a card type, with one reading of its symbols."""
+    given = [ty for _, ty in sig.inputs]
+    bind: dict[str, Dim] = {}
+    return len(given) == 1 and isinstance(given[0], Ty) and isinstance(sig.output, Ty) \
+        and _fits(want.input, given[0], bind) and _fits(want.output, sig.output, bind)
+
+
+def _fits(want: Ty, given: Ty, bind: dict[str, Dim]) -> bool:
+    """A card's declared input or output matches a card type's: the same rank and kind, its
+    sizes consistent with one reading of the type's symbols."""
+    if want.rank != given.rank or want.elem != given.elem or \
+            (want.vocab is None) != (given.vocab is None):
+        return False
+    for w, g in zip((*want.shape, want.vocab), (*given.shape, given.vocab), strict=True):
+        if w is None or g is None:
+            continue
+        sym = next(iter(w.symbols), None) if len(w.symbols) == 1 else None
+        if sym is None or Dim.sym(sym) != w:
+            if not dims_equal(subst_dim(w, bind), g):
+                return False
+        elif sym in bind and not dims_equal(bind[sym], g):
+            return False
+        else:
+            bind[sym] = g
+    return True
 
 
 def _adopt(bundle: BundleTy, other: BundleTy) -> None:
@@ -1670,6 +1824,17 @@ def _spelling_hint(name: str) -> str | None:
     if name in ("matmul", "dot"):
         return "a matrix product is written 'W X' (side by side) or 'W · X'"
     return None
+
+
+def _card_like(name: str) -> bool:
+    """A name spelled as cards are (SwiGLU, LayerNorm), not a builtin's in another case: no
+    builtin is offered for it, only a card."""
+    return bool(re.fullmatch(r"[A-Z][A-Za-z0-9]*[A-Z][A-Za-z0-9]*", name)) and len(name) > 3 \
+        and name.lower() not in {b.lower() for b in BUILTINS}
+
+
+def _join_hints(*hints: str | None) -> str | None:
+    return " ".join(h for h in hints if h) or None
 
 
 def _suggest(name: str, candidates: list[str]) -> str | None:

@@ -11,12 +11,11 @@ from pathlib import Path
 
 from . import __version__
 from .diagnostics import CardError, Diagnostics
-from .library import card_paths, load
+from .library import card_paths, library_roots, load, shown_folders
 from .runtime.errors import RuntimeInputError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 MAX_TOKENS = 100_000  # `sample --tokens`: more is hours of decoding, never what was meant
-CONTEXT = "ctx"  # an inference card's window: capped at the positions the run trained
 
 
 class UsageError(Exception):
@@ -83,6 +82,15 @@ def _require_cards(paths: list[str]) -> list[Path]:
     return found
 
 
+def _library(args: argparse.Namespace, paths: list[str]) -> list[str]:
+    """The library folders a verb searches after the cards' own: --library, in order, else the
+    cards/ folder each card lives in; the shipped library comes after either."""
+    for folder in args.library or []:
+        if not Path(folder).is_dir():
+            raise UsageError(f"--library {folder}: no such folder")
+    return library_roots(paths, args.library)
+
+
 def _report(diags: Diagnostics) -> int:
     if diags.items:
         print(diags.render(), file=sys.stderr)
@@ -99,7 +107,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .checker import check
 
     _require_cards(args.paths)
-    lib, targets = load(args.paths, root=args.library, lazy=True)  # the library as called
+    lib, targets = load(args.paths, root=_library(args, args.paths), lazy=True)  # as called
     _, diags = check(lib)
     wanted = {str(Path(t)) for t in targets}
     shown = Diagnostics([d for d in diags.items if d.span.file in wanted], diags.sources)
@@ -169,11 +177,11 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """`cardc diff A B`: the architecture difference of two model cards, step by step."""
-    from .build import checked, default_library, find_card
+    from .build import checked, find_card
     from .diff import diff_cards
 
     _require_cards([args.a, args.b])
-    lib, checker, _ = checked([args.a, args.b], args.library or default_library(args.a))
+    lib, checker, _ = checked([args.a, args.b], _library(args, [args.a]))
     a = find_card(lib, checker, args.a, args.name_a)
     b = find_card(lib, checker, args.b, args.name_b)
     print("\n".join(diff_cards(checker, a, b)))
@@ -187,7 +195,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .presets import validate
 
     _require_cards([args.card])
-    lib, _ = load([args.card], root=args.library)
+    lib, _ = load([args.card], root=_library(args, [args.card]))
     checker, diags = check(lib)
     used = files_used(lib, checker, {str(Path(args.card))})
     if _report(Diagnostics([d for d in diags.items if d.span.file in used], diags.sources)):
@@ -216,7 +224,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         from .runtime.runs import check_writable_folder
 
         check_writable_folder(args.out)
-    lib, targets = load(args.paths, root=args.library)
+    roots = _library(args, args.paths)
+    lib, targets = load(args.paths, root=roots)
     checker, diags = check(lib)
     # Cards named one by one must check; a folder's cards that do not are skipped with a note.
     require_clean(lib, checker, diags, {str(Path(p)) for p in args.paths if not Path(p).is_dir()})
@@ -229,7 +238,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(f"note: skipped {alg.name} ({lib.file_of(alg).path}): it does not check "
                   "(see 'cardc check')", file=sys.stderr)
             continue
-        path = module_path(lib, alg, args.out, args.library)
+        path = module_path(lib, alg, args.out, roots)
         expected.add(path)
         text = source(checker, alg)
         current = path.read_text(encoding="utf-8") if path.exists() else None
@@ -308,7 +317,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         model_overrides = _padded_vocab(args.preset, model_overrides, checker, model_card)
     _validated(lib, checker, model_card, args.preset, model_overrides, _set_flags(args.set))
     model = build_model(lib.file_of(model_card).path, args.preset, model_overrides,
-                        args.library, model_card.name)
+                        _library(args, [args.card]), model_card.name)
+    if checker.info(recipe).sig.models:
+        _require_causal(model, model_card, recipe)
     if resumed is not None:
         from .runtime.checkpoint import load_state
 
@@ -320,6 +331,16 @@ def cmd_train(args: argparse.Namespace) -> int:
           f"with {recipe.name} ({_shown_path(lib.file_of(recipe).path)}); writing {out}/")
     train(model, procedure_function(checker, recipe), hypers, cfg, model.card_meta)
     return EXIT_OK
+
+
+def _require_causal(model, model_card, recipe) -> None:
+    """A generic recipe's model is a causal language model: no row of its scores may change
+    with a later token (its card type states the shapes; this, the running model shows)."""
+    from .runtime.train import predicts_next_token
+
+    if not predicts_next_token(model):
+        raise UsageError(f"{recipe.name} trains a causal language model, and {model_card.label}"
+                         " reads ahead: its scores for a position change with a later token")
 
 
 def _resumed(run: str, checker, model_card) -> tuple[dict, dict]:
@@ -368,16 +389,17 @@ def _recipe(args: argparse.Namespace):
     """The training card to run: the one in the file, or else the library's card that trains
     the file's model (--recipe names another)."""
     from .build import (
+        bind_recipe,
         checked,
-        default_library,
         find_card,
         procedure_cards,
         procedures_for,
         require_clean,
         trains,
+        unbound_models,
     )
 
-    library = args.library or default_library(args.card)
+    library = _library(args, [args.card])
     lib, checker, _ = checked([args.card, *([args.recipe] if args.recipe else [])], library)
     file = next(f.path for f in lib.files if Path(f.path) == Path(args.card))
     here = [a for a in procedure_cards(lib, checker, [file]) if args.name in (None, a.name)]
@@ -386,17 +408,27 @@ def _recipe(args: argparse.Namespace):
         if not training:
             raise UsageError(f"{here[0].name} is an inference card: sample with it, "
                              f"'cardc sample RUN --card {args.card}'")
+        if unbound_models(checker, training[0]):
+            raise UsageError(f"{training[0].name} trains whichever model it is given: "
+                             f"'cardc train MODEL.card --recipe {args.card}'")
         return lib, checker, training[0]
     model = find_card(lib, checker, args.card, args.name)
     found = procedures_for(lib, checker, model, training=True)
     if args.recipe:
         found = [a for a in found if Path(lib.file_of(a).path) == Path(args.recipe)]
-        if not found:
-            raise UsageError(f"{args.recipe} holds no training card for {model.label}")
+        generic = [a for a in procedure_cards(lib, checker, [str(Path(args.recipe))])
+                   if trains(checker, a) and unbound_models(checker, a)]
+        if not found and generic:  # one that cannot run this model: say why, where
+            bind_recipe(checker, generic[0], model)
+    if args.recipe and not found:
+        raise UsageError(f"{args.recipe} holds no training card for {model.label}")
     if not found:
-        raise UsageError(f"no training card in {_shown_path(library)}/ trains {model.label}; "
-                         "write one (as cards/gpt2_training.card trains GPT2) or name it with "
-                         "--recipe")
+        searched = ", ".join(shown_folders(lib.roots))
+        raise UsageError(f"no training card trains {model.label}: none calls it, and no "
+                         f"generic one (as LMTraining trains any card {{1..V}}^{{T}} → "
+                         f"ℝ^{{T×V}}) fits it; searched {searched}")
+    if unbound_models(checker, found[0]):
+        bind_recipe(checker, found[0], model)
     require_clean(lib, checker, checker.diags, {lib.file_of(found[0]).path})
     return lib, checker, found[0]
 
@@ -450,13 +482,16 @@ def cmd_sample(args: argparse.Namespace) -> int:
         _require_cards([args.card])
         return _sample_with_card(args, model, meta, device, args.card, None, echo=False)
     sampler = meta.get("sampler")
-    if args.top_k is None and isinstance(sampler, dict) and "card" in sampler:
+    if args.top_k is None:
         from .build import recorded_cards
 
         with recorded_cards(meta) as root:  # the inference card recorded when it was trained
-            return _sample_with_card(args, model, meta, device, str(root / sampler["card"]),
-                                     str(root), echo=True)
-    # --top-k, or a checkpoint that records no inference card: the built-in sampler
+            if isinstance(sampler, dict) and "card" in sampler:
+                return _sample_with_card(args, model, meta, device, str(root / sampler["card"]),
+                                         [str(root)], echo=True)
+            card = _generic_sampler(args.dir, meta)
+            return _sample_with_card(args, model, meta, device, card, [str(root)], echo=True)
+    # --top-k: the built-in sampler
     if not is_language_model(model):
         raise UsageError(f"{meta.get('name')} is not a language model; sample with an inference "
                          "card, e.g. --card cards/paper/edinference.card")
@@ -471,6 +506,21 @@ def cmd_sample(args: argparse.Namespace) -> int:
                    window=_trained_context(meta))
     print(decode(out[0].tolist()))
     return EXIT_OK
+
+
+def _generic_sampler(run: str, meta: dict) -> str:
+    """The shipped library's sampling card, for a run that records none; said on stderr, so
+    what samples is never a silent choice."""
+    from .library import shipped_library
+
+    found = [p for root in shipped_library() for p in sorted(root.rglob("*.card"))
+             if "sampling" in p.stem]
+    if not found:
+        raise UsageError(f"{run} records no sampling card and the library has none; name one "
+                         "with --card")
+    print(f"note: {run} records no sampling card; sampling {meta.get('name')} with the "
+          f"library's {_shown_path(str(found[0]))}", file=sys.stderr)
+    return str(found[0])
 
 
 def _read_run(folder: str):
@@ -513,7 +563,7 @@ def _check_token_ids(ids: list[int], checker, model_card, meta: dict) -> None:
 
 
 def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
-                      library: str | None, echo: bool) -> int:
+                      library: list[str] | None, echo: bool) -> int:
     """`cardc sample RUN --card cards/paper/dinference.card`: the inference card samples.
 
     --tokens and --temperature set the card's ℓ_gen and τ, and hyperparameters it shares with
@@ -522,20 +572,26 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
     prompt before the card's output."""
     import torch
 
-    from .build import called_model, checked, default_library, procedure_cards, procedure_function
+    from .build import called_model, checked, procedure_cards, procedure_function
     from .info import PresetError, preset_values
     from .lower.values import card_names
     from .names import identifier
     from .runtime.data import decode, encode
     from .types import Ty
 
-    lib, checker, _ = checked([card], library or default_library(card))
+    if library is None and _generic(card):  # --card names a generic sampler: it needs the model
+        from .build import recorded_cards
+
+        with recorded_cards(meta) as root:
+            return _sample_with_card(args, model, meta, device, card, [str(root)], echo)
+    lib, checker, _ = checked([card], library or _library(args, [card]))
     file = next(f.path for f in lib.files if Path(f.path) == Path(card))
     cards = [a for a in procedure_cards(lib, checker, [file])
              if isinstance(checker.info(a).sig.output, Ty)]
     if not cards:
         raise UsageError(f"{card} holds no inference card (one that is handed θ̂)")
     alg = cards[0]
+    window = _bind_sampler(lib, checker, alg, meta, library)
     info = checker.info(alg)
     runs_on = called_model(checker, alg)
     callee = runs_on.name if runs_on else None
@@ -545,9 +601,11 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
     declared = card_names(info.sig)
     shared = {n: meta["hyperparameters"][identifier(n)] for n in declared
               if identifier(n) in meta.get("hyperparameters", {})}
-    window = _trained_context(meta)
-    if window is not None and CONTEXT in declared and window < shared.get(CONTEXT, window + 1):
-        shared[CONTEXT] = window  # positions the run never trained read as noise
+    words = args.prompt.split()
+    if window is not None:  # the longest input the card states M is handed
+        limits = [n for n in (getattr(model, "max_seq_len", None), _trained_context(meta))
+                  if isinstance(n, int) and n > 0]  # positions the run never trained are noise
+        shared[window] = min(limits) if limits else len(args.prompt.encode()) + args.tokens
     given = {**shared, "ℓ_gen": args.tokens, "τ": args.temperature, **_overrides(args.set)}
     preset = alg.presets[0].name if alg.presets else None  # the card's own defaults, if any
     try:
@@ -560,7 +618,6 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
     if missing:
         raise UsageError(f"{alg.name} needs {', '.join(missing)}: set it with --set NAME=VALUE")
     hypers = _typed(info.sig, declared, values)
-    words = args.prompt.split()
     numeric = bool(words) and all(w.isdigit() for w in words)
     ids = [int(w) for w in words] if numeric else encode(args.prompt) or [10]
     if runs_on is not None:
@@ -578,12 +635,40 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
     return EXIT_OK
 
 
+def _generic(card: str) -> bool:
+    """Whether a card file holds a recipe that takes its model as a hyperparameter (read off
+    its text, before the library is loaded)."""
+    from . import syntax as s
+    from .parser import parse_file
+
+    parsed = parse_file(Path(card), Diagnostics())
+    return any(isinstance(d.type, s.CardType) for a in parsed.algorithms
+               for d in a.decls("Hyperparameters") if isinstance(d, s.Decl))
+
+
+def _bind_sampler(lib, checker, alg, meta: dict, library: list[str] | None) -> str | None:
+    """Bind a generic sampler's model to the checkpoint's card (recorded under `library`);
+    the hyperparameter that bounds the model's input, if the card states one."""
+    from .build import bind_recipe, unbound_models
+
+    names = unbound_models(checker, alg)
+    if names:
+        path = Path(library[0]) / str(meta.get("card")) if library else None
+        model = next((a for f in lib.files if path is not None and Path(f.path) == path
+                      for a in f.algorithms if a.label == meta.get("name")), None)
+        if model is None:
+            raise UsageError(f"{alg.name} samples whichever model it is given, and the run "
+                             "records no card of its model")
+        bind_recipe(checker, alg, model)
+    return next((m.window for m in checker.info(alg).sig.models.values()), None)
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from .interop import import_checkpoint
 
     _require_cards([args.card])
     model, path = import_checkpoint(args.card, args.source, args.out, args.preset,
-                                    _overrides(args.set), args.name)
+                                    _overrides(args.set), args.name, _library(args, [args.card]))
     params = sum(p.numel() for p in model.parameters())
     print(f"imported {args.source} as {model.card_meta['name']} ({params:,} parameters); "
           f"wrote {path}")
@@ -593,7 +678,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .interop import export_hf
 
-    mapping, dest = export_hf(args.dir, args.to, args.library)
+    mapping, dest = export_hf(args.dir, args.to, args.library or ["cards"])
     print(f"exported {args.dir} as {mapping.architecture}; wrote {dest}/")
     return EXIT_OK
 
@@ -675,8 +760,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("b", help="the card file to compare it with")
     d.add_argument("--name-a", help="which card of the first file (default: its model card)")
     d.add_argument("--name-b", help="which card of the second file (default: its model card)")
-    d.add_argument("--library", help="folder of cards that calls resolve against "
-                                     "(default: the cards/ folder of the first card)")
     d.set_defaults(run=cmd_diff)
 
     b = sub.add_parser("build", help="generate PyTorch modules for the model cards")
@@ -762,15 +845,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="a cardc checkpoint as a Hugging Face model folder")
     ex.add_argument("dir", help="a run folder (or its model.safetensors)")
     ex.add_argument("--to", required=True, metavar="PATH", help="the folder to write")
-    ex.add_argument("--library", default="cards", help="where to find the mapping of a trained "
-                    "checkpoint, <card>.hf.json beside its card")
+    ex.add_argument("--library", action="append", help="where to find the mapping of a "
+                    "trained checkpoint, <card>.hf.json beside its card; repeat for more "
+                    "(default: cards)")
     ex.set_defaults(run=cmd_export)
 
-    for sp in (c, i, b):
-        sp.add_argument("--library", default="cards",
-                        help="folder of cards that calls resolve against")
-    t.add_argument("--library", help="folder of cards that calls resolve against (default: "
-                                     "the cards/ folder the card lives in)")
+    for sp in (c, i, b, d, t, sa, im):
+        sp.add_argument("--library", action="append", metavar="PATH",
+                        help="a folder of cards that calls resolve against after the card's own "
+                             "folder and those above it, before the library cardc ships; "
+                             "repeat for more (default: ./cards)")
     return p
 
 

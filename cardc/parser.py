@@ -299,6 +299,20 @@ class _Build:
         return ("pad", str(c[-1]))
 
     @_meta
+    def card_decl(self, meta, c):
+        return s.Decl(tuple(c[0]), c[2], span=self.sp(meta))
+
+    @_meta
+    def card_type(self, meta, c):
+        window = c[3] if len(c) > 3 else (None, None)
+        return s.CardType(c[0], c[2], *window, span=self.sp(meta))
+
+    def card_window(self, c):
+        if str(c[2]) not in ("≤", "<="):
+            self.diags.error(_span(self.file, c[2]), "a card's window is written 'for T ≤ T_max'")
+        return (str(c[1]), str(c[3]))
+
+    @_meta
     def prose_decl(self, meta, c):
         return s.Decl((str(c[0]),), prose=_prose(c[1]), span=self.sp(meta))
 

@@ -248,7 +248,20 @@ class Tensor:
     span: Span = _span()
 
 
-Type = Scalar | Interval | Bits | IntRange | Finite | Sequences | Iso | Simplex | Tensor
+@dataclass(frozen=True)
+class CardType:
+    """``{1..V}^{T} → ℝ^{T×V} for T ≤ T_max``: a card taken as a value (a recipe's model), by
+    the signature it must have; `window` bounds the length of the input it is handed."""
+
+    input: Type
+    output: Type
+    length: str | None = None
+    window: str | None = None
+    span: Span = _span()
+
+
+Type = (Scalar | Interval | Bits | IntRange | Finite | Sequences | Iso | Simplex | Tensor
+        | CardType)
 
 # ---------------------------------------------------------------- declarations
 

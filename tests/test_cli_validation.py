@@ -63,7 +63,7 @@ def test_version(capsys):
     ("sample", ["tokens to add (default: 200)", "(default: 0.8)", "(default: 1337)",
                 "(default: a newline)"]),
     ("build", ["output folder (default: generated)"]),
-    ("check", ["calls resolve against (default: cards)"]),
+    ("check", ["before the library cardc ships; repeat for more (default: ./cards)"]),
 ])
 def test_help_shows_the_defaults(capsys, verb, shown):
     code, out, _ = run(capsys, verb, "--help")
@@ -324,7 +324,8 @@ def test_the_checkpoint_records_the_positions_its_run_trained(trained):
 
 
 def test_the_sampling_card_reads_only_trained_positions(capsys, trained, monkeypatch):
-    """The model's ctx is 32 but its run trained 16 positions: the card's window is 16."""
+    """The model's positions are 32 but its run trained 16: the sampling card's window T_max,
+    which its card type bounds M's input by, is 16."""
     import cardc.build
 
     seen = {}
@@ -354,7 +355,7 @@ def test_the_sampling_card_reads_only_trained_positions(capsys, trained, monkeyp
     monkeypatch.setattr(cardc.build, "procedure_function", spy)
     code, out, _ = run(capsys, "sample", str(trained), "--prompt", "The ", "--tokens", "40")
     assert code == 0 and out.startswith("The ")
-    assert seen["ctx"] == 16 and max(seen["lengths"]) == 16
+    assert seen["T_max"] == 16 and max(seen["lengths"]) == 16
 
 
 def test_the_built_in_sampler_keeps_its_window():

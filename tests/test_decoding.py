@@ -3,8 +3,6 @@ cache, give the logits of full recomputation; the sampling cards decode through 
 
 from __future__ import annotations
 
-from functools import cache
-
 import pytest
 import torch
 from torch import nn
@@ -30,9 +28,11 @@ def small(card: str, seed: int = 0) -> nn.Module:
     return model
 
 
-@cache
-def samplers():
-    return build.checked([f"cards/{card}_sampling.card" for card in FAMILIES], "cards")
+def sampler_for(card: str):
+    """The library's generic sampling card, its model bound to the family's card."""
+    lib, checker, _ = build.checked([f"cards/{card}.card"], "cards")
+    model = build.find_card(lib, checker, f"cards/{card}.card", None)
+    return checker, build.recipe_for(lib, checker, model, training=False)
 
 
 class Uncached(nn.Module):
@@ -160,17 +160,16 @@ def test_cached_sampling_equals_recomputation_past_the_context(card):
 
 @pytest.mark.parametrize("card", list(FAMILIES))
 def test_sampling_card_decodes_with_the_cache(card):
-    """The family's sampling card lowers `P ← M(x[s : ℓ + i − 1] | θ̂)`, of which it reads the
-    last row only, to cached decoding; its greedy continuation equals recomputation."""
-    lib, checker, _ = samplers()
-    alg = next(a for f in lib.files if f.path.endswith(f"{card}_sampling.card")
-               for a in f.algorithms)
+    """The sampling card, bound to the family's card, lowers `P ← M(x[s : ℓ + i − 1] | θ̂)`,
+    of which it reads the last row only, to cached decoding; its greedy continuation equals
+    recomputation."""
+    checker, alg = sampler_for(card)
     text = build.source(checker, alg)
     assert ".new_cache()" in text and "cache=cache" in text
     sampler = build.procedure_function(checker, alg)
     model = small(card)
     prompt = torch.randint(0, 97, (1, 6))
     with torch.no_grad():
-        out = sampler(prompt, model, l_gen=12, tau=0, ctx=24)
+        out = sampler(prompt, model, l_gen=12, tau=0, T_max=24)
     plain = generate(Uncached(model), prompt, 12, temperature=0)[:, 6:]
     assert torch.equal(out, plain)

@@ -127,10 +127,10 @@ def test_import_records_card_and_hyperparameters(run_dir, hf_dir):
 
 
 def test_greedy_sample_matches_hf_generate(run_dir, hf_model):
-    """`cardc sample` runs the inference card the import records (cards/gpt2_sampling.card)."""
+    """`cardc sample` runs the inference card the import records (the generic LMSampling)."""
     from cardc.runtime.checkpoint import read_checkpoint
 
-    assert read_checkpoint(run_dir)[0]["sampler"]["name"] == "GPT2Sampling"
+    assert read_checkpoint(run_dir)[0]["sampler"]["name"] == "LMSampling"
     r = cardc("sample", str(run_dir), "--prompt", PROMPT, "--temperature", "0", "--tokens", "20")
     assert r.returncode == 0, r.stderr
     ids = torch.tensor([encode(PROMPT)])

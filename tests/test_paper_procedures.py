@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cardc.build import checked, instantiate, load_module, source
+from cardc.build import checked, instantiate, load_module, recipe_for, source
 
 ROOT = Path(__file__).resolve().parent.parent
 CARDS = ["dtraining", "etraining", "edtraining", "dinference", "edinference",
@@ -158,14 +158,14 @@ def test_edinference_starts_at_bos_and_halts_at_eos(paper):
 
 
 def test_a_card_that_names_adamw_steps_with_adamw(tmp_path):
-    """cards/gpt2_training.card: DTraining on the row-major GPT-2 card, on minibatches,
-    updating with AdamW (which decays the weight matrices only)."""
+    """cards/recipes/lm_training.card: DTraining with its model bound to the row-major GPT-2
+    card, on minibatches, updating with AdamW (which decays the weight matrices only)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)
-        lib, checker, _ = checked(["cards/gpt2_training.card"], "cards")
-        alg = lib.find("GPT2Training")
-        fn = load_module(source(checker, alg), "gpt2training").GPT2Training
+        lib, checker, _ = checked(["cards/gpt2.card"], "cards")
         gpt2 = lib.find("GPT2")
+        alg = recipe_for(lib, checker, gpt2, training=True)
+        fn = load_module(source(checker, alg), "lmtraining").LMTraining
         sizes = dict(V=19, D=8, H=2, D_f=12, N=1, ctx=16)
         torch.manual_seed(0)
         model, _ = instantiate(checker, gpt2, sizes)
@@ -194,7 +194,7 @@ def test_a_card_that_names_adamw_steps_with_adamw(tmp_path):
 def test_adamw_needs_parameters_and_their_gradient(tmp_path):
     from cardc.cli import main
 
-    card = (ROOT / "cards" / "gpt2_training.card").read_text(encoding="utf-8")
+    card = (ROOT / "cards" / "recipes" / "lm_training.card").read_text(encoding="utf-8")
     bad = tmp_path / "bad.card"
     bad.write_text(card.replace("AdamW(θ, ∇loss(θ) | η_i, β_1, β_2, λ)", "AdamW(θ, loss(θ) | η)"),
                    encoding="utf-8")

@@ -22,7 +22,17 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from cardc import syntax as s
-from cardc.build import checked, instantiate, load_module, model_cards, procedure_cards, source
+from cardc.build import (
+    bind_recipe,
+    checked,
+    instantiate,
+    load_module,
+    model_cards,
+    procedure_cards,
+    serves,
+    source,
+    unbound_models,
+)
 from cardc.checker import check
 from cardc.cli import main
 from cardc.diagnostics import Diagnostics
@@ -66,6 +76,9 @@ def _builds(path: Path, root: Path, only: tuple[str, str] | None = None) -> None
     for alg in file.algorithms:
         if alg.label is None or id(alg) not in checker.infos or only and alg.label != only[0]:
             continue
+        if alg in procedures and unbound_models(checker, alg):  # a generic recipe: its code is
+            served = [m for m in model_cards(lib, checker) if serves(checker, alg, m)]
+            bind_recipe(checker, alg, served[0])  # made bound to a model card it can run
         if alg in models or alg in procedures:
             load_module(source(checker, alg), identifier(alg.label).lower())
         for preset in alg.presets:

@@ -188,12 +188,12 @@ def test_sample_sets_an_inference_cards_own_hyperparameters(tmp_path):
     assert [int(w) for w in r.stdout.split()][0] == 32 - 2
 
 
-def test_the_gpt2_sampling_card_decodes_like_the_built_in_sampler(run_dir):
-    """cards/gpt2_sampling.card at τ = 0 and the built-in greedy sampler (which --top-k asks
-    for) agree token for token, past the model's context of 32 tokens too."""
+def test_the_generic_sampling_card_decodes_like_the_built_in_sampler(run_dir):
+    """cards/recipes/lm_sampling.card, bound to GPT-2, at τ = 0 and the built-in greedy sampler
+    (which --top-k asks for) agree token for token, past the model's context of 32 tokens."""
     common = ["sample", str(run_dir), "--prompt", "ab", "--tokens", "40", "--temperature", "0"]
     built_in = cardc(*common, "--top-k", "256")
-    card = cardc(*common, "--card", "cards/gpt2_sampling.card")
+    card = cardc(*common, "--card", "cards/recipes/lm_sampling.card")
     default = cardc(*common)
     assert built_in.returncode == 0 and card.returncode == 0, card.stderr
     assert built_in.stdout == "ab" + card.stdout == default.stdout
@@ -204,14 +204,16 @@ def test_the_checkpoint_records_the_sampling_card(run_dir):
     from cardc.runtime.checkpoint import read_checkpoint
 
     meta, _ = read_checkpoint(run_dir)
-    assert meta["sampler"] == {"card": "gpt2_sampling.card", "name": "GPT2Sampling"}
-    assert meta["cards"]["gpt2_sampling.card"] == (ROOT / "cards/gpt2_sampling.card").read_text()
+    assert meta["sampler"] == {"card": "recipes/lm_sampling.card", "name": "LMSampling"}
+    assert meta["cards"]["recipes/lm_sampling.card"] == \
+        (ROOT / "cards/recipes/lm_sampling.card").read_text()
 
 
 def test_train_refuses_a_model_no_training_card_trains(tmp_path):
     r = cardc("train", "cards/paper/unembedding.card", "--set", "N_V=10", "--set", "d_e=4",
               "--out", str(tmp_path / "run"))
-    assert r.returncode == 2 and "no training card in cards/ trains Unembedding" in r.stderr
+    assert r.returncode == 2 and "no training card trains Unembedding" in r.stderr
+    assert r.stderr.endswith("; searched cards/\n")
     assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
 
 
@@ -231,13 +233,13 @@ def test_recipe_flags_are_checked_against_the_training_card(args, message, tmp_p
 
 
 def test_the_tiny_llama_trains_and_samples(tmp_path):
-    """The Llama card trains with cards/llama_training.card (val loss falls) and samples."""
+    """The Llama card trains with the generic LMTraining (val loss falls) and samples."""
     r = cardc("train", "cards/llama.card", "--preset", "tiny", "--set", "D=32", "--set", "H=4",
               "--set", "H_kv=2", "--set", "D_f=64", "--set", "N=1", "--steps", "12",
               "--eval-every", "12", "--batch-size", "4", "--block-size", "16",
               "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "LlamaTraining" in r.stdout
+    assert "with LMTraining (cards/recipes/lm_training.card)" in r.stdout
     first, last = (float(x) for x in r.stdout.split("val loss ")[1].split(" after")[0].split(" -> "))
     assert last < first, r.stdout
     s = cardc("sample", str(tmp_path), "--seed", "0")
@@ -297,3 +299,40 @@ def test_pad_vocab_refuses_a_resumed_run(run_dir, tmp_path):
     r = cardc("train", "cards/gpt2.card", "--preset", "tiny", "--resume", str(run_dir),
               "--pad-vocab", "--steps", "1", "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and "a resumed run keeps its checkpoint's" in r.stderr
+
+
+def test_a_run_that_records_no_sampler_samples_with_the_generic_one_and_says_so(run_dir,
+                                                                                 tmp_path):
+    """`cardc sample` never falls back silently: a checkpoint without a sampling card (an older
+    run's) samples with the library's LMSampling, bound to its model, and says so on stderr."""
+    from cardc.build import rebuild_model
+    from cardc.runtime.checkpoint import load_state, read_checkpoint, save_checkpoint
+
+    meta, state = read_checkpoint(run_dir)
+    model = rebuild_model(meta)
+    load_state(model, state)
+    del meta["sampler"]
+    meta["cards"] = {k: v for k, v in meta["cards"].items() if not k.startswith("recipes/")}
+    save_checkpoint(str(tmp_path), model, meta)
+    common = ["--prompt", "ab", "--tokens", "20", "--temperature", "0"]
+    r = cardc("sample", str(tmp_path), *common)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == (f"note: {tmp_path} records no sampling card; sampling GPT2 with the "
+                        "library's cards/recipes/lm_sampling.card\n")
+    assert r.stdout == cardc("sample", str(run_dir), *common).stdout
+
+
+def test_a_generic_recipe_refuses_a_model_that_reads_ahead(tmp_path):
+    """LMTraining trains causal language models: a card of its signature whose scores for a
+    position depend on later tokens is refused before training."""
+    card = (ROOT / "cards" / "gpt2.card").read_text(encoding="utf-8")
+    assert "CausalSelfAttention(" in card
+    (tmp_path / "ahead.card").write_text(
+        card.replace("GPT2(", "Ahead(").replace("CausalSelfAttention(", "SelfAttention("),
+        encoding="utf-8")
+    r = cardc("train", str(tmp_path / "ahead.card"), "--preset", "tiny", "--steps", "1",
+              "--out", str(tmp_path / "run"))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ("cardc: error: LMTraining trains a causal language model, and Ahead "
+                        "reads ahead: its scores for a position change with a later token\n")
+    assert not (tmp_path / "run").exists()

@@ -20,13 +20,14 @@ META_KEY = "hf"  # the checkpoint metadata entry that records an import
 
 
 def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = None,
-              overrides: dict[str, float] | None = None, name: str | None = None) -> nn.Module:
+              overrides: dict[str, float] | None = None, name: str | None = None,
+              library: list[str] | None = None) -> nn.Module:
     """The model of a card of the file `card` holding a Hugging Face checkpoint's weights.
 
     The card is `name`, else the one whose mapping fits config.json (`select_for_config`).
     Hyperparameters come from the preset, else from config.json; `overrides` apply last.
     `model.card_meta` records the import and the mapping, so the checkpoint exports anywhere."""
-    from ..build import build_model, checked, default_library, find_card, record_sampler
+    from ..build import build_model, checked, find_card, library_roots, record_sampler
     from ..runtime.checkpoint import load_state
 
     mappings = load_mappings(card)
@@ -42,10 +43,10 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
     elif preset is None:
         raise RuntimeInputError(f"no {HF_CONFIG} beside '{source}': give --preset to choose "
                                 "the hyperparameters")
-    lib, checker, _ = checked([card], default_library(card))
+    lib, checker, _ = checked([card], library_roots([card], library))
     alg = find_card(lib, checker, card, mapping.card)
     check_sizes(checker.info(alg), mapping, hypers, preset, overrides or {}, hf_state)
-    model = build_model(card, preset, {**hypers, **(overrides or {})}, name=mapping.card)
+    model = build_model(card, preset, {**hypers, **(overrides or {})}, library, mapping.card)
     expected = model.state_dict()
     state = to_card_state(mapping, hf_state, expected, _layers(mapping, model.card_meta),
                           model.card_meta["hyperparameters"])
@@ -96,14 +97,15 @@ def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: s
 
 def import_checkpoint(card: str, source: str | os.PathLike[str], out: str | os.PathLike[str],
                       preset: str | None = None, overrides: dict[str, float] | None = None,
-                      name: str | None = None) -> tuple[nn.Module, str]:
+                      name: str | None = None,
+                      library: list[str] | None = None) -> tuple[nn.Module, str]:
     """`cardc import`: a cardc checkpoint in `out`, which then holds this checkpoint alone
     (written beside it and moved into place whole, as a training run is)."""
     from ..runtime.checkpoint import CHECKPOINT_NAME, save_checkpoint
     from ..runtime.runs import check_destination, new_run_id, staged_run
 
     check_destination(out)
-    model = import_hf(card, source, preset, overrides, name)
+    model = import_hf(card, source, preset, overrides, name, library)
     try:
         with staged_run(out) as folder:
             save_checkpoint(folder, model, {**model.card_meta, "run": new_run_id()})
@@ -113,7 +115,7 @@ def import_checkpoint(card: str, source: str | os.PathLike[str], out: str | os.P
 
 
 def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
-              library: str | os.PathLike[str] = "cards") -> tuple[Mapping, Path]:
+              library: str | os.PathLike[str] | list[str] = "cards") -> tuple[Mapping, Path]:
     """A cardc checkpoint as a Hugging Face model folder that `from_pretrained` loads.
 
     An imported checkpoint carries its mapping; a trained one is matched to the mapping file
@@ -134,13 +136,16 @@ def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
     return mapping, write_hf(dest, tensors, config)
 
 
-def checkpoint_mapping(meta: dict[str, Any], library: str | os.PathLike[str]) -> Mapping:
+def checkpoint_mapping(meta: dict[str, Any],
+                       library: str | os.PathLike[str] | list[str]) -> Mapping:
     recorded = meta.get(META_KEY)
     if isinstance(recorded, dict) and "mapping" in recorded:
         return parse_mapping(recorded["mapping"], "the checkpoint's mapping")
     card = str(meta.get("card", ""))
     stem = Path(card).stem
-    found = sorted(Path(library).rglob(stem + MAPPING_SUFFIX)) if stem else []
+    folders = library if isinstance(library, list) else [library]
+    found = [p for f in folders for p in sorted(Path(f).rglob(stem + MAPPING_SUFFIX))] \
+        if stem else []
     beside = [p for p in found if p.with_name(stem + ".card").is_file()]
     if not beside:
         raise RuntimeInputError(f"no Hugging Face mapping for {card or 'this checkpoint'}: "

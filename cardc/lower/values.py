@@ -172,9 +172,10 @@ def num_lit(text: str, span: s.Span = s.NOWHERE) -> ir.Expr:
 
 
 def card_names(sig: Signature) -> list[str]:
-    """Declared hyperparameters, in declaration order."""
+    """Declared hyperparameters, in declaration order; a card taken as a value (a recipe's
+    model) is not one the generated function takes: it is the θ it is handed."""
     names = []
     for item in sig.alg.decls("Hyperparameters"):
-        if isinstance(item, s.Decl):
+        if isinstance(item, s.Decl) and not isinstance(item.type, s.CardType):
             names += [n for n in item.names if n not in names]
     return names

@@ -245,6 +245,10 @@ class Renderer:
     def tensor_text(self, node: s.Tensor, tail: bool) -> str:
         return f"{self.text(node.elem)}^{{{'×'.join(self.dim_text(node, d) for d in node.dims)}}}"
 
+    def cardtype_text(self, node: s.CardType, tail: bool) -> str:
+        window = f" for {node.length} ≤ {node.window}" if node.window else ""
+        return f"{self.text(node.input)} → {self.text(node.output)}{window}"
+
     def dim_text(self, node: s.Tensor, d: s.Expr) -> str:
         """× binds loosest, so `ctx + 2×D` already means (ctx + 2)×D; the parentheses are for
         the reader."""
