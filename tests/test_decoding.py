@@ -3,6 +3,8 @@ cache, give the logits of full recomputation; the sampling cards decode through 
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from torch import nn
@@ -102,28 +104,29 @@ def test_grouped_query_cache_holds_the_key_value_heads():
     with torch.no_grad():
         model(torch.randint(0, 97, (2, 5)), cache=cache)
     assert len(cache.kv) == 2  # one entry per layer
-    for k, v in cache.kv.values():
-        assert k.shape == v.shape == (2, 2, 5, 8)  # (B, H_kv, positions, d)
+    for k, v in cache.kv.values():  # a size-1 axis where the queries hold their group
+        assert k.shape == v.shape == (2, 2, 1, 5, 8)  # (B, H_kv, 1, positions, d)
 
 
 def test_layers_share_the_rotary_angles_of_equal_frequencies():
-    """With a cache, RoPE's angles of the new positions are computed once per forward and
-    shared by the layers whose frequencies come from the same hyperparameters; others get
-    their own."""
+    """RoPE's angle tables are computed once per positions, width and base, and shared by every
+    layer and by queries and keys."""
     model = small("llama")
-    cache = model.new_cache()
-    with torch.no_grad():
-        model(torch.randint(0, 97, (1, 5)), cache=cache)
-    first, second = (block.attn for block in model.block)
-    assert first.omega is not second.omega
-    cos, sin = cache.rotary(first.omega, (first.d, first.theta_base), 2)
-    shared = cache.rotary(second.omega, (second.d, second.theta_base), 2)
-    assert shared[0] is cos and shared[1] is sin
-    other = first.omega * 2
-    cos, sin = cache.rotary(other, (first.d, first.theta_base / 4), 2)
-    angles = torch.arange(5, 7, dtype=torch.float32)[:, None] * other  # positions 5 and 6
-    assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
-    assert not torch.equal(cos, shared[0])
+    tables = type(model).forward.__globals__["ANGLES"]  # the generated file's
+    tables.clear()
+    calls = []
+    real = torch.Tensor.cos
+    with torch.no_grad(), mock.patch.object(torch.Tensor, "cos", lambda x: calls.append(1) or
+                                            real(x)):
+        model(torch.randint(0, 97, (1, 5)))
+    assert len(calls) == 1  # two layers, queries and keys: one table
+    (past, rows, d, base, _), = tables
+    assert (past, rows, d, base) == (0, 5, model.block[0].attn.d, model.theta_base)
+    cos, sin = tables[past, rows, d, base, torch.device("cpu")]
+    angles = torch.arange(5, dtype=torch.float32)[:, None] * base ** -(
+        torch.arange(0, d, 2, dtype=torch.float32) / d)
+    assert torch.allclose(cos, angles.cos().repeat(1, 2))
+    assert torch.allclose(sin, torch.cat([-angles.sin(), angles.sin()], dim=-1))
 
 
 def test_cache_refuses_to_run_past_the_context():
