@@ -236,7 +236,7 @@ class Program:
     ordered: bool = False  # some attention keys its cache by call order (KVCache.extend(None…))
     uncached: bool = False  # some causal attention cannot read a cache: no KV cache at all
     grouped: bool = False  # a function attends through grouped_sdpa, defined in the file
-    rope: bool = False  # RoPE is lowered to rotate_half, defined in the file
+    rope: set[str] = field(default_factory=set)  # RoPE's helpers defined in the file: rotate_half…
 
 
 # ------------------------------------------------------------------ rewriting

@@ -31,7 +31,7 @@ GENERATED = frozenset({
     "torch", "F", "nn", "math", "KVCache", "PRESETS",
     "self", "cache", "targets", "loss", "past", "optimizer", "report", "decayed",
     "undecayed", "group", "new_cache", "max_seq_len", "returns", "card_meta", "training",
-    "omega", "grouped_sdpa", "rotate_half", "ANGLES",
+    "omega", "grouped_sdpa", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and
 # shadowing none is simpler to see than which ones it calls.

@@ -54,23 +54,32 @@ class KVCache:
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
 
 
-ANGLES = {}  # (positions, width, base, device) → cos and sin: RoPE's tables, computed once
+ANGLES = {}  # (convention, positions, width, base, device) → RoPE's cos and sin, computed once
 
 
-def rotate_half(X, theta_base, past=0):
-    """RoPE in the rotate-half convention: row t of X, at position past + t (from 0), turned in
-    the planes (X[t, i], X[t, d/2 + i]) by the angle (past + t) θ_base^{−2i/d}: X cos plus
-    [X_2, X_1] sin, the first half's sines negated, so one roll and one fused multiply-add."""
+def rope_angles(pairs, X, theta_base, past):
+    """cos and sin of the angles (past + t) θ_base^{−2i/d} of X's rows, (T, d) each, in the
+    column order of the convention's planes, each plane's first sine negated."""
     T, d = X.shape[-2], X.shape[-1]
-    key = past, T, d, float(theta_base), X.device
+    key = pairs, past, T, d, float(theta_base), X.device
     if key not in ANGLES:
         if len(ANGLES) > 64:
             ANGLES.clear()
         omega = theta_base ** -(torch.arange(0, d, 2, device=X.device, dtype=torch.float32) / d)
         phi = torch.arange(past, past + T, device=X.device, dtype=torch.float32)[:, None] * omega
-        ANGLES[key] = phi.cos().repeat(1, 2), torch.cat([-phi.sin(), phi.sin()], dim=-1)  # (T, d)
-    cos, sin = ANGLES[key]
-    return torch.addcmul(X * cos, X.roll(d // 2, -1), sin)
+        cos, sin = phi.cos(), phi.sin()  # (T, d/2)
+        if pairs:
+            ANGLES[key] = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
+        else:
+            ANGLES[key] = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
+    return ANGLES[key]
+
+
+def rotate_half(X, theta_base, past=0):
+    """RoPE in the rotate-half convention: row t of X, at position past + t (from 0), turned in
+    the planes (X[t, i], X[t, d/2 + i]): X cos plus [X_2, X_1] sin, one roll and one addcmul."""
+    cos, sin = rope_angles(False, X, theta_base, past)
+    return torch.addcmul(X * cos, X.roll(X.shape[-1] // 2, -1), sin)
 
 
 def grouped_sdpa(Q, K, V, **options):

@@ -120,9 +120,9 @@ def test_layers_share_the_rotary_angles_of_equal_frequencies():
                                             real(x)):
         model(torch.randint(0, 97, (1, 5)))
     assert len(calls) == 1  # two layers, queries and keys: one table
-    (past, rows, d, base, _), = tables
-    assert (past, rows, d, base) == (0, 5, model.block[0].attn.d, model.theta_base)
-    cos, sin = tables[past, rows, d, base, torch.device("cpu")]
+    (pairs, past, rows, d, base, _), = tables
+    assert (pairs, past, rows, d, base) == (False, 0, 5, model.block[0].attn.d, model.theta_base)
+    cos, sin = tables[pairs, past, rows, d, base, torch.device("cpu")]
     angles = torch.arange(5, dtype=torch.float32)[:, None] * base ** -(
         torch.arange(0, d, 2, dtype=torch.float32) / d)
     assert torch.allclose(cos, angles.cos().repeat(1, 2))

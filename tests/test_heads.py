@@ -111,13 +111,14 @@ def test_variant_fused_equals_literal_with_gradients(variant):
 
 
 def test_rotary_is_recognised_by_its_math(variant):
-    """A card whose steps are rotate-half RoPE becomes the file's rotate_half, its tables
-    computed once per positions; the literal twin keeps the card's steps."""
+    """A card whose steps are RoPE, rotate-half or on interleaved pairs, becomes the file's
+    rotate_half or rotate_pairs, its tables computed once per positions; the literal twin keeps
+    the card's steps."""
     name, fused, literal = variant
-    if "RoPE(" not in literal:
-        return
-    assert "rotate_half(" in fused and "def RoPE(" not in fused, name
-    assert "rotate_half(" not in literal, name
+    for card, helper in (("RoPE(", "rotate_half("), ("RoPEPairs(", "rotate_pairs(")):
+        if card in literal:
+            assert helper in fused and f"def {card}" not in fused, name
+            assert helper not in literal, name
 
 
 def test_sliding_window_hides_positions_w_or_more_behind():

@@ -202,7 +202,7 @@ def test_pad_token_id_becomes_the_padding_row_and_back(config, p):
 
 def test_computed_value_that_is_not_whole_is_refused_by_name():
     """GPT-2's D_f computed as n_embd · mlp_ratio: 48 · 3.5625 = 171 builds, · 3.51 does not."""
-    from cardc.build import checked, default_library, find_card
+    from cardc.build import checked, find_card, library_roots
     from cardc.interop import check_sizes
 
     card = str(ROOT / "cards" / "gpt2.card")
@@ -211,7 +211,7 @@ def test_computed_value_that_is_not_whole_is_refused_by_name():
     m = parse_mapping(raw, "gpt2.hf.json")
     config = {"vocab_size": 64, "n_embd": 48, "n_head": 4, "n_layer": 1, "n_positions": 16,
               "layer_norm_epsilon": 1e-5, "mlp_ratio": 3.5625}
-    lib, checker, _ = checked([card], default_library(card))
+    lib, checker, _ = checked([card], library_roots([card], None))
     info = checker.info(find_card(lib, checker, card, "GPT2"))
     held = {"w": torch.zeros(10**6)}
     hypers = preset_from_config(config, m)

@@ -308,6 +308,9 @@ GENERATOR_NAMES = {
     "rotary", "self", "source", "super", "targets", "torch", "undecayed", "weight_decay", "Z",
     "qkv", "kv", "parts", "loss", "unbiased", "alpha", "None", "True", "False", "p",
     "padding_idx", "start", "end", "step",
+    # the file's attention and RoPE helpers (cardc.lower.attention, cardc.lower.intrinsics)
+    "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
+    "pairs", "keep", "layer", "at", "n",
 }
 GENERATOR_ATTRS = {
     "Module", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
@@ -322,7 +325,7 @@ GENERATOR_ATTRS = {
     "cos", "sin", "omega", "append", "clamp", "tolist", "item", "long", "topk", "div", "size",
     "view", "reshape", "unsqueeze", "squeeze", "expand", "masked_fill", "logical_not", "cumsum",
     "rsqrt", "pow", "abs", "square", "randint", "bernoulli", "lerp", "norm", "embedding",
-    "slice_scatter", "zeros_like",
+    "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls",
 }
 GENERATOR_STRINGS = {"tanh", "omega", "probabilities", "params", "weight_decay", "lr",
                      " exceeds the model's ", " positions", "sequence length "}

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from .. import ir
 
 SDPA = ir.Ref("F.scaled_dot_product_attention")
-ROTATE = ir.Ref("rotate_half")  # RoPE (cardc.lower.intrinsics): takes the positions' start
+ROTATE = (ir.Ref("rotate_half"), ir.Ref("rotate_pairs"))  # RoPE (cardc.lower.intrinsics): take the positions' start
 CACHE = ir.Ref("cache")
 PAST = ir.Ref("past")
 NO_CACHE = ir.Bin("is", CACHE, ir.Lit("None"))
@@ -56,7 +56,7 @@ def _cache_function(f: ir.Function, cached: set[str]) -> bool:
             len(st.targets) == 1 and _rows_of_argument(st.value, f.args)}
 
     def shift(e):
-        if isinstance(e, ir.Call) and e.func == ROTATE and all(k != "past" for k, _ in e.kwargs):
+        if isinstance(e, ir.Call) and e.func in ROTATE and all(k != "past" for k, _ in e.kwargs):
             args = tuple(ir.rewrite(a, shift) for a in e.args)
             return dataclasses.replace(e, args=args, kwargs=(*e.kwargs, ("past", PAST)))
         if isinstance(e, ir.Call) and e.func == ir.Ref("torch.arange") and len(e.args) == 2 and \

@@ -124,13 +124,15 @@ class Passes:
     def call(self, body: Steps, e: s.Call, call: CallInfo) -> ir.Expr | None:
         if not self.fuse:
             return None
-        found = self.find(call.callee, "layer_norm_ε", "layer_norm", "rms_norm", "rope")
+        found = self.find(call.callee, "layer_norm_ε", "layer_norm", "rms_norm", "rope",
+                          "rope_pairs")
         if found is None:
             return None
         which, ren = found
         sig = body.low.checker.info(call.callee).sig
-        if which == "rope":
-            return self.rope(body, e, call, ren)
+        if which in ("rope", "rope_pairs"):
+            return self.rope(body, e, call, ren, "rotate_half" if which == "rope" else
+                             "rotate_pairs")
         if len(sig.inputs) != 1 or len(sig.inputs[0][1].shape) != 1:
             return None
         x = body.expr(e.args[0]).code
@@ -152,9 +154,11 @@ class Passes:
         return _call("F.layer_norm", x, ir.Seq((width,)), gamma, beta, eps)
 
     # ------------------------------------------------------------------ rotary embeddings
-    def rope(self, body: Steps, e: s.Call, call: CallInfo, ren: dict[str, str]) -> ir.Expr | None:
-        """A card whose steps are rotate-half RoPE: `rotate_half(X, θ_base)`, a helper of the
-        generated file whose angle tables are computed once per positions, width and base
+    def rope(self, body: Steps, e: s.Call, call: CallInfo, ren: dict[str, str],
+             helper: str) -> ir.Expr | None:
+        """A card whose steps are RoPE in the rotate-half convention or on interleaved pairs:
+        `rotate_half(X, θ_base)` or `rotate_pairs(…)`, helpers of the generated file whose
+        angle tables are computed once per positions, width and base
         (every layer, queries and keys share them); decoding with a KV cache starts the
         positions after the cached ones (cardc.lower.decoding)."""
         sig = body.low.checker.info(call.callee).sig
@@ -170,8 +174,8 @@ class Passes:
             given = given.value
         if given is None:
             return None
-        body.low.program.rope = True
-        return _call("rotate_half", x.code, body.expr(given).code)
+        body.low.program.rope.add(helper)
+        return _call(helper, x.code, body.expr(given).code)
 
     # ------------------------------------------------------------------ attention heads
     def head_map(self, body: Steps, st: s.For, step: s.Step) -> bool:
