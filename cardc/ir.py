@@ -233,6 +233,7 @@ class Program:
     presets: dict[str, dict[str, Expr]] = field(default_factory=dict)
     imports: set[str] = field(default_factory=set)  # "math"
     kv_cache: bool = False  # some module decodes with a KVCache, defined in the file
+    rotary: bool = False  # and shares RoPE's angles through it (KVCache.rotary)
     ordered: bool = False  # some attention keys its cache by call order (KVCache.extend(None…))
     uncached: bool = False  # some causal attention cannot read a cache: no KV cache at all
     grouped: bool = False  # a function attends through grouped_sdpa, defined in the file

@@ -19,7 +19,7 @@ class KVCache:
         self.pos = 0  # tokens decoded so far
         self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
         self.tokens = None  # those tokens, (B, pos), when they came through new()
-        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
@@ -30,17 +30,12 @@ class KVCache:
         self.tokens = x
         return x[..., held:]
 
-    def extend(self, layer, K, V, keep=None):
-        """The layer's cached keys and values followed by these, which it keeps (the last
-        `keep` positions only, under a sliding window). A layer of None is the next attention
-        call of this forward: calls are keyed by their order."""
-        if layer is None:
-            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
-            layer, self.calls = n, (at, n + 1)
+    def extend(self, layer, K, V):
+        """The layer's cached keys and values followed by these, which it keeps."""
         if layer in self.kv:
             K_past, V_past = self.kv[layer]
             K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
-        self.kv[layer] = (K, V) if keep is None else (K[..., -keep:, :], V[..., -keep:, :])
+        self.kv[layer] = K, V
         return K, V
 
     def mask(self, Q, K):
@@ -50,71 +45,16 @@ class KVCache:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
 
-
-ANGLES = {}  # (convention, positions, width, base, device) → RoPE's cos and sin, computed once
-
-
-def rope_angles(pairs, X, theta_base, past):
-    """cos and sin of the angles (past + t) θ_base^{−2i/d} of X's rows, (T, d) each, in the
-    column order of the convention's planes, each plane's first sine negated."""
-    T, d = X.shape[-2], X.shape[-1]
-    key = pairs, past, T, d, float(theta_base), X.device
-    if key not in ANGLES:
-        if len(ANGLES) > 64:
-            ANGLES.clear()
-        omega = theta_base ** -(torch.arange(0, d, 2, device=X.device, dtype=torch.float32) / d)
-        phi = torch.arange(past, past + T, device=X.device, dtype=torch.float32)[:, None] * omega
-        cos, sin = phi.cos(), phi.sin()  # (T, d/2)
-        if pairs:
-            ANGLES[key] = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
-        else:
-            ANGLES[key] = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
-    return ANGLES[key]
-
-
-def rotate_half(X, theta_base, past=0):
-    """RoPE in the rotate-half convention: row t of X, at position past + t (from 0), turned in
-    the planes (X[t, i], X[t, d/2 + i]): X cos plus [X_2, X_1] sin, one roll and one addcmul."""
-    cos, sin = rope_angles(False, X, theta_base, past)
-    return torch.addcmul(X * cos, X.roll(X.shape[-1] // 2, -1), sin)
-
-
-def grouped_sdpa(Q, K, V, **options):
-    """F.scaled_dot_product_attention over heads on any leading axes. Keys and values shared
-    by a group of query heads arrive with a size-1 axis where the queries hold the group
-    (…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
-    if K.shape[-3] != 1 or Q.shape[-3] == 1:
-        return F.scaled_dot_product_attention(Q, K, V, **options)
-    if Q.dim() == 4:  # one key/value head for every query head
-        return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, **options)
-    groups = Q.shape[-4:-2]  # (key/value heads, query heads of each)
-    Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),
-                                       enable_gqa=True, **options)
-    return Y.unflatten(-3, groups)
-
-
-def CausalHead(Q, K, V, cache=None):
-    """Y ← CausalHead(Q, K, V): Softmax attention of one head, row t seeing positions t′ ≤ t only.
-
-    Card: cards/nn/gqa.card:48
-    """
-    if cache is not None:
-        K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
-    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
-
-
-def AttentionGroup(K, V, Q, theta_base, cache=None):
-    """Y ← AttentionGroup(K, V, Q | θ_base): G causal heads that share one key and one value head;
-    queries and keys are turned by RoPE first.
-
-    Card: cards/nn/gqa.card:37
-    """
-    past = 0 if cache is None else cache.pos  # tokens decoded before these
-    D_g = Q.shape[-1]
-    d = K.shape[-1]
-    K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gqa.card:44]
-    Y_j = CausalHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), cache=cache)  # (…, G, T, d): every j at once  [gqa.card:45]
-    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [gqa.card:46]
+    def rotary(self, omega, source, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others
+        whose omega comes from the same hyperparameters (source)."""
+        key = self.pos, T, source
+        if self.angles is None or self.angles[0] != key:
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            self.angles = key, phi.cos(), phi.sin()
+        return self.angles[1:]
 
 
 class GroupedQueryAttentionBiased(nn.Module):
@@ -139,12 +79,23 @@ class GroupedQueryAttentionBiased(nn.Module):
         self.b_k = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:28]
         self.b_v = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:28]
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:29]
+        self.register_buffer("omega", (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(), persistent=False)  # (d,): −ω, then ω  [gqa.card:33]
 
     def forward(self, X, cache=None):
-        Q = F.linear(X, self.W_q.T, self.b_q)  # (B, T, D)  [gqa.card:30]
-        K = F.linear(X, self.W_k.T, self.b_k)  # (B, T, D H_kv/H)  [gqa.card:31]
-        V = F.linear(X, self.W_v.T, self.b_v)  # (B, T, D H_kv/H)  [gqa.card:32]
-        Y_g = AttentionGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.D // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, cache=cache)  # (B, H_kv, T, D/H_kv): every g at once  [gqa.card:33]
+        Q = F.linear(X, self.W_q.T, self.b_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:30]
+        K = F.linear(X, self.W_k.T, self.b_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
+        V = F.linear(X, self.W_v.T, self.b_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
+        if cache is None:
+            phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()  # (T, d): the angles, the first half negated  [gqa.card:33]
+            cos = phi.cos()  # (T, d)  [gqa.card:33]
+            sin = phi.sin()  # (T, d)  [gqa.card:33]
+        else:
+            cos, sin = cache.rotary(self.omega, (self.d, self.theta_base), X.shape[-2])  # the new positions' angles, shared by every layer
+        Q = torch.addcmul(Q * cos, Q.roll(self.d // 2, -1), sin)  # [gqa.card:33]
+        K = torch.addcmul(K * cos, K.roll(self.d // 2, -1), sin)  # [gqa.card:33]
+        if cache is not None:
+            K, V = cache.extend(self, K, V)  # the cached positions come first
+        Y_g = F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [gqa.card:33]
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [gqa.card:34]
         return Y @ self.W_o  # (B, T, D)  [gqa.card:35]
 

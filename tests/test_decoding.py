@@ -3,8 +3,6 @@ cache, give the logits of full recomputation; the sampling cards decode through 
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 import torch
 from torch import nn
@@ -104,14 +102,35 @@ def test_grouped_query_cache_holds_the_key_value_heads():
     with torch.no_grad():
         model(torch.randint(0, 97, (2, 5)), cache=cache)
     assert len(cache.kv) == 2  # one entry per layer
-    for k, v in cache.kv.values():  # a size-1 axis where the queries hold their group
-        assert k.shape == v.shape == (2, 2, 1, 5, 8)  # (B, H_kv, 1, positions, d)
+    for k, v in cache.kv.values():
+        assert k.shape == v.shape == (2, 2, 5, 8)  # (B, H_kv, positions, d)
 
 
 def test_layers_share_the_rotary_angles_of_equal_frequencies():
-    """RoPE's angle tables are computed once per positions, width and base, and shared by every
-    layer and by queries and keys."""
+    """With a cache, RoPE's angles of the new positions are computed once per forward and
+    shared by the layers whose frequencies come from the same hyperparameters; others get
+    their own."""
     model = small("llama")
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 5)), cache=cache)
+    first, second = (block.attn for block in model.block)
+    assert first.omega is not second.omega
+    cos, sin = cache.rotary(first.omega, (first.d, first.theta_base), 2)
+    shared = cache.rotary(second.omega, (second.d, second.theta_base), 2)
+    assert shared[0] is cos and shared[1] is sin
+    other = first.omega * 2
+    cos, sin = cache.rotary(other, (first.d, first.theta_base / 4), 2)
+    angles = torch.arange(5, 7, dtype=torch.float32)[:, None] * other  # positions 5 and 6
+    assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
+    assert not torch.equal(cos, shared[0])
+
+
+def test_rotate_half_computes_its_angle_tables_once():
+    """RoPE lowered by structure (rotate_half) computes its angle tables once per positions,
+    width and base, shared by every layer and by queries and keys."""
+    model = cardc.model("cards/qwen3.card", V=97, D=32, H=4, H_kv=2, d=8, D_f=48, N=2,
+                        ctx=64).eval()
     tables = type(model).forward.__globals__["ANGLES"]  # the generated file's
     tables.clear()
     calls = []
@@ -121,7 +140,7 @@ def test_layers_share_the_rotary_angles_of_equal_frequencies():
         model(torch.randint(0, 97, (1, 5)))
     assert len(calls) == 1  # two layers, queries and keys: one table
     (pairs, past, rows, d, base, _), = tables
-    assert (pairs, past, rows, d, base) == (False, 0, 5, model.block[0].attn.d, model.theta_base)
+    assert (pairs, past, rows, d, base) == (False, 0, 5, 8, model.theta_base)
     cos, sin = tables[pairs, past, rows, d, base, torch.device("cpu")]
     angles = torch.arange(5, dtype=torch.float32)[:, None] * base ** -(
         torch.arange(0, d, 2, dtype=torch.float32) / d)

@@ -153,7 +153,7 @@ class Lowering:
             scope.values[name] = Val(ir.Ref(local_name(name)), ty, False, column and ty.rank == 2)
         if sig.inputs:  # else device_expr() reports the card, where a device is needed
             body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
-        stmts = body.run()
+        stmts = self.passes.card_body(body) or body.run()
         prologue = [ir.Assign((runtime[d][0],), runtime[d][1]) for d in runtime if d in used]
         if top:
             prologue = [*prologue, *self.length_guard(m, body, prologue)]

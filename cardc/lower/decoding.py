@@ -3,8 +3,8 @@
 Every attention lowered to causal SDPA keeps its keys and values in a `KVCache`, stored as the
 card's attention holds them: after RoPE, one per key/value head (SDPA shares each among its
 group of query heads). The modules above pass the cache down, and the language model offsets
-its positions by the tokens decoded before (RoPE's `rotate_half` keeps its angle tables per
-positions, so every layer shares them). Without
+its positions by the tokens decoded before. RoPE's angles of the new positions are the same in
+every layer, so with a cache the first layer computes them and the others share them. Without
 a cache the code is what it was, so every equivalence of the fused lowering still holds; with
 one, the logits of the new tokens equal full recomputation (tests/test_decoding.py).
 """
@@ -36,6 +36,7 @@ def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
     cached: set[str] = set()  # classes whose forward takes the cache
     for m in program.modules:  # callees first
         attends = _cache_attention(m)
+        program.rotary |= attends and _share_rotary(m)
         if attends:
             m.body = _offset_positions(m, m.body)
         calls = _pass_cache(m, cached, functions)
@@ -153,6 +154,48 @@ def _offset_positions(m: ir.Module, body: list[ir.Stmt]) -> list[ir.Stmt]:
 def _past() -> ir.Assign:
     return ir.Assign(("past",), ir.Cond(NO_CACHE, ir.Lit("0"), ir.Attr(CACHE, "pos")),
                      ir.Note(text="tokens decoded before these"))
+
+
+def _share_rotary(m: ir.Module) -> bool:
+    """RoPE's `phi ← positions ⊗ self.omega; cos, sin` (the fused attention's) → with a cache,
+    `cache.rotary(self.omega, (self.d, self.theta_base), T)`: the angles of the new positions,
+    computed once per forward for every layer whose frequencies come from the same
+    hyperparameters, rather than once per layer; without a cache, as before."""
+    omega = next((b for b in m.buffers if b.name == "omega"), None)
+    if omega is None:
+        return False
+    rows = ir.Sub(ir.Attr(ir.Ref(m.inputs[0].name), "shape"), (ir.Lit("-2"),))
+    body = list(m.body)
+    for j, st in enumerate(body[:-2]):
+        cos, sin = body[j + 1], body[j + 2]
+        if not (_assigns(st, "phi") and "self.omega" in _refs(st.value) and
+                _assigns(cos, "cos", _method("phi", "cos")) and
+                _assigns(sin, "sin", _method("phi", "sin"))):
+            continue
+        source = ir.Seq(tuple(ir.Ref(r) for r in sorted(_refs(omega.value))))
+        shared = ir.Assign(("cos", "sin"), ir.Call(ir.Attr(CACHE, "rotary"),
+                                                   (ir.Ref("self.omega"), source, rows)),
+                           ir.Note(text="the new positions' angles, shared by every layer"))
+        body[j:j + 3] = [ir.If(NO_CACHE, (st, cos, sin), (shared,))]
+        m.body = body
+        return True
+    return False
+
+
+def _assigns(st: ir.Stmt, target: str, value: ir.Expr | None = None) -> bool:
+    return isinstance(st, ir.Assign) and st.targets == (target,) and value in (None, st.value)
+
+
+def _method(obj: str, name: str) -> ir.Call:
+    return ir.Call(ir.Attr(ir.Ref(obj), name))
+
+
+def _refs(node) -> set[str]:
+    """The attributes of the module (`self.d`) that `node` reads."""
+    found: set[str] = set()
+    ir.rewrite(node, lambda e: found.add(e.id) if isinstance(e, ir.Ref) and
+             e.id.startswith("self.") else None)
+    return found
 
 
 # ------------------------------------------------------------------ modules above
