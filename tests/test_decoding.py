@@ -3,6 +3,8 @@ cache, give the logits of full recomputation; the sampling cards decode through 
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from torch import nn
