@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PRESETS = {
-    "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, w=64, eps=1e-06, s=32.0, c_attn=50.0, c_f=30.0, theta_base=10000.0),
-    "gemma2-2b": dict(V=256000, D=2304, H=8, H_kv=4, d=256, D_f=9216, N=26, ctx=8192, w=4096, eps=1e-06, s=256.0, c_attn=50.0, c_f=30.0, theta_base=10000.0),
+    "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, w=64, eps=1e-06, s=32.0, c_attn=50.0, c_f=30.0, theta_base=10000.0, v_pad=0),
+    "gemma2-2b": dict(V=256000, D=2304, H=8, H_kv=4, d=256, D_f=9216, N=26, ctx=8192, w=4096, eps=1e-06, s=256.0, c_attn=50.0, c_f=30.0, theta_base=10000.0, v_pad=0),
 }
 
 
@@ -89,14 +89,14 @@ def SoftCappedHead(Q, K, V, s, c_attn, w, cache=None):
     """Y ← SoftCappedHead(Q, K, V | s, c_attn, w): Softmax attention of one head over scores scaled
     by 1/√s and soft-capped at ±c_attn, row t seeing the positions t′ with t − w < t′ ≤ t.
 
-    Card: cards/gemma2.card:89
+    Card: cards/gemma2.card:90
     """
     if cache is not None:
-        K, V = cache.extend(None, K, V, keep=w)  # the cached positions come first  [gemma2.card:95]
-    S = Q @ K.transpose(-2, -1) / math.sqrt(s)  # (…, T, T)  [gemma2.card:95]
-    S = c_attn * torch.tanh(S / c_attn)  # (…, T, T)  [gemma2.card:96]
-    S = S.masked_fill(~(~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w)), -math.inf)  # the hidden positions  [gemma2.card:97]
-    return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [gemma2.card:99]
+        K, V = cache.extend(None, K, V, keep=w)  # the cached positions come first  [gemma2.card:96]
+    S = Q @ K.transpose(-2, -1) / math.sqrt(s)  # (…, T, T)  [gemma2.card:96]
+    S = c_attn * torch.tanh(S / c_attn)  # (…, T, T)  [gemma2.card:97]
+    S = S.masked_fill(~(~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w)), -math.inf)  # the hidden positions  [gemma2.card:98]
+    return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [gemma2.card:100]
 
 
 def SoftCappedGroup(K, V, Q, theta_base, s, c_attn, w, cache=None):
@@ -104,25 +104,25 @@ def SoftCappedGroup(K, V, Q, theta_base, s, c_attn, w, cache=None):
     and one value head, row t of each seeing the positions t′ with t − w < t′ ≤ t; queries
     and keys are turned by RoPE first.
 
-    Card: cards/gemma2.card:78
+    Card: cards/gemma2.card:79
     """
     past = 0 if cache is None else cache.pos  # tokens decoded before these
     D_g = Q.shape[-1]
     d = K.shape[-1]
-    K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gemma2.card:85]
-    Y_j = SoftCappedHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), s=s, c_attn=c_attn, w=w, cache=cache)  # (…, G, T, d): every j at once  [gemma2.card:86]
-    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [gemma2.card:87]
+    K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gemma2.card:86]
+    Y_j = SoftCappedHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), s=s, c_attn=c_attn, w=w, cache=cache)  # (…, G, T, d): every j at once  [gemma2.card:87]
+    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [gemma2.card:88]
 
 
 def GemmaRMSNorm(e, gamma, eps):
     """ê ← GemmaRMSNorm(e | γ): Root-mean-square normalisation whose gains are stored less one:
     the scale is 1 + γ, so γ = 0 is the identity.
 
-    Card: cards/gemma2.card:41
+    Card: cards/gemma2.card:42
     """
     D = e.shape[-1]
-    s = (e ** 2 / D).sum(-1)  # (…,)  [gemma2.card:47]
-    return e / torch.sqrt(s + eps)[..., None] * (1 + gamma)  # (…, D)  [gemma2.card:48]
+    s = (e ** 2 / D).sum(-1)  # (…,)  [gemma2.card:48]
+    return e / torch.sqrt(s + eps)[..., None] * (1 + gamma)  # (…, D)  [gemma2.card:49]
 
 
 class SoftCappedAttention(nn.Module):
@@ -130,7 +130,7 @@ class SoftCappedAttention(nn.Module):
     over a window of w positions, its scores Q K^⊺/√s soft-capped at ±c_attn: H query heads
     of width d, H_kv key/value heads each shared by G = H/H_kv consecutive query heads.
 
-    Card: cards/gemma2.card:60
+    Card: cards/gemma2.card:61
     """
 
     def __init__(self, D: int, H: int, H_kv: int, d: int, w: int, s: float, c_attn: float, theta_base: float = 10000):
@@ -144,37 +144,37 @@ class SoftCappedAttention(nn.Module):
         self.c_attn = c_attn
         self.theta_base = theta_base
         self.G = H // H_kv
-        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [gemma2.card:68]
-        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [gemma2.card:69]
-        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [gemma2.card:69]
-        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [gemma2.card:70]
+        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [gemma2.card:69]
+        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [gemma2.card:70]
+        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [gemma2.card:70]
+        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [gemma2.card:71]
 
     def forward(self, X, cache=None):
-        Q = X @ self.W_q  # (B, T, H d)  [gemma2.card:71]
-        K = X @ self.W_k  # (B, T, H_kv d)  [gemma2.card:72]
-        V = X @ self.W_v  # (B, T, H_kv d)  [gemma2.card:73]
-        Y_g = SoftCappedGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, s=self.s, c_attn=self.c_attn, w=self.w, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [gemma2.card:74]
-        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [gemma2.card:75]
-        return Y @ self.W_o  # (B, T, D)  [gemma2.card:76]
+        Q = X @ self.W_q  # (B, T, H d)  [gemma2.card:72]
+        K = X @ self.W_k  # (B, T, H_kv d)  [gemma2.card:73]
+        V = X @ self.W_v  # (B, T, H_kv d)  [gemma2.card:74]
+        Y_g = SoftCappedGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, s=self.s, c_attn=self.c_attn, w=self.w, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [gemma2.card:75]
+        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [gemma2.card:76]
+        return Y @ self.W_o  # (B, T, D)  [gemma2.card:77]
 
 
 class GeGLU(nn.Module):
     """Y ← GeGLU(X | W): Position-wise feed-forward network with a GELU-gated linear unit (GELU's
     tanh approximation), no biases.
 
-    Card: cards/gemma2.card:50
+    Card: cards/gemma2.card:51
     """
 
     def __init__(self, D: int, D_f: int):
         super().__init__()
         self.D = D
         self.D_f = D_f
-        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [gemma2.card:56]
-        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [gemma2.card:56]
-        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [gemma2.card:57]
+        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [gemma2.card:57]
+        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [gemma2.card:57]
+        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [gemma2.card:58]
 
     def forward(self, X):
-        return F.gelu(X @ self.W_gate, approximate="tanh") * (X @ self.W_up) @ self.W_down  # (B, T, D)  [gemma2.card:58]
+        return F.gelu(X @ self.W_gate, approximate="tanh") * (X @ self.W_up) @ self.W_down  # (B, T, D)  [gemma2.card:59]
 
 
 class Gemma2Block(nn.Module):
@@ -182,7 +182,7 @@ class Gemma2Block(nn.Module):
     GeGLU MLP, each between two RMSNorms (of its input and of its output) and added to the
     residual stream.
 
-    Card: cards/gemma2.card:25
+    Card: cards/gemma2.card:26
     """
 
     def __init__(self, D: int, w: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, s: int, c_attn: int, D_f: int):
@@ -197,17 +197,17 @@ class Gemma2Block(nn.Module):
         self.s = s
         self.c_attn = c_attn
         self.D_f = D_f
-        self.gamma1 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:31]
-        self.gamma2 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:33]
-        self.gamma3 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:34]
-        self.gamma4 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:36]
-        self.attn = SoftCappedAttention(D=D, H=H, H_kv=H_kv, d=d, w=w, s=s, c_attn=c_attn, theta_base=theta_base)  # [gemma2.card:32]
-        self.mlp = GeGLU(D=D, D_f=D_f)  # [gemma2.card:35]
+        self.gamma1 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:32]
+        self.gamma2 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:34]
+        self.gamma3 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:35]
+        self.gamma4 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:37]
+        self.attn = SoftCappedAttention(D=D, H=H, H_kv=H_kv, d=d, w=w, s=s, c_attn=c_attn, theta_base=theta_base)  # [gemma2.card:33]
+        self.mlp = GeGLU(D=D, D_f=D_f)  # [gemma2.card:36]
 
     def forward(self, X, cache=None):
-        X = X + GemmaRMSNorm(self.attn(GemmaRMSNorm(X, gamma=self.gamma1, eps=self.eps), cache=cache), gamma=self.gamma2, eps=self.eps)  # (B, T, D)  [gemma2.card:37]
-        X = X + GemmaRMSNorm(self.mlp(GemmaRMSNorm(X, gamma=self.gamma3, eps=self.eps)), gamma=self.gamma4, eps=self.eps)  # (B, T, D)  [gemma2.card:38]
-        return X  # (B, T, D)  [gemma2.card:39]
+        X = X + GemmaRMSNorm(self.attn(GemmaRMSNorm(X, gamma=self.gamma1, eps=self.eps), cache=cache), gamma=self.gamma2, eps=self.eps)  # (B, T, D)  [gemma2.card:38]
+        X = X + GemmaRMSNorm(self.mlp(GemmaRMSNorm(X, gamma=self.gamma3, eps=self.eps)), gamma=self.gamma4, eps=self.eps)  # (B, T, D)  [gemma2.card:39]
+        return X  # (B, T, D)  [gemma2.card:40]
 
 
 class Gemma2(nn.Module):
@@ -220,7 +220,7 @@ class Gemma2(nn.Module):
     Card: cards/gemma2.card:1
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, w: int, s: float, c_attn: float, c_f: float, eps: float = 1e-06, theta_base: float = 10000):
+    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, w: int, s: float, c_attn: float, c_f: float, eps: float = 1e-06, theta_base: float = 10000, v_pad: int = 0):
         super().__init__()
         self.V = V
         self.D = D
@@ -236,22 +236,23 @@ class Gemma2(nn.Module):
         self.c_f = c_f
         self.eps = eps
         self.theta_base = theta_base
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [gemma2.card:10]
-        self.gamma_f = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:14]
+        self.v_pad = v_pad
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [gemma2.card:11]
+        self.gamma_f = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:15]
         self.local = nn.ModuleList(
             Gemma2Block(D=D, w=w, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, s=s, c_attn=c_attn, D_f=D_f) for _ in range(N // 2)
-        )  # [gemma2.card:12]
+        )  # [gemma2.card:13]
         self.global_ = nn.ModuleList(
             Gemma2Block(D=D, w=ctx, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, s=s, c_attn=c_attn, D_f=D_f) for _ in range(N // 2)
-        )  # [gemma2.card:13]
+        )  # [gemma2.card:14]
 
     def forward(self, x, targets=None, cache=None):
-        E = self.W_e[x] * math.sqrt(self.D)  # (B, T, D)  [gemma2.card:17]
-        for l in range(self.N // 2):  # [gemma2.card:18]
-            E = self.local[l](E, cache=cache)  # (B, T, D)  [gemma2.card:19]
-            E = self.global_[l](E, cache=cache)  # (B, T, D)  [gemma2.card:20]
-        E = GemmaRMSNorm(E, gamma=self.gamma_f, eps=self.eps)  # (B, T, D)  [gemma2.card:22]
-        P = self.c_f * torch.tanh(E @ self.W_e.T / self.c_f)  # (B, T, V)  [gemma2.card:23]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None) * math.sqrt(self.D)  # (B, T, D)  [gemma2.card:18]
+        for l in range(self.N // 2):  # [gemma2.card:19]
+            E = self.local[l](E, cache=cache)  # (B, T, D)  [gemma2.card:20]
+            E = self.global_[l](E, cache=cache)  # (B, T, D)  [gemma2.card:21]
+        E = GemmaRMSNorm(E, gamma=self.gamma_f, eps=self.eps)  # (B, T, D)  [gemma2.card:23]
+        P = self.c_f * torch.tanh(E @ self.W_e.T / self.c_f)  # (B, T, V)  [gemma2.card:24]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]
         if targets is None:

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PRESETS = {
-    "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, eps=1e-05, w=64, theta_base=10000.0),
-    "mistral-7b-v0.1": dict(V=32000, D=4096, H=32, H_kv=8, d=128, D_f=14336, N=32, ctx=32768, eps=1e-05, w=4096, theta_base=10000.0),
+    "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, eps=1e-05, w=64, theta_base=10000.0, v_pad=0),
+    "mistral-7b-v0.1": dict(V=32000, D=4096, H=32, H_kv=8, d=128, D_f=14336, N=32, ctx=32768, eps=1e-05, w=4096, theta_base=10000.0, v_pad=0),
 }
 
 
@@ -100,25 +100,25 @@ def WindowHead(Q, K, V, w, cache=None):
     """Y ← WindowHead(Q, K, V | w): Softmax attention of one head, row t seeing the positions t′
     with t − w < t′ ≤ t.
 
-    Card: cards/mistral.card:65
+    Card: cards/mistral.card:66
     """
     if cache is not None:
-        K, V = cache.extend(None, K, V, keep=w)  # the cached positions come first  [mistral.card:70]
-    return grouped_sdpa(Q, K, V, attn_mask=~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w))  # (…, T, d_v)  [mistral.card:73]
+        K, V = cache.extend(None, K, V, keep=w)  # the cached positions come first  [mistral.card:71]
+    return grouped_sdpa(Q, K, V, attn_mask=~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w))  # (…, T, d_v)  [mistral.card:74]
 
 
 def WindowGroup(K, V, Q, theta_base, w, cache=None):
     """Y ← WindowGroup(K, V, Q | θ_base, w): G heads that share one key and one value head, each
     over the window of w positions up to its own; queries and keys are turned by RoPE first.
 
-    Card: cards/mistral.card:54
+    Card: cards/mistral.card:55
     """
     past = 0 if cache is None else cache.pos  # tokens decoded before these
     D_g = Q.shape[-1]
     d = K.shape[-1]
-    K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [mistral.card:61]
-    Y_j = WindowHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), w=w, cache=cache)  # (…, G, T, d): every j at once  [mistral.card:62]
-    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [mistral.card:63]
+    K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [mistral.card:62]
+    Y_j = WindowHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), w=w, cache=cache)  # (…, G, T, d): every j at once  [mistral.card:63]
+    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [mistral.card:64]
 
 
 class SlidingWindowAttention(nn.Module):
@@ -127,7 +127,7 @@ class SlidingWindowAttention(nn.Module):
     heads each shared by G = H/H_kv consecutive query heads, and row t seeing the w
     positions up to itself.
 
-    Card: cards/mistral.card:37
+    Card: cards/mistral.card:38
     """
 
     def __init__(self, D: int, H: int, H_kv: int, d: int, w: int, theta_base: float = 10000):
@@ -139,18 +139,18 @@ class SlidingWindowAttention(nn.Module):
         self.w = w
         self.theta_base = theta_base
         self.G = H // H_kv
-        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [mistral.card:44]
-        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [mistral.card:45]
-        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [mistral.card:45]
-        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [mistral.card:46]
+        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [mistral.card:45]
+        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [mistral.card:46]
+        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [mistral.card:46]
+        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [mistral.card:47]
 
     def forward(self, X, cache=None):
-        Q = X @ self.W_q  # (B, T, H d)  [mistral.card:47]
-        K = X @ self.W_k  # (B, T, H_kv d)  [mistral.card:48]
-        V = X @ self.W_v  # (B, T, H_kv d)  [mistral.card:49]
-        Y_g = WindowGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, w=self.w, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [mistral.card:50]
-        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [mistral.card:51]
-        return Y @ self.W_o  # (B, T, D)  [mistral.card:52]
+        Q = X @ self.W_q  # (B, T, H d)  [mistral.card:48]
+        K = X @ self.W_k  # (B, T, H_kv d)  [mistral.card:49]
+        V = X @ self.W_v  # (B, T, H_kv d)  [mistral.card:50]
+        Y_g = WindowGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, w=self.w, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [mistral.card:51]
+        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [mistral.card:52]
+        return Y @ self.W_o  # (B, T, D)  [mistral.card:53]
 
 
 class SwiGLU(nn.Module):
@@ -176,7 +176,7 @@ class MistralBlock(nn.Module):
     """X ← MistralBlock(X | θ): A pre-norm Mistral block: sliding-window grouped-query attention,
     then a SwiGLU MLP, each added to the residual stream.
 
-    Card: cards/mistral.card:23
+    Card: cards/mistral.card:24
     """
 
     def __init__(self, D: int, w: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, D_f: int):
@@ -189,15 +189,15 @@ class MistralBlock(nn.Module):
         self.H_kv = H_kv
         self.d = d
         self.D_f = D_f
-        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [mistral.card:29]
-        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [mistral.card:31]
-        self.attn = SlidingWindowAttention(D=D, H=H, H_kv=H_kv, d=d, w=w, theta_base=theta_base)  # [mistral.card:30]
-        self.mlp = SwiGLU(D=D, D_f=D_f)  # [mistral.card:32]
+        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [mistral.card:30]
+        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [mistral.card:32]
+        self.attn = SlidingWindowAttention(D=D, H=H, H_kv=H_kv, d=d, w=w, theta_base=theta_base)  # [mistral.card:31]
+        self.mlp = SwiGLU(D=D, D_f=D_f)  # [mistral.card:33]
 
     def forward(self, X, cache=None):
-        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [mistral.card:33]
-        X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [mistral.card:34]
-        return X  # (B, T, D)  [mistral.card:35]
+        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [mistral.card:34]
+        X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [mistral.card:35]
+        return X  # (B, T, D)  [mistral.card:36]
 
 
 class Mistral(nn.Module):
@@ -208,7 +208,7 @@ class Mistral(nn.Module):
     Card: cards/mistral.card:1
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, w: int, eps: float = 1e-05, theta_base: float = 10000):
+    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, w: int, eps: float = 1e-05, theta_base: float = 10000, v_pad: int = 0):
         super().__init__()
         self.V = V
         self.D = D
@@ -221,19 +221,20 @@ class Mistral(nn.Module):
         self.w = w
         self.eps = eps
         self.theta_base = theta_base
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [mistral.card:9]
-        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [mistral.card:12]
-        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [mistral.card:13]
+        self.v_pad = v_pad
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [mistral.card:10]
+        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [mistral.card:13]
+        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [mistral.card:14]
         self.block = nn.ModuleList(
             MistralBlock(D=D, w=w, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, D_f=D_f) for _ in range(N)
-        )  # [mistral.card:11]
+        )  # [mistral.card:12]
 
     def forward(self, x, targets=None, cache=None):
-        E = self.W_e[x]  # (B, T, D)  [mistral.card:16]
-        for block in self.block:  # [mistral.card:17]
-            E = block(E, cache=cache)  # (B, T, D)  [mistral.card:18]
-        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [mistral.card:20]
-        P = E @ self.W_u  # (B, T, V)  [mistral.card:21]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [mistral.card:17]
+        for block in self.block:  # [mistral.card:18]
+            E = block(E, cache=cache)  # (B, T, D)  [mistral.card:19]
+        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [mistral.card:21]
+        P = E @ self.W_u  # (B, T, V)  [mistral.card:22]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]
         if targets is None:

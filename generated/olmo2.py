@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PRESETS = {
-    "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, eps=1e-06, theta_base=500000.0),
-    "olmo2-1b": dict(V=100352, D=2048, H=16, H_kv=16, d=128, D_f=8192, N=16, ctx=4096, eps=1e-06, theta_base=500000.0),
+    "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, eps=1e-06, theta_base=500000.0, v_pad=0),
+    "olmo2-1b": dict(V=100352, D=2048, H=16, H_kv=16, d=128, D_f=8192, N=16, ctx=4096, eps=1e-06, theta_base=500000.0, v_pad=0),
 }
 
 
@@ -125,7 +125,7 @@ class QKNormedAttention(nn.Module):
     together) are each normalised by one RMSNorm before the heads split: H query heads of
     width d, H_kv key/value heads each shared by G = H/H_kv consecutive query heads.
 
-    Card: cards/olmo2.card:36
+    Card: cards/olmo2.card:37
     """
 
     def __init__(self, D: int, H: int, H_kv: int, d: int, eps: float, theta_base: float = 500000):
@@ -137,20 +137,20 @@ class QKNormedAttention(nn.Module):
         self.eps = eps
         self.theta_base = theta_base
         self.G = H // H_kv
-        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [olmo2.card:44]
-        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [olmo2.card:45]
-        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [olmo2.card:45]
-        self.gamma_q = nn.Parameter(torch.ones(H * d))  # (H d,)  [olmo2.card:46]
-        self.gamma_k = nn.Parameter(torch.ones(H_kv * d))  # (H_kv d,)  [olmo2.card:47]
-        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [olmo2.card:48]
+        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [olmo2.card:45]
+        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [olmo2.card:46]
+        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [olmo2.card:46]
+        self.gamma_q = nn.Parameter(torch.ones(H * d))  # (H d,)  [olmo2.card:47]
+        self.gamma_k = nn.Parameter(torch.ones(H_kv * d))  # (H_kv d,)  [olmo2.card:48]
+        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [olmo2.card:49]
 
     def forward(self, X, cache=None):
-        Q = F.rms_norm(X @ self.W_q, (self.H * self.d,), self.gamma_q, self.eps)  # (B, T, H d)  [olmo2.card:49]
-        K = F.rms_norm(X @ self.W_k, (self.H_kv * self.d,), self.gamma_k, self.eps)  # (B, T, H_kv d)  [olmo2.card:50]
-        V = X @ self.W_v  # (B, T, H_kv d)  [olmo2.card:51]
-        Y_g = AttentionGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [olmo2.card:52]
-        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [olmo2.card:53]
-        return Y @ self.W_o  # (B, T, D)  [olmo2.card:54]
+        Q = F.rms_norm(X @ self.W_q, (self.H * self.d,), self.gamma_q, self.eps)  # (B, T, H d)  [olmo2.card:50]
+        K = F.rms_norm(X @ self.W_k, (self.H_kv * self.d,), self.gamma_k, self.eps)  # (B, T, H_kv d)  [olmo2.card:51]
+        V = X @ self.W_v  # (B, T, H_kv d)  [olmo2.card:52]
+        Y_g = AttentionGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [olmo2.card:53]
+        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [olmo2.card:54]
+        return Y @ self.W_o  # (B, T, D)  [olmo2.card:55]
 
 
 class SwiGLU(nn.Module):
@@ -177,7 +177,7 @@ class OLMo2Block(nn.Module):
     normalised by an RMSNorm and then added to the residual stream, which itself is never
     normalised.
 
-    Card: cards/olmo2.card:22
+    Card: cards/olmo2.card:23
     """
 
     def __init__(self, D: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, D_f: int):
@@ -189,15 +189,15 @@ class OLMo2Block(nn.Module):
         self.H_kv = H_kv
         self.d = d
         self.D_f = D_f
-        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:29]
-        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:31]
-        self.attn = QKNormedAttention(D=D, H=H, H_kv=H_kv, d=d, eps=eps, theta_base=theta_base)  # [olmo2.card:28]
-        self.mlp = SwiGLU(D=D, D_f=D_f)  # [olmo2.card:30]
+        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:30]
+        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:32]
+        self.attn = QKNormedAttention(D=D, H=H, H_kv=H_kv, d=d, eps=eps, theta_base=theta_base)  # [olmo2.card:29]
+        self.mlp = SwiGLU(D=D, D_f=D_f)  # [olmo2.card:31]
 
     def forward(self, X, cache=None):
-        X = X + F.rms_norm(self.attn(X, cache=cache), (self.D,), self.gamma1, self.eps)  # (B, T, D)  [olmo2.card:32]
-        X = X + F.rms_norm(self.mlp(X), (self.D,), self.gamma2, self.eps)  # (B, T, D)  [olmo2.card:33]
-        return X  # (B, T, D)  [olmo2.card:34]
+        X = X + F.rms_norm(self.attn(X, cache=cache), (self.D,), self.gamma1, self.eps)  # (B, T, D)  [olmo2.card:33]
+        X = X + F.rms_norm(self.mlp(X), (self.D,), self.gamma2, self.eps)  # (B, T, D)  [olmo2.card:34]
+        return X  # (B, T, D)  [olmo2.card:35]
 
 
 class OLMo2(nn.Module):
@@ -208,7 +208,7 @@ class OLMo2(nn.Module):
     Card: cards/olmo2.card:1
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 500000):
+    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 500000, v_pad: int = 0):
         super().__init__()
         self.V = V
         self.D = D
@@ -220,19 +220,20 @@ class OLMo2(nn.Module):
         self.ctx = ctx
         self.eps = eps
         self.theta_base = theta_base
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [olmo2.card:8]
-        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:11]
-        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [olmo2.card:12]
+        self.v_pad = v_pad
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [olmo2.card:9]
+        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:12]
+        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [olmo2.card:13]
         self.block = nn.ModuleList(
             OLMo2Block(D=D, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, D_f=D_f) for _ in range(N)
-        )  # [olmo2.card:10]
+        )  # [olmo2.card:11]
 
     def forward(self, x, targets=None, cache=None):
-        E = self.W_e[x]  # (B, T, D)  [olmo2.card:15]
-        for block in self.block:  # [olmo2.card:16]
-            E = block(E, cache=cache)  # (B, T, D)  [olmo2.card:17]
-        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [olmo2.card:19]
-        P = E @ self.W_u  # (B, T, V)  [olmo2.card:20]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [olmo2.card:16]
+        for block in self.block:  # [olmo2.card:17]
+            E = block(E, cache=cache)  # (B, T, D)  [olmo2.card:18]
+        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [olmo2.card:20]
+        P = E @ self.W_u  # (B, T, V)  [olmo2.card:21]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]
         if targets is None:

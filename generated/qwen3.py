@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PRESETS = {
-    "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, eps=1e-06, theta_base=1000000.0),
-    "qwen3-0.6b": dict(V=151936, D=1024, H=16, H_kv=8, d=128, D_f=3072, N=28, ctx=40960, eps=1e-06, theta_base=1000000.0),
+    "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, eps=1e-06, theta_base=1000000.0, v_pad=0),
+    "qwen3-0.6b": dict(V=151936, D=1024, H=16, H_kv=8, d=128, D_f=3072, N=28, ctx=40960, eps=1e-06, theta_base=1000000.0, v_pad=0),
 }
 
 
@@ -108,14 +108,14 @@ def QKNormGroup(K, V, Q, gamma_q, gamma_k, eps, theta_base, cache=None):
     """Y ← QKNormGroup(K, V, Q | γ_q, γ_k): G causal heads that share one key and one value head;
     queries and keys are normalised by an RMSNorm, then turned by RoPE.
 
-    Card: cards/qwen3.card:75
+    Card: cards/qwen3.card:77
     """
     past = 0 if cache is None else cache.pos  # tokens decoded before these
     d = K.shape[-1]
     D_g = Q.shape[-1]
-    K_tilde = rotate_half(F.rms_norm(K, (d,), gamma_k, eps), theta_base, past=past)  # (…, T, d)  [qwen3.card:83]
-    Y_j = CausalHead(rotate_half(F.rms_norm(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), (d,), gamma_q, eps), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), cache=cache)  # (…, G, T, d): every j at once  [qwen3.card:84]
-    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [qwen3.card:85]
+    K_tilde = rotate_half(F.rms_norm(K, (d,), gamma_k, eps), theta_base, past=past)  # (…, T, d)  [qwen3.card:85]
+    Y_j = CausalHead(rotate_half(F.rms_norm(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), (d,), gamma_q, eps), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), cache=cache)  # (…, G, T, d): every j at once  [qwen3.card:86]
+    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [qwen3.card:87]
 
 
 class QKNormAttention(nn.Module):
@@ -124,7 +124,7 @@ class QKNormAttention(nn.Module):
     H query heads of width d (not necessarily D/H), and H_kv key/value heads, each shared by
     G = H/H_kv consecutive query heads.
 
-    Card: cards/qwen3.card:56
+    Card: cards/qwen3.card:58
     """
 
     def __init__(self, D: int, H: int, H_kv: int, d: int, eps: float, theta_base: float = 1000000):
@@ -136,20 +136,20 @@ class QKNormAttention(nn.Module):
         self.eps = eps
         self.theta_base = theta_base
         self.G = H // H_kv
-        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [qwen3.card:64]
-        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [qwen3.card:65]
-        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [qwen3.card:65]
-        self.gamma_q = nn.Parameter(torch.ones(d))  # (d,)  [qwen3.card:66]
-        self.gamma_k = nn.Parameter(torch.ones(d))  # (d,)  [qwen3.card:66]
-        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [qwen3.card:67]
+        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [qwen3.card:66]
+        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [qwen3.card:67]
+        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [qwen3.card:67]
+        self.gamma_q = nn.Parameter(torch.ones(d))  # (d,)  [qwen3.card:68]
+        self.gamma_k = nn.Parameter(torch.ones(d))  # (d,)  [qwen3.card:68]
+        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [qwen3.card:69]
 
     def forward(self, X, cache=None):
-        Q = X @ self.W_q  # (B, T, H d)  [qwen3.card:68]
-        K = X @ self.W_k  # (B, T, H_kv d)  [qwen3.card:69]
-        V = X @ self.W_v  # (B, T, H_kv d)  [qwen3.card:70]
-        Y_g = QKNormGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), gamma_q=self.gamma_q, gamma_k=self.gamma_k, eps=self.eps, theta_base=self.theta_base, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [qwen3.card:71]
-        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [qwen3.card:72]
-        return Y @ self.W_o  # (B, T, D)  [qwen3.card:73]
+        Q = X @ self.W_q  # (B, T, H d)  [qwen3.card:70]
+        K = X @ self.W_k  # (B, T, H_kv d)  [qwen3.card:71]
+        V = X @ self.W_v  # (B, T, H_kv d)  [qwen3.card:72]
+        Y_g = QKNormGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), gamma_q=self.gamma_q, gamma_k=self.gamma_k, eps=self.eps, theta_base=self.theta_base, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [qwen3.card:73]
+        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [qwen3.card:74]
+        return Y @ self.W_o  # (B, T, D)  [qwen3.card:75]
 
 
 class SwiGLU(nn.Module):
@@ -175,7 +175,7 @@ class Qwen3Block(nn.Module):
     """X ← Qwen3Block(X | θ): A pre-norm Qwen3 block: grouped-query attention with RMSNorm on each
     query and key head, then a SwiGLU MLP, each added to the residual stream.
 
-    Card: cards/qwen3.card:42
+    Card: cards/qwen3.card:44
     """
 
     def __init__(self, D: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, D_f: int):
@@ -187,15 +187,15 @@ class Qwen3Block(nn.Module):
         self.H_kv = H_kv
         self.d = d
         self.D_f = D_f
-        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:48]
-        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:50]
-        self.attn = QKNormAttention(D=D, H=H, H_kv=H_kv, d=d, eps=eps, theta_base=theta_base)  # [qwen3.card:49]
-        self.mlp = SwiGLU(D=D, D_f=D_f)  # [qwen3.card:51]
+        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:50]
+        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:52]
+        self.attn = QKNormAttention(D=D, H=H, H_kv=H_kv, d=d, eps=eps, theta_base=theta_base)  # [qwen3.card:51]
+        self.mlp = SwiGLU(D=D, D_f=D_f)  # [qwen3.card:53]
 
     def forward(self, X, cache=None):
-        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [qwen3.card:52]
-        X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [qwen3.card:53]
-        return X  # (B, T, D)  [qwen3.card:54]
+        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [qwen3.card:54]
+        X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [qwen3.card:55]
+        return X  # (B, T, D)  [qwen3.card:56]
 
 
 class Qwen3(nn.Module):
@@ -205,7 +205,7 @@ class Qwen3(nn.Module):
     Card: cards/qwen3.card:1
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 1000000):
+    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 1000000, v_pad: int = 0):
         super().__init__()
         self.V = V
         self.D = D
@@ -217,18 +217,19 @@ class Qwen3(nn.Module):
         self.ctx = ctx
         self.eps = eps
         self.theta_base = theta_base
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [qwen3.card:8]
-        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:11]
+        self.v_pad = v_pad
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [qwen3.card:9]
+        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:12]
         self.block = nn.ModuleList(
             Qwen3Block(D=D, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, D_f=D_f) for _ in range(N)
-        )  # [qwen3.card:10]
+        )  # [qwen3.card:11]
 
     def forward(self, x, targets=None, cache=None):
-        E = self.W_e[x]  # (B, T, D)  [qwen3.card:14]
-        for block in self.block:  # [qwen3.card:15]
-            E = block(E, cache=cache)  # (B, T, D)  [qwen3.card:16]
-        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen3.card:18]
-        P = E @ self.W_e.T  # (B, T, V)  [qwen3.card:19]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [qwen3.card:15]
+        for block in self.block:  # [qwen3.card:16]
+            E = block(E, cache=cache)  # (B, T, D)  [qwen3.card:17]
+        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen3.card:19]
+        P = E @ self.W_e.T  # (B, T, V)  [qwen3.card:20]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]
         if targets is None:

@@ -61,16 +61,19 @@ FAMILIES = {
     "qwen3-untied": Family("cards/qwen3.card", "Qwen3Untied", "Qwen3ForCausalLM", False),
     "mistral": Family("cards/mistral.card", "Mistral", "MistralForCausalLM", False),
     "olmo2": Family("cards/olmo2.card", "OLMo2", "Olmo2ForCausalLM", False),
+    "stablelm2": Family("cards/stablelm2.card", "StableLM2", "StableLmForCausalLM", False),
     "bert": Family("cards/bert.card", "BERT", "BertModel", True),
     "bert-mlm": Family("cards/bert.card", "BERTForMaskedLM", "BertForMaskedLM", True),
 }
-THETA = {"llama": 10000.0, "qwen2": 1e6, "qwen3": 1e6, "mistral": 1e4, "olmo2": 5e5}
+THETA = {"llama": 10000.0, "qwen2": 1e6, "qwen3": 1e6, "mistral": 1e4, "olmo2": 5e5, "stablelm2": 1e4}
 EXTRA = {  # what each family's config sets beyond Llama's: heads wider than D/H, a window
     "qwen2": {"use_sliding_window": False},
     "qwen3": {"head_dim": 16},
     "mistral": {"head_dim": 16, "sliding_window": 5},
     "olmo2": {"pad_token_id": None, "eos_token_id": None},
+    "stablelm2": {"partial_rotary_factor": 0.5, "use_qkv_bias": True, "pad_token_id": 5},
 }
+EPS_KEY = {"stablelm2": "layer_norm_eps"}  # the config key of ε where it is not rms_norm_eps
 
 
 def config_of(key: str, fam: Family):
@@ -84,8 +87,8 @@ def config_of(key: str, fam: Family):
     cfg = getattr(transformers, fam.cls.replace("ForCausalLM", "Config"))
     return cfg(vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
                num_key_value_heads=H_KV, intermediate_size=D_F, max_position_embeddings=CTX,
-               rope_theta=THETA[family], rms_norm_eps=1e-5, tie_word_embeddings=fam.tied,
-               attention_dropout=0.0, **extra)
+               rope_theta=THETA[family], tie_word_embeddings=fam.tied, attention_dropout=0.0,
+               **{EPS_KEY.get(family, "rms_norm_eps"): 1e-5}, **extra)
 
 
 def make_hf(key: str, fam: Family):
@@ -196,8 +199,10 @@ def test_export_is_bit_exact(case, inputs, tmp_path, capsys):
     if fam.cls != "BertModel":  # which has no unembedding to tie
         assert config["tie_word_embeddings"] is fam.tied
     family = key.split("-")[0]
-    if family in THETA:
-        assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": THETA[family]}
+    if family in THETA:  # partial_rotary_factor is solved back from the card's d_r
+        rope = {k: v for k, v in EXTRA.get(family, {}).items() if k == "partial_rotary_factor"}
+        assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": THETA[family],
+                                             **rope}
 
     back = from_pretrained(fam, dest)
     assert type(back).__name__ == fam.cls

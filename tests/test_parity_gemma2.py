@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 V, D, N, H, H_KV, HEAD, D_F, CTX, WINDOW, THETA, EPS = 101, 48, 4, 4, 2, 16, 96, 64, 5, 1e4, 1e-6
 SCALAR, CAP_ATTN, CAP_FINAL = 20, 2.0, 3.0
 B, T = 3, 17
+PAD = 5  # a pad token (0-based, as transformers counts) that the input holds
 LAYER = {  # Hugging Face's name in a layer → the card's in a block, and whether transposed
     "self_attn.q_proj.weight": ("attn.W_q", True), "self_attn.k_proj.weight": ("attn.W_k", True),
     "self_attn.v_proj.weight": ("attn.W_v", True), "self_attn.o_proj.weight": ("attn.W_o", True),
@@ -56,7 +57,7 @@ def make_hf():
         max_position_embeddings=CTX, sliding_window=WINDOW, query_pre_attn_scalar=SCALAR,
         attn_logit_softcapping=CAP_ATTN, final_logit_softcapping=CAP_FINAL, rope_theta=THETA,
         rms_norm_eps=EPS, tie_word_embeddings=True, attention_dropout=0.0,
-        pad_token_id=None)  # the card's embedding has no padding row
+        pad_token_id=PAD)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     hf = transformers.Gemma2ForCausalLM(config).float().eval()
@@ -67,9 +68,10 @@ def make_hf():
     return hf
 
 
-def make_ours(window: int = WINDOW, cap_attn: float = CAP_ATTN, cap_final: float = CAP_FINAL):
+def make_ours(window: int = WINDOW, cap_attn: float = CAP_ATTN, cap_final: float = CAP_FINAL,
+              v_pad: int = PAD + 1):  # the card counts token IDs from 1
     hypers = dict(V=V, D=D, H=H, H_kv=H_KV, d=HEAD, D_f=D_F, N=N, ctx=CTX, w=window, s=SCALAR,
-                  c_attn=cap_attn, c_f=cap_final, ε=EPS, θ_base=THETA)
+                  c_attn=cap_attn, c_f=cap_final, ε=EPS, θ_base=THETA, v_pad=v_pad)
     model = build_model(str(ROOT / "cards" / "gemma2.card"), None, hypers,
                         library=str(ROOT / "cards"))
     return model.float().eval()
@@ -84,6 +86,7 @@ def pair():
     ours.load_state_dict({mine: (params[name].detach().T if t else params[name].detach()).clone()
                           for name, (mine, t) in table.items()}, strict=True)
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
+    idx[:, ::4] = PAD  # the padding row is read, so its gradient is compared
     return hf, ours, table, idx
 
 
@@ -131,3 +134,12 @@ def test_a_tiny_gemma2_trains_and_samples(tmp_path):
     assert last < first, r.stdout
     s = cardc("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
     assert s.returncode == 0, s.stderr
+
+
+def test_a_card_without_the_padding_row_is_caught(pair):
+    """A negative control: with v_pad = 0 the pad row takes a gradient transformers does not."""
+    hf, ours, table, idx = pair
+    broken = make_ours(v_pad=0)
+    broken.load_state_dict(ours.state_dict(), strict=True)
+    diffs = next_token_grad_diffs(hf, broken, table, idx)
+    assert max(diffs.values()) > 1e-3, "a card without the padding row matched its gradient"

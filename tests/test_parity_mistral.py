@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 V, D, N, H, H_KV, HEAD, D_F, CTX, WINDOW, THETA, EPS = 101, 48, 2, 4, 2, 16, 96, 64, 5, 1e4, 1e-5
 B, T = 3, 17
+PAD = 5  # a pad token (0-based, as transformers counts) that the input holds
 MAPPING = load_mapping(ROOT / "cards" / "mistral.card")
 
 
@@ -33,7 +34,7 @@ def make_hf(window: int | None = WINDOW):
         vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
         num_key_value_heads=H_KV, head_dim=HEAD, intermediate_size=D_F,
         max_position_embeddings=CTX, sliding_window=window, rope_theta=THETA, rms_norm_eps=EPS,
-        tie_word_embeddings=False, attention_dropout=0.0)
+        tie_word_embeddings=False, attention_dropout=0.0, pad_token_id=PAD)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     hf = transformers.MistralForCausalLM(config).float().eval()
@@ -45,9 +46,9 @@ def make_hf(window: int | None = WINDOW):
     return hf
 
 
-def make_ours(window: int = WINDOW):
+def make_ours(window: int = WINDOW, v_pad: int = PAD + 1):  # the card counts IDs from 1
     hypers = dict(V=V, D=D, H=H, H_kv=H_KV, d=HEAD, D_f=D_F, N=N, ctx=CTX, w=window, ε=EPS,
-                  θ_base=THETA)
+                  θ_base=THETA, v_pad=v_pad)
     model = build_model(str(ROOT / "cards" / "mistral.card"), None, hypers,
                         library=str(ROOT / "cards"))
     return model.float().eval()
@@ -58,6 +59,7 @@ def pair():
     hf, ours = make_hf(), make_ours()
     table = load_through_mapping(hf, ours, MAPPING, N, tied=False)
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
+    idx[:, ::4] = PAD  # the padding row is read, so its gradient is compared
     return hf, ours, table, idx
 
 
@@ -112,6 +114,7 @@ def test_cardc_import_of_a_saved_mistral_matches_its_logits(tmp_path):
               "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
+    idx[:, ::4] = PAD  # the padding row is read, so its gradient is compared
     with torch.no_grad():
         diff = max_diff(logits_of_run(tmp_path / "run", idx), hf(idx).logits)
     assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
@@ -130,6 +133,7 @@ def test_a_checkpoint_without_a_window_imports_as_the_whole_context(tmp_path):
     assert r.returncode == 0, r.stderr
     assert read_checkpoint(tmp_path / "run")[0]["hyperparameters"]["w"] == CTX
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
+    idx[:, ::4] = PAD  # the padding row is read, so its gradient is compared
     with torch.no_grad():
         diff = max_diff(logits_of_run(tmp_path / "run", idx), hf(idx).logits)
     assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
@@ -150,3 +154,12 @@ def test_a_tiny_mistral_trains_and_samples(tmp_path):
     assert last < first, r.stdout
     s = cardc("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
     assert s.returncode == 0, s.stderr
+
+
+def test_a_card_without_the_padding_row_is_caught(pair):
+    """A negative control: with v_pad = 0 the pad row takes a gradient transformers does not."""
+    hf, ours, table, idx = pair
+    broken = make_ours(v_pad=0)
+    broken.load_state_dict(ours.state_dict(), strict=True)
+    diffs = next_token_grad_diffs(hf, broken, table, idx)
+    assert max(diffs.values()) > 1e-3, "a card without the padding row matched its gradient"

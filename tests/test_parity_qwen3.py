@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 V, D, N, H, H_KV, HEAD, D_F, CTX, THETA, EPS = 101, 48, 2, 4, 2, 16, 96, 64, 1e6, 1e-6
 B, T = 3, 17
+PAD = 5  # a pad token (0-based, as transformers counts) that the input holds
 MAPPING = load_mapping(ROOT / "cards" / "qwen3.card")
 
 
@@ -34,7 +35,7 @@ def make_hf(tied: bool):
         vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
         num_key_value_heads=H_KV, head_dim=HEAD, intermediate_size=D_F,
         max_position_embeddings=CTX, rope_theta=THETA, rms_norm_eps=EPS,
-        tie_word_embeddings=tied, attention_dropout=0.0)
+        tie_word_embeddings=tied, attention_dropout=0.0, pad_token_id=PAD)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     hf = transformers.Qwen3ForCausalLM(config).float().eval()
@@ -46,8 +47,9 @@ def make_hf(tied: bool):
     return hf
 
 
-def make_ours(tied: bool):
-    hypers = dict(V=V, D=D, H=H, H_kv=H_KV, d=HEAD, D_f=D_F, N=N, ctx=CTX, ε=EPS, θ_base=THETA)
+def make_ours(tied: bool, v_pad: int = PAD + 1):  # the card counts IDs from 1
+    hypers = dict(V=V, D=D, H=H, H_kv=H_KV, d=HEAD, D_f=D_F, N=N, ctx=CTX, ε=EPS, θ_base=THETA,
+                  v_pad=v_pad)
     model = build_model(str(ROOT / "cards" / "qwen3.card"), None, hypers,
                         library=str(ROOT / "cards"), name=None if tied else "Qwen3Untied")
     return model.float().eval()
@@ -59,6 +61,7 @@ def pair(request):
     hf, ours = make_hf(tied), make_ours(tied)
     table = load_through_mapping(hf, ours, MAPPING, N, tied)
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
+    idx[:, ::4] = PAD  # the padding row is read, so its gradient is compared
     return hf, ours, table, idx, tied
 
 
@@ -114,6 +117,7 @@ def test_cardc_import_of_a_saved_qwen3_matches_its_logits(tmp_path):
               "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
+    idx[:, ::4] = PAD  # the padding row is read, so its gradient is compared
     with torch.no_grad():
         diff = max_diff(logits_of_run(tmp_path / "run", idx), hf(idx).logits)
     assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
@@ -150,3 +154,12 @@ def test_a_config_without_head_dim_reads_as_transformers_reads_it():
     want = transformers.Qwen3Config(**config).head_dim
     assert want != D // H
     assert preset_from_config(config, MAPPING)["d"] == want
+
+
+def test_a_card_without_the_padding_row_is_caught(pair):
+    """A negative control: with v_pad = 0 the pad row takes a gradient transformers does not."""
+    hf, ours, table, idx, tied = pair
+    broken = make_ours(tied, v_pad=0)
+    broken.load_state_dict(ours.state_dict(), strict=True)
+    diffs = next_token_grad_diffs(hf, broken, table, idx)
+    assert max(diffs.values()) > 1e-3, "a card without the padding row matched its gradient"
