@@ -1,5 +1,5 @@
-"""`cardc import` then `cardc export` of Llama, Qwen2, Qwen3 (tied and untied), Mistral, OLMo 2 and
-BERT (BertModel and BertForMaskedLM), as tests/test_interop.py does for GPT-2.
+"""`cardc import` then `cardc export` of Llama, Qwen2, Qwen3 (tied and untied), Mistral, OLMo 2,
+Gemma 2 (its layers paired by the mapping's {2i} and {2i+1}) and BERT (BertModel and BertForMaskedLM), as tests/test_interop.py does for GPT-2.
 
 For each, a small randomly initialised transformers model (no download; every parameter random,
 biases and norm gains included) is saved with `save_pretrained`, imported through the mapping
@@ -61,15 +61,19 @@ FAMILIES = {
     "qwen3-untied": Family("cards/qwen3.card", "Qwen3Untied", "Qwen3ForCausalLM", False),
     "mistral": Family("cards/mistral.card", "Mistral", "MistralForCausalLM", False),
     "olmo2": Family("cards/olmo2.card", "OLMo2", "Olmo2ForCausalLM", False),
+    "gemma2": Family("cards/gemma2.card", "Gemma2", "Gemma2ForCausalLM", True),
     "bert": Family("cards/bert.card", "BERT", "BertModel", True),
     "bert-mlm": Family("cards/bert.card", "BERTForMaskedLM", "BertForMaskedLM", True),
 }
-THETA = {"llama": 10000.0, "qwen2": 1e6, "qwen3": 1e6, "mistral": 1e4, "olmo2": 5e5}
+THETA = {"llama": 10000.0, "qwen2": 1e6, "qwen3": 1e6, "mistral": 1e4, "olmo2": 5e5, "gemma2": 1e4}
 EXTRA = {  # what each family's config sets beyond Llama's: heads wider than D/H, a window
     "qwen2": {"use_sliding_window": False},
     "qwen3": {"head_dim": 16},
     "mistral": {"head_dim": 16, "sliding_window": 5},
     "olmo2": {"pad_token_id": None, "eos_token_id": None},
+    "gemma2": {"head_dim": 16, "sliding_window": 5, "query_pre_attn_scalar": 20,
+               "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+               "num_hidden_layers": 4},  # two (local, global) pairs
 }
 
 
@@ -82,10 +86,11 @@ def config_of(key: str, fam: Family):
     family = key.split("-")[0]
     extra = EXTRA.get(family, {})
     cfg = getattr(transformers, fam.cls.replace("ForCausalLM", "Config"))
-    return cfg(vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
-               num_key_value_heads=H_KV, intermediate_size=D_F, max_position_embeddings=CTX,
-               rope_theta=THETA[family], rms_norm_eps=1e-5, tie_word_embeddings=fam.tied,
-               attention_dropout=0.0, **extra)
+    common = dict(vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
+                  num_key_value_heads=H_KV, intermediate_size=D_F, max_position_embeddings=CTX,
+                  rope_theta=THETA[family], rms_norm_eps=1e-5, tie_word_embeddings=fam.tied,
+                  attention_dropout=0.0)
+    return cfg(**{**common, **extra})
 
 
 def make_hf(key: str, fam: Family):
