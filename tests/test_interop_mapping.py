@@ -615,7 +615,7 @@ def test_layer_indices_are_affine_in_the_card_layer():
 def test_a_layer_count_that_is_not_whole_is_refused_by_name():
     m = mapping({"N": "num_hidden_layers"}, PAIRED, layers="N/2")
     with pytest.raises(RuntimeInputError, match=re.escape(
-            "the layers of x.hf.json number N / 2 = 2.5, not a whole number")):
+            "the layers of x.hf.json number N / 2 = 2.5 (N = 5), not a whole number")):
         m.layer_count({"N": 5})
 
 

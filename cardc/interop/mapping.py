@@ -157,8 +157,9 @@ class Mapping:
                                     f"{'no ' + repr(err.args[0]) if isinstance(err, KeyError) else err}"
                                     ) from None
         if value.denominator != 1 or value < 0:
+            given = ", ".join(f"{n} = {ex.number(v)}" for n, v in env.items())
             raise RuntimeInputError(f"the layers of {self.source} number {self.layers} = "
-                                    f"{ex.number(value)}, not a whole number")
+                                    f"{ex.number(value)} ({given}), not a whole number")
         return int(value)
 
     def ignored(self, name: str) -> bool:
