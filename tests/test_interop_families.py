@@ -77,7 +77,7 @@ EXTRA = {  # what each family's config sets beyond Llama's: heads wider than D/H
 }
 
 
-def config_of(key: str, fam: Family):
+def config_of(key: str, fam: Family, **changes):
     if fam.cls.startswith("Bert"):
         return transformers.BertConfig(
             vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
@@ -90,7 +90,7 @@ def config_of(key: str, fam: Family):
                   num_key_value_heads=H_KV, intermediate_size=D_F, max_position_embeddings=CTX,
                   rope_theta=THETA[family], rms_norm_eps=1e-5, tie_word_embeddings=fam.tied,
                   attention_dropout=0.0)
-    return cfg(**{**common, **extra})
+    return cfg(**{**common, **extra, **changes})
 
 
 def make_hf(key: str, fam: Family):
@@ -311,3 +311,25 @@ def test_malformed_variants_are_reported(variants, message):
     with pytest.raises(RuntimeInputError) as err:
         parse_mappings({**raw, "variants": variants}, "llama.hf.json")
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_hidden_layers": 3},
+     "the layers of cards/gemma2.hf.json number N / 2 = 1.5 (N = 3), not a whole number"),
+    ({"layer_types": ["sliding_attention"] * 4},
+     "config.json has layer_types = ['sliding_attention', 'sliding_attention', "
+     "'sliding_attention', 'sliding_attention'], but the card Gemma2 computes"),
+])
+def test_gemma2_that_the_card_cannot_pair_is_one_line(changes, message, tmp_path, capsys):
+    """The card pairs a sliding layer with a full one: an odd layer count, or layers that do
+    not alternate, is refused from the command line with one line, and nothing is written."""
+    fam = FAMILIES["gemma2"]
+    torch.manual_seed(0)
+    transformers.Gemma2ForCausalLM(config_of("gemma2", fam, **changes)).save_pretrained(
+        tmp_path / "hf")
+    capsys.readouterr()  # what saving printed
+    code, _, err = run_main(capsys, "import", fam.card, "--from", str(tmp_path / "hf"),
+                            "--out", str(tmp_path / "run"))
+    assert code == 1 and message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
