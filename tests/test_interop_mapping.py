@@ -635,7 +635,7 @@ def test_a_malformed_layer_index_is_one_clear_error(name, message):
 @pytest.mark.parametrize("layers, message", [
     ("M/2", "'layers': 'M' is not a hyperparameter of this mapping"),
     ("N/", "'layers': expected a value but found the end in 'N/'"),
-    (None, "names with a layer index {i} need 'layers'"),
+    (None, "names with {i} need 'layers', the hyperparameter (or an expression"),
 ])
 def test_a_bad_layer_count_is_named(layers, message):
     more = {} if layers is None else {"layers": layers}

@@ -264,7 +264,8 @@ def parse_mapping(raw: Any, source: str) -> Mapping:
         _check_indices(name, "'ignore'", need)
     layers = _layers(raw.get("layers"), hypers, need)
     need(layers is not None or not any(e.per_layer for e in tensors),
-         "names with a layer index {i} need 'layers', the hyperparameters' count of layers")
+         "names with {i} need 'layers', the hyperparameter (or an expression of them) that "
+         "counts the layers")
     fixed: dict[str, list[Any]] = {}
     derived: dict[str, tuple[str, ex.Expr]] = {}
     cycles: dict[str, tuple[tuple[Any, ...], ex.Expr]] = {}
