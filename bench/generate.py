@@ -58,10 +58,9 @@ def theirs(mapping, model) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     from cardc import interop
-    from cardc.names import identifier
 
     hypers = model.card_meta["hyperparameters"]
-    layers = hypers[identifier(mapping.layers)] if mapping.layers else 0
+    layers = mapping.layer_count(hypers)
     tensors = interop.from_card_state(mapping, model.state_dict(), layers)
     with tempfile.TemporaryDirectory() as folder:
         interop.write_hf(folder, tensors, interop.config_for(mapping, hypers))

@@ -22,15 +22,12 @@ def exported(spec: dict[str, Any]) -> Built:
 
     from cardc import interop
     from cardc.build import build_model
-    from cardc.names import identifier
-
     ours = build_model(spec["card"], spec["preset"], spec["overrides"], name=spec.get("name"))
     raw = json.loads(Path(spec["mapping"]).read_text(encoding="utf-8"))
     mapping = interop.select_by_name(interop.parse_mappings(raw, spec["mapping"]),
                                      ours.card_meta["name"])
     hp = ours.card_meta["hyperparameters"]
-    tensors = interop.from_card_state(mapping, ours.state_dict(),
-                                      hp[identifier(mapping.layers)] if mapping.layers else 0)
+    tensors = interop.from_card_state(mapping, ours.state_dict(), mapping.layer_count(hp))
     with tempfile.TemporaryDirectory() as folder:
         interop.write_hf(folder, tensors, interop.config_for(mapping, hp))
         model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa")

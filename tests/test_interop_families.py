@@ -1,5 +1,5 @@
-"""`cardc import` then `cardc export` of Llama, Qwen2, Qwen3 (tied and untied), Mistral, OLMo 2 and
-BERT (BertModel and BertForMaskedLM), as tests/test_interop.py does for GPT-2.
+"""`cardc import` then `cardc export` of Llama, Qwen2, Qwen3 (tied and untied), Mistral, OLMo 2,
+Gemma 2 (its layers paired by the mapping's {2i} and {2i+1}) and BERT (BertModel and BertForMaskedLM), as tests/test_interop.py does for GPT-2.
 
 For each, a small randomly initialised transformers model (no download; every parameter random,
 biases and norm gains included) is saved with `save_pretrained`, imported through the mapping
@@ -62,21 +62,26 @@ FAMILIES = {
     "mistral": Family("cards/mistral.card", "Mistral", "MistralForCausalLM", False),
     "olmo2": Family("cards/olmo2.card", "OLMo2", "Olmo2ForCausalLM", False),
     "stablelm2": Family("cards/stablelm2.card", "StableLM2", "StableLmForCausalLM", False),
+    "gemma2": Family("cards/gemma2.card", "Gemma2", "Gemma2ForCausalLM", True),
     "bert": Family("cards/bert.card", "BERT", "BertModel", True),
     "bert-mlm": Family("cards/bert.card", "BERTForMaskedLM", "BertForMaskedLM", True),
 }
-THETA = {"llama": 10000.0, "qwen2": 1e6, "qwen3": 1e6, "mistral": 1e4, "olmo2": 5e5, "stablelm2": 1e4}
+THETA = {"llama": 10000.0, "qwen2": 1e6, "qwen3": 1e6, "mistral": 1e4, "olmo2": 5e5, "stablelm2": 1e4,
+         "gemma2": 1e4}
 EXTRA = {  # what each family's config sets beyond Llama's: heads wider than D/H, a window
     "qwen2": {"use_sliding_window": False},
     "qwen3": {"head_dim": 16},
     "mistral": {"head_dim": 16, "sliding_window": 5},
     "olmo2": {"pad_token_id": None, "eos_token_id": None},
     "stablelm2": {"partial_rotary_factor": 0.5, "use_qkv_bias": True, "pad_token_id": 5},
+    "gemma2": {"head_dim": 16, "sliding_window": 5, "query_pre_attn_scalar": 20,
+               "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+               "num_hidden_layers": 4},  # two (local, global) pairs
 }
 EPS_KEY = {"stablelm2": "layer_norm_eps"}  # the config key of ε where it is not rms_norm_eps
 
 
-def config_of(key: str, fam: Family):
+def config_of(key: str, fam: Family, **changes):
     if fam.cls.startswith("Bert"):
         return transformers.BertConfig(
             vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
@@ -85,10 +90,11 @@ def config_of(key: str, fam: Family):
     family = key.split("-")[0]
     extra = EXTRA.get(family, {})
     cfg = getattr(transformers, fam.cls.replace("ForCausalLM", "Config"))
-    return cfg(vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
-               num_key_value_heads=H_KV, intermediate_size=D_F, max_position_embeddings=CTX,
-               rope_theta=THETA[family], tie_word_embeddings=fam.tied, attention_dropout=0.0,
-               **{EPS_KEY.get(family, "rms_norm_eps"): 1e-5}, **extra)
+    common = dict(vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
+                  num_key_value_heads=H_KV, intermediate_size=D_F, max_position_embeddings=CTX,
+                  rope_theta=THETA[family], tie_word_embeddings=fam.tied, attention_dropout=0.0,
+                  **{EPS_KEY.get(family, "rms_norm_eps"): 1e-5})
+    return cfg(**{**common, **extra, **changes})
 
 
 def make_hf(key: str, fam: Family):
@@ -311,3 +317,25 @@ def test_malformed_variants_are_reported(variants, message):
     with pytest.raises(RuntimeInputError) as err:
         parse_mappings({**raw, "variants": variants}, "llama.hf.json")
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_hidden_layers": 3},
+     "the layers of cards/gemma2.hf.json number N / 2 = 1.5 (N = 3), not a whole number"),
+    ({"layer_types": ["sliding_attention"] * 4},
+     "config.json has layer_types = ['sliding_attention', 'sliding_attention', "
+     "'sliding_attention', 'sliding_attention'], but the card Gemma2 computes"),
+])
+def test_gemma2_that_the_card_cannot_pair_is_one_line(changes, message, tmp_path, capsys):
+    """The card pairs a sliding layer with a full one: an odd layer count, or layers that do
+    not alternate, is refused from the command line with one line, and nothing is written."""
+    fam = FAMILIES["gemma2"]
+    torch.manual_seed(0)
+    transformers.Gemma2ForCausalLM(config_of("gemma2", fam, **changes)).save_pretrained(
+        tmp_path / "hf")
+    capsys.readouterr()  # what saving printed
+    code, _, err = run_main(capsys, "import", fam.card, "--from", str(tmp_path / "hf"),
+                            "--out", str(tmp_path / "run"))
+    assert code == 1 and message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()

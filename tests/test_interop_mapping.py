@@ -589,3 +589,122 @@ def test_a_key_in_either_place_transformers_has_kept_it():
     assert preset_from_config(old, m) == preset_from_config(new, m) == {"D": 80, "H": 4, "d_r": 8}
     back = config_for(m, {"D": 80, "H": 4, "d_r": 8})
     assert bits(back["rope_parameters"]["partial_rotary_factor"]) == bits(0.4)
+
+
+# ------------------------------------------------------------------ layer indices
+
+
+PAIRED = {"model.layers.{2i}.w": "local.{i}.W", "model.layers.{2*i + 1}.w": "global_.{i}.W",
+          "model.layers.{2·i+1}.b": "global_.{i}.b", "final.{3i + 2}": "extra.{i}.F"}
+
+
+def test_layer_indices_are_affine_in_the_card_layer():
+    """{2i} and {2i+1} (in any spelling) name Hugging Face's even and odd layers from the
+    card's pair i; `layers` counts the pairs, an expression of the hyperparameters."""
+    m = mapping({"N": "num_hidden_layers"}, PAIRED, layers="N/2",
+                ignore=["model.layers.{2i+1}.rotary.inv_freq"])
+    assert m.layer_count({"N": 6}) == 3
+    got = {e.hf: e.card for e in m.entries(3)}
+    assert got["model.layers.4.w"] == "local.2.W" and got["model.layers.5.w"] == "global_.2.W"
+    assert got["model.layers.3.b"] == "global_.1.b" and got["final.8"] == "extra.2.F"
+    assert sorted(h for h in got if h.endswith(".w")) == [f"model.layers.{k}.w" for k in range(6)]
+    assert m.ignored("model.layers.7.rotary.inv_freq")
+    assert not m.ignored("model.layers.x.rotary.inv_freq")
+
+
+def test_a_layer_count_that_is_not_whole_is_refused_by_name():
+    m = mapping({"N": "num_hidden_layers"}, PAIRED, layers="N/2")
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "the layers of x.hf.json number N / 2 = 2.5 (N = 5), not a whole number")):
+        m.layer_count({"N": 5})
+
+
+@pytest.mark.parametrize("name, message", [
+    ("l.{2i+}.w", "tensor 'l.{2i+}.w': layer index '{2i+}' in 'l.{2i+}.w': expected a value"),
+    ("l.{j}.w", "layer index '{j}' in 'l.{j}.w': an index may only read the layer i, not 'j'"),
+    ("l.{i/2}.w", "layer index '{i/2}' in 'l.{i/2}.w': 'i/2' is not a·i + b with whole a, b ≥ 0"),
+    ("l.{i*i}.w", "'i*i' is not a·i + b"),
+    ("l.{1 - i}.w", "'1 - i' is not a·i + b"),
+])
+def test_a_malformed_layer_index_is_one_clear_error(name, message):
+    with pytest.raises(RuntimeInputError) as err:
+        mapping({"N": "num_hidden_layers"}, {name: "b.{i}.W"}, layers="N")
+    assert str(err.value).startswith("x.hf.json: ") and message in str(err.value), err.value
+
+
+@pytest.mark.parametrize("layers, message", [
+    ("M/2", "'layers': 'M' is not a hyperparameter of this mapping"),
+    ("N/", "'layers': expected a value but found the end in 'N/'"),
+    (None, "names with {i} need 'layers', the hyperparameter (or an expression"),
+])
+def test_a_bad_layer_count_is_named(layers, message):
+    more = {} if layers is None else {"layers": layers}
+    with pytest.raises(RuntimeInputError, match=re.escape(message)):
+        mapping({"N": "num_hidden_layers"}, PAIRED, **more)
+
+
+def test_two_indices_that_name_one_tensor_are_refused():
+    m = mapping({"N": "num_hidden_layers"}, {"l.{2i}.w": "a.{i}.W", "l.{i}.w": "b.{i}.W"},
+                layers="N")
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "'l.0.w' is named twice (as the card's a.0.W and b.0.W)")):
+        m.entries(3)
+
+
+def test_paired_layers_import_and_export_bit_exact():
+    """Tensors move between Hugging Face's layers 0…3 and the card's two stacks of two."""
+    m = mapping({"N": "num_hidden_layers"}, {"l.{2i}.w": "local.{i}.W",
+                                             "l.{2i+1}.w": {"card": "global_.{i}.W",
+                                                            "transpose": True}}, layers="N/2")
+    hf = {f"l.{k}.w": torch.randn(3, 2) * (k + 1) for k in range(4)}
+    expected = {f"{s}.{i}.W": torch.empty(3, 2) if s == "local" else torch.empty(2, 3)
+                for s in ("local", "global_") for i in range(2)}
+    state = to_card_state(m, hf, expected, m.layer_count({"N": 4}))
+    assert torch.equal(state["global_.1.W"], hf["l.3.w"].T)
+    assert torch.equal(state["local.1.W"], hf["l.2.w"])
+    back = from_card_state(m, state, 2, {})
+    assert sorted(back) == sorted(hf) and all(torch.equal(back[k], hf[k]) for k in hf)
+
+
+CYCLE = {"layer_types": {"cycle": ["sliding_attention", "full_attention"],
+                         "length": "num_hidden_layers"}}
+
+
+@pytest.mark.parametrize("types, ok", [
+    (None, True), (["sliding_attention", "full_attention"] * 2, True),
+    (["full_attention"] * 4, False), (["sliding_attention", "full_attention"], False),
+    (["full_attention", "sliding_attention"] * 2, False),
+])
+def test_a_per_layer_list_must_cycle_as_the_card_computes(types, ok):
+    m = mapping({"N": "num_hidden_layers"}, fixed_config=CYCLE)
+    config = {"num_hidden_layers": 4, **({} if types is None else {"layer_types": types})}
+    if ok:
+        assert preset_from_config(config, m) == {"N": 4}
+        return
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            f"config.json has layer_types = {types!r}, but the card X computes "
+            "'sliding_attention', 'full_attention' in turn, layer after layer")):
+        preset_from_config(config, m)
+
+
+def test_a_cycle_is_written_on_export():
+    m = mapping({"N": "num_hidden_layers"}, fixed_config=CYCLE)
+    assert config_for(m, {"N": 3})["layer_types"] == ["sliding_attention", "full_attention",
+                                                      "sliding_attention"]
+    with pytest.raises(RuntimeInputError, match="'cycle' must be a non-empty list"):
+        mapping({"N": "num_hidden_layers"}, fixed_config={"t": {"cycle": [], "length": "1"}})
+
+
+@needs_transformers
+def test_gemma2_refuses_layers_that_do_not_alternate():
+    """The card pairs a sliding layer with a full one: any other layer_types is refused."""
+    ms = load_mappings(ROOT / "cards" / "gemma2.card")
+    config = transformers.Gemma2Config(num_hidden_layers=4,
+                                       layer_types=["full_attention"] * 4).to_dict()
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "config.json has layer_types = ['full_attention', 'full_attention', 'full_attention', "
+            "'full_attention'], but the card Gemma2 computes")):
+        select_for_config(ms, config)
+    m = select_for_config(ms, transformers.Gemma2Config(num_hidden_layers=4).to_dict())
+    assert m.layer_count(preset_from_config(
+        transformers.Gemma2Config(num_hidden_layers=4).to_dict(), m)) == 2

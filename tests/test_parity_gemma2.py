@@ -6,8 +6,8 @@ width 16 scaled by query_pre_attn_scalar = 20, soft caps small enough to bite, e
 randomised) is copied into the model `cards/gemma2.card` compiles to. Logits and gradients must
 agree to fp32 rounding; the same weights without the window or without the caps must not.
 
-The card stacks its layers in pairs (θ^local_ℓ, θ^global_ℓ): a mapping file cannot yet name
-Hugging Face's layer 2i and 2i + 1 from the card's pair i, so the names are paired here.
+The weights move through cards/gemma2.hf.json: the card stacks its layers in pairs (θ^local_ℓ,
+θ^global_ℓ), which the mapping names as Hugging Face's layers {2i} and {2i+1}.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from parity import max_diff, next_token_grad_diffs  # noqa: E402
+from parity import load_through_mapping, max_diff, next_token_grad_diffs  # noqa: E402
 
 from cardc.build import build_model  # noqa: E402
+from cardc.interop import load_mapping  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,25 +30,7 @@ V, D, N, H, H_KV, HEAD, D_F, CTX, WINDOW, THETA, EPS = 101, 48, 4, 4, 2, 16, 96,
 SCALAR, CAP_ATTN, CAP_FINAL = 20, 2.0, 3.0
 B, T = 3, 17
 PAD = 5  # a pad token (0-based, as transformers counts) that the input holds
-LAYER = {  # Hugging Face's name in a layer → the card's in a block, and whether transposed
-    "self_attn.q_proj.weight": ("attn.W_q", True), "self_attn.k_proj.weight": ("attn.W_k", True),
-    "self_attn.v_proj.weight": ("attn.W_v", True), "self_attn.o_proj.weight": ("attn.W_o", True),
-    "mlp.gate_proj.weight": ("mlp.W_gate", True), "mlp.up_proj.weight": ("mlp.W_up", True),
-    "mlp.down_proj.weight": ("mlp.W_down", True), "input_layernorm.weight": ("gamma1", False),
-    "post_attention_layernorm.weight": ("gamma2", False),
-    "pre_feedforward_layernorm.weight": ("gamma3", False),
-    "post_feedforward_layernorm.weight": ("gamma4", False),
-}
-
-
-def names() -> dict[str, tuple[str, bool]]:
-    """HF name → (our name, transposed): layer 2i is local pair i, layer 2i + 1 global pair i."""
-    table = {"model.embed_tokens.weight": ("W_e", False), "model.norm.weight": ("gamma_f", False)}
-    for layer in range(N):
-        block = f"{'local' if layer % 2 == 0 else 'global_'}.{layer // 2}"
-        for hf, (ours, t) in LAYER.items():
-            table[f"model.layers.{layer}.{hf}"] = (f"{block}.{ours}", t)
-    return table
+MAPPING = load_mapping(ROOT / "cards" / "gemma2.card")
 
 
 def make_hf():
@@ -80,11 +63,8 @@ def make_ours(window: int = WINDOW, cap_attn: float = CAP_ATTN, cap_final: float
 @pytest.fixture(scope="module")
 def pair():
     hf, ours = make_hf(), make_ours()
-    table = names()
-    params = dict(hf.named_parameters())
-    assert set(params) == set(table)
-    ours.load_state_dict({mine: (params[name].detach().T if t else params[name].detach()).clone()
-                          for name, (mine, t) in table.items()}, strict=True)
+    table = load_through_mapping(hf, ours, MAPPING, MAPPING.layer_count({"N": N}), tied=True)
+    assert table["model.layers.3.mlp.up_proj.weight"] == ("global_.1.mlp.W_up", True)
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
     idx[:, ::4] = PAD  # the padding row is read, so its gradient is compared
     return hf, ours, table, idx

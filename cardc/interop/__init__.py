@@ -39,6 +39,10 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   derived from other config keys (Llama's `"head_dim": {"expr": "hidden_size /
   num_attention_heads"}`): import refuses another value (absent or null is accepted: transformers
   computes it so), export writes EXPR's value.
+  `{"cycle": [A, B, …], "length": EXPR}` is a per-layer list that repeats A, B, … over EXPR
+  items (an expression of config keys): Gemma 2's `layer_types` alternates sliding and full
+  attention over `num_hidden_layers` layers. Import accepts it absent or null (transformers
+  makes that default) and refuses any other list; export writes it.
 - `export_config`: further values export writes (no dropout: the card has none); `a.b` keys too.
   Import accepts any value of these keys: they do not change what the weights compute.
 - `harmless`: config keys (`a.b` too) that never change what this family computes from its
@@ -46,7 +50,13 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   harmless in every family (cardc/interop/harmless.py). Import refuses a config.json with any
   other key (of an object, any other of its keys) that no hyperparameter reads, `fixed_config`
   fixes or `export_config` writes, naming it: it would otherwise import silently wrong.
-- `layers`: the hyperparameter that counts the layers; `{i}` in a name is the layer, from 0.
+- `layers`: how many layers `{i}` runs over, from 0: a hyperparameter (`N`) or an expression
+  of them (`N/2`, for a card that stacks its layers in pairs; a count that is not whole is
+  refused, named). A layer index in a name (either side) is `{i}`, or an affine `{a·i + b}`
+  with whole a, b ≥ 0 (`{2i}`, `{2*i + 1}`; `2i` is `2·i`): Gemma 2's card keeps pairs
+  θ^local_ℓ, θ^global_ℓ, so transformers' `model.layers.{2i}.…` is the card's `local.{i}.…` and
+  `model.layers.{2i+1}.…` its `global_.{i}.…`. An index that is not of that form, or two names
+  that expand to the same tensor, is refused, named.
 - `tensors`: Hugging Face name → the generated module's parameter name, or
   `{"card": NAME, "transpose": true, "chunk": [k, n], "axis": a}`: the Hugging Face tensor is
   the card's transposed (nn.Linear stores (out, in), cards are row-major (in, out)), and/or the

@@ -123,6 +123,12 @@ def check_config(config: dict[str, Any], mapping: Mapping) -> None:
             _check_derived(config, mapping, key, text, e)
         except RuntimeInputError as err:
             raise ConfigMismatch(str(err), (2, 0)) from None
+    for key, (cycle, length) in mapping.cycles.items():
+        value = lookup(config, key)
+        if value is not None and value != _cycled(config, key, cycle, length):
+            raise ConfigMismatch(f"config.json has {key} = {value!r}, but the card "
+                                 f"{mapping.card} computes {', '.join(map(repr, cycle))} in turn, "
+                                 "layer after layer", (2, 0))
     unknown = _not_understood(config, mapping.understood())
     if unknown:
         (key, value), others = unknown[0], [k for k, _ in unknown[1:]]
@@ -149,6 +155,18 @@ def _check_derived(config: dict[str, Any], mapping: Mapping, key: str, text: str
     if not ok:
         raise RuntimeInputError(f"config.json has {key} = {value!r}, but the card {mapping.card} "
                                 f"computes {key} = {text} = {_computed(e, env, key)!r}")
+
+
+def _cycled(config: dict[str, Any], key: str, cycle: tuple[Any, ...],
+            length: ex.Expr) -> list[Any]:
+    """`cycle` repeated over the `length` (a config expression) items of `key`."""
+    env, missing = _env(config, ex.names(length), key)
+    if missing is not None:
+        raise RuntimeInputError(f"config.json has {key} but no '{missing}' to check it against")
+    n = _computed(length, env, f"the length of {key}", config)
+    if not isinstance(n, int) or n < 0:
+        raise RuntimeInputError(f"config.json: {key} needs a whole length, not {n!r}")
+    return [cycle[k % len(cycle)] for k in range(n)]
 
 
 def _not_understood(config: dict[str, Any], known: set[str],
@@ -213,6 +231,8 @@ def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
         if missing is not None:
             raise RuntimeInputError(f"cannot write {key} = {text}: no {missing}")
         store(config, key, _computed(e, env, key))
+    for key, (cycle, length) in mapping.cycles.items():
+        store(config, key, _cycled(config, key, cycle, length))
     for key, value in mapping.export_config.items():
         store(config, key, value)
     return config

@@ -10,9 +10,11 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from ..names import identifier
 from ..runtime.errors import RuntimeInputError
 from ..spelling import canonical_name
 from . import expr as ex
@@ -47,10 +49,38 @@ class Entry:
         """The card tensors it holds, each once."""
         return tuple(dict.fromkeys(p.card for p in self.parts)) if self.parts else (self.card,)
 
+    @property
+    def per_layer(self) -> bool:
+        return _INDEX.search(self.hf) is not None
+
     def at(self, i: int) -> Entry:
-        parts = tuple(Part(p.card.format(i=i), p.size) for p in self.parts)
-        return Entry(self.hf.format(i=i), self.card.format(i=i), self.transpose, self.chunk,
+        parts = tuple(Part(layer_name(p.card, i), p.size) for p in self.parts)
+        return Entry(layer_name(self.hf, i), layer_name(self.card, i), self.transpose, self.chunk,
                      self.axis, self.shape, self.groups, parts)
+
+
+_INDEX = re.compile(r"\{([^{}]*)\}")  # a layer index in a name: {i}, {2i}, {2*i + 1}
+_IMPLICIT = re.compile(r"(?<![\w.])(\d+)\s*(?=i\b)")  # 2i is 2*i
+
+
+def layer_index(text: str) -> ex.Expr:
+    """The index `{text}` stands for, an affine a·i + b of the layer i with whole a, b ≥ 0,
+    so that it names layer 0, 1, … of its own stack exactly once each; ExprError otherwise."""
+    e = ex.parse(_IMPLICIT.sub(r"\1*", text))
+    if set(ex.names(e)) - {"i"}:
+        raise ex.ExprError(f"an index may only read the layer i, not '{ex.names(e)[0]}'")
+    f0, f1, f2 = (ex.evaluate(e, {"i": Fraction(k)}) for k in range(3))
+    if f1 - f0 != f2 - f1 or any(v.denominator != 1 for v in (f0, f1 - f0)) \
+            or f0 < 0 or f1 - f0 < 0:
+        raise ex.ExprError(f"'{text}' is not a·i + b with whole a, b ≥ 0")
+    return e
+
+
+def layer_name(template: str, i: int) -> str:
+    """`template` with each index `{…}` evaluated for layer i (checked by `layer_index`)."""
+    def sub(m: re.Match[str]) -> str:
+        return str(int(ex.evaluate(layer_index(m.group(1)), {"i": Fraction(i)})))
+    return _INDEX.sub(sub, template)
 
 
 @dataclass(frozen=True)
@@ -91,7 +121,7 @@ class Mapping:
     hyperparameters: dict[str, Hyper]
     fixed_config: dict[str, list[Any]]
     export_config: dict[str, Any]
-    layers: str | None
+    layers: str | None  # the text of `layers`: the card's layer count, an expression
     tensors: tuple[Entry, ...]
     tied: dict[str, str]
     base_prefix: str
@@ -99,16 +129,42 @@ class Mapping:
     base_model: bool = False
     derived_config: dict[str, tuple[str, ex.Expr]] = field(default_factory=dict)
     harmless: tuple[str, ...] = ()
+    cycles: dict[str, tuple[tuple[Any, ...], ex.Expr]] = field(default_factory=dict)
 
     def entries(self, n_layers: int) -> list[Entry]:
-        """The table with `{i}` expanded for every layer."""
+        """The table with each layer index expanded for layers 0 … n_layers − 1."""
         out = []
         for e in self.tensors:
-            out += [e.at(i) for i in range(n_layers)] if "{i}" in e.hf else [e]
+            out += [e.at(i) for i in range(n_layers)] if e.per_layer else [e]
+        seen: dict[str, str] = {}
+        for e in out:
+            if e.hf in seen:
+                raise RuntimeInputError(f"{self.source}: '{e.hf}' is named twice (as the card's "
+                                        f"{seen[e.hf]} and {e.card})")
+            seen[e.hf] = e.card
         return out
 
+    def layer_count(self, hypers: dict[str, Any]) -> int:
+        """How many layers `{i}` runs over, from the card's hyperparameters (by Python name)."""
+        if self.layers is None:
+            return 0
+        e = ex.parse(self.layers)
+        try:
+            env = {n: ex.exact(hypers[identifier(n)]) for n in ex.names(e)}
+            value = ex.evaluate(e, env)
+        except (KeyError, ex.ExprError) as err:
+            raise RuntimeInputError(f"cannot count the layers ({self.layers}): "
+                                    f"{'no ' + repr(err.args[0]) if isinstance(err, KeyError) else err}"
+                                    ) from None
+        if value.denominator != 1 or value < 0:
+            given = ", ".join(f"{n} = {ex.number(v)}" for n, v in env.items())
+            raise RuntimeInputError(f"the layers of {self.source} number {self.layers} = "
+                                    f"{ex.number(value)} ({given}), not a whole number")
+        return int(value)
+
     def ignored(self, name: str) -> bool:
-        return any(re.fullmatch(re.escape(p).replace(r"\{i\}", r"\d+"), name) for p in self.ignore)
+        return any(re.fullmatch(r"\d+".join(map(re.escape, _INDEX.split(p)[::2])), name)
+                   for p in self.ignore)
 
     def understood(self) -> set[str]:
         """The config keys (dotted) this mapping reads, fixes, writes or knows to be harmless."""
@@ -116,6 +172,8 @@ class Mapping:
         for spec in self.hyperparameters.values():
             keys.update(spec.reads())
         for key, (_, e) in self.derived_config.items():
+            keys.update([key, *ex.names(e)])
+        for key, (_, e) in self.cycles.items():
             keys.update([key, *ex.names(e)])
         return keys
 
@@ -199,23 +257,42 @@ def parse_mapping(raw: Any, source: str) -> Mapping:
     hypers = {canonical_name(name): _hyper(name, spec, need)
               for name, spec in raw["hyperparameters"].items()}
     tensors = tuple(_entry(hf, spec, need) for hf, spec in raw["tensors"].items())
-    layers = canonical_name(raw["layers"]) if isinstance(raw.get("layers"), str) else None
-    need(layers in hypers or not any("{i}" in e.hf for e in tensors),
-         "names with {i} need 'layers', the hyperparameter that counts the layers")
+    for e in tensors:
+        for name in (e.hf, *e.cards):
+            _check_indices(name, f"tensor '{e.hf}'", need)
+    for name in raw.get("ignore", []):
+        _check_indices(name, "'ignore'", need)
+    layers = _layers(raw.get("layers"), hypers, need)
+    need(layers is not None or not any(e.per_layer for e in tensors),
+         "names with {i} need 'layers', the hyperparameter (or an expression of them) that "
+         "counts the layers")
     fixed: dict[str, list[Any]] = {}
     derived: dict[str, tuple[str, ex.Expr]] = {}
+    cycles: dict[str, tuple[tuple[Any, ...], ex.Expr]] = {}
     for key, value in raw.get("fixed_config", {}).items():
         if isinstance(value, dict) and set(value) == {"expr"}:
             derived[key] = (value["expr"], _parse(value["expr"], f"fixed_config '{key}'", need))
+        elif isinstance(value, dict) and "cycle" in value:
+            cycles[key] = _cycle(key, value, need)
         else:
             fixed[key] = value if isinstance(value, list) else [value]
     export = dict(raw.get("export_config", {}))
-    hypers = _with_solved_keys(hypers, {*fixed, *derived, *export}, need)
+    hypers = _with_solved_keys(hypers, {*fixed, *derived, *cycles, *export}, need)
     return Mapping(source, raw, raw["card"], raw["architecture"], raw["model_type"], hypers, fixed,
                    export, layers, tensors, dict(raw.get("tied", {})),
                    str(raw.get("base_prefix", "")), tuple(raw.get("ignore", [])),
                    raw.get("base_model", False) is True, derived,
-                   tuple(raw.get("harmless", [])))
+                   tuple(raw.get("harmless", [])), cycles)
+
+
+def _cycle(key: str, value: dict[str, Any], need: Need) -> tuple[tuple[Any, ...], ex.Expr]:
+    """`{"cycle": [A, B], "length": EXPR}`: a per-layer list, A, B, A, B, … of EXPR items."""
+    where = f"fixed_config '{key}'"
+    need(set(value) == {"cycle", "length"}, f"{where}: a cycle is {{\"cycle\": [...], "
+         "\"length\": EXPR}")
+    need(isinstance(value["cycle"], list) and bool(value["cycle"]),
+         f"{where}: 'cycle' must be a non-empty list")
+    return tuple(value["cycle"]), _parse(value["length"], f"{where}: 'length'", need)
 
 
 _KEYS = {"about", "card", "architecture", "model_type", "hyperparameters", "fixed_config",
@@ -247,6 +324,39 @@ def _parse(text: Any, where: str, need: Need) -> ex.Expr:
     except ex.ExprError as err:
         need(False, f"{where}: {err}")
         raise AssertionError from None  # need(False, …) raised
+
+
+def _layers(text: Any, hypers: dict[str, Hyper], need: Need) -> str | None:
+    """`layers` in canonical spelling: an expression of the card's hyperparameters (`N`, or
+    `N/2` for a card that stacks its layers in pairs)."""
+    if text is None:
+        return None
+    e = _parse(text, "'layers'", need)
+    names = ex.names(e)
+    canon = {n: canonical_name(n) for n in names}
+    unknown = [n for n in names if canon[n] not in hypers]
+    need(not unknown, f"'layers': '{unknown[0] if unknown else ''}' is not a hyperparameter "
+         "of this mapping")
+    return ex.render(_renamed(e, canon))
+
+
+def _renamed(e: ex.Expr, canon: dict[str, str]) -> ex.Expr:
+    if isinstance(e, ex.Name):
+        return ex.Name(canon[e.name])
+    if isinstance(e, ex.BinOp):
+        return ex.BinOp(e.op, _renamed(e.left, canon), _renamed(e.right, canon))
+    if isinstance(e, ex.Call):
+        return ex.Call(e.fn, tuple(_renamed(a, canon) for a in e.args))
+    return e
+
+
+def _check_indices(name: str, where: str, need: Need) -> None:
+    """Every layer index `{…}` of a name is a·i + b."""
+    for m in _INDEX.finditer(name):
+        try:
+            layer_index(m.group(1))
+        except ex.ExprError as err:
+            need(False, f"{where}: layer index '{{{m.group(1)}}}' in '{name}': {err}")
 
 
 _HYPER_KEYS = {"key", "default", "same", "expr", "null", "solve", "type"}

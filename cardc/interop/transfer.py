@@ -9,7 +9,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..names import identifier
 from ..runtime.errors import RuntimeInputError
 from .config import check_config, config_for, describe, preset_from_config, select_for_config
 from .files import HF_CONFIG, read_hf, write_hf
@@ -159,10 +158,7 @@ def checkpoint_mapping(meta: dict[str, Any],
 
 
 def _layers(mapping: Mapping, meta: dict[str, Any]) -> int:
-    if mapping.layers is None:
-        return 0
-    try:
-        return int(meta["hyperparameters"][identifier(mapping.layers)])
-    except (KeyError, TypeError, ValueError):
-        raise RuntimeInputError(f"the checkpoint records no '{mapping.layers}' "
-                                "(the number of layers)") from None
+    hypers = meta.get("hyperparameters")
+    if mapping.layers is not None and not isinstance(hypers, dict):
+        raise RuntimeInputError("the checkpoint records no hyperparameters (to count its layers)")
+    return mapping.layer_count(hypers or {})
