@@ -64,7 +64,10 @@ def theirs(mapping, model) -> torch.nn.Module:
     tensors = interop.from_card_state(mapping, model.state_dict(), layers)
     with tempfile.TemporaryDirectory() as folder:
         interop.write_hf(folder, tensors, interop.config_for(mapping, hypers))
-        return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+        try:
+            return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+        except ValueError:  # an architecture transformers runs only in its eager attention
+            return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
 
 
 def timed(run) -> tuple[float, torch.Tensor]:
@@ -124,7 +127,8 @@ def main() -> int:
     same = torch.equal(outs["cardc"], outs["transformers"])
     print(f"{mapping.card} ({Path(card).name}) {args.preset} (ctx {ctx}), greedy, prompt {args.prompt} + "
           f"{args.tokens} tokens, batch 1, fp32, cpu, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, median of {args.rounds} rounds")
+          f"{torch.get_num_threads()} threads, median of {args.rounds} rounds; transformers' "
+          f"attention: {hf.config._attn_implementation}")
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"  {name:<13} {med:8.3f} s  {args.tokens / med:10,.0f} tok/s")

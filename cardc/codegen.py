@@ -77,8 +77,12 @@ def _cond(e: ir.Cond) -> tuple[str, int]:
     return f"{expr_py(e.body, 1)} if {expr_py(e.test, 1)} else {expr_py(e.orelse)}", 0
 
 
+def _lambda(e: ir.Lambda) -> tuple[str, int]:
+    return f"lambda: {expr_py(e.body)}", 0
+
+
 _EXPR = {"Ref": _ref, "Lit": _lit, "Call": _call, "Attr": _attr, "Bin": _bin, "Un": _un,
-         "Sub": _sub, "Seq": _seq, "Cond": _cond}
+         "Sub": _sub, "Seq": _seq, "Cond": _cond, "Lambda": _lambda}
 
 # ------------------------------------------------------------------ statements
 

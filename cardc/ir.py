@@ -89,7 +89,14 @@ class Cond:
     orelse: Expr
 
 
-Expr = Ref | Lit | Call | Attr | Bin | Un | Sub | Seq | Cond
+@dataclass(frozen=True)
+class Lambda:
+    """`lambda: body`: a value computed only when the callee needs it (a memo's miss)."""
+
+    body: Expr
+
+
+Expr = Ref | Lit | Call | Attr | Bin | Un | Sub | Seq | Cond | Lambda
 
 # ------------------------------------------------------------------ statements
 
@@ -237,6 +244,7 @@ class Program:
     ordered: bool = False  # some attention keys its cache by call order (KVCache.extend(None…))
     uncached: bool = False  # some causal attention cannot read a cache: no KV cache at all
     grouped: bool = False  # a function attends through grouped_sdpa, defined in the file
+    masks: int = 0  # attention masks made once each through shared_mask, numbered from 1
     rope: set[str] = field(default_factory=set)  # RoPE's helpers defined in the file: rotate_half…
 
 

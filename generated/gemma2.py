@@ -85,6 +85,20 @@ def rotate_half(X, theta_base, past=0):
     return torch.addcmul(X * cos, X.roll(X.shape[-1] // 2, -1), sin)
 
 
+MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
+
+
+def shared_mask(site, make, queries, keys, device, *numbers):
+    """A mask site's positions, (queries, keys), made once per sizes, device and numbers:
+    every layer and every decoding step of the same sizes shares them."""
+    key = site, queries, keys, device, *numbers
+    if key not in MASKS:
+        if len(MASKS) > 256:
+            MASKS.clear()
+        MASKS[key] = make()
+    return MASKS[key]
+
+
 def SoftCappedHead(Q, K, V, s, c_attn, w, cache=None):
     """Y ← SoftCappedHead(Q, K, V | s, c_attn, w): Softmax attention of one head over scores scaled
     by 1/√s and soft-capped at ±c_attn, row t seeing the positions t′ with t − w < t′ ≤ t.
@@ -95,7 +109,7 @@ def SoftCappedHead(Q, K, V, s, c_attn, w, cache=None):
         K, V = cache.extend(None, K, V, keep=w)  # the cached positions come first  [gemma2.card:96]
     S = Q @ K.transpose(-2, -1) / math.sqrt(s)  # (…, T, T)  [gemma2.card:96]
     S = c_attn * torch.tanh(S / c_attn)  # (…, T, T)  [gemma2.card:97]
-    S = S.masked_fill(~(~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w)), -math.inf)  # the hidden positions  [gemma2.card:98]
+    S = S.masked_fill(shared_mask(1, lambda: ~(~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w)), Q.shape[-2], K.shape[-2], Q.device, w), -math.inf)  # the hidden positions  [gemma2.card:98]
     return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [gemma2.card:100]
 
 

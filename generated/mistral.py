@@ -82,6 +82,20 @@ def rotate_half(X, theta_base, past=0):
     return torch.addcmul(X * cos, X.roll(X.shape[-1] // 2, -1), sin)
 
 
+MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
+
+
+def shared_mask(site, make, queries, keys, device, *numbers):
+    """A mask site's positions, (queries, keys), made once per sizes, device and numbers:
+    every layer and every decoding step of the same sizes shares them."""
+    key = site, queries, keys, device, *numbers
+    if key not in MASKS:
+        if len(MASKS) > 256:
+            MASKS.clear()
+        MASKS[key] = make()
+    return MASKS[key]
+
+
 def grouped_sdpa(Q, K, V, **options):
     """F.scaled_dot_product_attention over heads on any leading axes. Keys and values shared
     by a group of query heads arrive with a size-1 axis where the queries hold the group
@@ -104,7 +118,7 @@ def WindowHead(Q, K, V, w, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V, keep=w)  # the cached positions come first  [mistral.card:71]
-    return grouped_sdpa(Q, K, V, attn_mask=~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w))  # (…, T, d_v)  [mistral.card:74]
+    return grouped_sdpa(Q, K, V, attn_mask=shared_mask(1, lambda: ~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w), Q.shape[-2], K.shape[-2], Q.device, w))  # (…, T, d_v)  [mistral.card:74]
 
 
 def WindowGroup(K, V, Q, theta_base, w, cache=None):

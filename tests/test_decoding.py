@@ -150,6 +150,29 @@ def test_rotate_half_computes_its_angle_tables_once():
     assert torch.allclose(sin, torch.cat([-angles.sin(), angles.sin()], dim=-1))
 
 
+def test_a_window_mask_is_made_once_per_sizes():
+    """A mask rule other than causality (Mistral's window) is made once per query and key
+    counts and window, shared by every layer and by decoding steps of the same sizes; it is
+    the rule's: position t sees t − w < t′ ≤ t."""
+    model = cardc.model("cards/mistral.card", V=97, D=32, H=4, H_kv=2, d=8, D_f=48, N=3,
+                        ctx=64, w=3).eval()
+    masks = type(model).forward.__globals__["MASKS"]  # the generated file's
+    masks.clear()
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 5)), cache=cache)
+        assert len(masks) == 1  # three layers, one mask
+        (site, queries, keys, _, w), = masks
+        assert (queries, keys, w) == (5, 5, 3)
+        t = torch.arange(5)
+        assert torch.equal(masks[site, 5, 5, torch.device("cpu"), 3],
+                           (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - 3))
+        for _ in range(3):  # each step: one new query against the 3 kept keys and itself
+            model(torch.randint(0, 97, (1, 1)), cache=cache)
+        assert len(masks) == 2 and masks[site, 1, 4, torch.device("cpu"), 3].tolist() == [
+            [False, True, True, True]]
+
+
 def test_cache_refuses_to_run_past_the_context():
     model = small("gpt2")
     cache = model.new_cache()

@@ -310,7 +310,8 @@ GENERATOR_NAMES = {
     "padding_idx", "start", "end", "step",
     # the file's attention and RoPE helpers (cardc.lower.attention, cardc.lower.intrinsics)
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
-    "pairs", "keep", "layer", "at", "n",
+    "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
+    "keys", "numbers",
 }
 GENERATOR_ATTRS = {
     "Module", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",

@@ -177,7 +177,8 @@ def prepare(body: Steps, core: Core) -> None:
         minus_inf = ir.Un("-", ir.Ref("math.inf"))
         body.low.program.imports.add("math")
         masked = ir.Call(ir.Attr(scores.code, "masked_fill"),
-                         (_not(_visible(body, core, q, k, offset=True)), minus_inf))
+                         (_remembered(body, core, q, k, _not(_visible(body, core, q, k, True))),
+                          minus_inf))
         body.emit(ir.Assign((scores.code.id,), masked,
                             body.note(core.masks[0], None, "the hidden positions")))
         return None
@@ -276,7 +277,7 @@ def _mask(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> list[tuple[s
     rules = [m.stmt for m in core.masks]
     if not offset and len(rules) == 1 and _causal(rules[0].body.cond, *rules[0].vars):
         return [("is_causal", ir.Lit("True"))]
-    return [("attn_mask", _visible(body, core, q, k, offset))]
+    return [("attn_mask", _remembered(body, core, q, k, _visible(body, core, q, k, offset)))]
 
 
 def _visible(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> ir.Expr:
@@ -302,6 +303,26 @@ def _visible(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> ir.Expr:
     finally:
         body.point, body.ranged = outer, ranged
     return visible
+
+
+def _remembered(body: Steps, core: Core, q: Val, k: Val, visible: ir.Expr) -> ir.Expr:
+    """A mask made once per sizes, device and the numbers its rules read (a window's w),
+    shared by every layer and decoding step: `shared_mask(site, lambda: …, …)`. A rule
+    that reads a tensor (an explicit mask) is computed where it stands."""
+    if not (isinstance(q.code, ir.Ref) and isinstance(k.code, ir.Ref)):
+        return visible
+    numbers = []
+    for rule in (m.stmt for m in core.masks):
+        for name in sorted(_names(rule.body.cond) - set(rule.vars)):
+            val = body.expr(s.Name(name, span=rule.span))
+            if val.lifted or val.rows or val.ty.shape:
+                return visible
+            numbers.append(val.code)
+    body.low.program.masks += 1
+    size = lambda x: ir.Sub(ir.Attr(x.code, "shape"), (ir.Lit("-2"),))  # noqa: E731
+    site = ir.Lit(str(body.low.program.masks))
+    return ir.Call(ir.Ref("shared_mask"), (
+        site, ir.Lambda(visible), size(q), size(k), ir.Attr(q.code, "device"), *numbers))
 
 
 def _not(e: ir.Expr) -> ir.Expr:
