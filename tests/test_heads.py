@@ -245,12 +245,16 @@ def test_walk_every_causal_language_model_decodes_with_a_cache(walked):
             continue  # its attention's mask arrives as a tensor (the paper's DTransformer)
         *prefix, x = _inputs(model, 14, 2)
         with torch.no_grad():
+            g = torch.Generator().manual_seed(3)
+            for p in model.parameters():  # far from the small initial weights, as trained ones
+                p.add_(0.1 * torch.randn(p.shape, generator=g))  # are: positions then matter
             full = model(*prefix, x)
             cache = model.new_cache()
             chunks = [x[:, :5], x[:, 5:6], x[:, 6:7], x[:, 7:11], x[:, 11:]]
             rows = torch.cat([model(*prefix, c, cache=cache) for c in chunks], dim=-2)
         assert cache.pos == 14, name
-        assert (rows - full).abs().max().item() < 1e-5, name
+        scale = full.abs().max().item()  # float32 rounding grows with the logits
+        assert (rows - full).abs().max().item() < 1e-5 * scale, name
 
 
 def test_walk_no_model_forward_loops_over_heads_or_positions(walked):

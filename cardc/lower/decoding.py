@@ -41,6 +41,7 @@ def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
             m.body = _offset_positions(m, m.body)
         calls = _pass_cache(m, cached, functions)
         if attends or calls or _reads_cache(m.body):
+            m.body = _rotate_after_past(m.body)
             m.inputs.append(ir.Arg("cache", ir.Lit("None")))
             cached.add(m.name)
     if top.name in cached:
@@ -57,9 +58,8 @@ def _cache_function(f: ir.Function, cached: set[str]) -> bool:
             len(st.targets) == 1 and _rows_of_argument(st.value, f.args)}
 
     def shift(e):
-        if isinstance(e, ir.Call) and e.func in ROTATE and all(k != "past" for k, _ in e.kwargs):
-            args = tuple(ir.rewrite(a, shift) for a in e.args)
-            return dataclasses.replace(e, args=args, kwargs=(*e.kwargs, ("past", PAST)))
+        if _unplaced_rotation(e):
+            return _placed(e, shift)
         if isinstance(e, ir.Call) and e.func == ir.Ref("torch.arange") and len(e.args) == 2 and \
                 e.args[0] == ir.Lit("1") and isinstance(e.args[1], ir.Bin) and \
                 e.args[1].op == "+" and e.args[1].right == ir.Lit("1") and \
@@ -78,6 +78,17 @@ def _cache_function(f: ir.Function, cached: set[str]) -> bool:
         return False
     f.args.append(ir.Arg("cache", ir.Lit("None")))
     return True
+
+
+def _unplaced_rotation(e) -> bool:
+    """RoPE's call (rotate_half, rotate_pairs) that does not yet say where its rows start."""
+    return isinstance(e, ir.Call) and e.func in ROTATE and all(k != "past" for k, _ in e.kwargs)
+
+
+def _placed(e: ir.Call, inner: Callable) -> ir.Call:
+    """RoPE's call turning its rows from position `past`, its arguments rewritten by `inner`."""
+    args = tuple(ir.rewrite(a, inner) for a in e.args)
+    return dataclasses.replace(e, args=args, kwargs=(*e.kwargs, ("past", PAST)))
 
 
 def _rows_of_argument(e: ir.Expr, args: list[ir.Arg]) -> bool:
@@ -149,6 +160,19 @@ def _offset_positions(m: ir.Module, body: list[ir.Stmt]) -> list[ir.Stmt]:
     if out == body:
         return body
     return [_past(), *out]
+
+
+def _rotate_after_past(body: list[ir.Stmt]) -> list[ir.Stmt]:
+    """RoPE in a module's own steps (keys turned before the heads are mapped) turns the new
+    rows from the tokens decoded before, as in the functions it calls."""
+    def shift(e):
+        return _placed(e, shift) if _unplaced_rotation(e) else None
+
+    out = [ir.rewrite(st, shift) for st in body]
+    if out == body:
+        return body
+    has_past = any(isinstance(st, ir.Assign) and st.targets == ("past",) for st in out)
+    return out if has_past else [_past(), *out]
 
 
 def _past() -> ir.Assign:
