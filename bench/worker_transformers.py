@@ -30,7 +30,10 @@ def exported(spec: dict[str, Any]) -> Built:
     tensors = interop.from_card_state(mapping, ours.state_dict(), mapping.layer_count(hp))
     with tempfile.TemporaryDirectory() as folder:
         interop.write_hf(folder, tensors, interop.config_for(mapping, hp))
-        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa")
+        except ValueError:  # an architecture transformers runs only in its eager attention
+            model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
     W_p = getattr(ours, "W_p", None)  # learned positions, as the cardc worker counts them
     return model.train(), W_p.numel() if W_p is not None else 0
 
