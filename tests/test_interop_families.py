@@ -1,5 +1,7 @@
 """`cardc import` then `cardc export` of Llama, Qwen2, Qwen3 (tied and untied), Mistral, OLMo 2,
-Gemma 2 (its layers paired by the mapping's {2i} and {2i+1}) and BERT (BertModel and BertForMaskedLM), as tests/test_interop.py does for GPT-2.
+StableLM 2, Falcon (tied and untied; its fused query_key_value split and joined back), Gemma 2
+(its layers paired by the mapping's {2i} and {2i+1}) and BERT (BertModel and BertForMaskedLM), as
+tests/test_interop.py does for GPT-2.
 
 For each, a small randomly initialised transformers model (no download; every parameter random,
 biases and norm gains included) is saved with `save_pretrained`, imported through the mapping
@@ -62,12 +64,14 @@ FAMILIES = {
     "mistral": Family("cards/mistral.card", "Mistral", "MistralForCausalLM", False),
     "olmo2": Family("cards/olmo2.card", "OLMo2", "Olmo2ForCausalLM", False),
     "stablelm2": Family("cards/stablelm2.card", "StableLM2", "StableLmForCausalLM", False),
+    "falcon-tied": Family("cards/falcon.card", "Falcon", "FalconForCausalLM", True),
+    "falcon-untied": Family("cards/falcon.card", "FalconUntied", "FalconForCausalLM", False),
     "gemma2": Family("cards/gemma2.card", "Gemma2", "Gemma2ForCausalLM", True),
     "bert": Family("cards/bert.card", "BERT", "BertModel", True),
     "bert-mlm": Family("cards/bert.card", "BERTForMaskedLM", "BertForMaskedLM", True),
 }
 THETA = {"llama": 10000.0, "qwen2": 1e6, "qwen3": 1e6, "mistral": 1e4, "olmo2": 5e5, "stablelm2": 1e4,
-         "gemma2": 1e4}
+         "gemma2": 1e4, "falcon": 1e4}
 EXTRA = {  # what each family's config sets beyond Llama's: heads wider than D/H, a window
     "qwen2": {"use_sliding_window": False},
     "qwen3": {"head_dim": 16},
@@ -88,6 +92,12 @@ def config_of(key: str, fam: Family, **changes):
             intermediate_size=D_F, max_position_embeddings=CTX, type_vocab_size=TYPES,
             hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     family = key.split("-")[0]
+    if family == "falcon":  # its own config keys: one key/value head, ffn_hidden_size
+        return transformers.FalconConfig(
+            vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
+            ffn_hidden_size=D_F, max_position_embeddings=CTX, rope_theta=THETA[family],
+            layer_norm_epsilon=1e-5, tie_word_embeddings=fam.tied, attention_dropout=0.0,
+            hidden_dropout=0.0, pad_token_id=5, **changes)
     extra = EXTRA.get(family, {})
     cfg = getattr(transformers, fam.cls.replace("ForCausalLM", "Config"))
     common = dict(vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
@@ -214,7 +224,7 @@ def test_export_is_bit_exact(case, inputs, tmp_path, capsys):
     assert type(back).__name__ == fam.cls
     assert back.config.tie_word_embeddings is fam.tied
     if hasattr(back, "lm_head"):
-        shared = back.lm_head.weight is back.model.embed_tokens.weight
+        shared = back.lm_head.weight is back.get_input_embeddings().weight
         assert shared is fam.tied
     if fam.cls == "BertForMaskedLM":
         assert back.cls.predictions.decoder.weight is back.bert.embeddings.word_embeddings.weight
