@@ -124,7 +124,7 @@ class MultiQueryAttention(nn.Module):
     """Y ← MultiQueryAttention(X | W): Multi-query causal self-attention: H query heads of width d
     = D/H all share one key head and one value head: the library's AttentionGroup with all H
     query heads as its one group, which turns queries and keys by RoPE (rotate-half, on the
-    whole head) inside, where decoding knows their positions. No biases.
+    whole head). No biases.
 
     Card: cards/falcon.card:55
     """
