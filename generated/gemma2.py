@@ -128,17 +128,6 @@ def SoftCappedGroup(K, V, Q, theta_base, s, c_attn, w, cache=None):
     return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [gemma2.card:88]
 
 
-def GemmaRMSNorm(e, gamma, eps):
-    """ê ← GemmaRMSNorm(e | γ): Root-mean-square normalisation whose gains are stored less one:
-    the scale is 1 + γ, so γ = 0 is the identity.
-
-    Card: cards/gemma2.card:42
-    """
-    D = e.shape[-1]
-    s = (e ** 2 / D).sum(-1)  # (…,)  [gemma2.card:48]
-    return e / torch.sqrt(s + eps)[..., None] * (1 + gamma)  # (…, D)  [gemma2.card:49]
-
-
 class SoftCappedAttention(nn.Module):
     """Y ← SoftCappedAttention(X | W): Grouped-query causal self-attention with rotary positions
     over a window of w positions, its scores Q K^⊺/√s soft-capped at ±c_attn: H query heads
@@ -219,8 +208,8 @@ class Gemma2Block(nn.Module):
         self.mlp = GeGLU(D=D, D_f=D_f)  # [gemma2.card:36]
 
     def forward(self, X, cache=None):
-        X = X + GemmaRMSNorm(self.attn(GemmaRMSNorm(X, gamma=self.gamma1, eps=self.eps), cache=cache), gamma=self.gamma2, eps=self.eps)  # (B, T, D)  [gemma2.card:38]
-        X = X + GemmaRMSNorm(self.mlp(GemmaRMSNorm(X, gamma=self.gamma3, eps=self.eps)), gamma=self.gamma4, eps=self.eps)  # (B, T, D)  [gemma2.card:39]
+        X = X + F.rms_norm(self.attn(F.rms_norm(X, (self.D,), 1 + self.gamma1, self.eps), cache=cache), (self.D,), 1 + self.gamma2, self.eps)  # (B, T, D)  [gemma2.card:38]
+        X = X + F.rms_norm(self.mlp(F.rms_norm(X, (self.D,), 1 + self.gamma3, self.eps)), (self.D,), 1 + self.gamma4, self.eps)  # (B, T, D)  [gemma2.card:39]
         return X  # (B, T, D)  [gemma2.card:40]
 
 
@@ -265,7 +254,7 @@ class Gemma2(nn.Module):
         for l in range(self.N // 2):  # [gemma2.card:19]
             E = self.local[l](E, cache=cache)  # (B, T, D)  [gemma2.card:20]
             E = self.global_[l](E, cache=cache)  # (B, T, D)  [gemma2.card:21]
-        E = GemmaRMSNorm(E, gamma=self.gamma_f, eps=self.eps)  # (B, T, D)  [gemma2.card:23]
+        E = F.rms_norm(E, (self.D,), 1 + self.gamma_f, self.eps)  # (B, T, D)  [gemma2.card:23]
         P = self.c_f * torch.tanh(E @ self.W_e.T / self.c_f)  # (B, T, V)  [gemma2.card:24]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]

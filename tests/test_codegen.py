@@ -151,6 +151,24 @@ def test_layer_norm_intrinsic_equals_the_card(modules):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_rms_norm_with_gains_less_one_is_f_rms_norm_and_equals_the_card():
+    """Gemma 2's norm, `e/√(s + ε) ⊙ (1 + γ)`, is the rms_norm_offset intrinsic: F.rms_norm with
+    the gain 1 + γ, equal to the card's literal steps, values and gradients."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        lib, checker, _ = checked(["cards/gemma2.card"], "cards")
+        gemma = next(a for a in model_cards(lib, checker) if a.name == "Gemma2")
+        fused_src = source(checker, gemma, fuse=True)
+        fused = load_module(fused_src, "gemma2_fused")
+        literal = load_module(source(checker, gemma, fuse=False), "gemma2_literal")
+    assert "F.rms_norm(E, (self.D,), 1 + self.gamma_f, self.eps)" in fused_src
+    sizes = dict(V=61, D=32, H=4, H_kv=2, d=8, D_f=48, N=2, ctx=24, w=4, s=8.0, c_attn=5.0,
+                 c_f=7.0)
+    a, b = _pair(fused.Gemma2, literal.Gemma2, **sizes)
+    idx = torch.randint(0, 61, (2, 13), generator=torch.Generator().manual_seed(3))
+    _same_logits_and_gradients(a, b, idx, atol=1e-5)
+
+
 def test_attention_intrinsic_equals_the_card(modules):
     fused, literal = modules
     a, b = _pair(fused.CausalSelfAttention, literal.CausalSelfAttention, D=32, H=4)

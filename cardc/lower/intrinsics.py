@@ -124,8 +124,8 @@ class Passes:
     def call(self, body: Steps, e: s.Call, call: CallInfo) -> ir.Expr | None:
         if not self.fuse:
             return None
-        found = self.find(call.callee, "layer_norm_ε", "layer_norm", "rms_norm", "rope",
-                          "rope_pairs")
+        found = self.find(call.callee, "layer_norm_ε", "layer_norm", "rms_norm",
+                          "rms_norm_offset", "rope", "rope_pairs")
         if found is None:
             return None
         which, ren = found
@@ -150,6 +150,8 @@ class Passes:
                 eps = body.expr(default).code
         if which == "rms_norm":
             return _call("F.rms_norm", x, ir.Seq((width,)), gamma, eps)
+        if which == "rms_norm_offset":  # gains stored less one
+            return _call("F.rms_norm", x, ir.Seq((width,)), ir.Bin("+", ir.Lit("1"), gamma), eps)
         beta = body.expr(call.params[ren["β"]]).code
         return _call("F.layer_norm", x, ir.Seq((width,)), gamma, beta, eps)
 
