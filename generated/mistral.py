@@ -43,7 +43,8 @@ class KVCache:
         if layer in self.kv:
             K_past, V_past = self.kv[layer]
             K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
-        self.kv[layer] = (K, V) if keep is None else (K[..., -keep:, :], V[..., -keep:, :])
+        drop = 0 if keep is None else max(0, K.shape[-2] - keep)
+        self.kv[layer] = K[..., drop:, :], V[..., drop:, :]
         return K, V
 
     def mask(self, Q, K):
@@ -86,13 +87,15 @@ MASKS = {}  # (mask site's number, query and key counts, device, the rule's numb
 
 
 def shared_mask(site, make, queries, keys, device, *numbers):
-    """A mask site's positions, (queries, keys), made once per sizes, device and numbers:
-    every layer and every decoding step of the same sizes shares them."""
+    """A mask site's visible positions, (queries, keys), made once per sizes, device and
+    numbers, shared by every layer and every decoding step of the same sizes; None where
+    every position is visible (a decoded token that sees all the keys a window keeps)."""
     key = site, queries, keys, device, *numbers
     if key not in MASKS:
         if len(MASKS) > 256:
             MASKS.clear()
-        MASKS[key] = make()
+        mask = make()
+        MASKS[key] = None if mask.all().item() else mask
     return MASKS[key]
 
 
@@ -117,7 +120,7 @@ def WindowHead(Q, K, V, w, cache=None):
     Card: cards/mistral.card:66
     """
     if cache is not None:
-        K, V = cache.extend(None, K, V, keep=w)  # the cached positions come first  [mistral.card:71]
+        K, V = cache.extend(None, K, V, keep=w - 1)  # the cached positions come first  [mistral.card:71]
     return grouped_sdpa(Q, K, V, attn_mask=shared_mask(1, lambda: ~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w), Q.shape[-2], K.shape[-2], Q.device, w))  # (…, T, d_v)  [mistral.card:74]
 
 

@@ -167,10 +167,12 @@ def test_a_window_mask_is_made_once_per_sizes():
         t = torch.arange(5)
         assert torch.equal(masks[site, 5, 5, torch.device("cpu"), 3],
                            (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - 3))
-        for _ in range(3):  # each step: one new query against the 3 kept keys and itself
-            model(torch.randint(0, 97, (1, 1)), cache=cache)
-        assert len(masks) == 2 and masks[site, 1, 4, torch.device("cpu"), 3].tolist() == [
-            [False, True, True, True]]
+        for _ in range(3):  # each step: one new query against the w − 1 kept keys and itself,
+            model(torch.randint(0, 97, (1, 1)), cache=cache)  # all visible: no mask at all
+        assert len(masks) == 2 and masks[site, 1, 3, torch.device("cpu"), 3] is None
+        model(torch.randint(0, 97, (1, 2)), cache=cache)  # two queries: the first misses one
+        assert masks[site, 2, 4, torch.device("cpu"), 3].tolist() == [[True, True, True, False],
+                                                                       [False, True, True, True]]
 
 
 def test_cache_refuses_to_run_past_the_context():

@@ -311,7 +311,7 @@ GENERATOR_NAMES = {
     # the file's attention and RoPE helpers (cardc.lower.attention, cardc.lower.intrinsics)
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
-    "keys", "numbers",
+    "keys", "numbers", "visible", "drop", "mask",
 }
 GENERATOR_ATTRS = {
     "Module", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
@@ -320,7 +320,7 @@ GENERATOR_ATTRS = {
     "linear", "mT", "max_seq_len", "movedim", "multinomial", "ndim", "new", "new_cache",
     "normal_", "ones", "optim", "param_groups", "parameters", "pos", "rand_like",
     "register_buffer", "relu", "returns", "rms_norm", "roll", "rotary", "scaled_dot_product_attention",
-    "shape", "silu", "sqrt", "stack", "step", "sum", "tensor", "tokens", "transpose", "tril",
+    "all", "shape", "silu", "sqrt", "stack", "step", "sum", "tensor", "tokens", "transpose", "tril",
     "unbind", "unflatten", "where", "zero_grad", "zeros", "softmax", "log_softmax", "exp", "log",
     "tanh", "erf", "sigmoid", "mean", "var", "max", "min", "pi", "inf", "layer_norm", "T", "kv",
     "cos", "sin", "omega", "append", "clamp", "tolist", "item", "long", "topk", "div", "size",

@@ -176,9 +176,14 @@ def prepare(body: Steps, core: Core) -> None:
         scores = body.expr(s.Name(name, span=core.score.span))
         minus_inf = ir.Un("-", ir.Ref("math.inf"))
         body.low.program.imports.add("math")
-        masked = ir.Call(ir.Attr(scores.code, "masked_fill"),
-                         (_remembered(body, core, q, k, _not(_visible(body, core, q, k, True))),
-                          minus_inf))
+        visible = _remembered(body, core, q, k, _visible(body, core, q, k, True))
+        if isinstance(visible, ir.Call):  # None where every key at hand is visible
+            name = body.fresh("visible")
+            body.emit(ir.Assign((name,), visible, body.note(core.masks[0], None)))
+            visible = ir.Ref(name)
+        masked = ir.Call(ir.Attr(scores.code, "masked_fill"), (_not(visible), minus_inf))
+        if isinstance(visible, ir.Ref):
+            masked = ir.Cond(ir.Bin("is", visible, ir.Lit("None")), scores.code, masked)
         body.emit(ir.Assign((scores.code.id,), masked,
                             body.note(core.masks[0], None, "the hidden positions")))
         return None
@@ -213,7 +218,8 @@ def _extend(body: Steps, core: Core, k: Val, v: Val, window: s.Expr | None
             ) -> tuple[Val, Val]:
     """`K, V = cache.extend(None, K, V)` with a cache: the positions decoded before come
     first. K and V are named first if the card computes them in place. Under a window of w
-    positions the cache keeps the last w only (`keep=w`): the mask rules read positions
+    positions the cache keeps the last w − 1 only (`keep=w - 1`), all a new position reads
+    before itself, so one decoded token sees every key at hand: the mask rules read positions
     relative to the keys at hand, which a window's rule allows."""
     names = []
     for expr, val in ((core.k, k), (core.v, v)):
@@ -223,7 +229,7 @@ def _extend(body: Steps, core: Core, k: Val, v: Val, window: s.Expr | None
         name = body.fresh("K" if expr is core.k else "V")
         body.emit(ir.Assign((name,), val.code, body.note(core.score, None)))
         names.append(name)
-    keep = () if window is None else (("keep", body.expr(window).code),)
+    keep = () if window is None else (("keep", ir.Bin("-", body.expr(window).code, ir.Lit("1"))),)
     extend = ir.Assign(tuple(names), ir.Call(ir.Attr(CACHE, "extend"), (
         ir.Lit("None"), *(ir.Ref(n) for n in names)), keep), ir.Note(
         text="the cached positions come first", line=body.note(core.score).line))
@@ -307,8 +313,8 @@ def _visible(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> ir.Expr:
 
 def _remembered(body: Steps, core: Core, q: Val, k: Val, visible: ir.Expr) -> ir.Expr:
     """A mask made once per sizes, device and the numbers its rules read (a window's w),
-    shared by every layer and decoding step: `shared_mask(site, lambda: …, …)`. A rule
-    that reads a tensor (an explicit mask) is computed where it stands."""
+    shared by every layer and decoding step: `shared_mask(site, lambda: …, …)`, None where it
+    hides nothing. A rule that reads a tensor (an explicit mask) is computed where it stands."""
     if not (isinstance(q.code, ir.Ref) and isinstance(k.code, ir.Ref)):
         return visible
     numbers = []
