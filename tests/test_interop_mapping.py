@@ -178,6 +178,26 @@ def test_a_default_applies_when_a_key_is_absent():
     assert preset_from_config({**config, "head_dim": 32}, m)["d_r"] == 8
 
 
+def test_defaults_are_tried_in_order():
+    """A list of defaults: the first whose keys are all present applies (a Falcon-7B config
+    has neither rope_parameters nor rope_theta: transformers' own default, 10000, applies)."""
+    m = mapping({"θ_base": {"key": "rope_parameters.rope_theta",
+                            "default": ["rope_theta", "10000"]}})
+    assert preset_from_config({"rope_parameters": {"rope_theta": 5e5}}, m)["θ_base"] == 5e5
+    assert preset_from_config({"rope_theta": 1e6}, m)["θ_base"] == 1e6
+    assert preset_from_config({}, m)["θ_base"] == 10000
+    strict = mapping({"θ_base": {"key": "rope_parameters.rope_theta",
+                                 "default": ["rope_theta", "base * 2"]}})
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "config.json lacks 'rope_theta' (the card's θ_base's default)")):
+        preset_from_config({}, strict)
+
+
+def test_a_default_list_holds_expressions():
+    with pytest.raises(RuntimeInputError, match="'default' must be an expression or a list"):
+        mapping({"D": {"key": "hidden_size", "default": [64]}})
+
+
 # ------------------------------------------------------------------ the padding row's ID
 
 PAD = {"V": "vocab_size", "P": {"expr": "pad_token_id + 1", "null": 0}}

@@ -28,7 +28,9 @@ and because the files it describes (`config.json`, the safetensors index) are JS
     `"solve": K` names that key where several are free; it is written as an int when whole,
     unless `"type": "float"` (a factor of 1.0 stays 1.0). A key to solve for must occur once and
     not under `//`, `min` or `max`; with no free key export writes nothing and checks that EXPR
-    gives the value. `"default": EXPR2` applies when a key EXPR reads is absent or null;
+    gives the value. `"default": EXPR2` applies when a key EXPR reads is absent or null (a
+    list of expressions is tried in order, the first whose keys are all present applying:
+    `["rope_theta", "10000"]`);
     `"null": n` instead makes the hyperparameter n then, and export writes the solved key as
     null for n (`"P": {"expr": "pad_token_id + 1", "null": 0}`: no pad token is 0, token ID k
     is k + 1). A value that is not a whole number where the card declares ℕ is refused, named.

@@ -63,13 +63,16 @@ def hyper_value(config: dict[str, Any], spec: Hyper, what: str) -> ex.Number:
     if missing is not None:
         if spec.null is not None:
             return spec.null
-        if spec.default is None:
+        if not spec.default:
             raise RuntimeInputError(f"config.json lacks '{missing}' ({what}"
                                     f"{' = ' + spec.text if spec.computed else ''})")
-        env, missing = _env(config, ex.names(spec.default), what)
-        if missing is not None:
-            raise RuntimeInputError(f"config.json lacks '{missing}' ({what}'s default)")
-        return _computed(spec.default, env, what, config)
+        absent = []
+        for default in spec.default:  # the first whose keys are all present applies
+            env, gone = _env(config, ex.names(default), what)
+            if gone is None:
+                return _computed(default, env, what, config)
+            absent.append(gone)
+        raise RuntimeInputError(f"config.json lacks '{absent[0]}' ({what}'s default)")
     return _computed(spec.expr, env, what, config)
 
 

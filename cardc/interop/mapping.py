@@ -86,11 +86,12 @@ def layer_name(template: str, i: int) -> str:
 @dataclass(frozen=True)
 class Hyper:
     """How a card hyperparameter relates to config.json: `text` (a key, or an expression of
-    keys) gives it. A key absent or null makes it `null` if set, else `default`'s value.
+    keys) gives it. A key absent or null makes it `null` if set, else the value of the first
+    of `default`'s expressions whose keys are all present.
     Export writes `solve` (solved from the expression), or null where the value is `null`."""
     text: str
     expr: ex.Expr
-    default: ex.Expr | None = None
+    default: tuple[ex.Expr, ...] = ()
     same: tuple[str, ...] = ()  # further config keys that hold the same value
     null: ex.Number | None = None
     solve: str | None = None
@@ -108,7 +109,7 @@ class Hyper:
     def reads(self) -> list[str]:
         """Every config key it reads."""
         return ex.names(self.expr) + list(self.same) + \
-            (ex.names(self.default) if self.default is not None else [])
+            [name for e in self.default for name in ex.names(e)]
 
 
 @dataclass(frozen=True)
@@ -362,6 +363,14 @@ def _check_indices(name: str, where: str, need: Need) -> None:
 _HYPER_KEYS = {"key", "default", "same", "expr", "null", "solve", "type"}
 
 
+def _defaults(spec: Any, where: str, need: Need) -> tuple[ex.Expr, ...]:
+    """One expression, or a list of them tried in order (`["rope_theta", "10000"]`)."""
+    items = spec if isinstance(spec, list) else [spec]
+    need(all(isinstance(item, str) for item in items),
+         f"{where} must be an expression or a list of them")
+    return tuple(_parse(item, where, need) for item in items)
+
+
 def _hyper(name: str, spec: Any, need: Need) -> Hyper:
     where = f"hyperparameter '{name}'"
     spec = {"key": spec} if isinstance(spec, str) else spec
@@ -372,7 +381,7 @@ def _hyper(name: str, spec: Any, need: Need) -> Hyper:
     same = spec.get("same", [])
     need(isinstance(same, list) and all(isinstance(k, str) for k in same),
          f"{where}: 'same' must be a list of config keys")
-    default = _parse(spec["default"], f"{where}: 'default'", need) if "default" in spec else None
+    default = _defaults(spec.get("default", []), f"{where}: 'default'", need)
     if "key" in spec:
         need(not {"null", "solve", "type"} & set(spec),
              f"{where}: 'null', 'solve' and 'type' need \"expr\"")
