@@ -54,3 +54,19 @@ def next_token_grad_diffs(hf, ours, table: dict[str, tuple[str, bool]],
         g = hf_params[name].grad
         diffs[name] = max_diff(mine[ours_name].grad, g.T if t else g)
     return diffs
+
+
+def logits_diff(hf, ours, idx: torch.Tensor, shape: tuple[int, ...]) -> float:
+    """max |logits difference| of the two models on the same tokens, both of `shape`."""
+    with torch.no_grad():
+        want, got = hf(idx).logits, ours(idx)
+    assert got.shape == want.shape == shape
+    return max_diff(got, want)
+
+
+def padding_row_grad_diff(hf, ours, broken, table: dict[str, tuple[str, bool]],
+                          idx: torch.Tensor) -> float:
+    """A negative control: `broken`, a card without the padding row, given `ours`' weights;
+    its largest gradient difference, which the pad row's gradient must make large."""
+    broken.load_state_dict(ours.state_dict(), strict=True)
+    return max(next_token_grad_diffs(hf, broken, table, idx).values())

@@ -17,7 +17,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from parity import load_through_mapping, max_diff, next_token_grad_diffs, swap_columns  # noqa: E402
+from parity import load_through_mapping, logits_diff, max_diff, next_token_grad_diffs, swap_columns  # noqa: E402
 
 from cardc.build import build_model  # noqa: E402
 from cardc.interop import load_mapping  # noqa: E402
@@ -67,11 +67,7 @@ def pair(request):
 
 def test_logits_match(pair):
     hf, ours, _, idx, _ = pair
-    with torch.no_grad():
-        want = hf(idx).logits
-        got = ours(idx)
-    assert got.shape == want.shape == (B, T, V)
-    diff = max_diff(got, want)
+    diff = logits_diff(hf, ours, idx, (B, T, V))
     assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
 
 

@@ -17,7 +17,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from parity import load_through_mapping, max_diff, next_token_grad_diffs  # noqa: E402
+from parity import (  # noqa: E402
+    load_through_mapping,
+    logits_diff,
+    max_diff,
+    next_token_grad_diffs,
+    padding_row_grad_diff,
+)
 
 from cardc.build import build_model  # noqa: E402
 from cardc.interop import load_mapping  # noqa: E402
@@ -68,11 +74,7 @@ def pair():
 
 def test_logits_match(pair):
     hf, ours, _, idx = pair
-    with torch.no_grad():
-        want = hf(idx).logits
-        got = ours(idx)
-    assert got.shape == want.shape == (B, T, V)
-    diff = max_diff(got, want)
+    diff = logits_diff(hf, ours, idx, (B, T, V))
     assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
 
 
@@ -97,10 +99,8 @@ def test_rotary_on_the_whole_head_is_caught(pair):
 def test_a_card_without_the_padding_row_is_caught(pair):
     """A negative control: with v_pad = 0 the pad row takes a gradient transformers does not."""
     hf, ours, table, idx = pair
-    broken = make_ours(v_pad=0)
-    broken.load_state_dict(ours.state_dict(), strict=True)
-    diffs = next_token_grad_diffs(hf, broken, table, idx)
-    assert max(diffs.values()) > 1e-3, "a card without the padding row matched its gradient"
+    diff = padding_row_grad_diff(hf, ours, make_ours(v_pad=0), table, idx)
+    assert diff > 1e-3, "a card without the padding row matched its gradient"
 
 
 def test_the_mapping_computes_the_rotary_width():
