@@ -696,7 +696,8 @@ class _Body:
         if name in self.failed:  # a consequence of an error already reported
             raise CheckError
         self.failed.add(name)
-        hint = _spelling_hint(name) or _suggest(name, [k for sc in self.scopes for k in sc])
+        hint = _spelling_hint(name) or _read_as_prose(self.alg, name) or \
+            _suggest(name, [k for sc in self.scopes for k in sc])
         self.error(span, f"unknown name '{display(name)}'", hint)
         raise CheckError
 
@@ -1807,6 +1808,17 @@ def _product_hint(e: s.BinOp, a: Ty, b: Ty) -> str | None:
         return "did you mean to transpose the right operand (^⊺)?"
     if a.rank == 2 and b.rank == 2 and dims_equal(a.shape[0], b.shape[0]):
         return "did you mean to transpose the left operand (^⊺)?"
+    return None
+
+
+def _read_as_prose(alg: s.Algorithm, name: str) -> str | None:
+    """`θ^attn, θ^mlp` declares θ^attn, described as 'θ^mlp': the hint says so."""
+    for decl in (n for n in s.nodes(alg) if isinstance(n, s.Decl)):
+        if decl.prose is not None and decl.type is None and decl.prose.strip(" .") in (
+                name, display(name)):
+            return (f"'{display(decl.names[-1])}, {decl.prose}' declares "
+                    f"{display(decl.names[-1])} and describes it as '{decl.prose}': "
+                    f"declare each parameter bundle on its own line")
     return None
 
 

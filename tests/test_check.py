@@ -340,3 +340,18 @@ def test_a_sum_over_a_datasets_examples_binds_them(tmp_path):
     unbound = card.replace("Σ_{n=1}^{B} length(x_n)", "Σ_{m=1}^{B} length(x_n)")
     assert _check_text(unbound, tmp_path) == [
         "'x_n' is indexed by 'n', which no enclosing loop binds"]
+
+
+def test_two_bundles_on_one_line_get_a_hint(tmp_path):
+    """`θ^attn, θ^mlp` declares θ^attn with the prose 'θ^mlp': using θ^mlp names the slip."""
+    text = (ROOT / "cards" / "llama.card").read_text(encoding="utf-8")
+    text = text.replace("    θ^attn, the attention parameters.\n", "    θ^attn, θ^mlp\n", 1)
+    text = text.replace("    θ^mlp, the MLP parameters.\n", "", 1)
+    path = tmp_path / "t.card"
+    path.write_text(text, encoding="utf-8")
+    lib, _ = load([path], root="cards")
+    _, diags = check(lib)
+    (error,) = [d for d in diags.errors if d.span.file == str(path)]
+    assert error.message == "unknown name 'θ^mlp'"
+    assert error.hint == ("'θ^attn, θ^mlp' declares θ^attn and describes it as 'θ^mlp': "
+                          "declare each parameter bundle on its own line")
