@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -55,19 +54,9 @@ def ours(card: str, name: str | None, preset: str, overrides: dict[str, float]):
 
 def theirs(mapping, model) -> torch.nn.Module:
     """The same weights in transformers, exported through the card's mapping file."""
-    from transformers import AutoModelForCausalLM
+    from worker_transformers import as_transformers
 
-    from cardc import interop
-
-    hypers = model.card_meta["hyperparameters"]
-    layers = mapping.layer_count(hypers)
-    tensors = interop.from_card_state(mapping, model.state_dict(), layers)
-    with tempfile.TemporaryDirectory() as folder:
-        interop.write_hf(folder, tensors, interop.config_for(mapping, hypers))
-        try:
-            return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
-        except ValueError:  # an architecture transformers runs only in its eager attention
-            return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    return as_transformers(mapping, model).eval()
 
 
 def timed(run) -> tuple[float, torch.Tensor]:

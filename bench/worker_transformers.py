@@ -15,10 +15,7 @@ def exported(spec: dict[str, Any]) -> Built:
     """Any model card: the model built from the config `cardc export` writes through the card's
     mapping file, holding the weights the card's own model starts from (same seed)."""
     import json
-    import tempfile
     from pathlib import Path
-
-    from transformers import AutoModelForCausalLM
 
     from cardc import interop
     from cardc.build import build_model
@@ -26,16 +23,25 @@ def exported(spec: dict[str, Any]) -> Built:
     raw = json.loads(Path(spec["mapping"]).read_text(encoding="utf-8"))
     mapping = interop.select_by_name(interop.parse_mappings(raw, spec["mapping"]),
                                      ours.card_meta["name"])
-    hp = ours.card_meta["hyperparameters"]
-    tensors = interop.from_card_state(mapping, ours.state_dict(), mapping.layer_count(hp))
-    with tempfile.TemporaryDirectory() as folder:
-        interop.write_hf(folder, tensors, interop.config_for(mapping, hp))
-        try:
-            model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa")
-        except ValueError:  # an architecture transformers runs only in its eager attention
-            model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
     W_p = getattr(ours, "W_p", None)  # learned positions, as the cardc worker counts them
-    return model.train(), W_p.numel() if W_p is not None else 0
+    return as_transformers(mapping, ours).train(), W_p.numel() if W_p is not None else 0
+
+
+def as_transformers(mapping, model: nn.Module) -> nn.Module:
+    """The card model's weights in `transformers`, exported through its mapping file: SDPA
+    attention, or eager where transformers has no SDPA path for the architecture (Gemma 2)."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    from cardc import interop
+    with tempfile.TemporaryDirectory() as folder:
+        interop.write_model_hf(mapping, model.state_dict(), model.card_meta["hyperparameters"],
+                               folder)
+        try:
+            return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa")
+        except ValueError:
+            return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
 
 
 def build(spec: dict[str, Any]) -> Built:

@@ -110,6 +110,7 @@ from .transfer import (
     export_hf,
     import_checkpoint,
     import_hf,
+    write_model_hf,
 )
 
 __all__ = [
@@ -118,5 +119,5 @@ __all__ = [
     "export_hf", "from_card_state", "import_checkpoint", "import_hf", "load_mapping",
     "load_mappings", "mapping_path", "merge_patch", "parse_mapping", "parse_mappings",
     "preset_from_config", "read_hf", "select_by_name", "select_for_config", "to_card_state",
-    "write_hf",
+    "write_hf", "write_model_hf",
 ]

@@ -135,6 +135,14 @@ def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
     return mapping, write_hf(dest, tensors, config)
 
 
+def write_model_hf(mapping: Mapping, state: dict[str, Any], hypers: dict[str, float],
+                   dest: str | os.PathLike[str]) -> Path:
+    """A card model's state and hyperparameters, in memory, as a Hugging Face model folder:
+    what `export_hf` writes for a checkpoint (the benches export their models this way)."""
+    tensors = from_card_state(mapping, state, mapping.layer_count(hypers), hypers)
+    return write_hf(dest, tensors, config_for(mapping, hypers))
+
+
 def checkpoint_mapping(meta: dict[str, Any],
                        library: str | os.PathLike[str] | list[str]) -> Mapping:
     recorded = meta.get(META_KEY)

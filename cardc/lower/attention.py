@@ -325,10 +325,14 @@ def _remembered(body: Steps, core: Core, q: Val, k: Val, visible: ir.Expr) -> ir
                 return visible
             numbers.append(val.code)
     body.low.program.masks += 1
-    size = lambda x: ir.Sub(ir.Attr(x.code, "shape"), (ir.Lit("-2"),))  # noqa: E731
     site = ir.Lit(str(body.low.program.masks))
     return ir.Call(ir.Ref("shared_mask"), (
-        site, ir.Lambda(visible), size(q), size(k), ir.Attr(q.code, "device"), *numbers))
+        site, ir.Lambda(visible), _count(q), _count(k), ir.Attr(q.code, "device"), *numbers))
+
+
+def _count(x: Val) -> ir.Expr:
+    """`X.shape[-2]`: the positions of queries or keys X."""
+    return ir.Sub(ir.Attr(x.code, "shape"), (ir.Lit("-2"),))
 
 
 def _not(e: ir.Expr) -> ir.Expr:
@@ -337,8 +341,7 @@ def _not(e: ir.Expr) -> ir.Expr:
 
 def _positions(body: Steps, t: str, u: str, q: Val, k: Val, shape) -> dict[str, Val]:
     """0-based positions of the queries (a column) and the keys (a row)."""
-    rows = ir.Sub(ir.Attr(q.code, "shape"), (ir.Lit("-2"),))
-    cols = ir.Sub(ir.Attr(k.code, "shape"), (ir.Lit("-2"),))
+    rows, cols = _count(q), _count(k)
     device = {"device": ir.Attr(q.code, "device")}
     first = ir.Bin("-", cols, rows)
     queries = ir.Call(ir.Ref("torch.arange"), (first, cols), tuple(device.items()))

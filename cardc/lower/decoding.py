@@ -41,7 +41,7 @@ def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
             m.body = _offset_positions(m, m.body)
         calls = _pass_cache(m, cached, functions)
         if attends or calls or _reads_cache(m.body):
-            m.body = _rotate_after_past(m.body)
+            m.body = _with_past(_rotate_after_past(m.body))
             m.inputs.append(ir.Arg("cache", ir.Lit("None")))
             cached.add(m.name)
     if top.name in cached:
@@ -156,10 +156,7 @@ def _offset_positions(m: ir.Module, body: list[ir.Stmt]) -> list[ir.Stmt]:
             return dataclasses.replace(e, args=(PAST, ir.Bin("+", PAST, rows)))
         return None
 
-    out = [ir.rewrite(st, shift) for st in body]
-    if out == body:
-        return body
-    return [_past(), *out]
+    return [ir.rewrite(st, shift) for st in body]
 
 
 def _rotate_after_past(body: list[ir.Stmt]) -> list[ir.Stmt]:
@@ -168,11 +165,12 @@ def _rotate_after_past(body: list[ir.Stmt]) -> list[ir.Stmt]:
     def shift(e):
         return _placed(e, shift) if _unplaced_rotation(e) else None
 
-    out = [ir.rewrite(st, shift) for st in body]
-    if out == body:
-        return body
-    has_past = any(isinstance(st, ir.Assign) and st.targets == ("past",) for st in out)
-    return out if has_past else [_past(), *out]
+    return [ir.rewrite(st, shift) for st in body]
+
+
+def _with_past(body: list[ir.Stmt]) -> list[ir.Stmt]:
+    """A module's steps that read `past`, after the step that defines it."""
+    return [_past(), *body] if "past" in _ref_ids(body) else body
 
 
 def _past() -> ir.Assign:
