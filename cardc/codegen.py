@@ -12,7 +12,7 @@ from . import ir
 from .names import quote
 
 # Python operator precedence, loosest first; postfix forms (calls, subscripts) bind tightest.
-_PREC = {"is": 1, "is not": 1, "<": 1, "<=": 1, ">": 1, ">=": 1, "==": 1, "!=": 1, "|": 2,
+_PREC = {"or": 0.25, "and": 0.5, "is": 1, "is not": 1, "<": 1, "<=": 1, ">": 1, ">=": 1, "==": 1, "!=": 1, "|": 2,
          "&": 3, "+": 4, "-": 4, "*": 5, "/": 5, "@": 5, "//": 5, "%": 5, "unary": 6, "**": 7}
 _ATOM = 9
 
@@ -46,7 +46,8 @@ def _bin(e: ir.Bin) -> tuple[str, int]:
     if e.op == "**":  # right-associative, and tighter than a unary minus on its left
         return f"{expr_py(e.left, p + 1)} ** {expr_py(e.right, _PREC['unary'])}", p
     left = p + 1 if p == _PREC["<"] else p  # comparisons chain in Python: never nest them bare
-    return f"{expr_py(e.left, left)} {e.op} {expr_py(e.right, p + 1)}", p
+    right = p if e.op in ("and", "or") else p + 1  # associative either way
+    return f"{expr_py(e.left, left)} {e.op} {expr_py(e.right, right)}", p
 
 
 def _un(e: ir.Un) -> tuple[str, int]:
@@ -74,7 +75,7 @@ def _seq(e: ir.Seq) -> tuple[str, int]:
 
 
 def _cond(e: ir.Cond) -> tuple[str, int]:
-    return f"{expr_py(e.body, 1)} if {expr_py(e.test, 1)} else {expr_py(e.orelse)}", 0
+    return f"{expr_py(e.body, 1)} if {expr_py(e.test, _PREC['or'])} else {expr_py(e.orelse)}", 0
 
 
 def _lambda(e: ir.Lambda) -> tuple[str, int]:

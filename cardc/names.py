@@ -32,6 +32,7 @@ GENERATED = frozenset({
     "self", "cache", "targets", "loss", "past", "optimizer", "report", "decayed",
     "undecayed", "group", "new_cache", "max_seq_len", "returns", "card_meta", "training",
     "omega", "grouped_sdpa", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
+    "rope_table", "TABLES",
     "shared_mask", "MASKS",
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and

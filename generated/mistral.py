@@ -55,32 +55,56 @@ class KVCache:
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
 
 
-ANGLES = {}  # (convention, positions, width, base, device) → RoPE's cos and sin, computed once
+ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos, sin and partners
+TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 1, …, n − 1
 
 
-def rope_angles(pairs, X, theta_base, past):
-    """cos and sin of the angles (past + t) θ_base^{−2i/d} of X's rows, (T, d) each, in the
-    column order of the convention's planes, each plane's first sine negated."""
+def rope_angles(pairs, X, theta_base, past, width=None):
+    """cos and sin of the angles (past + t) θ_base^{−2i/r} of X's rows, (T, d) each, and each
+    column's partner in its plane, (d,): the planes of the convention in the first r = width
+    columns (all d by default), each plane's first sine negated; the columns after r keep
+    cos 1 and sin 0. Sliced from a table over every position so far: a decoded token costs
+    no trigonometry."""
     T, d = X.shape[-2], X.shape[-1]
-    key = pairs, past, T, d, float(theta_base), X.device
-    if key not in ANGLES:
+    key = pairs, past, T, d, width, theta_base, X.device
+    found = ANGLES.get(key)
+    if found is None:
         if len(ANGLES) > 64:
             ANGLES.clear()
-        omega = theta_base ** -(torch.arange(0, d, 2, device=X.device, dtype=torch.float32) / d)
-        phi = torch.arange(past, past + T, device=X.device, dtype=torch.float32)[:, None] * omega
-        cos, sin = phi.cos(), phi.sin()  # (T, d/2)
+        table = rope_table(pairs, d, d if width is None else width, theta_base, X.device, past + T)
+        found = ANGLES[key] = table[0][past:past + T], table[1][past:past + T], table[2]
+    return found
+
+
+def rope_table(pairs, d, r, theta_base, device, positions):
+    """rope_angles' table, for at least `positions` positions (grown by doubling)."""
+    key = pairs, d, r, float(theta_base), device
+    table = TABLES.get(key)
+    if table is None or table[0].shape[0] < positions:
+        n = max(positions, 64 if table is None else 2 * table[0].shape[0])
+        omega = theta_base ** -(torch.arange(0, r, 2, device=device, dtype=torch.float32) / r)
+        phi = torch.arange(n, device=device, dtype=torch.float32)[:, None] * omega
+        cos, sin = phi.cos(), phi.sin()  # (n, r/2)
+        plane = torch.arange(r // 2, device=device)
         if pairs:
-            ANGLES[key] = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
+            cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
+            partner = torch.stack([2 * plane + 1, 2 * plane], -1).flatten()
         else:
-            ANGLES[key] = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
-    return ANGLES[key]
+            cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
+            partner = torch.cat([plane + r // 2, plane])
+        rest = torch.arange(r, d, device=device)
+        table = TABLES[key] = (torch.cat([cos, cos.new_ones(n, d - r)], -1),
+                               torch.cat([sin, sin.new_zeros(n, d - r)], -1),
+                               torch.cat([partner, rest]))
+    return table
 
 
-def rotate_half(X, theta_base, past=0):
-    """RoPE in the rotate-half convention: row t of X, at position past + t (from 0), turned in
-    the planes (X[t, i], X[t, d/2 + i]): X cos plus [X_2, X_1] sin, one roll and one addcmul."""
-    cos, sin = rope_angles(False, X, theta_base, past)
-    return torch.addcmul(X * cos, X.roll(X.shape[-1] // 2, -1), sin)
+def rotate_half(X, theta_base, past=0, width=None):
+    """RoPE in the rotate-half convention on the first `width` columns of X (all by default),
+    row t at position past + t (from 0), turned in the planes (X[t, i], X[t, r/2 + i]):
+    X cos plus X's columns swapped within each plane, times sin; the rest pass through."""
+    cos, sin, partner = rope_angles(False, X, theta_base, past, width)
+    return torch.addcmul(X * cos, X.index_select(-1, partner), sin)
 
 
 MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
@@ -121,7 +145,7 @@ def WindowHead(Q, K, V, w, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V, keep=w - 1)  # the cached positions come first  [mistral.card:71]
-    return grouped_sdpa(Q, K, V, attn_mask=shared_mask(1, lambda: ~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w), Q.shape[-2], K.shape[-2], Q.device, w))  # (…, T, d_v)  [mistral.card:74]
+    return grouped_sdpa(Q, K, V, attn_mask=None if cache is not None and Q.shape[-2] == 1 else shared_mask(1, lambda: ~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w), Q.shape[-2], K.shape[-2], Q.device, w))  # (…, T, d_v)  [mistral.card:74]
 
 
 def WindowGroup(K, V, Q, theta_base, w, cache=None):

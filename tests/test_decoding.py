@@ -3,6 +3,7 @@ cache, give the logits of full recomputation; the sampling cards decode through 
 
 from __future__ import annotations
 
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -129,25 +130,60 @@ def test_layers_share_the_rotary_angles_of_equal_frequencies():
 
 
 def test_rotate_half_computes_its_angle_tables_once():
-    """RoPE lowered by structure (rotate_half) computes its angle tables once per positions,
-    width and base, shared by every layer and by queries and keys."""
+    """RoPE lowered by structure (rotate_half) computes one angle table per width and base,
+    shared by every layer, by queries and keys and by decoding steps, which slice it."""
     model = cardc.model("cards/qwen3.card", V=97, D=32, H=4, H_kv=2, d=8, D_f=48, N=2,
                         ctx=64).eval()
-    tables = type(model).forward.__globals__["ANGLES"]  # the generated file's
+    names = type(model).forward.__globals__  # the generated file's
+    angles, tables = names["ANGLES"], names["TABLES"]
+    angles.clear()
     tables.clear()
     calls = []
     real = torch.Tensor.cos
+    cache = model.new_cache()
     with torch.no_grad(), mock.patch.object(torch.Tensor, "cos", lambda x: calls.append(1) or
                                             real(x)):
-        model(torch.randint(0, 97, (1, 5)))
-    assert len(calls) == 1  # two layers, queries and keys: one table
-    (pairs, past, rows, d, base, _), = tables
-    assert (pairs, past, rows, d, base) == (False, 0, 5, 8, model.theta_base)
-    cos, sin = tables[pairs, past, rows, d, base, torch.device("cpu")]
-    angles = torch.arange(5, dtype=torch.float32)[:, None] * base ** -(
+        model(torch.randint(0, 97, (1, 5)), cache=cache)
+        for _ in range(3):
+            model(torch.randint(0, 97, (1, 1)), cache=cache)
+    assert len(calls) == 1  # two layers, queries and keys, four steps: one table
+    (pairs, d, width, base, _), = tables
+    assert (pairs, d, width, base) == (False, 8, 8, model.theta_base)
+    cos, sin, partner = angles[pairs, 0, 5, d, None, model.theta_base, torch.device("cpu")]
+    phi = torch.arange(5, dtype=torch.float32)[:, None] * base ** -(
         torch.arange(0, d, 2, dtype=torch.float32) / d)
-    assert torch.allclose(cos, angles.cos().repeat(1, 2))
-    assert torch.allclose(sin, torch.cat([-angles.sin(), angles.sin()], dim=-1))
+    assert torch.allclose(cos, phi.cos().repeat(1, 2))
+    assert torch.allclose(sin, torch.cat([-phi.sin(), phi.sin()], dim=-1))
+    assert partner.tolist() == [4, 5, 6, 7, 0, 1, 2, 3]  # the halves swapped
+    cos, sin, _ = angles[pairs, 7, 1, d, None, model.theta_base, torch.device("cpu")]
+    phi = 7 * base ** -(torch.arange(0, d, 2, dtype=torch.float32) / d)  # the 8th position
+    assert torch.allclose(cos[0], phi.cos().repeat(2))
+
+
+def _generated(path: str):
+    lib, checker, _ = build.checked([path], "cards")
+    text = build.source(checker, build.find_card(lib, checker, path, None))
+    return text, build.load_module(text, Path(path).stem)
+
+
+@pytest.mark.parametrize("path, helper", [("cards/stablelm2.card", "rotate_half"),
+                                          ("tests/cards/heads/interleaved_rotary.card",
+                                           "rotate_pairs")])
+def test_rotary_on_the_first_columns_turns_those_only(path, helper):
+    """`[RoPE(X[:, 1 : r]), X[:, r + 1 : d]]` is one rotation whose tables leave the columns
+    after r unturned (StableLM 2's card): it equals turning the first r columns and passing
+    the rest through, in either convention."""
+    text, mod = _generated(path)
+    if helper == "rotate_half":
+        body = text.split("def PartialRoPE")[1].split("\ndef ")[0]
+        assert "width=d_r" in body and "torch.cat" not in body
+    rotate = getattr(mod, helper)
+    x = torch.randn(2, 3, 5, 12)
+    turned = rotate(x, 100.0, past=4, width=8)
+    assert torch.equal(turned[..., 8:], x[..., 8:])
+    torch.testing.assert_close(turned[..., :8], rotate(x[..., :8], 100.0, past=4),
+                               rtol=0, atol=1e-6)
+    assert not torch.allclose(turned[..., :8], x[..., :8])
 
 
 def test_a_window_mask_is_made_once_per_sizes():
@@ -169,7 +205,7 @@ def test_a_window_mask_is_made_once_per_sizes():
                            (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - 3))
         for _ in range(3):  # each step: one new query against the w − 1 kept keys and itself,
             model(torch.randint(0, 97, (1, 1)), cache=cache)  # all visible: no mask at all
-        assert len(masks) == 2 and masks[site, 1, 3, torch.device("cpu"), 3] is None
+        assert len(masks) == 1  # not even looked up
         model(torch.randint(0, 97, (1, 2)), cache=cache)  # two queries: the first misses one
         assert masks[site, 2, 4, torch.device("cpu"), 3].tolist() == [[True, True, True, False],
                                                                        [False, True, True, True]]

@@ -176,8 +176,9 @@ def prepare(body: Steps, core: Core) -> None:
         scores = body.expr(s.Name(name, span=core.score.span))
         minus_inf = ir.Un("-", ir.Ref("math.inf"))
         body.low.program.imports.add("math")
-        visible = _remembered(body, core, q, k, _visible(body, core, q, k, True))
-        if isinstance(visible, ir.Call):  # None where every key at hand is visible
+        visible = _one_sees_all(core, q, _remembered(body, core, q, k,
+                                                     _visible(body, core, q, k, True)))
+        if isinstance(visible, (ir.Call, ir.Cond)):  # None where every key at hand is visible
             name = body.fresh("visible")
             body.emit(ir.Assign((name,), visible, body.note(core.masks[0], None)))
             visible = ir.Ref(name)
@@ -194,6 +195,8 @@ def prepare(body: Steps, core: Core) -> None:
                    ("is_causal", NO_CACHE)]
     elif core.masks:
         kwargs += _mask(body, core, q, k, offset=cached)
+        if cached:
+            kwargs[-1] = ("attn_mask", _one_sees_all(core, q, kwargs[-1][1]))
     if scale is not None:
         kwargs.append(("scale", scale))
     sdpa = "F.scaled_dot_product_attention"
@@ -239,6 +242,16 @@ def _extend(body: Steps, core: Core, k: Val, v: Val, window: s.Expr | None
         if isinstance(expr, s.Name):
             body.scope.values[expr.id] = replace(body.expr(expr), code=ir.Ref(name))
     return replace(k, code=ir.Ref(names[0])), replace(v, code=ir.Ref(names[1]))
+
+
+def _one_sees_all(core: Core, q: Val, mask: ir.Expr) -> ir.Expr:
+    """Under a sliding window, one token decoded through the cache sees every key at hand
+    (the cache keeps the w − 1 before it): no mask then."""
+    if _window(core) is None:
+        return mask
+    one = ir.Bin("and", ir.Bin("is not", CACHE, ir.Lit("None")),
+                 ir.Bin("==", _count(q), ir.Lit("1")))
+    return ir.Cond(one, ir.Lit("None"), mask)
 
 
 def _window(core: Core) -> s.Expr | None:

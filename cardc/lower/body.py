@@ -1243,6 +1243,9 @@ class Body:
         items = [x for x in e.items if not isinstance(x, s.Ellipsis_)]
         if self.procedure and e.sep == "," and self.ty(e).elem == "ℕ":
             return self.sequence(e, items)
+        fused = self.low.passes.partial_rotary(self, e)
+        if fused is not None:
+            return fused
         fam = self.family_of(items[0].id) if isinstance(items[0], s.Name) else None
         ty = self.ty(e)
         if fam is not None and any(isinstance(x, s.Ellipsis_) for x in e.items):

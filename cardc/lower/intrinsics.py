@@ -18,7 +18,7 @@ from ..diagnostics import Diagnostics
 from ..dims import Dim
 from ..types import BundleTy, Ty
 from .context import Steps
-from .values import Family, Val, local_name
+from .values import Family, LowerError, Val, local_name
 
 _IGNORED = {"span", "var_span", "number", "annotation", "note", "where", "end_number"}
 _NAMES = {("Name", "id"), ("Sum", "index"), ("For", "var"), ("ForAll", "vars"),
@@ -178,6 +178,39 @@ class Passes:
             return None
         body.low.program.rope.add(helper)
         return _call(helper, x.code, body.expr(given).code)
+
+    def partial_rotary(self, body: Steps, e: s.Concat) -> Val | None:
+        """`[RoPE(X[:, 1 : r]), X[:, r + 1 : d]]`: RoPE on the first r columns of X, the rest
+        passed through, is one rotation of all of X whose tables leave the columns after r
+        unturned (`rotate_half(X, θ_base, width=r)`): no slices and no concatenation."""
+        if not self.fuse or len(e.items) != 2 or not isinstance(e.items[0], s.Call):
+            return None
+        rot, rest = e.items
+        call = body.info.calls.get(id(rot))
+        found = call and self.find(call.callee, "rope", "rope_pairs")
+        if not found or len(rot.args) != 1:
+            return None
+        head, tail = _columns(rot.args[0]), _columns(rest)
+        if head is None or tail is None or head[0] != tail[0]:
+            return None
+        x = body.expr(s.Name(head[0], span=rest.span))
+        if not x.lifted or x.rows or x.flipped or len(x.ty.shape) != 2:
+            return None
+        one = Dim.const(1)
+        try:
+            bounds = [[None if b is None else body.low.dim_value(body.alg, b) for b in part[1:]]
+                      for part in (head, tail)]
+        except LowerError:
+            return None
+        (lo, r), (after, end) = bounds
+        if lo not in (None, one) or r is None or after != r + one or \
+                end not in (None, x.ty.shape[1]):
+            return None
+        fused = self.call(body, rot, call)
+        if not (isinstance(fused, ir.Call) and fused.args):
+            return None
+        return Val(ir.Call(fused.func, (x.code, *fused.args[1:]),
+                           (*fused.kwargs, ("width", body.dim(r)))), body.ty(e), True)
 
     # ------------------------------------------------------------------ grouped-query attention
     def card_body(self, body: Steps) -> list[ir.Stmt] | None:
@@ -507,3 +540,14 @@ class GroupedQuery:
 
 def _const(n: int) -> Dim:
     return Dim.const(n)
+
+
+def _columns(e: s.Expr) -> tuple[str, s.Expr | None, s.Expr | None] | None:
+    """`X[:, lo : hi]`: the name X and the bounds of its column slice."""
+    if not (isinstance(e, s.Index) and isinstance(e.base, s.Name) and len(e.items) == 2):
+        return None
+    rows, cols = e.items
+    if not (isinstance(rows, s.Slice) and rows.lo is None and rows.hi is None and
+            isinstance(cols, s.Slice)):
+        return None
+    return e.base.id, cols.lo, cols.hi
