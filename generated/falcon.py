@@ -109,11 +109,12 @@ def rotate_half(X, theta_base, past=0, width=None):
 
 def grouped_sdpa(Q, K, V, **options):
     """F.scaled_dot_product_attention over heads on any leading axes. Keys and values shared
-    by a group of query heads arrive with a size-1 axis where the queries hold the group
-    (…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
-    if K.shape[-3] != 1 or Q.shape[-3] == 1:
+    by groups of query heads come in fewer heads, (…, H_kv, T, d) against (…, H, T, d) with
+    each group's heads side by side, or with a size-1 axis where the queries hold a group
+    ((…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
+    if K.shape[-3] == Q.shape[-3]:
         return F.scaled_dot_product_attention(Q, K, V, **options)
-    if Q.dim() == 4:  # one key/value head for every query head
+    if K.shape[-3] != 1 or Q.dim() == 4:
         return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, **options)
     groups = Q.shape[-4:-2]  # (key/value heads, query heads of each)
     Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),

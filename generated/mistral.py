@@ -125,11 +125,12 @@ def shared_mask(site, make, queries, keys, device, *numbers):
 
 def grouped_sdpa(Q, K, V, **options):
     """F.scaled_dot_product_attention over heads on any leading axes. Keys and values shared
-    by a group of query heads arrive with a size-1 axis where the queries hold the group
-    (…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
-    if K.shape[-3] != 1 or Q.shape[-3] == 1:
+    by groups of query heads come in fewer heads, (…, H_kv, T, d) against (…, H, T, d) with
+    each group's heads side by side, or with a size-1 axis where the queries hold a group
+    ((…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
+    if K.shape[-3] == Q.shape[-3]:
         return F.scaled_dot_product_attention(Q, K, V, **options)
-    if Q.dim() == 4:  # one key/value head for every query head
+    if K.shape[-3] != 1 or Q.dim() == 4:
         return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, **options)
     groups = Q.shape[-4:-2]  # (key/value heads, query heads of each)
     Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),
@@ -148,18 +149,17 @@ def WindowHead(Q, K, V, w, cache=None):
     return grouped_sdpa(Q, K, V, attn_mask=None if cache is not None and Q.shape[-2] == 1 else shared_mask(1, lambda: ~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w), Q.shape[-2], K.shape[-2], Q.device, w))  # (…, T, d_v)  [mistral.card:74]
 
 
-def WindowGroup(K, V, Q, theta_base, w, cache=None):
+def WindowGroup_heads(K, V, Q, theta_base, w, cache=None):
     """Y ← WindowGroup(K, V, Q | θ_base, w): G heads that share one key and one value head, each
     over the window of w positions up to its own; queries and keys are turned by RoPE first.
 
     Card: cards/mistral.card:55
     """
     past = 0 if cache is None else cache.pos  # tokens decoded before these
-    D_g = Q.shape[-1]
     d = K.shape[-1]
     K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [mistral.card:62]
-    Y_j = WindowHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), w=w, cache=cache)  # (…, G, T, d): every j at once  [mistral.card:63]
-    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [mistral.card:64]
+    Y_j = WindowHead(rotate_half(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base, past=past), K_tilde, V, w=w, cache=cache)  # (…, groups·G, T, d): every j of every group at once  [mistral.card:63]
+    return Y_j  # (…, T, d)  [mistral.card:64]
 
 
 class SlidingWindowAttention(nn.Module):
@@ -189,7 +189,7 @@ class SlidingWindowAttention(nn.Module):
         Q = X @ self.W_q  # (B, T, H d)  [mistral.card:48]
         K = X @ self.W_k  # (B, T, H_kv d)  [mistral.card:49]
         V = X @ self.W_v  # (B, T, H_kv d)  [mistral.card:50]
-        Y_g = WindowGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, w=self.w, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [mistral.card:51]
+        Y_g = WindowGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, theta_base=self.theta_base, w=self.w, cache=cache)  # every g at once, all their heads side by side on one axis  [mistral.card:51]
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [mistral.card:52]
         return Y @ self.W_o  # (B, T, D)  [mistral.card:53]
 

@@ -108,11 +108,12 @@ def rotate_half(X, theta_base, past=0, width=None):
 
 def grouped_sdpa(Q, K, V, **options):
     """F.scaled_dot_product_attention over heads on any leading axes. Keys and values shared
-    by a group of query heads arrive with a size-1 axis where the queries hold the group
-    (…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
-    if K.shape[-3] != 1 or Q.shape[-3] == 1:
+    by groups of query heads come in fewer heads, (…, H_kv, T, d) against (…, H, T, d) with
+    each group's heads side by side, or with a size-1 axis where the queries hold a group
+    ((…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
+    if K.shape[-3] == Q.shape[-3]:
         return F.scaled_dot_product_attention(Q, K, V, **options)
-    if Q.dim() == 4:  # one key/value head for every query head
+    if K.shape[-3] != 1 or Q.dim() == 4:
         return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, **options)
     groups = Q.shape[-4:-2]  # (key/value heads, query heads of each)
     Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),
@@ -130,18 +131,17 @@ def CausalHead(Q, K, V, cache=None):
     return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
 
 
-def AttentionGroup(K, V, Q, theta_base, cache=None):
+def AttentionGroup_heads(K, V, Q, theta_base, cache=None):
     """Y ← AttentionGroup(K, V, Q | θ_base): G causal heads that share one key and one value head;
     queries and keys are turned by RoPE first.
 
     Card: cards/nn/gqa.card:37
     """
     past = 0 if cache is None else cache.pos  # tokens decoded before these
-    D_g = Q.shape[-1]
     d = K.shape[-1]
     K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gqa.card:44]
-    Y_j = CausalHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), cache=cache)  # (…, G, T, d): every j at once  [gqa.card:45]
-    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [gqa.card:46]
+    Y_j = CausalHead(rotate_half(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base, past=past), K_tilde, V, cache=cache)  # (…, groups·G, T, d): every j of every group at once  [gqa.card:45]
+    return Y_j  # (…, T, d)  [gqa.card:46]
 
 
 class QKNormedAttention(nn.Module):
@@ -173,7 +173,7 @@ class QKNormedAttention(nn.Module):
         Q = F.rms_norm(X @ self.W_q, (self.H * self.d,), self.gamma_q, self.eps)  # (B, T, H d)  [olmo2.card:50]
         K = F.rms_norm(X @ self.W_k, (self.H_kv * self.d,), self.gamma_k, self.eps)  # (B, T, H_kv d)  [olmo2.card:51]
         V = X @ self.W_v  # (B, T, H_kv d)  [olmo2.card:52]
-        Y_g = AttentionGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [olmo2.card:53]
+        Y_g = AttentionGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, theta_base=self.theta_base, cache=cache)  # every g at once, all their heads side by side on one axis  [olmo2.card:53]
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [olmo2.card:54]
         return Y @ self.W_o  # (B, T, D)  [olmo2.card:55]
 

@@ -107,11 +107,12 @@ def rotate_half(X, theta_base, past=0, width=None):
 
 def grouped_sdpa(Q, K, V, **options):
     """F.scaled_dot_product_attention over heads on any leading axes. Keys and values shared
-    by a group of query heads arrive with a size-1 axis where the queries hold the group
-    (…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
-    if K.shape[-3] != 1 or Q.shape[-3] == 1:
+    by groups of query heads come in fewer heads, (…, H_kv, T, d) against (…, H, T, d) with
+    each group's heads side by side, or with a size-1 axis where the queries hold a group
+    ((…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
+    if K.shape[-3] == Q.shape[-3]:
         return F.scaled_dot_product_attention(Q, K, V, **options)
-    if Q.dim() == 4:  # one key/value head for every query head
+    if K.shape[-3] != 1 or Q.dim() == 4:
         return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, **options)
     groups = Q.shape[-4:-2]  # (key/value heads, query heads of each)
     Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),
@@ -129,7 +130,7 @@ def CausalHead(Q, K, V, cache=None):
     return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
 
 
-def QKNormGroup(K, V, Q, gamma_q, gamma_k, eps, theta_base, cache=None):
+def QKNormGroup_heads(K, V, Q, gamma_q, gamma_k, eps, theta_base, cache=None):
     """Y ← QKNormGroup(K, V, Q | γ_q, γ_k): G causal heads that share one key and one value head;
     queries and keys are normalised by an RMSNorm, then turned by RoPE.
 
@@ -137,10 +138,9 @@ def QKNormGroup(K, V, Q, gamma_q, gamma_k, eps, theta_base, cache=None):
     """
     past = 0 if cache is None else cache.pos  # tokens decoded before these
     d = K.shape[-1]
-    D_g = Q.shape[-1]
     K_tilde = rotate_half(F.rms_norm(K, (d,), gamma_k, eps), theta_base, past=past)  # (…, T, d)  [qwen3.card:85]
-    Y_j = CausalHead(rotate_half(F.rms_norm(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), (d,), gamma_q, eps), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), cache=cache)  # (…, G, T, d): every j at once  [qwen3.card:86]
-    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [qwen3.card:87]
+    Y_j = CausalHead(rotate_half(F.rms_norm(Q.unflatten(-1, (-1, d)).transpose(-3, -2), (d,), gamma_q, eps), theta_base, past=past), K_tilde, V, cache=cache)  # (…, groups·G, T, d): every j of every group at once  [qwen3.card:86]
+    return Y_j  # (…, T, d)  [qwen3.card:87]
 
 
 class QKNormAttention(nn.Module):
@@ -172,7 +172,7 @@ class QKNormAttention(nn.Module):
         Q = X @ self.W_q  # (B, T, H d)  [qwen3.card:70]
         K = X @ self.W_k  # (B, T, H_kv d)  [qwen3.card:71]
         V = X @ self.W_v  # (B, T, H_kv d)  [qwen3.card:72]
-        Y_g = QKNormGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), gamma_q=self.gamma_q, gamma_k=self.gamma_k, eps=self.eps, theta_base=self.theta_base, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [qwen3.card:73]
+        Y_g = QKNormGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, gamma_q=self.gamma_q, gamma_k=self.gamma_k, eps=self.eps, theta_base=self.theta_base, cache=cache)  # every g at once, all their heads side by side on one axis  [qwen3.card:73]
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [qwen3.card:74]
         return Y @ self.W_o  # (B, T, D)  [qwen3.card:75]
 

@@ -109,26 +109,17 @@ def rotate_half(X, theta_base, past=0, width=None):
 
 def grouped_sdpa(Q, K, V, **options):
     """F.scaled_dot_product_attention over heads on any leading axes. Keys and values shared
-    by a group of query heads arrive with a size-1 axis where the queries hold the group
-    (…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
-    if K.shape[-3] != 1 or Q.shape[-3] == 1:
+    by groups of query heads come in fewer heads, (…, H_kv, T, d) against (…, H, T, d) with
+    each group's heads side by side, or with a size-1 axis where the queries hold a group
+    ((…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
+    if K.shape[-3] == Q.shape[-3]:
         return F.scaled_dot_product_attention(Q, K, V, **options)
-    if Q.dim() == 4:  # one key/value head for every query head
+    if K.shape[-3] != 1 or Q.dim() == 4:
         return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, **options)
     groups = Q.shape[-4:-2]  # (key/value heads, query heads of each)
     Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),
                                        enable_gqa=True, **options)
     return Y.unflatten(-3, groups)
-
-
-def PartialRoPE(X, d_r, theta_base, cache=None):
-    """Y ← PartialRoPE(X | θ_base, d_r): RoPE (rotate-half, frequencies from the width d_r) on the
-    first d_r columns; the rest pass through.
-
-    Card: cards/stablelm2.card:67
-    """
-    past = 0 if cache is None else cache.pos  # tokens decoded before these
-    return rotate_half(X, theta_base, width=d_r, past=past)  # (…, T, d)  [stablelm2.card:72]
 
 
 def CausalHead(Q, K, V, cache=None):
@@ -141,17 +132,26 @@ def CausalHead(Q, K, V, cache=None):
     return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
 
 
-def PartialRotaryGroup(K, V, Q, d_r, theta_base, cache=None):
+def PartialRoPE(X, d_r, theta_base, cache=None):
+    """Y ← PartialRoPE(X | θ_base, d_r): RoPE (rotate-half, frequencies from the width d_r) on the
+    first d_r columns; the rest pass through.
+
+    Card: cards/stablelm2.card:67
+    """
+    past = 0 if cache is None else cache.pos  # tokens decoded before these
+    return rotate_half(X, theta_base, width=d_r, past=past)  # (…, T, d)  [stablelm2.card:72]
+
+
+def PartialRotaryGroup_heads(K, V, Q, d_r, theta_base, cache=None):
     """Y ← PartialRotaryGroup(K, V, Q | θ_base, d_r): G causal heads that share one key and one
     value head; the first d_r columns of queries and keys are turned by RoPE first.
 
     Card: cards/stablelm2.card:56
     """
-    D_g = Q.shape[-1]
     d = K.shape[-1]
     K_tilde = PartialRoPE(K, theta_base=theta_base, d_r=d_r, cache=cache)  # (…, T, d)  [stablelm2.card:63]
-    Y_j = CausalHead(PartialRoPE(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base=theta_base, d_r=d_r, cache=cache), K_tilde.unsqueeze(-3), V.unsqueeze(-3), cache=cache)  # (…, G, T, d): every j at once  [stablelm2.card:64]
-    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [stablelm2.card:65]
+    Y_j = CausalHead(PartialRoPE(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base=theta_base, d_r=d_r, cache=cache), K_tilde, V, cache=cache)  # (…, groups·G, T, d): every j of every group at once  [stablelm2.card:64]
+    return Y_j  # (…, T, d)  [stablelm2.card:65]
 
 
 class PartialRotaryAttention(nn.Module):
@@ -184,7 +184,7 @@ class PartialRotaryAttention(nn.Module):
         Q = F.linear(X, self.W_q.T, self.b_q)  # (B, T, D)  [stablelm2.card:49]
         K = F.linear(X, self.W_k.T, self.b_k)  # (B, T, D H_kv/H)  [stablelm2.card:50]
         V = F.linear(X, self.W_v.T, self.b_v)  # (B, T, D H_kv/H)  [stablelm2.card:51]
-        Y_g = PartialRotaryGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.D // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, d_r=self.d_r, cache=cache)  # (B, H_kv, T, D/H_kv): every g at once  [stablelm2.card:52]
+        Y_g = PartialRotaryGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, theta_base=self.theta_base, d_r=self.d_r, cache=cache)  # every g at once, all their heads side by side on one axis  [stablelm2.card:52]
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [stablelm2.card:53]
         return Y @ self.W_o  # (B, T, D)  [stablelm2.card:54]
 

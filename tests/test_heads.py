@@ -285,3 +285,15 @@ def test_lowering_modules_import_one_way():
 
     for node in graph:
         visit(node, ())
+
+
+def test_a_map_over_groups_hands_the_group_every_head_on_one_axis():
+    """Groups of query heads that share one key and value head are one call whose queries
+    hold every head of every group on one axis, SDPA's grouped-query layout: keys get no
+    size-1 axis and the heads are joined once. Keys that reach more than SDPA (a soft cap
+    multiplies them with the queries) keep the nested layout, which broadcasting needs."""
+    (name, fused, _, _), = _compile(ROOT / "tests" / "cards" / "heads" / "grouped_window.card")
+    assert "_heads(" in fused and "unsqueeze" not in fused, name
+    assert "Q.unflatten(-1, (-1, d)).transpose(-3, -2)" in fused
+    for name, fused, _, _ in _compile(ROOT / "cards" / "gemma2.card"):  # groups, soft-capped
+        assert "SoftCappedGroup(" in fused and "_heads(" not in fused, name

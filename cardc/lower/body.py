@@ -172,6 +172,7 @@ class Body:
         self.scope = scope
         self.dim_of = dim
         self.lead = lead  # how batch axes read in shape comments: "B" or "…"
+        self.merged: frozenset[str] = frozenset()  # inputs whose columns are every head's (heads)
         self.file = lowering.lib.file_of(alg)
         self.out: list[ir.Stmt] = []
         self.sum_axis: tuple[str, Dim] | None = None  # Σ_i: the index and its range
@@ -1249,6 +1250,8 @@ class Body:
         fam = self.family_of(items[0].id) if isinstance(items[0], s.Name) else None
         ty = self.ty(e)
         if fam is not None and any(isinstance(x, s.Ellipsis_) for x in e.items):
+            if fam.merged:  # returned as it is: the caller joins every group's heads at once
+                return replace(fam.stacked, ty=Ty(fam.ty.shape, ty.elem))
             if fam.positions:  # [e_1, …, e_ℓ]: the columns, already stored as rows
                 return replace(fam.stacked, ty=ty, rows=(), flipped=True)
             if fam.stacked is not None:  # (…, H, T, d) → (…, T, H·d)

@@ -56,7 +56,7 @@ class Lowering:
         self.passes = Passes(fuse)
         self.program = ir.Program(sources=[])
         self._modules: dict[int, ir.Module] = {}
-        self._functions: dict[int, str] = {}
+        self._functions: dict[tuple[int, frozenset[str]], str] = {}
         self._ctor: dict[int, list[str]] = {}
         self._decodes: dict[int, bool] = {}
         self._walks: dict[tuple[int, Callable], Any] = {}  # what a card's steps hold, by finder
@@ -402,21 +402,35 @@ class Lowering:
         return set() if arg in sig.defaults else {arg}
 
     # ------------------------------------------------------------------ functions
-    def function(self, alg: s.Algorithm) -> str:
-        if id(alg) in self._functions:
-            return self._functions[id(alg)]
-        name = local_name(alg.label)
-        self._functions[id(alg)] = name
+    def function(self, alg: s.Algorithm, merged: frozenset[str] = frozenset()) -> str:
+        """The function of a card without parameters of its own. With `merged`, the variant
+        whose inputs of those names arrive as every head of every group on one axis, for
+        a map over groups of heads (cardc.lower.heads): it returns the heads unjoined."""
+        key = id(alg), merged
+        if key in self._functions:
+            return self._functions[key]
+        name = local_name(alg.label) + ("_heads" if merged else "")
+        self._functions[key] = name
+        try:
+            return self._function(alg, name, merged)
+        except LowerError:
+            del self._functions[key]
+            raise
+
+    def _function(self, alg: s.Algorithm, name: str, merged: frozenset[str]) -> str:
         info = self.checker.info(alg)
         sig = info.sig
         args: list[ir.Arg] = []
         scope = Scope()
         shapes: dict[str, ir.Expr] = {}
+        told: dict[str, ir.Expr] = {}  # sizes only merged inputs give: neither read nor passed
         column = sig.layout == "column"
         for arg, ty in sig.inputs:
             args.append(ir.Arg(local_name(arg)))
             scope.values[arg] = Val(ir.Ref(local_name(arg)), ty, True, column and ty.rank == 2)
-            _note_dims(shapes, local_name(arg), _stored(sig, ty.shape), negative=True)
+            # a merged input's width is a head's, not the card's: no size is read from it
+            _note_dims(told if arg in merged else shapes, local_name(arg),
+                       _stored(sig, ty.shape), negative=True)
         for pname, entry in sig.params:
             if pname in sig.hypers:
                 continue
@@ -429,7 +443,8 @@ class Lowering:
         given: set[str] = set()  # sizes no argument's shape tells (a window w): passed in
         for hname in card_names(sig):
             hty = sig.hypers[hname]
-            if hty.shape or hty.value is None or _unshaped(hname, hty, shapes, sig, bound):
+            if hty.shape or hty.value is None or \
+                    _unshaped(hname, hty, {**told, **shapes}, sig, bound):
                 default = sig.defaults.get(hname)
                 args.append(ir.Arg(local_name(hname), _ctor_value(default) if default else None))
                 scope.values[hname] = Val(ir.Ref(local_name(hname)), hty, False,
@@ -452,6 +467,7 @@ class Lowering:
             return ir.Ref(local_name(sym))
 
         body = Body(self, alg, info, scope, dim_of, "…")
+        body.merged = merged
         if sig.inputs:  # else device_expr() reports the card, where a device is needed
             body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
         stmts = body.run()

@@ -28,7 +28,7 @@ class Lowerer(Protocol):
 
     def walk(self, alg: s.Algorithm, find: Callable[[s.Algorithm], Any]) -> Any: ...
 
-    def function(self, alg: s.Algorithm) -> str: ...
+    def function(self, alg: s.Algorithm, merged: frozenset[str] = frozenset()) -> str: ...
 
     def decodes(self, alg: s.Algorithm) -> bool: ...
 
@@ -48,6 +48,7 @@ class Steps(Protocol):
     buffers: list[ir.Buffer]
     dim_of: Callable[[str], ir.Expr]
     lead: str
+    merged: frozenset[str]
     column: bool
     given: dict[int, Val]
     point: dict[str, tuple[int, int, Dim]]

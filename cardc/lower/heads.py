@@ -30,7 +30,7 @@ from ..dims import Dim
 from ..spelling import display
 from ..types import BundleTy, FamilyTy, Ty
 from .context import Steps
-from .values import Family, Stacked, Val, attr_name, local_name
+from .values import Family, LowerError, Stacked, Val, attr_name, local_name
 
 
 def _int(n: int) -> ir.Lit:
@@ -51,6 +51,7 @@ class HeadMap:
     def __init__(self, body: Steps, st: s.For, call: CallInfo, count: Dim):
         self.body, self.st, self.call, self.count = body, st, call, count
         self.var = st.var
+        self.merged = bool(body.merged)  # the heads of a group in a merged variant (below)
 
     # ------------------------------------------------------------------ arguments
     def argument(self, e: s.Expr) -> Val:
@@ -86,12 +87,33 @@ class HeadMap:
     def shared(self, val: Val) -> Val:
         if val.rows or val.flipped:
             raise _Declined
-        if not val.lifted:  # a parameter or a number broadcasts from the right already
+        if not val.lifted or self.merged:  # a number broadcasts; merged: SDPA's groups share it
             return val
         return replace(val, code=_method(val.code, "unsqueeze", _int(-len(val.ty.shape) - 1)))
 
     def block(self, e: s.Index) -> Val:
         """`X[:, (h − 1) w + 1 : h w]` for every h: X's columns as H blocks of w."""
+        base, width, code = self.columns(e)
+        if e.base.id in self.body.merged:  # every group's columns: split into all their heads
+            heads = _method(_method(base.code, "unflatten", _int(-1), ir.Seq((
+                _int(-1), self.body.dim(width)))), "transpose", _int(-3), _int(-2))
+            return Val(heads, Ty((base.ty.shape[0], width), base.ty.elem), True)
+        split = ir.Seq((self.body.dim(self.count), self.body.dim(width)))
+        heads = _method(_method(code, "unflatten", _int(-1), split), "transpose", _int(-3),
+                        _int(-2))
+        return Val(heads, Ty((base.ty.shape[0], width), base.ty.elem), True)
+
+    def whole(self, e: s.Expr) -> Val:
+        """The block argument `X[:, (h − 1) w + 1 : h w]` of an input the callee takes merged:
+        X's columns (those the blocks cover) as they are, for the callee to split."""
+        if not (isinstance(e, s.Index) and isinstance(e.base, s.Name) and len(e.items) == 2
+                and _is_all(e.items[0]) and isinstance(e.items[1], s.Slice)):
+            raise _Declined
+        base, _, code = self.columns(e)
+        return Val(code, base.ty, True)
+
+    def columns(self, e: s.Index) -> tuple[Val, Dim, ir.Expr]:
+        """X, the width w of its blocks, and the columns they cover (all of X, or the first)."""
         item = e.items[1]
         if item.lo is None or item.hi is None:
             raise _Declined
@@ -106,10 +128,7 @@ class HeadMap:
         code = base.code
         if base.ty.shape[1] != self.count * width:  # the blocks cover only the first columns
             code = ir.Sub(code, (ir.Ref("..."), ir.SliceX(None, self.body.dim(self.count * width))))
-        split = ir.Seq((self.body.dim(self.count), self.body.dim(width)))
-        heads = _method(_method(code, "unflatten", _int(-1), split), "transpose", _int(-3),
-                        _int(-2))
-        return Val(heads, Ty((base.ty.shape[0], width), base.ty.elem), True)
+        return base, width, code
 
     # ------------------------------------------------------------------ parameters
     def parameter(self, name: str, rank: int) -> ir.Expr:
@@ -183,24 +202,166 @@ def vectorise(body: Steps, st: s.For, step: s.Step) -> bool:
     if callee.layout == "column" or body.column:
         return False
     heads = HeadMap(body, st, call, body.size(st.over.items[0]))
-    try:
-        args = [heads.argument(a) for a in e.args]
-        args += [args[0]] * (len(callee.inputs) - len(args))  # Z = X: self-attention
-        rank = max((len(a.ty.shape) for a in args if a.lifted), default=0)
-        kwargs = heads.parameters(rank)
-    except _Declined:
+    merged = _group(body, assign.target.id, call)
+    found = _lowered(body, heads, e, merged) if merged else None
+    if found is None:
+        merged = frozenset()
+        found = _lowered(body, heads, e, merged)
+    if found is None:
         return False
-    kwargs += [(local_name(n), body.hyper_value(call, n, g)) for n, g in call.hypers.items()]
-    fn = body.low.function(call.callee)
+    fn, args, kwargs = found
     ty = body.ty(e)
     local = body.fresh(f"{attr_name(assign.target.id, st.var)}_{local_name(st.var)}")
     shape = ", ".join(body.dim_text(d) for d in (heads.count, *ty.shape))
+    note = f"({body.lead}, {shape}): every {display(st.var)} at once"
+    if merged:
+        note = f"every {display(st.var)} at once, all their heads side by side on one axis"
+    elif heads.merged:
+        rest = ", ".join(body.dim_text(d) for d in ty.shape)
+        note = f"({body.lead}, groups·{body.dim_text(heads.count)}, {rest}): every " \
+               f"{display(st.var)} of every group at once"
     code = ir.Call(ir.Ref(fn), tuple(a.code for a in args), tuple(kwargs))
-    body.emit(ir.Assign((local,), code, body.note(step, None, f"({body.lead}, {shape}): "
-                                                             f"every {display(st.var)} at once")))
-    fam = Family(st.var, local, ty, Val(ir.Ref(local), Ty(ty.shape, ty.elem), True))
+    body.emit(ir.Assign((local,), code, body.note(step, None, note)))
+    fam = Family(st.var, local, ty, Val(ir.Ref(local), Ty(ty.shape, ty.elem), True),
+                 merged=heads.merged)
     body.scope.values[assign.target.id] = fam
     return True
+
+
+def _lowered(body: Steps, heads: HeadMap, e: s.Call, merged: frozenset[str]
+             ) -> tuple[str, list[Val], list[tuple[str, ir.Expr]]] | None:
+    """The mapped card's function (its variant taking `merged` inputs merged), its
+    arguments with their head axes and its keyword arguments; None if the map's arguments
+    take a form this vectorisation does not handle."""
+    call = heads.call
+    callee = body.low.checker.info(call.callee).sig
+    names = [n for n, _ in callee.inputs]
+    try:
+        args = [heads.whole(a) if n in merged else heads.argument(a)
+                for n, a in zip(names, e.args, strict=False)]
+        args += [args[0]] * (len(callee.inputs) - len(args))  # Z = X: self-attention
+        rank = max((len(a.ty.shape) for a in args if a.lifted), default=0)
+        kwargs = heads.parameters(rank)
+        if heads.merged and kwargs:
+            raise _Declined  # tensors per head beside every group's heads on one axis
+    except _Declined:
+        return None
+    kwargs += [(local_name(n), body.hyper_value(call, n, g)) for n, g in call.hypers.items()]
+    try:
+        fn = body.low.function(call.callee, merged)
+    except LowerError:
+        if not merged:
+            raise
+        return None
+    return fn, args, kwargs
+
+
+# ------------------------------------------------------------------ groups of heads
+def _group(body: Steps, target: str, call: CallInfo) -> frozenset[str]:
+    """The inputs a map over groups can hand its card merged: every group's heads on one
+    axis, `(…, H, T, d)` for H = groups × heads per group, as SDPA's grouped-query attention
+    takes them, instead of `(…, groups, heads, T, d)` against keys `(…, groups, 1, T, d)`.
+
+    The card must be a group of heads: steps on its inputs, then one map over its heads
+    whose card has no tensors of its own, then `return Y = [Y^1, …, Y^G]`. An input the map
+    reads as blocks of columns (through RoPE or a norm, say) and that nothing else reads is
+    merged; the map's other arguments are shared by the group's heads and must reach only
+    the SDPA of the head's card, which shares them among the heads of each group. The
+    result then holds every head, and the caller's family must be read only joined."""
+    if body.merged:
+        return frozenset()
+    checker = body.low.checker
+    card = call.callee
+    steps = card.steps
+    if not steps or not isinstance(steps[-1].stmt, s.Return):
+        return frozenset()
+    loops = [x.stmt for x in steps[:-1] if isinstance(x.stmt, s.For)]
+    if len(loops) != 1 or len(loops[0].body) != 1:
+        return frozenset()
+    loop = loops[0]
+    inner = loop.body[0].stmt
+    if not (isinstance(inner, s.Assign) and isinstance(inner.target, s.Name) and
+            isinstance(inner.value, s.Call)) or not _joins(steps[-1].stmt.value, inner.target.id):
+        return frozenset()
+    head = checker.info(card).calls.get(id(inner.value))
+    if head is None:
+        return frozenset()
+    head_sig = checker.info(head.callee).sig
+    if any(n not in head_sig.hypers for n, _ in head_sig.params):
+        return frozenset()  # tensors of its own, per head
+    inputs = {n for n, _ in checker.info(card).sig.inputs}
+    merged: set[str] = set()
+    shared: list[str] = []
+    for (slot, _), arg in zip(head_sig.inputs, inner.value.args, strict=False):
+        if loop.var not in _names(arg):
+            shared.append(slot)
+            continue
+        blocks = [n for n in s.nodes(arg) if isinstance(n, s.Index) and
+                  isinstance(n.base, s.Name) and n.base.id in inputs]
+        if len(blocks) != 1:
+            return frozenset()
+        merged.add(blocks[0].base.id)
+    reads = [n.id for x in steps for n in s.nodes(x.stmt) if isinstance(n, s.Name)]
+    within = [n.id for a in inner.value.args for n in s.nodes(a) if isinstance(n, s.Name)]
+    if not merged or any(reads.count(m) != within.count(m) for m in merged):
+        return frozenset()
+    if not _only_joined(body.alg, target) or \
+            not _sdpa_only(body, head.callee, {local_name(x) for x in shared}):
+        return frozenset()
+    return frozenset(merged)
+
+
+def _joins(e: s.Expr, member: str) -> bool:
+    """`[Y^1, Y^2, …, Y^G]`: the members of the family of `member` (Y^j), joined."""
+    base = member.split("^")[0]
+    return isinstance(e, s.Concat) and any(isinstance(x, s.Ellipsis_) for x in e.items) and \
+        all(isinstance(x, s.Ellipsis_) or isinstance(x, s.Name) and
+            x.id.split("^")[0] == base and "^" in x.id for x in e.items)
+
+
+def _only_joined(alg: s.Algorithm, member: str) -> bool:
+    """Every other mention of the family of `member` in `alg` is inside its join."""
+    base = member.split("^")[0]
+    joined: set[int] = set()
+    mentions: list[s.Name] = []
+    for step in alg.steps:
+        for n in s.nodes(step.stmt):
+            if isinstance(n, s.Concat) and _joins(n, member):
+                joined |= {id(x) for x in n.items}
+            elif isinstance(n, s.Name) and "^" in n.id and n.id.split("^")[0] == base:
+                mentions.append(n)
+    return all(id(n) in joined or n.id == member for n in mentions)
+
+
+def _sdpa_only(body: Steps, card: s.Algorithm, names: set[str]) -> bool:
+    """The arguments `names` of `card`'s function reach nothing but its SDPA call (keys and
+    values), the KV cache, and reads of their sizes."""
+    fn = body.low.function(card)
+    found = next((f for f in body.low.program.functions if f.name == fn), None)
+    if found is None:
+        return False
+    stray: list[str] = []
+
+    def visit(e):
+        if isinstance(e, ir.Call) and (e.func == ir.Ref("grouped_sdpa") or
+                                       e.func == ir.Attr(ir.Ref("cache"), "extend")):
+            return e  # allowed: do not descend
+        if isinstance(e, ir.Attr) and e.name == "shape":
+            return e
+        if isinstance(e, ir.Ref) and e.id in names:
+            stray.append(e.id)
+        return None
+
+    for st in found.body:
+        ir.rewrite(st, visit)
+    return not stray and "grouped_sdpa" in _ref_ids(found.body)
+
+
+def _ref_ids(stmts) -> set[str]:
+    seen: set[str] = set()
+    for st in stmts:
+        ir.rewrite(st, lambda e: seen.add(e.id) if isinstance(e, ir.Ref) else None)
+    return seen
 
 
 def _names(e) -> set[str]:

@@ -95,6 +95,7 @@ class Family:
     stacked: Val | None = None
     positions: bool = False  # a map over positions: `stacked` holds every member as rows
     flipped: bool = False  # members are matrices stored flipped
+    merged: bool = False  # `stacked` holds the heads of every group on one axis (cardc.lower.heads)
 
 
 @dataclass
