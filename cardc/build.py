@@ -130,10 +130,10 @@ def generated_cards(lib: Library, checker: Checker,
 
 
 def module_path(lib: Library, alg: s.Algorithm, out_dir: str | Path,
-                root: str | Path | None) -> Path:
+                root: str | Path | list | None) -> Path:
+    """generated/<the card's folder under the library root>/<card name>.py."""
     if isinstance(root, list):
         root = root[0] if root else None
-    """generated/<the card's folder under the library root>/<card name>.py."""
     folder = Path(lib.file_of(alg).path).parent
     try:
         sub = folder.resolve().relative_to(Path(root).resolve()) if root else Path()
