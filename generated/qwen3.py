@@ -41,8 +41,8 @@ class KVCache:
         if layer in self.kv:
             K_past, V_past = self.kv[layer]
             K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
-        drop = 0 if keep is None else max(0, K.shape[-2] - keep)
-        self.kv[layer] = K[..., drop:, :], V[..., drop:, :]
+        drop = 0 if keep is None else K.shape[-2] - keep
+        self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
         return K, V
 
     def mask(self, Q, K):
