@@ -191,6 +191,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from .build import files_used
     from .checker import check
+    from .flops import card_cost
     from .info import PresetError, summarize
     from .presets import validate
 
@@ -208,7 +209,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     try:
         overrides = _overrides(args.set)
         validate(checker, alg, args.preset, overrides, _set_flags(args.set))
-        summary = summarize(checker.infos[id(alg)].sig, args.preset, overrides)
+        summary = summarize(checker.infos[id(alg)].sig, args.preset, overrides,
+                            card_cost(checker, alg), args.seq, args.batch)
     except PresetError as err:
         return _report(err.card_error(diags.sources).diagnostics)
     print(summary.text())
@@ -746,13 +748,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the output format")
     r.set_defaults(run=cmd_render)
 
-    i = sub.add_parser("info", help="parameter count and hyperparameters at a preset")
+    i = sub.add_parser("info", help="hyperparameters, parameters, FLOPs and memory at a preset")
     i.add_argument("card", help="a card file")
     i.add_argument("--preset", help="the card's preset to evaluate (default: none, the card's "
                                     "own defaults and --set)")
     i.add_argument("--name", help="which card of the file (default: the first)")
     i.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="set a hyperparameter; repeat for more (default: none)")
+    i.add_argument("--seq", type=_count(1, 2**31), help="sequence length for FLOPs per token and "
+                                                 "activation memory (default: a formula in it)")
+    i.add_argument("--batch", type=_count(1, 2**31), default=1,
+                   help="sequences per batch for activation memory (default: 1)")
     i.set_defaults(run=cmd_info)
 
     d = sub.add_parser("diff", help="how two cards' architectures differ, step by step")

@@ -1,4 +1,5 @@
-"""Figures a card implies at a preset: hyperparameter values and parameter counts."""
+"""Figures a card implies at a preset: hyperparameter values, parameter counts and memory,
+and the FLOPs and activation memory its math implies (cardc.flops)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from fractions import Fraction
 from . import syntax as s
 from .checker import Signature
 from .dims import Dim
+from .flops import Cost
 from .presets import PresetError, find_preset, in_ranges, own_values
-from .types import BundleTy, Entry, FamilyTy, Ty
+from .spelling import display
+from .types import BundleTy, Entry, FamilyTy, Ty, subst_dim
 
 
 def preset_values(sig: Signature, preset: str | None, overrides: dict[str, float]) -> dict[str, float]:
@@ -50,26 +53,99 @@ def count(entry: Entry, env: dict[str, float], span: s.Span) -> int:
     return sum(count(e, env, span) for e in entry.members.values())
 
 
+DTYPES = {"fp32": 4, "bf16": 2}  # bytes per value
+
+
 @dataclass
 class Summary:
     card: str
     preset: str | None
     values: dict[str, float]
     parameters: int
+    compute: Compute | None = None
 
     def text(self) -> str:
         hyper = ", ".join(f"{k} = {_fmt(v)}" for k, v in self.values.items())
+        memory = ", ".join(f"{_bytes(self.parameters * n)} {k}" for k, n in DTYPES.items())
         lines = [f"{self.card}" + (f" (preset {self.preset})" if self.preset else ""),
                  f"  hyperparameters: {hyper}",
-                 f"  parameters: {self.parameters:,}"]
+                 f"  parameters: {self.parameters:,} ({memory})"]
+        if self.compute is not None:
+            lines += self.compute.lines()
         return "\n".join(lines)
+
+
+@dataclass
+class Compute:
+    """FLOPs per token and activation memory at a sequence length (symbolic without one)."""
+
+    length: str | None  # the sequence length's symbol (T), None: the card has none
+    seq: int | None  # its value, if given
+    batch: int
+    per_token: Dim  # forward FLOPs per token, in `length` only
+    values: Dim  # entries of the values one sequence computes, in `length` only
+
+    def lines(self) -> list[str]:
+        t = self.length
+        if t is None or self.seq is not None:
+            env = {} if t is None else {t: self.seq}
+            fwd = self.per_token.evaluate(env)
+            where = "" if t is None else f" at {display(t)} = {self.seq}"
+            acts = self.values.evaluate(env) * self.batch
+            return [f"  FLOPs per token{where}: forward {_count(fwd)}, training {_count(3 * fwd)}",
+                    f"  activations{where}, batch {self.batch}: " +
+                    ", ".join(f"{_bytes(acts * n)} {k}" for k, n in DTYPES.items())]
+        return [f"  FLOPs per token: forward {_poly(self.per_token, t)}, training 3× that "
+                f"({display(t)}: the sequence length; --seq to evaluate)",
+                f"  activations per sequence: {_poly(self.values, t)} values (--seq, --batch)"]
 
 
 def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
-def summarize(sig: Signature, preset: str | None, overrides: dict[str, float] | None = None) -> Summary:
+def summarize(sig: Signature, preset: str | None, overrides: dict[str, float] | None = None,
+              cost: Cost | None = None, seq: int | None = None, batch: int = 1) -> Summary:
+    """The figures at a preset; with the card's `cost` (cardc.flops), its compute too."""
     env = preset_values(sig, preset, overrides or {})
     params = count(sig.tree, env, sig.alg.span) if isinstance(sig.tree, BundleTy) else 0
-    return Summary(sig.alg.label or "", preset, env, params)
+    compute = None if cost is None else _compute(sig, env, cost, seq, batch)
+    return Summary(sig.alg.label or "", preset, env, params, compute)
+
+
+def _compute(sig: Signature, env: dict[str, float], cost: Cost, seq: int | None,
+             batch: int) -> Compute | None:
+    """The cost at these hyperparameters, per token of the first input's sequence length."""
+    lengths = [sym for _, ty in sig.inputs if isinstance(ty, Ty) for d in ty.shape
+               if d is not None for sym in d.symbols if sym not in env]
+    length = lengths[0] if lengths else None
+    fixed = {k: Dim.const(Fraction(v)) for k, v in env.items()}
+    flops, values = subst_dim(cost.flops, fixed), subst_dim(cost.values, fixed)
+    if {*flops.symbols, *values.symbols} - {length}:
+        return None  # a size no hyperparameter gives: no figure
+    per_token = flops if length is None else flops / Dim.sym(length)
+    return Compute(length, seq, batch, per_token, values) if per_token is not None else None
+
+
+def _poly(d: Dim, t: str) -> str:
+    """`94,371,840 + 36,864·T`: a polynomial in one symbol, highest power last."""
+    parts = []
+    for mono, coef in sorted(d.terms, key=lambda tc: dict(tc[0]).get(t, 0)):
+        power = dict(mono).get(t, 0)
+        sym = "" if power == 0 else display(t) if power == 1 else f"{display(t)}^{power}"
+        parts.append(_count(coef) + ("·" + sym if sym else ""))
+    return " + ".join(parts) or "0"
+
+
+def _count(n: Fraction | float) -> str:
+    n = float(n)
+    return f"{n:,.0f}" if n.is_integer() or abs(n) >= 100 else f"{n:.3g}"
+
+
+def _bytes(n: Fraction | float) -> str:
+    n = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1000
+    return f"{n:.3g} TB"
