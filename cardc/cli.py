@@ -163,16 +163,44 @@ def cmd_render(args: argparse.Namespace) -> int:
     from .parser import parse_file
     from .render.text import render_card
 
-    if args.to != "text":
-        raise UsageError(f"--to {args.to} is not available yet; use --to text")
+    if args.to in ("html", "md"):
+        raise UsageError(f"--to {args.to} is not available yet; use --to text or --to latex")
+    if args.standalone and args.to != "latex":
+        raise UsageError("--standalone goes with --to latex")
+    paths = _require_cards(args.paths)
+    if args.to == "latex":
+        return _render_latex(args, paths)
     diags = Diagnostics()
     out = []
-    for path in _require_cards(args.paths):
+    for path in paths:
         out.append(render_card(parse_file(path, diags)))
     code = _report(diags)
     if code == EXIT_OK:
         sys.stdout.write("\n".join(out))
     return code
+
+
+def _render_latex(args: argparse.Namespace, paths: list[Path]) -> int:
+    """LaTeX of the cards, typeset from the checker's types where they check (a card that
+    does not check still renders, its names in their letters' own style)."""
+    from .checker import check
+    from .render.latex import render_latex
+
+    lib, targets = load([str(p) for p in paths], root=_library(args, [str(p) for p in paths]))
+    parse_errors = Diagnostics([d for d in lib.diags.items if d.span.file in set(targets)],
+                               lib.diags.sources)
+    if _report(parse_errors):
+        return EXIT_ERROR
+    checker, _ = check(lib)
+    files = {str(Path(f.path)): f for f in lib.files}
+    out = [render_latex(files[str(Path(t))], checker, args.standalone and len(targets) == 1)
+           for t in targets]
+    if args.standalone and len(targets) > 1:
+        from .render.latex import standalone
+
+        out = [standalone("\n".join(out))]
+    sys.stdout.write("\n".join(out))
+    return EXIT_OK
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -746,6 +774,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("paths", nargs="+", help="card files or folders")
     r.add_argument("--to", default="text", choices=["text", "latex", "html", "md"],
                    help="the output format")
+    r.add_argument("--standalone", action="store_true",
+                   help="with --to latex: a whole document pdflatex compiles (default: the "
+                        "algorithms only, for a document whose preamble has "
+                        "cardc.render.latex.PREAMBLE)")
     r.set_defaults(run=cmd_render)
 
     i = sub.add_parser("info", help="hyperparameters, parameters, FLOPs and memory at a preset")
@@ -856,7 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: cards)")
     ex.set_defaults(run=cmd_export)
 
-    for sp in (c, i, b, d, t, sa, im):
+    for sp in (c, r, i, b, d, t, sa, im):
         sp.add_argument("--library", action="append", metavar="PATH",
                         help="a folder of cards that calls resolve against after the card's own "
                              "folder and those above it, before the library cardc ships; "

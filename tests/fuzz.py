@@ -4,7 +4,7 @@ Cases are cards made two ways: random well-formed ASTs rendered as text (grammar
 cards of cards/ mutated (bytes flipped, tokens swapped, lines spliced from another card, text
 deleted, control characters, stray bytes and deep nesting put in). Each case runs, in a worker
 process under a time limit and a memory cap, what a user can run on a card: `check` (parse and
-check, with the cards/ library), the text rendering, the `fmt` round trip
+check, with the cards/ library), the text and LaTeX renderings, the `fmt` round trip
 (`parse(render(parse(src))) == parse(src)` when the parse is clean) and, for cards `check`
 accepts, the generated model source (through `ast.parse`) and `info` at each preset.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CARDS = ROOT / "cards"
-FAILURES = ("traceback", "hang", "unlocated", "roundtrip")
+FAILURES = ("traceback", "hang", "unlocated", "roundtrip", "latex")
 
 
 # ------------------------------------------------------------------ cases
@@ -323,6 +323,7 @@ def run_case(path: str) -> Outcome:
     from cardc.diagnostics import CardError, Diagnostics
     from cardc.library import load
     from cardc.parser import parse, parse_file
+    from cardc.render.latex import render_latex
     from cardc.render.text import render_card
     from cardc.types import BundleTy
 
@@ -335,6 +336,8 @@ def run_case(path: str) -> Outcome:
     pd = Diagnostics()
     card = parse_file(path, pd)
     text = render_card(card)
+    if not render_latex(card, checker).isascii():
+        return Outcome("latex", "the LaTeX is not ASCII")
     if not pd.errors:
         again = parse(text, path, Diagnostics())
         if again != card:

@@ -1,0 +1,542 @@
+"""A card as LaTeX in the paper's own typography: algorithm2e, as arXiv:2207.09238 is typeset.
+
+Each algorithm is an `algorithm` environment: its signature as the caption (`Algorithm 4:` when
+the card is numbered), the `/* … */` comments, `Input:`, `Output:`, `Hyperparameters:` and
+`Parameters:` blocks (bundles and families as indented lists), then numbered steps; loops are
+`for … do … end` and `while … do … end` with vertical rules, annotations and notes sit in the
+right margin after ▷, and `return` is bold.
+
+Typography follows the paper: a name the checker types as a vector or matrix is bold, names of
+cards and functions are upright (`softmax`, `LayerNorm`), a subscript or superscript that is a
+word is upright (`W_attn`), ℝ and ℕ are blackboard bold, and ⊙, ⊺, √ are math. Without a
+checker (a card that does not check), names keep the letters' own style. The output is ASCII:
+every symbol becomes a macro, and prose from comments and declarations is escaped so that no
+card text can break the document. `--standalone` wraps it in a document; a snippet needs
+`PREAMBLE` in the including document's preamble.
+
+Expressions dispatch on the node's class as the text renderer's do (`<kind>_text`), sharing
+its precedence table; they return math-mode LaTeX.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from .. import syntax as s
+from ..checker import Checker, split_name
+from ..types import Ty
+from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TEXT, TIGHT, Renderer
+
+PREAMBLE = r"""\usepackage{amsmath,amssymb}
+\usepackage[ruled,lined,linesnumbered]{algorithm2e}
+\SetKwInput{KwHyper}{Hyperparameters}
+\SetKwInput{KwParams}{Parameters}
+\SetKwComment{Note}{$\triangleright$\ }{}
+\SetNoFillComment
+\SetKw{KwSample}{sample}
+\DontPrintSemicolon
+\SetAlgoSkip{medskip}"""
+
+# math-mode spellings of the symbols a card writes
+MATH = {
+    "α": r"\alpha", "β": r"\beta", "γ": r"\gamma", "δ": r"\delta", "ε": r"\varepsilon",
+    "ϵ": r"\epsilon", "ζ": r"\zeta", "η": r"\eta", "θ": r"\theta", "ϑ": r"\vartheta",
+    "ι": r"\iota", "κ": r"\kappa", "λ": r"\lambda", "μ": r"\mu", "ν": r"\nu", "ξ": r"\xi",
+    "π": r"\pi", "ρ": r"\rho", "σ": r"\sigma", "τ": r"\tau", "υ": r"\upsilon", "φ": r"\phi",
+    "ϕ": r"\phi", "χ": r"\chi", "ψ": r"\psi", "ω": r"\omega", "Γ": r"\Gamma", "Δ": r"\Delta",
+    "Θ": r"\Theta", "Λ": r"\Lambda", "Ξ": r"\Xi", "Π": r"\Pi", "Σ": r"\Sigma", "Φ": r"\Phi",
+    "Ψ": r"\Psi", "Ω": r"\Omega", "ℓ": r"\ell", "𝒩": r"\mathcal{N}", "ℝ": r"\mathbb{R}",
+    "ℕ": r"\mathbb{N}", "∞": r"\infty", "…": r"\ldots", "⋯": r"\cdots", "·": r"\cdot",
+    "×": r"\times", "⊙": r"\odot", "⊺": r"\intercal", "∈": r"\in", "←": r"\gets",
+    "→": r"\to", "∀": r"\forall", "¬": r"\neg", "≤": r"\le", "≥": r"\ge", "≠": r"\ne",
+    "∧": r"\land", "∨": r"\lor", "∝": r"\propto", "≅": r"\cong", "∇": r"\nabla",
+    "▷": r"\triangleright", "−": "-", "′": "'", "∼": r"\sim", "~": r"\sim", "√": r"\surd",
+    "∅": r"\emptyset", "⊂": r"\subset", "∪": r"\cup", "∩": r"\cap", "±": r"\pm",
+    "²": "^{2}", "³": "^{3}", "°": r"^{\circ}", "∑": r"\sum", "∏": r"\prod", "∘": r"\circ",
+    "↑": r"\uparrow", "↓": r"\downarrow", "⇒": r"\Rightarrow", "⇔": r"\Leftrightarrow",
+    "↦": r"\mapsto", "≈": r"\approx", "∂": r"\partial", "∗": "*", "‖": r"\|", "⟨": r"\langle",
+    "⟩": r"\rangle", "∣": r"\mid", "⊤": r"\top", "⌈": r"\lceil", "⌉": r"\rceil",
+    "⌊": r"\lfloor", "⌋": r"\rfloor", "⊗": r"\otimes", "⊕": r"\oplus", "≡": r"\equiv",
+    "≪": r"\ll", "≫": r"\gg", "∉": r"\notin", "⊆": r"\subseteq", "∃": r"\exists",
+    "ℤ": r"\mathbb{Z}", "ℚ": r"\mathbb{Q}", "𝔼": r"\mathbb{E}", "ℙ": r"\mathbb{P}",
+    "𝟏": r"\mathbf{1}", "•": r"\bullet", "†": r"\dagger", "∎": r"\blacksquare",
+}
+ACCENTS = {"\u0302": r"\hat", "\u0303": r"\tilde", "\u0304": r"\bar", "\u0307": r"\dot",
+           "\u0308": r"\ddot", "\u20d7": r"\vec"}
+_TEXT_ACCENTS = {"\u0301": "'", "\u0300": "`", "\u0302": "^", "\u0308": '"', "\u0303": "~",
+                 "\u0304": "=", "\u0327": "c ", "\u030c": "v "}
+_TEXT = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "%": r"\%",
+         "#": r"\#", "&": r"\&", "_": r"\_", "^": r"\textasciicircum{}",
+         "~": r"\textasciitilde{}", "<": r"\textless{}", ">": r"\textgreater{}",
+         "|": r"\textbar{}", "—": "---", "–": "--", "‘": "`", "’": "'", "“": "``", "”": "''",
+         "\u00a0": "~"}
+_OPS = {"+": "+", "−": "-", "·": r"\cdot", "⊙": r"\odot", "/": "/", " ": r"\,", "=": "=",
+        "≤": r"\le", "≥": r"\ge", "<": "<", ">": ">", "≠": r"\ne", "∈": r"\in", "∧": r"\land"}
+_WORD = re.compile(r"[A-Za-z]{2,}")
+LINE = 64  # characters of card text a line of the rendered blocks holds
+_FUNCTIONS = {"softmax", "exp", "log", "max", "min", "tanh", "cos", "sin", "length", "mean",
+              "var", "erf", "GELU", "GELU_tanh", "ReLU", "SiLU", "sigmoid", "σ"}
+
+
+def text(prose: str) -> str:
+    """Prose as LaTeX text: special characters escaped, symbols as inline math, accented
+    letters as accent macros; anything else outside ASCII becomes `?`."""
+    out = []
+    for ch, marks in _graphemes(prose):
+        if not marks and ch in _TEXT:
+            out.append(_TEXT[ch])
+        elif not marks and ch.isascii():
+            out.append(ch)
+        elif ch.isascii() and ch.isalpha() and all(m in _TEXT_ACCENTS for m in marks):
+            for m in marks:
+                ch = f"\\{_TEXT_ACCENTS[m]}{{{ch}}}"
+            out.append("{" + ch + "}")
+        elif (ch in MATH or ch.isascii()) and all(m in ACCENTS for m in marks):
+            math = MATH.get(ch, ch)
+            for m in marks:
+                math = f"{ACCENTS[m]}{{{math}}}"
+            out.append(f"${math}$")
+        else:
+            out.append("?")
+    return "".join(out)
+
+
+def _graphemes(prose: str) -> list[tuple[str, list[str]]]:
+    """Each character of `prose` (decomposed) with the combining marks that follow it."""
+    out: list[tuple[str, list[str]]] = []
+    for ch in unicodedata.normalize("NFC", prose):
+        if unicodedata.combining(ch) and out:
+            out[-1][1].append(ch)
+        elif ch.isascii() or ch in MATH or ch in _TEXT:  # ≠ is a symbol, not = with a stroke
+            out.append((ch, []))
+        else:
+            base, *marks = unicodedata.normalize("NFD", ch)
+            out.append((base, marks))
+    return out
+
+
+def symbol(name: str, bold: bool = False) -> str:
+    """A name's base and its subscripts and superscripts: `θ^block_ℓ` → θ^{block}_{ℓ},
+    words upright, the base bold for a vector or matrix."""
+    base, decor = split_name(name)
+    return _decorated(_base(base, bold), decor)
+
+
+def _decorated(out: str, decor: list[tuple[str, str]]) -> str:
+    """`out` with its subscripts and superscripts; a second of a kind groups what is before."""
+    used: set[str] = set()
+    for kind, part in decor:
+        if kind in used:
+            out, used = "{" + out + "}", set()
+        out += kind + "{" + _decoration(part) + "}"
+        used.add(kind)
+    return out
+
+
+def _base(base: str, bold: bool) -> str:
+    chars = unicodedata.normalize("NFD", base)
+    letters = re.sub(r"[\u0300-\u036f\u20d0-\u20ff]", "", chars)
+    marks = [c for c in chars if c in ACCENTS]
+    primes = letters.count("′") + letters.count("'")
+    letters = letters.replace("′", "").replace("'", "")
+    if _WORD.fullmatch(letters):
+        core = rf"\mathit{{{letters}}}"
+    else:
+        core = "".join(_math_char(c) for c in letters)
+    for mark in marks:
+        core = f"{ACCENTS[mark]}{{{core}}}"
+    if bold:
+        core = rf"\boldsymbol{{{core}}}"
+    return core + "'" * primes
+
+
+def _decoration(part: str) -> str:
+    if _WORD.fullmatch(part):
+        return rf"\mathrm{{{part}}}"
+    return "".join(_math_char(c) for c in unicodedata.normalize("NFD", part)
+                   if c not in "{}")
+
+
+def _math_char(c: str) -> str:
+    if c.isascii():
+        return {"\\": r"\backslash", "{": r"\{", "}": r"\}", "$": r"\$", "%": r"\%",
+                "#": r"\#", "&": r"\&", "~": r"\sim", "^": r"\hat{}", "_": r"\_"}.get(c, c)
+    if c in MATH:  # a macro ending in a letter is braced: {\ell}_x, not \ell_x run on
+        return "{" + MATH[c] + "}" if MATH[c][-1].isalpha() else MATH[c]
+    if c in ACCENTS:
+        return ""
+    return r"\text{?}"
+
+
+class LatexRenderer(Renderer):
+    """Card AST → LaTeX; `bold` holds the names the checker types as vectors or matrices."""
+
+    def __init__(self, bold: frozenset[str] = frozenset(), vectors: frozenset[int] = frozenset()):
+        self.bold = bold
+        self.vectors = vectors  # ids of numbers typed as vectors: 1 of 1^⊺ is the ones vector
+
+    def sub(self, node: object, min_prec: int, tail: bool = True) -> str:
+        if self.precedence(node) < min_prec or (not tail and isinstance(node, s.Sum)):
+            return rf"\left({self.text(node)}\right)"
+        return self.text(node, tail)
+
+    # ------------------------------------------------------------------ expressions
+
+    def name_text(self, node: s.Name, tail: bool) -> str:
+        return symbol(node.id, node.id in self.bold)
+
+    def num_text(self, node: s.Num, tail: bool) -> str:
+        t = node.text
+        if id(node) in self.vectors:
+            return rf"\mathbf{{{t}}}"
+        if t == "∞":
+            return r"\infty"
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)[eE]([-+]?\d+)", t)
+        if m:
+            mant, exp = m.group(1), int(m.group(2))
+            power = f"10^{{{exp}}}"
+            return power if mant in ("1", "1.0") else rf"{mant} \cdot {power}"
+        return "".join(_math_char(c) for c in t)
+
+    def binop_text(self, node: s.BinOp, tail: bool) -> str:
+        prec = self.precedence(node)
+        op = _OPS.get(node.op, "".join(_math_char(c) for c in node.op))
+        if prec == CONJ:
+            return f"{self.sub(node.left, CONJ)} \\land {self.sub(node.right, COND, tail)}"
+        if prec == COND:
+            return f"{self.sub(node.left, SUM)} {op} {self.sub(node.right, SUM, tail)}"
+        left = self.sub(node.left, prec, tail=prec == SUM)
+        right = self.sub(node.right, self.right_min(node.op), tail)
+        if node.op == "/":
+            return f"{left}/{right}"
+        return f"{left} {op} {right}"
+
+    def unary_text(self, node: s.Unary, tail: bool) -> str:
+        if node.op == "−":
+            return "-" + self.sub(node.operand, self.negand_min(), tail)
+        if node.op == "¬":
+            return r"\neg " + self.sub(node.operand, COND, tail)
+        if node.op == "√":
+            return rf"\sqrt{{{self.text(node.operand)}}}"
+        return MATH.get(node.op, r"\text{?}") + " " + self.sub(node.operand, TIGHT, tail)
+
+    def power_text(self, node: s.Power, tail: bool) -> str:
+        return f"{{{self.sub(node.base, POSTFIX)}}}^{{{self.text(node.exponent)}}}"
+
+    def transpose_text(self, node: s.Transpose, tail: bool) -> str:
+        return f"{{{self.sub(node.operand, POSTFIX)}}}^{{\\intercal}}"
+
+    def index_text(self, node: s.Index, tail: bool) -> str:
+        items = ", ".join(self.sub(i, SUM) for i in node.items)
+        return f"{self.sub(node.base, POSTFIX)}[{items}]"
+
+    def slice_text(self, node: s.Slice, tail: bool) -> str:
+        lo = "" if node.lo is None else self.sub(node.lo, SUM)
+        hi = "" if node.hi is None else self.sub(node.hi, SUM)
+        return f"{lo} : {hi}" if lo and hi else f"{lo}{{:}}{hi}"
+
+    def progression_text(self, node: s.Progression, tail: bool) -> str:
+        return f"{self.sub(node.first, SUM)}, {self.sub(node.second, SUM)}, \\ldots, " \
+               f"{self.sub(node.last, SUM)}"
+
+    def arg_text(self, node: s.Arg, tail: bool) -> str:
+        op = _OPS.get(node.op) or "".join(_math_char(c) for c in node.op)
+        return f"{self.sub(node.target, POSTFIX)} {op} {self.text(node.value)}"
+
+    def call_text(self, node: s.Call, tail: bool) -> str:
+        args = ", ".join(self.text(a) for a in node.args)
+        if node.params or node.bar:
+            params = ", ".join(self.text(p) for p in node.params)
+            args = f"{args} \\mid {params}" if args else f"\\mid {params}"
+        return f"{self.function(node.func)}\\left({args}\\right)"
+
+    def function(self, name: str) -> str:
+        """A card's or a function's name, upright; σ stays the letter."""
+        if name in MATH:
+            return MATH[name]
+        base, decor = split_name(name)
+        out = r"\mathrm{" + "".join(
+            c if c.isascii() and c.isalnum() else _math_char(c) for c in base) + "}"
+        return _decorated(out, decor)
+
+    def ellipsis_text(self, node: s.Ellipsis_, tail: bool) -> str:
+        return r"\ldots"
+
+    def concat_text(self, node: s.Concat, tail: bool) -> str:
+        sep = ";" if node.sep == ";" else ","
+        return r"\left[" + f"{sep} ".join(self.sub(i, SUM) for i in node.items) + r"\right]"
+
+    def iverson_text(self, node: s.Iverson, tail: bool) -> str:
+        return rf"[\![{self.text(node.cond)}]\!]"
+
+    def sum_text(self, node: s.Sum, tail: bool) -> str:
+        index = symbol(node.index)
+        if node.over is not None:
+            head = rf"\sum_{{{index} \in {self.sub(node.over, SUM)}}}"
+        elif node.lo is None and node.hi is None:
+            head = rf"\sum_{{{index}}}"
+        else:
+            lo = "" if node.lo is None else self.sub(node.lo, SUM)
+            hi = "" if node.hi is None else self.sub(node.hi, SUM)
+            head = rf"\sum_{{{index}={lo}}}^{{{hi}}}"
+        return f"{head} {self.sub(node.body, PRODUCT, tail)}"
+
+    def choice_text(self, node: s.Choice, tail: bool) -> str:
+        options = r" \text{ or } ".join(self.sub(x, SUM) for x in node.options)
+        probs = r" \text{ or } ".join(self.sub(x, SUM) for x in node.probs)
+        return rf"{options} \text{{ randomly with probability }} {probs}"
+
+    def setbuilder_text(self, node: s.SetBuilder, tail: bool) -> str:
+        return rf"\{{{symbol(node.var)} \in {self.sub(node.domain, SUM)} : " \
+               rf"{self.sub(node.cond, COND)}\}}"
+
+    def range_text(self, node: s.Range, tail: bool) -> str:
+        return ", ".join([*(self.text(x) for x in node.first), r"\ldots", self.text(node.last)])
+
+    # ------------------------------------------------------------------ types
+
+    def scalar_text(self, node: s.Scalar, tail: bool) -> str:
+        return MATH.get(node.set, r"\text{?}")
+
+    def interval_text(self, node: s.Interval, tail: bool) -> str:
+        lo, hi = "[" if node.lo_closed else "(", "]" if node.hi_closed else ")"
+        return f"{lo}{self.text(node.lo)}, {self.text(node.hi)}{hi}"
+
+    def bits_text(self, node: s.Bits, tail: bool) -> str:
+        return r"\{0, 1\}"
+
+    def intrange_text(self, node: s.IntRange, tail: bool) -> str:
+        return rf"\{{{self.text(node.lo)}, \ldots, {self.text(node.hi)}\}}"
+
+    def finite_text(self, node: s.Finite, tail: bool) -> str:
+        return f"[{self.text(node.size)}]"
+
+    def sequences_text(self, node: s.Sequences, tail: bool) -> str:
+        return f"{symbol(node.of)}^{{*}}"
+
+    def iso_text(self, node: s.Iso, tail: bool) -> str:
+        return rf"{symbol(node.name)} \cong {self.text(node.of)}"
+
+    def simplex_text(self, node: s.Simplex, tail: bool) -> str:
+        return rf"\Delta\left({symbol(node.over)}\right)"
+
+    def tensor_text(self, node: s.Tensor, tail: bool) -> str:
+        dims = r" \times ".join(self.dim_text(node, d) for d in node.dims)
+        return f"{self.text(node.elem)}^{{{dims}}}"
+
+    def dim_text(self, node: s.Tensor, d: s.Expr) -> str:
+        sum_ = isinstance(d, s.BinOp) and d.op in ("+", "−") and len(node.dims) > 1
+        return rf"\left({self.text(d)}\right)" if sum_ else self.text(d)
+
+    def cardtype_text(self, node: s.CardType, tail: bool) -> str:
+        window = ""
+        if node.window:
+            window = rf" \text{{ for }} {symbol(node.length)} \le {symbol(node.window)}"
+        return rf"{self.text(node.input)} \to {self.text(node.output)}{window}"
+
+    # ------------------------------------------------------------------ declarations
+
+    def decl_math(self, node: s.Decl, label: bool = False) -> str:
+        """`names ∈ type = value ~ init`; a `label` (a step's annotation) is bold only for a
+        name of the card's, and upright for a word (`Query`)."""
+        bold = not label and isinstance(node.type, s.Tensor)
+        names = [symbol(n, bold or n in self.bold) if not label or n in self.bold or
+                 not _WORD.fullmatch(n) else rf"\mathrm{{{n}}}" for n in node.names]
+        out = ", ".join(names)
+        if node.type is not None:
+            out += rf" \in {self.text(node.type)}"
+        if node.value is not None:
+            out += f" = {self.text(node.value)}"
+        if node.init is not None:
+            init = node.init
+            if isinstance(init, s.Call):
+                args = ", ".join(self.text(a) for a in init.args)
+                out += rf" \sim {self.function(init.func)}\left({args}\right)"
+            else:
+                out += rf" \sim {self.text(init)}"
+        return out
+
+    def decl_tex(self, node: s.Decl) -> str:
+        out = f"${self.decl_math(node)}$"
+        if node.pad is not None:
+            out += f", padding row ${symbol(node.pad)}$"
+        if node.prose is not None:
+            out += ", " + text(node.prose)
+        return out + text(node.end)
+
+    def items_tex(self, items: tuple[s.Item, ...], depth: int) -> list[str]:
+        """The lines of a block's items: declarations filled into lines as the text renderer
+        fills them (to a page's width), lists indented a level."""
+        out: list[str] = []
+        run: list[str] = []  # the current line's declarations, with their separators
+        width, prev = 0, None
+        indent = r"\hspace*{1.5em}" * depth
+
+        def flush() -> None:
+            nonlocal run, width, prev
+            if run:
+                out.append(indent + "".join(run))
+            run, width, prev = [], 0, None
+
+        for item in items:
+            if not isinstance(item, s.Decl):
+                flush()
+                out += self.item_tex(item, depth)
+                continue
+            size = len(TEXT.decl_text(item, True))  # prose runs on: it wraps
+            if run and width + size > LINE - 4 * depth:
+                flush()
+            if run:
+                run.append(", " if prev is not None and prev.type and item.type else "; ")
+            run.append(self.decl_tex(item))
+            width, prev = width + size + 2, item
+            if item.prose is not None or item.end:
+                flush()
+        flush()
+        return out
+
+    def item_tex(self, item: s.Item, depth: int) -> list[str]:
+        indent = r"\hspace*{1.5em}" * depth
+        if isinstance(item, s.Bundle):
+            head = f"${symbol(item.name)}$ {text(item.intro)}:"
+            if item.prose is not None:
+                head += " " + text(item.prose)
+            return [indent + head, *self.items_tex(item.items, depth + 1)]
+        if isinstance(item, s.Family):
+            binder = "=" if isinstance(item.over, s.Range) else r"\in"
+            head = f"For ${symbol(item.index)} {binder} {self.text(item.over)}$:"
+            return [indent + head, *self.items_tex(item.items, depth + 1)]
+        if isinstance(item, s.Dataset):
+            elems = ", ".join(symbol(e) for e in item.elems)
+            if len(item.elems) > 1:
+                elems = rf"\left({elems}\right)"
+            line = rf"$\{{{elems}\}}_{{{symbol(item.index)}={self.text(item.lo)}}}" \
+                   rf"^{{{self.text(item.hi)}}}$"
+            return [indent + line + ("" if item.prose is None else ", " + text(item.prose))]
+        if isinstance(item, s.Sentence):
+            return [indent + text(item.text)]
+        return []
+
+    # ------------------------------------------------------------------ statements
+
+    def stmt_tex(self, node: s.Stmt) -> str:
+        """One statement as a line of the algorithm (text mode, math inside $…$)."""
+        if isinstance(node, s.Assign):
+            op = r"\gets" if node.op == "←" else "="
+            return f"${self.sub(node.target, POSTFIX)} {op} {self.text(node.value)}$"
+        if isinstance(node, s.Return):
+            name = "" if node.name is None else f"{symbol(node.name, node.name in self.bold)} = "
+            return rf"\KwRet{{${name}{self.text(node.value)}$}}"
+        if isinstance(node, s.Sample):
+            return rf"\KwSample{{}} a token ${symbol(node.var)}$ from ${symbol(node.dist)} " \
+                   rf"\propto {self.weights_text(node.weights)}$"
+        if isinstance(node, s.ForAll):
+            names = ", ".join(symbol(v) for v in node.vars)
+            return rf"$\forall {names}$, {self.stmt_tex(node.body)}"
+        if isinstance(node, s.If):
+            return rf"\textbf{{if}} ${self.sub(node.cond, CONJ)}$ \textbf{{then}} " \
+                   f"{self.stmt_tex(node.then)}"
+        if isinstance(node, s.For):  # a map: `for h ∈ [H] : step`
+            body = " ".join(self.stmt_tex(step.stmt) for step in node.body)
+            return rf"\textbf{{for}} ${self.loop_head(node)}$ : {body}"
+        raise TypeError(f"cannot render {type(node).__name__} as a line")
+
+    def weights_text(self, node: s.Expr) -> str:
+        return self.text(node)
+
+    def loop_head(self, node: s.For) -> str:
+        binder = {"∈": r"\in", "=": "=", "←": r"\gets"}.get(node.binder, node.binder)
+        return f"{symbol(node.var)} {binder} {self.text(node.over)}"
+
+    def step_tex(self, node: s.Step, depth: int) -> list[str]:
+        pad = "  " * depth
+        out = [pad + rf"\tcc{{{text(c)}}}" for c in node.comments]
+        stmt = node.stmt
+        margin = ""
+        if node.annotation is not None:
+            margin = f"${self.decl_math(node.annotation, label=True)}$"
+        if node.note is not None:
+            margin = (margin + " " if margin else "") + text(node.note)
+        side = rf"\hfill$\triangleright$\ {margin}" if margin else ""  # in a loop's head
+        where = "" if node.where is None else ", where " + text(node.where)
+        if isinstance(stmt, s.For) and stmt.style != "map":
+            out.append(pad + rf"\For{{${self.loop_head(stmt)}${side}}}{{")
+            out += [line for step in stmt.body for line in self.step_tex(step, depth + 1)]
+            out.append(pad + "}")
+        elif isinstance(stmt, s.While):
+            out.append(pad + rf"\While{{${self.sub(stmt.cond, CONJ)}${side}}}{{")
+            out += [line for step in stmt.body for line in self.step_tex(step, depth + 1)]
+            out.append(pad + "}")
+        else:  # a side note ends the line itself
+            end = rf"\Note*[r]{{{margin}}}" if margin else r"\;"
+            out.append(pad + self.stmt_tex(stmt) + where + end)
+        return out
+
+    # ------------------------------------------------------------------ algorithms
+
+    def caption(self, node: s.Algorithm) -> str:
+        if node.name is None:
+            return text(node.title or "")
+        outs = ", ".join(symbol(o, o in self.bold) for o in node.outputs)
+        args = ", ".join(symbol(a, a in self.bold) for a in node.args)
+        if node.params:
+            params = ", ".join(symbol(p, p in self.bold) for p in node.params)
+            args = f"{args} \\mid {params}" if args else f"\\mid {params}"
+        return rf"${outs} \gets {self.function(node.name)}\left({args}\right)$"
+
+    def algorithm_tex(self, node: s.Algorithm) -> list[str]:
+        out = [r"\begin{algorithm}[htbp]"]
+        if node.number is not None:
+            out.append(rf"\SetAlgoRefName{{{text(node.number)}}}")
+        out.append(rf"\caption{{{self.caption(node)}}}")
+        out += [rf"\tcc{{{text(c)}}}" for c in node.comments]
+        macro = {"Input": r"\KwIn", "Output": r"\KwOut", "Hyperparameters": r"\KwHyper",
+                 "Parameters": r"\KwParams"}
+        for block in node.blocks:
+            lines = self.items_tex(block.items, 0)
+            body = " \\newline ".join(lines) if lines else ""
+            out.append(macro.get(block.kind, r"\KwData") + "{" + body + "}")
+        for step in node.steps:
+            out += self.step_tex(step, 1)
+        out.append(r"\end{algorithm}")
+        return out
+
+
+def typography(checker: Checker | None, alg: s.Algorithm) -> LatexRenderer:
+    """A renderer for `alg` that sets in bold what the checker typed as vectors or matrices."""
+    if checker is None or id(alg) not in checker.infos:
+        return LatexRenderer()
+    info = checker.infos[id(alg)]
+    bold = {n.id for step in alg.steps for n in s.nodes(step.stmt) if isinstance(n, s.Name)
+            and isinstance(info.types.get(id(n)), Ty) and info.types[id(n)].shape}
+    bold |= {name for name, ty in info.sig.inputs if isinstance(ty, Ty) and ty.shape}
+    bold |= {n.name for n in s.nodes(alg.steps) if isinstance(n, s.Return) and n.name and
+             isinstance(info.types.get(id(n.value)), Ty) and info.types[id(n.value)].shape}
+    vectors = {id(n) for n in s.nodes(alg.steps) if isinstance(n, s.Num) and
+               isinstance(info.types.get(id(n)), Ty) and info.types[id(n)].shape}
+    return LatexRenderer(frozenset(bold), frozenset(vectors))
+
+
+def render_latex(card: s.CardFile, checker: Checker | None = None,
+                 whole: bool = False) -> str:
+    """LaTeX of every algorithm of `card`; with `standalone`, a whole document."""
+    body: list[str] = []
+    for alg in card.algorithms:
+        body += typography(checker, alg).algorithm_tex(alg)
+        body.append("")
+    out = "\n".join(body)
+    return _ascii(standalone(out) if whole else out)
+
+
+def _ascii(tex: str) -> str:
+    """A last guard: a character outside ASCII that a rule above missed becomes `?` (valid in
+    text and math alike), so that pdflatex never sees Unicode."""
+    return tex if tex.isascii() else "".join(c if c.isascii() else "?" for c in tex)
+
+
+def standalone(body: str) -> str:
+    """A document around rendered algorithms, for pdflatex."""
+    return "\n".join([r"\documentclass{article}", r"\usepackage[margin=2cm]{geometry}",
+                      r"\usepackage[T1]{fontenc}", r"\usepackage{lmodern}", PREAMBLE,
+                      r"\begin{document}", body, r"\end{document}", ""])
