@@ -311,7 +311,8 @@ GENERATOR_NAMES = {
     # the file's attention and RoPE helpers (cardc.lower.attention, cardc.lower.intrinsics)
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
-    "keys", "numbers", "visible", "drop", "mask",
+    "keys", "numbers", "visible", "drop", "mask", "rope_table", "TABLES", "width", "found",
+    "table", "partner", "plane", "rest", "positions", "r",
 }
 GENERATOR_ATTRS = {
     "Module", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
@@ -327,6 +328,7 @@ GENERATOR_ATTRS = {
     "view", "reshape", "unsqueeze", "squeeze", "expand", "masked_fill", "logical_not", "cumsum",
     "rsqrt", "pow", "abs", "square", "randint", "bernoulli", "lerp", "norm", "embedding",
     "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls",
+    "index_select", "new_ones", "new_zeros", "get",
 }
 GENERATOR_STRINGS = {"tanh", "omega", "probabilities", "params", "weight_decay", "lr",
                      " exceeds the model's ", " positions", "sequence length "}
@@ -361,6 +363,8 @@ def _derived(name: str, card: set[str]) -> bool:
     """A card identifier, perhaps made fresh (X_), a family's local (Y_h) or a length (len_x)."""
     name = name.rstrip("_") or name
     if name in card or name.startswith("len_") and name[4:].rstrip("_") in card:
+        return True
+    if name.endswith("_heads") and name[:-len("_heads")] in card:  # a group's merged variant
         return True
     return any(name.startswith(a + "_") and name[len(a) + 1:].rstrip("_") in card for a in card)
 

@@ -409,7 +409,13 @@ class Lowering:
         key = id(alg), merged
         if key in self._functions:
             return self._functions[key]
-        name = local_name(alg.label) + ("_heads" if merged else "")
+        name = local_name(alg.label)
+        if merged:  # a name no card of the library and no other function has
+            suffix = "_heads"
+            while f"{name}{suffix}" in self._functions.values() or \
+                    self.lib.find(f"{alg.name}{suffix}") is not None:
+                suffix += "_"
+            name += suffix
         self._functions[key] = name
         try:
             return self._function(alg, name, merged)

@@ -152,8 +152,12 @@ def _base(base: str, bold: bool) -> str:
 
 
 def _decoration(part: str) -> str:
+    """A subscript or superscript: a word upright, names within it (`1:N_data`) as names."""
     if _WORD.fullmatch(part):
         return rf"\mathrm{{{part}}}"
+    if "_" in part or "^" in part:
+        return "".join(symbol(tok) if re.match(r"[^\s:,;+\-*/()]", tok) else tok
+                       for tok in re.split(r"([\s:,;+\-*/()]+)", part) if tok)
     return "".join(_math_char(c) for c in unicodedata.normalize("NFD", part)
                    if c not in "{}")
 
@@ -184,6 +188,8 @@ class LatexRenderer(Renderer):
     # ------------------------------------------------------------------ expressions
 
     def name_text(self, node: s.Name, tail: bool) -> str:
+        if node.id in _FUNCTIONS and node.id not in self.bold:  # log, exp: upright
+            return self.function(node.id)
         return symbol(node.id, node.id in self.bold)
 
     def num_text(self, node: s.Num, tail: bool) -> str:
