@@ -163,13 +163,13 @@ def cmd_render(args: argparse.Namespace) -> int:
     from .parser import parse_file
     from .render.text import render_card
 
-    if args.to in ("html", "md"):
-        raise UsageError(f"--to {args.to} is not available yet; use --to text or --to latex")
+    if args.to == "html":
+        raise UsageError("--to html is not available yet; use --to text, latex or md")
     if args.standalone and args.to != "latex":
         raise UsageError("--standalone goes with --to latex")
     paths = _require_cards(args.paths)
-    if args.to == "latex":
-        return _render_latex(args, paths)
+    if args.to in ("latex", "md"):
+        return _render_typeset(args, paths)
     diags = Diagnostics()
     out = []
     for path in paths:
@@ -180,11 +180,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     return code
 
 
-def _render_latex(args: argparse.Namespace, paths: list[Path]) -> int:
-    """LaTeX of the cards, typeset from the checker's types where they check (a card that
-    does not check still renders, its names in their letters' own style)."""
+def _render_typeset(args: argparse.Namespace, paths: list[Path]) -> int:
+    """LaTeX or Markdown of the cards, typeset from the checker's types where they check (a
+    card that does not check still renders, its names in their letters' own style)."""
     from .checker import check
     from .render.latex import render_latex
+    from .render.markdown import render_markdown
 
     lib, targets = load([str(p) for p in paths], root=_library(args, [str(p) for p in paths]))
     parse_errors = Diagnostics([d for d in lib.diags.items if d.span.file in set(targets)],
@@ -193,6 +194,10 @@ def _render_latex(args: argparse.Namespace, paths: list[Path]) -> int:
         return EXIT_ERROR
     checker, _ = check(lib)
     files = {str(Path(f.path)): f for f in lib.files}
+    if args.to == "md":
+        sys.stdout.write("\n---\n\n".join(render_markdown(files[str(Path(t))], checker)
+                                            for t in targets))
+        return EXIT_OK
     out = [render_latex(files[str(Path(t))], checker, args.standalone and len(targets) == 1)
            for t in targets]
     if args.standalone and len(targets) > 1:

@@ -158,3 +158,43 @@ def test_the_command_renders_what_the_fixture_does(rendered):
     run = _latex("cards/gpt2.card", "--standalone")
     assert run.returncode == 0 and run.stdout == rendered[Path("cards/gpt2.card")]
     assert standalone("X").startswith(r"\documentclass{article}")
+
+
+# ------------------------------------------------------------------ Markdown
+
+def _md(path: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cardc", "render", "--to", "md", str(path)],
+                          cwd=ROOT, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("card", ["cards/paper/attention.card", "cards/gpt2.card"])
+def test_markdown_golden(card):
+    run = _md(card)
+    assert run.returncode == 0, run.stderr
+    golden = GOLDEN / (Path(card).stem + ".md")
+    if os.environ.get("CARDC_GOLDEN") == "update":
+        golden.write_text(run.stdout, encoding="utf-8")
+    assert run.stdout == golden.read_text(encoding="utf-8")
+
+
+def test_markdown_keeps_the_layout_and_math():
+    md = _md("cards/gpt2.card").stdout
+    assert "**Algorithm:** $\\boldsymbol{P} \\gets \\mathrm{GPT2}" in md
+    assert "2 **for** ${\\ell} = 1, \\ldots, N$ **do**  " in md
+    assert "4 **end**  " in md and "\n---\n" in md  # a rule between the file's cards
+
+
+def test_markdown_prose_is_text(tmp_path):
+    """Prose that looks like links, HTML, emphasis or math stays text (markdown-it renders)."""
+    from markdown_it import MarkdownIt
+
+    nasty = "[link](http://x) <script>alert(1)</script> *em* __b__ `c` $x$ # h | t"
+    card = tmp_path / "nasty.card"
+    card.write_text(f"Algorithm: y ← Nasty(x)\n/* {nasty} */\nInput: x ∈ ℝ^{{d}}, {nasty}\n"
+                    "Output: y ∈ ℝ^{d}\nHyperparameters: d ∈ ℕ\n1 return y = 2 x  ▷ "
+                    f"{nasty}\n", encoding="utf-8")
+    run = _md(card)
+    assert run.returncode == 0, run.stderr
+    html = MarkdownIt().render(run.stdout)
+    assert "<script" not in html and "<a " not in html and "<code>" not in html
+    assert html.count("[link](http://x)") == 3 and html.count("*em*") == 3
