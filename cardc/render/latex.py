@@ -180,6 +180,16 @@ class LatexRenderer(Renderer):
         self.bold = bold
         self.vectors = vectors  # ids of numbers typed as vectors: 1 of 1^⊺ is the ones vector
 
+    indent = r"\hspace*{1.5em}"  # one level of a block's lists
+
+    def math(self, tex: str) -> str:
+        """Math inline in the output's text."""
+        return f"${tex}$"
+
+    def prose(self, words: str) -> str:
+        """A card's prose as the output's text."""
+        return text(words)
+
     def sub(self, node: object, min_prec: int, tail: bool = True) -> str:
         if self.precedence(node) < min_prec or (not tail and isinstance(node, s.Sum)):
             return rf"\left({self.text(node)}\right)"
@@ -364,12 +374,12 @@ class LatexRenderer(Renderer):
         return out
 
     def decl_tex(self, node: s.Decl) -> str:
-        out = f"${self.decl_math(node)}$"
+        out = self.math(self.decl_math(node))
         if node.pad is not None:
-            out += f", padding row ${symbol(node.pad)}$"
+            out += f", padding row {self.math(symbol(node.pad))}"
         if node.prose is not None:
-            out += ", " + text(node.prose)
-        return out + text(node.end)
+            out += ", " + self.prose(node.prose)
+        return out + self.prose(node.end)
 
     def items_tex(self, items: tuple[s.Item, ...], depth: int) -> list[str]:
         """The lines of a block's items: declarations filled into lines as the text renderer
@@ -377,7 +387,7 @@ class LatexRenderer(Renderer):
         out: list[str] = []
         run: list[str] = []  # the current line's declarations, with their separators
         width, prev = 0, None
-        indent = r"\hspace*{1.5em}" * depth
+        indent = self.indent * depth
 
         def flush() -> None:
             nonlocal run, width, prev
@@ -403,25 +413,26 @@ class LatexRenderer(Renderer):
         return out
 
     def item_tex(self, item: s.Item, depth: int) -> list[str]:
-        indent = r"\hspace*{1.5em}" * depth
+        indent = self.indent * depth
         if isinstance(item, s.Bundle):
-            head = f"${symbol(item.name)}$ {text(item.intro)}:"
+            head = f"{self.math(symbol(item.name))} {self.prose(item.intro)}:"
             if item.prose is not None:
-                head += " " + text(item.prose)
+                head += " " + self.prose(item.prose)
             return [indent + head, *self.items_tex(item.items, depth + 1)]
         if isinstance(item, s.Family):
             binder = "=" if isinstance(item.over, s.Range) else r"\in"
-            head = f"For ${symbol(item.index)} {binder} {self.text(item.over)}$:"
+            head = f"For {self.math(f'{symbol(item.index)} {binder} {self.text(item.over)}')}:"
             return [indent + head, *self.items_tex(item.items, depth + 1)]
         if isinstance(item, s.Dataset):
             elems = ", ".join(symbol(e) for e in item.elems)
             if len(item.elems) > 1:
                 elems = rf"\left({elems}\right)"
-            line = rf"$\{{{elems}\}}_{{{symbol(item.index)}={self.text(item.lo)}}}" \
-                   rf"^{{{self.text(item.hi)}}}$"
-            return [indent + line + ("" if item.prose is None else ", " + text(item.prose))]
+            line = self.math(rf"\{{{elems}\}}_{{{symbol(item.index)}={self.text(item.lo)}}}"
+                             rf"^{{{self.text(item.hi)}}}")
+            return [indent + line + ("" if item.prose is None else ", " +
+                                     self.prose(item.prose))]
         if isinstance(item, s.Sentence):
-            return [indent + text(item.text)]
+            return [indent + self.prose(item.text)]
         return []
 
     # ------------------------------------------------------------------ statements
@@ -509,10 +520,13 @@ class LatexRenderer(Renderer):
         return out
 
 
-def typography(checker: Checker | None, alg: s.Algorithm) -> LatexRenderer:
-    """A renderer for `alg` that sets in bold what the checker typed as vectors or matrices."""
+def typography(checker: Checker | None, alg: s.Algorithm,
+               kind: type[LatexRenderer] | None = None) -> LatexRenderer:
+    """A renderer for `alg` (of class `kind`, LatexRenderer by default) that sets in bold
+    what the checker typed as vectors or matrices."""
+    kind = kind or LatexRenderer
     if checker is None or id(alg) not in checker.infos:
-        return LatexRenderer()
+        return kind()
     info = checker.infos[id(alg)]
     bold = {n.id for step in alg.steps for n in s.nodes(step.stmt) if isinstance(n, s.Name)
             and isinstance(info.types.get(id(n)), Ty) and info.types[id(n)].shape}
@@ -521,7 +535,7 @@ def typography(checker: Checker | None, alg: s.Algorithm) -> LatexRenderer:
              isinstance(info.types.get(id(n.value)), Ty) and info.types[id(n.value)].shape}
     vectors = {id(n) for n in s.nodes(alg.steps) if isinstance(n, s.Num) and
                isinstance(info.types.get(id(n)), Ty) and info.types[id(n)].shape}
-    return LatexRenderer(frozenset(bold), frozenset(vectors))
+    return kind(frozenset(bold), frozenset(vectors))
 
 
 def render_latex(card: s.CardFile, checker: Checker | None = None,

@@ -30,14 +30,16 @@ def _math(tex: str) -> str:
     return f"${tex}$"
 
 
-class MarkdownRenderer:
-    """Card AST → Markdown, the math from a LaTeX renderer that knows the card's types."""
+class MarkdownRenderer(LatexRenderer):
+    """Card AST → Markdown: the LaTeX renderer's math and block layout, in Markdown's text."""
 
-    def __init__(self, latex: LatexRenderer):
-        self.tex = latex
+    indent = INDENT
 
-    def math(self, node) -> str:
-        return _math(self.tex.text(node))
+    def math(self, tex: str) -> str:
+        return _math(tex)
+
+    def prose(self, words: str) -> str:
+        return md_text(words)
 
     def algorithm(self, node: s.Algorithm) -> list[str]:
         number = f" {node.number}" if node.number is not None else ""
@@ -45,11 +47,11 @@ class MarkdownRenderer:
         if node.name is None:
             head += md_text(node.title or "")
         else:
-            head += _math(self.tex.caption(node).strip("$"))
+            head += _math(self.caption(node).strip("$"))
         out = [head, ""]
         out += [f"*/\\* {md_text(c)} \\*/*  " for c in node.comments]
         for block in node.blocks:
-            lines = self.items(block.items, 0)
+            lines = self.items_tex(block.items, 0)
             first = lines[0] if lines else ""
             out.append(f"**{block.kind}:** {first}  ")
             out += [line + "  " for line in lines[1:]]
@@ -57,57 +59,8 @@ class MarkdownRenderer:
             out += self.step(step, 0)
         return [*out, ""]
 
-    def items(self, items: tuple[s.Item, ...], depth: int) -> list[str]:
-        lines: list[str] = []
-        run: list[str] = []
-        pad = INDENT * depth
-
-        def flush() -> None:
-            nonlocal run
-            if run:
-                lines.append(pad + ", ".join(run))
-            run = []
-
-        for item in items:
-            if isinstance(item, s.Decl):
-                text = _math(self.tex.decl_math(item))
-                if item.pad is not None:
-                    text += f", padding row {_math(symbol(item.pad))}"
-                if item.prose is not None:
-                    text += ", " + md_text(item.prose)
-                run.append(text + md_text(item.end))
-                if item.prose is not None or item.end:
-                    flush()
-                continue
-            flush()
-            lines += self.item(item, depth)
-        flush()
-        return lines
-
-    def item(self, item: s.Item, depth: int) -> list[str]:
-        pad = INDENT * depth
-        if isinstance(item, s.Bundle):
-            head = f"{_math(symbol(item.name))} {md_text(item.intro)}:"
-            if item.prose is not None:
-                head += " " + md_text(item.prose)
-            return [pad + head, *self.items(item.items, depth + 1)]
-        if isinstance(item, s.Family):
-            binder = "=" if isinstance(item.over, s.Range) else r"\in"
-            head = f"For {_math(f'{symbol(item.index)} {binder} {self.tex.text(item.over)}')}:"
-            return [pad + head, *self.items(item.items, depth + 1)]
-        if isinstance(item, s.Dataset):
-            elems = ", ".join(symbol(e) for e in item.elems)
-            if len(item.elems) > 1:
-                elems = rf"\left({elems}\right)"
-            math = _math(rf"\{{{elems}\}}_{{{symbol(item.index)}={self.tex.text(item.lo)}}}"
-                         rf"^{{{self.tex.text(item.hi)}}}")
-            return [pad + math + ("" if item.prose is None else ", " + md_text(item.prose))]
-        if isinstance(item, s.Sentence):
-            return [pad + md_text(item.text)]
-        return []
-
     def stmt(self, node: s.Stmt) -> str:
-        tex = self.tex
+        tex = self
         if isinstance(node, s.Assign):
             op = r"\gets" if node.op == "←" else "="
             return _math(f"{tex.sub(node.target, POSTFIX)} {op} {tex.text(node.value)}")
@@ -137,16 +90,16 @@ class MarkdownRenderer:
         if node.where is not None:
             side += ", where " + md_text(node.where)
         if node.annotation is not None:
-            side += " ▷ " + _math(self.tex.decl_math(node.annotation, label=True))
+            side += " ▷ " + _math(self.decl_math(node.annotation, label=True))
         if node.note is not None:
             side += " ▷ " + md_text(node.note)
         opens = isinstance(stmt, s.While) or isinstance(stmt, s.For) and stmt.style != "map"
         if not opens:
             return [*out, f"{number}{pad}{self.stmt(stmt)}{side}  "]
         if isinstance(stmt, s.While):
-            head = f"**while** {_math(self.tex.sub(stmt.cond, CONJ))} **do**"
+            head = f"**while** {_math(self.sub(stmt.cond, CONJ))} **do**"
         else:
-            head = f"**for** {_math(self.tex.loop_head(stmt))} **do**"
+            head = f"**for** {_math(self.loop_head(stmt))} **do**"
         out.append(f"{number}{pad}{head}{side}  ")
         for step in stmt.body:
             out += self.step(step, depth + 1)
@@ -158,6 +111,6 @@ class MarkdownRenderer:
 
 def render_markdown(card: s.CardFile, checker: Checker | None = None) -> str:
     """Markdown of every algorithm of `card`, a horizontal rule between them."""
-    parts = ["\n".join(MarkdownRenderer(typography(checker, alg)).algorithm(alg))
+    parts = ["\n".join(typography(checker, alg, MarkdownRenderer).algorithm(alg))
              for alg in card.algorithms]
     return "\n---\n\n".join(parts)
