@@ -12,8 +12,8 @@ from . import ir
 from .names import quote
 
 # Python operator precedence, loosest first; postfix forms (calls, subscripts) bind tightest.
-_PREC = {"or": 0.25, "and": 0.5, "is": 1, "is not": 1, "<": 1, "<=": 1, ">": 1, ">=": 1, "==": 1, "!=": 1, "|": 2,
-         "&": 3, "+": 4, "-": 4, "*": 5, "/": 5, "@": 5, "//": 5, "%": 5, "unary": 6, "**": 7}
+_PREC = {"or": 0.25, "and": 0.5, "is": 1, "is not": 1, "<": 1, "<=": 1, ">": 1, ">=": 1,
+         "==": 1, "!=": 1, "|": 2, "&": 3, "+": 4, "-": 4, "*": 5, "/": 5, "@": 5, "//": 5, "%": 5, "unary": 6, "**": 7}
 _ATOM = 9
 
 

@@ -92,7 +92,7 @@ class Compute:
             fwd = self.per_token.evaluate(env)
             where = "" if t is None else f" at {display(t)} = {self.seq}"
             acts = self.values.evaluate(env) * self.batch
-            return [f"  FLOPs per token{where}: forward {_count(fwd)}, training {_count(3 * fwd)}",
+            return [f"  FLOPs per token{where}: forward {_figure(fwd)}, training {_figure(3 * fwd)}",
                     f"  activations{where}, batch {self.batch}: " +
                     ", ".join(f"{_bytes(acts * n)} {k}" for k, n in DTYPES.items())]
         return [f"  FLOPs per token: forward {_poly(self.per_token, t)}, training 3× that "
@@ -133,11 +133,11 @@ def _poly(d: Dim, t: str) -> str:
     for mono, coef in sorted(d.terms, key=lambda tc: dict(tc[0]).get(t, 0)):
         power = dict(mono).get(t, 0)
         sym = "" if power == 0 else display(t) if power == 1 else f"{display(t)}^{power}"
-        parts.append(_count(coef) + ("·" + sym if sym else ""))
+        parts.append(_figure(coef) + ("·" + sym if sym else ""))
     return " + ".join(parts) or "0"
 
 
-def _count(n: Fraction | float) -> str:
+def _figure(n: Fraction | float) -> str:
     n = float(n)
     return f"{n:,.0f}" if n.is_integer() or abs(n) >= 100 else f"{n:.3g}"
 

@@ -275,3 +275,11 @@ def rewrite(node, fn: Callable[[object], object | None]):
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}  # a node class's fields, looked up once
+
+
+def ref_ids(stmts) -> set[str]:
+    """Every name the statements refer to (`Ref`s), anywhere in them."""
+    found: set[str] = set()
+    for st in stmts:
+        rewrite(st, lambda e: found.add(e.id) if isinstance(e, Ref) else None)
+    return found

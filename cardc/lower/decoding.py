@@ -69,7 +69,7 @@ def _cache_function(f: ir.Function, cached: set[str]) -> bool:
         return _with_cache(e, cached, shift)
 
     body = [ir.rewrite(st, shift) for st in f.body]
-    if "past" in _ref_ids(body):
+    if "past" in ir.ref_ids(body):
         at = next((i for i, st in enumerate(body) if not (isinstance(st, ir.Assign) and
                                                          st.targets[0] in rows)), 0)
         body.insert(at, _past())
@@ -111,14 +111,7 @@ def _with_cache(e, functions: set[str], inner: Callable | None = None):
 
 
 def _reads_cache(body) -> bool:
-    return "cache" in _ref_ids(body)
-
-
-def _ref_ids(stmts) -> set[str]:
-    found: set[str] = set()
-    for st in stmts:
-        ir.rewrite(st, lambda e: found.add(e.id) if isinstance(e, ir.Ref) else None)
-    return found
+    return "cache" in ir.ref_ids(body)
 
 
 # ------------------------------------------------------------------ attention
@@ -170,7 +163,7 @@ def _rotate_after_past(body: list[ir.Stmt]) -> list[ir.Stmt]:
 
 def _with_past(body: list[ir.Stmt]) -> list[ir.Stmt]:
     """A module's steps that read `past`, after the step that defines it."""
-    return [_past(), *body] if "past" in _ref_ids(body) else body
+    return [_past(), *body] if "past" in ir.ref_ids(body) else body
 
 
 def _past() -> ir.Assign:

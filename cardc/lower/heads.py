@@ -354,14 +354,7 @@ def _sdpa_only(body: Steps, card: s.Algorithm, names: set[str]) -> bool:
 
     for st in found.body:
         ir.rewrite(st, visit)
-    return not stray and "grouped_sdpa" in _ref_ids(found.body)
-
-
-def _ref_ids(stmts) -> set[str]:
-    seen: set[str] = set()
-    for st in stmts:
-        ir.rewrite(st, lambda e: seen.add(e.id) if isinstance(e, ir.Ref) else None)
-    return seen
+    return not stray and "grouped_sdpa" in ir.ref_ids(found.body)
 
 
 def _names(e) -> set[str]:
