@@ -163,12 +163,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     from .parser import parse_file
     from .render.text import render_card
 
-    if args.to == "html":
-        raise UsageError("--to html is not available yet; use --to text, latex or md")
     if args.standalone and args.to != "latex":
         raise UsageError("--standalone goes with --to latex")
     paths = _require_cards(args.paths)
-    if args.to in ("latex", "md"):
+    if args.to in ("latex", "md", "html"):
         return _render_typeset(args, paths)
     diags = Diagnostics()
     out = []
@@ -181,9 +179,11 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def _render_typeset(args: argparse.Namespace, paths: list[Path]) -> int:
-    """LaTeX or Markdown of the cards, typeset from the checker's types where they check (a
-    card that does not check still renders, its names in their letters' own style)."""
+    """LaTeX, Markdown or HTML of the cards, typeset from the checker's types where they check
+    (a card that does not check still renders, its names in their letters' own style); an HTML
+    page holds the cards, then the cards they call from other files."""
     from .checker import check
+    from .render.html import render_cards
     from .render.latex import render_latex
     from .render.markdown import render_markdown
 
@@ -197,6 +197,9 @@ def _render_typeset(args: argparse.Namespace, paths: list[Path]) -> int:
     if args.to == "md":
         sys.stdout.write("\n---\n\n".join(render_markdown(files[str(Path(t))], checker)
                                             for t in targets))
+        return EXIT_OK
+    if args.to == "html":
+        sys.stdout.write(render_cards([files[str(Path(t))] for t in targets], checker))
         return EXIT_OK
     out = [render_latex(files[str(Path(t))], checker, args.standalone and len(targets) == 1)
            for t in targets]
@@ -305,6 +308,26 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 # flags of `cardc train` that set a hyperparameter of the training card
 RECIPE_FLAGS = {"steps": "N_steps", "batch_size": "B", "block_size": "ℓ", "lr": "η"}
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    """`cardc docs`: a static site of the cards and every card they call; a card that does not
+    check gets a page saying so (a card that does not parse stops the site)."""
+    from .checker import check
+    from .docs.site import write_site
+
+    paths = [str(p) for p in _require_cards(args.paths)]
+    lib, targets = load(paths, root=_library(args, paths))
+    parse_errors = Diagnostics([d for d in lib.diags.items if d.span.file in set(targets)],
+                               lib.diags.sources)
+    if _report(parse_errors):
+        return EXIT_ERROR
+    checker, diags = check(lib)
+    pages = write_site(lib, checker, diags, targets, args.out)
+    broken = sum(not p.checked for p in pages)
+    note = f" ({broken} that do not check)" if broken else ""
+    print(f"ok: {len(pages)} card pages{note} in {args.out}; open {Path(args.out) / 'index.html'}")
+    return EXIT_OK
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -811,6 +834,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--check", action="store_true", help="write nothing; exit 1 if any module is out of date")
     b.set_defaults(run=cmd_build)
 
+    dc = sub.add_parser("docs", help="a static site of the cards: pseudocode, generated code, "
+                                     "presets, callers and diffs")
+    dc.add_argument("paths", nargs="*", default=["cards"],
+                    help="card files or folders (default: cards)")
+    dc.add_argument("--out", default="site", help="output folder, replaced whole (default: site)")
+    dc.set_defaults(run=cmd_docs)
+
     t = sub.add_parser("train", help="train a model card from scratch")
     t.add_argument("card", help="a model card file, or a training card file")
     t.add_argument("--preset", help="the preset of the model and of its training card "
@@ -893,7 +923,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: cards)")
     ex.set_defaults(run=cmd_export)
 
-    for sp in (c, r, i, b, d, t, sa, im):
+    for sp in (c, r, i, b, dc, d, t, sa, im):
         sp.add_argument("--library", action="append", metavar="PATH",
                         help="a folder of cards that calls resolve against after the card's own "
                              "folder and those above it, before the library cardc ships; "

@@ -100,6 +100,17 @@ def _steps(checker: Checker, a: s.Algorithm, b: s.Algorithm, indent: str,
     return out
 
 
+def step_keys(checker: Checker, alg: s.Algorithm) -> list[str]:
+    """The steps as the diff aligns them: canonical text, the cards they call blanked out."""
+    return [_key(t, c) for _, t, c in _lines(checker, alg)]
+
+
+def likeness(a: list[str], b: list[str]) -> float:
+    """How alike two cards' step keys are, 0 to 1: GPT-2 and Llama are alike, a norm and a
+    training loop are not."""
+    return SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
 def _swapped(checker: Checker, a: s.Algorithm, b: s.Algorithm, old: tuple[str, list[str]],
              new: tuple[str, list[str]], indent: str, seen: set[tuple[str, str]]) -> list[str]:
     """One aligned step whose calls differ: each swap, then the two callees' own diff."""

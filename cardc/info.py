@@ -65,8 +65,8 @@ class Summary:
     compute: Compute | None = None
 
     def text(self) -> str:
-        hyper = ", ".join(f"{k} = {_fmt(v)}" for k, v in self.values.items())
-        memory = ", ".join(f"{_bytes(self.parameters * n)} {k}" for k, n in DTYPES.items())
+        hyper = ", ".join(f"{k} = {number(v)}" for k, v in self.values.items())
+        memory = ", ".join(f"{byte_size(self.parameters * n)} {k}" for k, n in DTYPES.items())
         lines = [f"{self.card}" + (f" (preset {self.preset})" if self.preset else ""),
                  f"  hyperparameters: {hyper}",
                  f"  parameters: {self.parameters:,} ({memory})"]
@@ -92,15 +92,15 @@ class Compute:
             fwd = self.per_token.evaluate(env)
             where = "" if t is None else f" at {display(t)} = {self.seq}"
             acts = self.values.evaluate(env) * self.batch
-            return [f"  FLOPs per token{where}: forward {_figure(fwd)}, training {_figure(3 * fwd)}",
+            return [f"  FLOPs per token{where}: forward {figure(fwd)}, training {figure(3 * fwd)}",
                     f"  activations{where}, batch {self.batch}: " +
-                    ", ".join(f"{_bytes(acts * n)} {k}" for k, n in DTYPES.items())]
-        return [f"  FLOPs per token: forward {_poly(self.per_token, t)}, training 3× that "
+                    ", ".join(f"{byte_size(acts * n)} {k}" for k, n in DTYPES.items())]
+        return [f"  FLOPs per token: forward {polynomial(self.per_token, t)}, training 3× that "
                 f"({display(t)}: the sequence length; --seq to evaluate)",
-                f"  activations per sequence: {_poly(self.values, t)} values (--seq, --batch)"]
+                f"  activations per sequence: {polynomial(self.values, t)} values (--seq, --batch)"]
 
 
-def _fmt(v: float) -> str:
+def number(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
@@ -127,22 +127,22 @@ def _compute(sig: Signature, env: dict[str, float], cost: Cost, seq: int | None,
     return Compute(length, seq, batch, per_token, values) if per_token is not None else None
 
 
-def _poly(d: Dim, t: str) -> str:
+def polynomial(d: Dim, t: str) -> str:
     """`94,371,840 + 36,864·T`: a polynomial in one symbol, highest power last."""
     parts = []
     for mono, coef in sorted(d.terms, key=lambda tc: dict(tc[0]).get(t, 0)):
         power = dict(mono).get(t, 0)
         sym = "" if power == 0 else display(t) if power == 1 else f"{display(t)}^{power}"
-        parts.append(_figure(coef) + ("·" + sym if sym else ""))
+        parts.append(figure(coef) + ("·" + sym if sym else ""))
     return " + ".join(parts) or "0"
 
 
-def _figure(n: Fraction | float) -> str:
+def figure(n: Fraction | float) -> str:
     n = float(n)
     return f"{n:,.0f}" if n.is_integer() or abs(n) >= 100 else f"{n:.3g}"
 
 
-def _bytes(n: Fraction | float) -> str:
+def byte_size(n: Fraction | float) -> str:
     n = float(n)
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +85,13 @@ def check_destination(dest: str | os.PathLike[str]) -> None:
 
 
 @contextlib.contextmanager
-def staged_run(dest: str | os.PathLike[str]) -> Iterator[Path]:
+def staged_run(dest: str | os.PathLike[str],
+               accept: Callable[[Path], None] = check_destination) -> Iterator[Path]:
     """A fresh staging folder beside `dest`, moved into place as `dest` on success and removed
-    on failure; leftovers of killed runs into `dest` are removed first."""
+    on failure; leftovers of killed runs into `dest` are removed first. `accept` refuses a
+    `dest` that holds something else than what is replaced (a run, by default)."""
     dest = Path(dest)
-    check_destination(dest)
+    accept(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(dest)
     staging = _side(dest, _STAGING, os.getpid())

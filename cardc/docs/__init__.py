@@ -1,0 +1,1 @@
+"""`cardc docs`: a static, cross-linked site of a card library (see cardc.docs.site)."""

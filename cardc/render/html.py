@@ -1,0 +1,897 @@
+"""A card as a self-contained HTML page, its math as MathML Core (what browsers lay out natively).
+
+The layout is the LaTeX rendering's (cardc.render.latex): per algorithm a `<figure>` whose caption
+is `Algorithm 4:` and the signature, the `/* … */` comments, the `Input:`, `Output:`,
+`Hyperparameters:` and `Parameters:` blocks filled into lines by the LaTeX renderer's own
+`items_tex`, then the steps, numbered as the card numbers them, loops as `for … do … end` with a
+rule along the body, annotations and notes right-aligned after ▷. Each step is a
+`<div class="step" id="L12" data-line="12">` for the card's source line 12, so that a page can
+link to a line.
+
+The math mirrors the LaTeX typography: HtmlRenderer subclasses LatexRenderer, keeping its
+precedence, its bold sets (`typography`) and its block layout, and answers every `<kind>_text`
+with one MathML element instead of LaTeX. Chromium lays out `mathvariant` only as "normal", so
+bold and italic letters are written as the Unicode mathematical alphanumerics (𝑿, 𝑐𝑡𝑥) and keep the
+attribute for other readers. Every fenced group is an `<mrow>` of its own, so that MathML's
+operator forms (prefix, infix, postfix) come out as TeX's spacing does.
+
+Each name that the checker typed carries its shape: a `title` attribute, and a class `s{n}` that
+a per-figure `<style>` rule ties to a hidden `<div class="tip s{n}">`, shown while the name is
+hovered (CSS `:has`, no script), and highlighting the name's other occurrences. A call of
+another card shows its name as a link (an HTML `<a>` inside `<mtext>`, which the HTML parser
+allows and Chromium lays out and follows); the caller decides the href (`link`).
+
+All card text is escaped (`html.escape`): prose, names and numbers cannot open markup. The page
+fetches nothing: its fonts are the reader's own, its links are anchors or relative paths.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import unicodedata
+from collections.abc import Callable, Iterable
+from fractions import Fraction
+from functools import cache
+from html import escape
+
+from .. import syntax as s
+from ..checker import Checker, split_name
+from ..dims import Dim
+from ..spelling import display
+from ..types import BundleTy, Ty
+from .latex import _FUNCTIONS, _WORD, LatexRenderer, typography
+from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TIGHT
+
+Link = Callable[[s.Algorithm], str | None]
+
+# accents over a name's letter (combining marks of the canonical spelling), as MathML writes them
+_ACCENTS = {"\u0302": "\u02c6", "\u0303": "\u02dc", "\u0304": "\u00af", "\u0307": "\u02d9",
+            "\u0308": "\u00a8", "\u20d7": "\u2192"}
+# operators whose MathML character is not the card's: · is TeX's \cdot
+_OPS = {"·": "⋅", "~": "∼", "-": "−", "*": "∗"}
+# TeX's \phi is the straight phi, whatever the card wrote
+_GLYPHS = {"φ": "ϕ"}
+# the italic letters whose top right reaches past their box (TeX's largest italic corrections)
+_OVERHANG = tuple(f"CAPITAL {c}" for c in "FPTUVWY") + ("SMALL F",)
+_STYLES = {"bold": "BOLD", "italic": "ITALIC", "bold-italic": "BOLD ITALIC"}
+_THIN = '<mspace width="0.1667em"/>'  # TeX's \, : juxtaposition
+_NBSP = "&#xA0;"
+_ELLIPSIS = '<mo lspace="0" rspace="0">…</mo>'  # TeX's \ldots: the commas space it
+_REL = "0.2778em"  # TeX's thick space, around a relation
+_TALL = re.compile(r"<(mfrac|munder|munderover)\b")
+_TRIANGLE = '<span class="tri">▷</span>'
+
+# ---------------------------------------------------------------------- MathML primitives
+
+
+def _attrs(attrs: dict[str, str | None]) -> str:
+    """Attributes, escaped; `class_` is written `class`."""
+    return "".join(f' {k.rstrip("_")}="{escape(v)}"' for k, v in attrs.items() if v is not None)
+
+
+def tag(name: str, *children: str, **attrs: str | None) -> str:
+    return f"<{name}{_attrs(attrs)}>{''.join(children)}</{name}>"
+
+
+def row(*parts: str) -> str:
+    """One element for `parts`: an `<mrow>` where there are several."""
+    parts = tuple(p for p in parts if p)
+    return parts[0] if len(parts) == 1 else tag("mrow", *parts)
+
+
+def mo(op: str, **attrs: str | None) -> str:
+    return tag("mo", escape(_OPS.get(op, op)), **attrs)
+
+
+def mi(text: str, **attrs: str | None) -> str:
+    return tag("mi", escape(text), **attrs)
+
+
+def mtext(text: str) -> str:
+    return f"<mtext>{_NBSP}{escape(text)}{_NBSP}</mtext>"
+
+
+def fenced(inner: str, open_: str = "(", close: str = ")", stretchy: bool = True) -> str:
+    """`inner` between fences: plain brackets, or (`stretchy`) as TeX's \\left( \\right),
+    which grow only around something tall: a browser stretches a fence to any script's depth,
+    where TeX lets a delimiter fall short of it."""
+    if stretchy and _TALL.search(inner):  # to the content's height, not about the axis
+        return tag("mrow", mo(open_, symmetric="false"), inner, mo(close, symmetric="false"))
+    return tag("mrow", mo(open_, stretchy="false"), inner, mo(close, stretchy="false"))
+
+
+def joined(parts: Iterable[str], sep: str = ",") -> str:
+    """`parts` in a row, `sep` between them: an operator, or markup (`<mtext>…`)."""
+    between = sep if sep.startswith("<") else mo(sep)
+    out: list[str] = []
+    for part in parts:
+        out += [between, part] if out else [part]
+    return row(*out)
+
+
+def _with(markup: str, cls: str, **attrs: str | None) -> str:
+    """`markup` (one element) with a class (joining any it has) and attributes added to its
+    outermost tag."""
+    at = re.match(r"<([a-z]+)([^>]*)>", markup)  # values are escaped: no > within
+    assert at is not None, markup
+    name, old = at.groups()
+    has = re.search(r' class="([^"]*)"', old)
+    if has:
+        old, cls = old[:has.start()] + old[has.end():], f"{cls} {has.group(1)}"
+    return f"<{name}{_attrs({'class': cls, **attrs})}{old}>{markup[at.end():]}"
+
+
+@cache
+def styled(ch: str, style: str) -> str | None:
+    """`ch` as a Unicode mathematical alphanumeric (`X`, "bold-italic" → 𝑿); None where Unicode
+    has none. Chromium lays out `mathvariant` only as "normal", so the letters carry the style."""
+    if style == "italic" and ch == "h":
+        return "\u210e"  # the italic h is Planck's constant, a hole in the block
+    try:
+        name = unicodedata.name(ch)
+    except ValueError:
+        return None
+    for word in ("LATIN ", "GREEK ", "LETTER ", "LUNATE "):
+        name = name.replace(word, "")
+    try:
+        return unicodedata.lookup(f"MATHEMATICAL {_STYLES[style]} {name}")
+    except KeyError:
+        return None
+
+
+def _letters(text: str, style: str) -> tuple[str, bool]:
+    """`text` in `style`, and whether every character has that style in Unicode."""
+    out = [styled(c, style) for c in text]
+    return "".join(o or c for o, c in zip(out, text, strict=True)), all(out)
+
+
+def _letter(ch: str, bold: bool) -> str:
+    """One letter as TeX sets it: italic (MathML's default for one letter), capital Greek
+    upright; `bold` as \\boldsymbol does."""
+    ch = _GLYPHS.get(ch, ch)
+    upright = "\u0391" <= ch <= "\u03a9" or ch.isdigit()
+    if not bold:
+        return tag("mn", escape(ch)) if ch.isdigit() else \
+            mi(ch, mathvariant="normal" if upright else None)
+    style = "bold" if upright else "bold-italic"
+    text, ok = _letters(ch, style)
+    return tag("mn" if ch.isdigit() else "mi", escape(text), mathvariant=style,
+               class_=None if ok else "b")
+
+
+# ---------------------------------------------------------------------- names
+
+
+def _base(base: str, bold: bool) -> str:
+    """A name's base as latex._base sets it: a word italic, accents over it, primes after."""
+    chars = unicodedata.normalize("NFD", base)
+    marks = [c for c in chars if c in _ACCENTS]
+    letters = re.sub(r"[\u0300-\u036f\u20d0-\u20ff]", "", chars)
+    primes = letters.count("′") + letters.count("'")
+    letters = letters.replace("′", "").replace("'", "")
+    if _WORD.fullmatch(letters):  # \mathit{ctx}: a word in italic letters
+        style = "bold-italic" if bold else "italic"
+        text, ok = _letters(letters, style)
+        core = mi(text, mathvariant=style, class_=None if ok else "b")
+    else:
+        core = row(*(_letter(c, bold) for c in letters))
+    for mark in marks:
+        core = tag("mover", core, mo(_ACCENTS[mark]), accent="true")
+    if primes:
+        core = tag("msup", core, mo("′" * primes))
+    return core
+
+
+def _script(part: str) -> str:
+    """A subscript or superscript: a word upright, names within it (`1:N_data`) as names."""
+    if _WORD.fullmatch(part):
+        return mi(part)  # several letters: upright, as \mathrm
+    if "_" in part or "^" in part:
+        return row(*(symbol(tok) if re.match(r"[^\s:,;+\-*/()]", tok) else
+                     row(*(mo(c) for c in tok if not c.isspace()))
+                     for tok in re.split(r"([\s:,;+\-*/()]+)", part) if tok))
+    return row(*_tokens(unicodedata.normalize("NFD", part)))
+
+
+def _tokens(chars: str) -> list[str]:
+    """Characters of a script or a number: digits as numbers, letters as names, the rest as
+    operators; accents and braces dropped as latex._math_char drops them."""
+    out = []
+    for run in re.findall(r"\d+(?:\.\d+)?|.", chars):
+        if run[0].isdigit():
+            out.append(tag("mn", escape(run)))
+        elif run.isalpha():
+            out.append(_letter(run, False))
+        elif run not in "{}" and not unicodedata.combining(run) and not run.isspace():
+            out.append(mo(run))
+    return out
+
+
+def _decorated(core: str, decor: list[tuple[str, str]]) -> str:
+    """`core` with its subscripts and superscripts; a second of a kind scripts what is before,
+    as latex._decorated groups it."""
+    scripts: dict[str, str] = {}
+    for kind, part in decor:
+        if kind in scripts:
+            core, scripts = _scripted(core, scripts), {}
+        scripts[kind] = _script(part)
+    return _scripted(core, scripts)
+
+
+def _scripted(core: str, scripts: dict[str, str]) -> str:
+    sub, sup = scripts.get("_"), scripts.get("^")
+    if sub and sup:
+        return tag("msubsup", corrected(core), sub, sup)
+    if sub:
+        return tag("msub", core, sub)
+    if sup:
+        return tag("msup", corrected(core), sup)
+    return core
+
+
+def corrected(markup: str) -> str:
+    """A slanted letter that overhangs its box (V, W, Y …) with room after it: TeX's italic
+    correction, which Chromium leaves out, so that a superscript or a bracket after it does
+    not touch it. Anything else as it is."""
+    m = re.fullmatch(r'<mi((?: [a-z]+="[^"]*")*)>([^<])</mi>', markup)
+    if m is None or 'mathvariant="normal"' in m.group(1) or not _overhangs(m.group(2)):
+        return markup
+    return _with(markup, "ic")
+
+
+@cache
+def _overhangs(ch: str) -> bool:
+    name = unicodedata.name(ch, "") if not ch.isascii() else \
+        f"ITALIC {'CAPITAL' if ch.isupper() else 'SMALL'} {ch.upper()}"
+    return "ITALIC" in name and name.endswith(_OVERHANG)
+
+
+def symbol(name: str, bold: bool = False) -> str:
+    """A name as MathML: `θ^block_ℓ` → θ with `block` upright above and ℓ below."""
+    base, decor = split_name(name)
+    return _decorated(_base(base, bold), decor)
+
+
+def function(name: str, href: str | None = None) -> str:
+    """A card's or a function's name, upright; a symbol (σ, 𝒩) stays the letter. With `href`, a
+    link: an HTML `<a>` in `<mtext>`, the one place MathML Core lets HTML in."""
+    if len(display(name)) == 1 and not name.isascii():
+        return mi(display(name))
+    base, decor = split_name(name)
+    if href is not None:
+        core = f'<mtext class="call"><a href="{escape(href)}">{escape(display(base))}</a></mtext>'
+    else:
+        core = mi(display(base), mathvariant="normal")
+    return _decorated(core, decor)
+
+
+def number(text: str, vector: bool = False) -> str:
+    """A number: `1e-5` as 10^−5 (2.5·10^−5), ∞, the ones vector 1 bold."""
+    if vector:
+        return _letter(text, True) if len(text) == 1 else tag("mn", escape(text))
+    if text == "∞":
+        return mi("∞")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)[eE]([-+]?\d+)", text)
+    if m:
+        mant, exp = m.group(1), int(m.group(2))
+        power = tag("msup", tag("mn", "10"), row(*([mo("−")] if exp < 0 else []),
+                                                  tag("mn", str(abs(exp)))))
+        return power if mant in ("1", "1.0") else row(tag("mn", mant), mo("·"), power)
+    return row(*_tokens(text))
+
+
+def shape_math(ty: Ty) -> str:
+    """A checker's type as MathML, as `Ty.__str__` spells it: ℝ^{T×D}, sums in a shape of
+    several dimensions parenthesized for the reader."""
+    elem = fenced(joined([tag("mn", "0"), tag("mn", "1")]), "{", "}", stretchy=False) \
+        if ty.elem == "𝔹" else mi(ty.elem)
+    if not ty.shape:
+        return elem
+    dims = [_dim(d, len(ty.shape) > 1) for d in ty.shape]
+    return tag("msup", elem, joined(dims, "×"))
+
+
+def _dim(d: Dim | None, several: bool) -> str:
+    """A symbolic dimension as dims.Dim.__str__ writes it: `d_r − 1`, `d/2`, `3 D/(2 H)`."""
+    if d is None:
+        return mo("∗")
+    if not d.terms:
+        return tag("mn", "0")
+    parts = []
+    for i, (mono, coef) in enumerate(sorted(d.terms, key=lambda t: t[0] == ())):
+        if coef < 0 or i:
+            parts.append(mo("−" if coef < 0 else "+"))
+        parts.append(_term(mono, abs(coef)))
+    out = row(*parts)
+    return fenced(out) if several and len(d.terms) > 1 else out
+
+
+def _term(mono: tuple[tuple[str, int], ...], mag: Fraction) -> str:
+    def power(sym: str, e: int) -> str:
+        base = symbol(sym) if re.fullmatch(r"[^\s/()·]+", sym) else mi(display(sym))
+        return base if e == 1 else tag("msup", base, tag("mn", str(e)))
+
+    num = [power(sym, e) for sym, e in mono if e > 0]
+    den = [power(sym, -e) for sym, e in mono if e < 0]
+    if mag.denominator != 1:
+        den.insert(0, tag("mn", str(mag.denominator)))
+    top = ([tag("mn", str(mag.numerator))] if mag.numerator != 1 or not num else []) + num
+    body = joined(top, _THIN)
+    if den:
+        below = den[0] if len(den) == 1 else fenced(joined(den, _THIN))
+        body = row(body, mo("/", lspace="0", rspace="0"), below)
+    return body
+
+
+# ---------------------------------------------------------------------- the renderer
+
+
+class HtmlRenderer(LatexRenderer):
+    """Card AST → HTML with MathML; `bold` and `vectors` as the LaTeX renderer's.
+
+    After `attach`, names carry the shapes the checker found and calls link to their cards.
+    """
+
+    indent = '<span class="indent"></span>'
+
+    def __init__(self, bold: frozenset[str] = frozenset(), vectors: frozenset[int] = frozenset()):
+        super().__init__(bold, vectors)
+        self.at: dict[int, Ty] = {}  # a name node's type there
+        self.named: dict[str, Ty] = {}  # a name's declared (or first inferred) type
+        self.about: dict[str, str] = {}  # a declared name's prose
+        # a name's shape as text → n of its class s{n} (in order of appearance), and its tip
+        self.tips: dict[str, tuple[int, str]] = {}
+        self.callees: dict[int, s.Algorithm] = {}  # id(call node) → the card it calls
+        self.link: Link = lambda alg: None
+        self.line_ids = True
+
+    def attach(self, checker: Checker | None, alg: s.Algorithm, link: Link) -> None:
+        """Take the shapes and the calls the checker found in `alg`."""
+        self.link = link
+        info = checker.infos.get(id(alg)) if checker is not None else None
+        if info is None:
+            return
+        self.at = {k: t for k, t in info.types.items() if isinstance(t, Ty)}
+        for n in s.nodes(alg.steps):  # a target is typed by what it is given
+            if isinstance(n, s.Assign) and isinstance(n.target, s.Name) and \
+                    isinstance(info.types.get(id(n.value)), Ty):
+                self.at.setdefault(id(n.target), info.types[id(n.value)])
+        sig = info.sig
+        declared: list[tuple[str, object]] = [*sig.inputs, *sig.hypers.items()]
+        outs = alg.outputs or tuple(n for d in alg.decls("Output") if isinstance(d, s.Decl)
+                                    for n in d.names)  # a titled card's one Output
+        if sig.output is not None and (alg.outputs or len(outs) == 1):
+            declared.append((outs[0], sig.output))
+        declared += _members(sig.tree)
+        declared += [(n.id, self.at[id(n)]) for n in s.nodes(alg.steps)
+                     if isinstance(n, s.Name) and id(n) in self.at]
+        for name, ty in declared:
+            if isinstance(ty, Ty):
+                self.named.setdefault(name, ty)
+        for d in checker.decls(alg):
+            if isinstance(d, s.Decl) and d.prose:
+                for name in d.names:
+                    self.about.setdefault(name, display(d.prose))
+        self.callees = {k: c.callee for k, c in info.calls.items()
+                        if isinstance(c.callee, s.Algorithm)}
+
+    def math(self, tex: str) -> str:
+        return f"<math>{_unwrapped(tex)}</math>"
+
+    def prose(self, words: str) -> str:
+        return escape(display(words))
+
+    def sub(self, node: object, min_prec: int, tail: bool = True) -> str:
+        if self.precedence(node) < min_prec or (not tail and isinstance(node, s.Sum)):
+            return fenced(self.text(node))
+        return self.text(node, tail)
+
+    def symbol(self, name: str, bold: bool = False, node: object = None) -> str:
+        """A name, with its shape where the checker knows it (at `node`, else declared)."""
+        out = symbol(name, bold)
+        ty = self.at.get(id(node)) if node is not None else None
+        ty = ty or self.named.get(name)
+        if ty is None:
+            return out
+        shape = f"{display(name)} ∈ {ty}"
+        about = self.about.get(name)
+        if shape not in self.tips:  # the tip typesets what the title spells
+            tip = self.math(row(symbol(name, bold), mo("∈"), shape_math(ty)))
+            self.tips[shape] = (len(self.tips) + 1, tip + (f" — {escape(about)}" if about else ""))
+        n = self.tips[shape][0]
+        return _with(out, f"name s{n}", title=shape + (f", {about}" if about else ""))
+
+    def tip_html(self, anchor: str) -> list[str]:
+        """The hidden tips of the names shown, and the rules that show them on hover."""
+        if not self.tips:
+            return []
+        out = [f'<div class="tip s{n}" role="tooltip">{tip}</div>' for n, tip in self.tips.values()]
+        fig = "#" + _css_ident(anchor)
+        rules = [f"{fig}:has(.name.s{n}:hover) .tip.s{n}{{display:block}}\n"
+                 f"{fig}:has(.name.s{n}:hover) .name.s{n}{{background:var(--hover)}}"
+                 for n, _ in self.tips.values()]
+        return [*out, "<style>" + "\n".join(rules) + "</style>"]
+
+    # ------------------------------------------------------------------ expressions
+
+    def name_text(self, node: s.Name, tail: bool) -> str:
+        if node.id in _FUNCTIONS and node.id not in self.bold:  # log, exp: upright
+            return self.function(node.id)
+        return self.symbol(node.id, node.id in self.bold, node)
+
+    def num_text(self, node: s.Num, tail: bool) -> str:
+        return number(node.text, id(node) in self.vectors)
+
+    def binop_text(self, node: s.BinOp, tail: bool) -> str:
+        prec = self.precedence(node)
+        if prec == CONJ:
+            return row(self.sub(node.left, CONJ), mo("∧"), self.sub(node.right, COND, tail))
+        if prec == COND:
+            return row(self.sub(node.left, SUM), mo(node.op), self.sub(node.right, SUM, tail))
+        left = self.sub(node.left, prec, tail=prec == SUM)
+        right = self.sub(node.right, self.right_min(node.op), tail)
+        if node.op == "/":  # TeX's / is a letter: no space either side
+            return row(left, mo("/", lspace="0", rspace="0"), right)
+        return row(left, _THIN if node.op == " " else mo(node.op), right)
+
+    def unary_text(self, node: s.Unary, tail: bool) -> str:
+        if node.op == "−":
+            return row(mo("−"), self.sub(node.operand, self.negand_min(), tail))
+        if node.op == "¬":
+            return row(mo("¬"), self.sub(node.operand, COND, tail))
+        if node.op == "√":
+            return tag("msqrt", self.text(node.operand))
+        return row(mo(node.op), self.sub(node.operand, TIGHT, tail))
+
+    def power_text(self, node: s.Power, tail: bool) -> str:
+        return tag("msup", corrected(self.sub(node.base, POSTFIX)), self.text(node.exponent))
+
+    def transpose_text(self, node: s.Transpose, tail: bool) -> str:
+        return tag("msup", corrected(self.sub(node.operand, POSTFIX)), mo("⊺"))
+
+    def index_text(self, node: s.Index, tail: bool) -> str:
+        items = joined(self.sub(i, SUM) for i in node.items)
+        base = corrected(self.sub(node.base, POSTFIX))
+        return row(base, fenced(items, "[", "]", stretchy=False))
+
+    def slice_text(self, node: s.Slice, tail: bool) -> str:
+        lo = "" if node.lo is None else self.sub(node.lo, SUM)
+        hi = "" if node.hi is None else self.sub(node.hi, SUM)
+        if lo and hi:  # TeX's relation spacing
+            return row(lo, mo(":", lspace=_REL, rspace=_REL), hi)
+        return row(lo, mo(":", lspace="0", rspace="0"), hi)  # TeX's {:}, an ordinary colon
+
+    def progression_text(self, node: s.Progression, tail: bool) -> str:
+        return joined([self.sub(node.first, SUM), self.sub(node.second, SUM), _ELLIPSIS,
+                       self.sub(node.last, SUM)])
+
+    def arg_text(self, node: s.Arg, tail: bool) -> str:
+        return row(self.sub(node.target, POSTFIX), mo(node.op), self.text(node.value))
+
+    def call_text(self, node: s.Call, tail: bool) -> str:
+        args = [self.text(a) for a in node.args]
+        inner = joined(args)
+        if node.params or node.bar:
+            params = joined(self.text(p) for p in node.params)
+            inner = row(inner, mo("∣", stretchy="false"), params)
+        callee = self.callees.get(id(node))
+        href = self.link(callee) if callee is not None else None
+        return row(self.function(node.func, href), fenced(inner))
+
+    def function(self, name: str, href: str | None = None) -> str:
+        return function(name, href)
+
+    def ellipsis_text(self, node: s.Ellipsis_, tail: bool) -> str:
+        return _ELLIPSIS
+
+    def concat_text(self, node: s.Concat, tail: bool) -> str:
+        return fenced(joined((self.sub(i, SUM) for i in node.items), node.sep), "[", "]")
+
+    def iverson_text(self, node: s.Iverson, tail: bool) -> str:
+        return fenced(self.text(node.cond), "⟦", "⟧", stretchy=False)
+
+    def sum_text(self, node: s.Sum, tail: bool) -> str:
+        index = self.symbol(node.index)
+        if node.over is not None:
+            head = tag("munder", mo("∑"), row(index, mo("∈"), self.sub(node.over, SUM)))
+        elif node.lo is None and node.hi is None:
+            head = tag("munder", mo("∑"), index)
+        else:
+            lo = "" if node.lo is None else self.sub(node.lo, SUM)
+            hi = "" if node.hi is None else self.sub(node.hi, SUM)
+            head = tag("munderover", mo("∑"), row(index, mo("="), lo), row(hi) or tag("mrow"))
+        return row(head, self.sub(node.body, PRODUCT, tail))
+
+    def choice_text(self, node: s.Choice, tail: bool) -> str:
+        options = [self.sub(x, SUM) for x in node.options]
+        probs = [self.sub(x, SUM) for x in node.probs]
+        return row(joined(options, mtext("or")), mtext("randomly with probability"),
+                   joined(probs, mtext("or")))
+
+    def setbuilder_text(self, node: s.SetBuilder, tail: bool) -> str:
+        inner = row(self.symbol(node.var), mo("∈"), self.sub(node.domain, SUM),
+                    mo(":", lspace=_REL, rspace=_REL),
+                    self.sub(node.cond, COND))
+        return fenced(inner, "{", "}", stretchy=False)
+
+    def range_text(self, node: s.Range, tail: bool) -> str:
+        return joined([*(self.text(x) for x in node.first), _ELLIPSIS, self.text(node.last)])
+
+    # ------------------------------------------------------------------ types
+
+    def scalar_text(self, node: s.Scalar, tail: bool) -> str:
+        return mi(node.set)
+
+    def interval_text(self, node: s.Interval, tail: bool) -> str:
+        lo, hi = "[" if node.lo_closed else "(", "]" if node.hi_closed else ")"
+        return fenced(joined([self.text(node.lo), self.text(node.hi)]), lo, hi, stretchy=False)
+
+    def bits_text(self, node: s.Bits, tail: bool) -> str:
+        return fenced(joined([tag("mn", "0"), tag("mn", "1")]), "{", "}", stretchy=False)
+
+    def intrange_text(self, node: s.IntRange, tail: bool) -> str:
+        return fenced(joined([self.text(node.lo), _ELLIPSIS, self.text(node.hi)]), "{", "}",
+                      stretchy=False)
+
+    def finite_text(self, node: s.Finite, tail: bool) -> str:
+        return fenced(self.text(node.size), "[", "]", stretchy=False)
+
+    def sequences_text(self, node: s.Sequences, tail: bool) -> str:
+        return tag("msup", self.symbol(node.of), mo("*"))
+
+    def iso_text(self, node: s.Iso, tail: bool) -> str:
+        return row(self.symbol(node.name), mo("≅"), self.text(node.of))
+
+    def simplex_text(self, node: s.Simplex, tail: bool) -> str:
+        return row(mi("Δ", mathvariant="normal"), fenced(self.symbol(node.over)))
+
+    def tensor_text(self, node: s.Tensor, tail: bool) -> str:
+        dims = joined((self.dim_text(node, d) for d in node.dims), "×")
+        return tag("msup", self.text(node.elem), dims)
+
+    def dim_text(self, node: s.Tensor, d: s.Expr) -> str:
+        sum_ = isinstance(d, s.BinOp) and d.op in ("+", "−") and len(node.dims) > 1
+        return fenced(self.text(d)) if sum_ else self.text(d)
+
+    def cardtype_text(self, node: s.CardType, tail: bool) -> str:
+        window = []
+        if node.window:
+            window = [mtext("for"), self.symbol(node.length or ""), mo("≤"),
+                      self.symbol(node.window)]
+        return row(self.text(node.input), mo("→"), self.text(node.output), *window)
+
+    # ------------------------------------------------------------------ declarations
+
+    def decl_math(self, node: s.Decl, label: bool = False) -> str:
+        """As LatexRenderer.decl_math: a `label` (a step's annotation) is bold only for a name
+        of the card's, and upright for a word (`Query`)."""
+        bold = not label and isinstance(node.type, s.Tensor)
+        names = [self.symbol(n, bold or n in self.bold) if not label or n in self.bold or
+                 not _WORD.fullmatch(n) else mi(n) for n in node.names]
+        out = [joined(names)]
+        if node.type is not None:
+            out += [mo("∈"), self.text(node.type)]
+        if node.value is not None:
+            out += [mo("="), self.text(node.value)]
+        if node.init is not None:
+            init = node.init
+            if isinstance(init, s.Call):
+                args = joined(self.text(a) for a in init.args)
+                out += [mo("∼"), row(self.function(init.func), fenced(args))]
+            else:
+                out += [mo("∼"), self.text(init)]
+        return row(*out)
+
+    def decl_tex(self, node: s.Decl) -> str:
+        out = self.math(self.decl_math(node))
+        if node.pad is not None:
+            out += f", padding row {self.math(self.symbol(node.pad))}"
+        if node.prose is not None:
+            out += ", " + self.prose(node.prose)
+        return out + self.prose(node.end)
+
+    def item_tex(self, item: s.Item, depth: int) -> list[str]:
+        indent = self.indent * depth
+        if isinstance(item, s.Bundle):
+            head = f"{self.math(self.symbol(item.name))} {self.prose(item.intro)}:"
+            if item.prose is not None:
+                head += " " + self.prose(item.prose)
+            return [indent + head, *self.items_tex(item.items, depth + 1)]
+        if isinstance(item, s.Family):
+            binder = "=" if isinstance(item.over, s.Range) else "∈"
+            head = row(self.symbol(item.index), mo(binder), self.text(item.over))
+            return [indent + f"For {self.math(head)}:", *self.items_tex(item.items, depth + 1)]
+        if isinstance(item, s.Dataset):
+            elems = joined(self.symbol(e) for e in item.elems)
+            if len(item.elems) > 1:
+                elems = fenced(elems)
+            line = self.math(tag("msubsup", fenced(elems, "{", "}", stretchy=False),
+                                 row(self.symbol(item.index), mo("="), self.text(item.lo)),
+                                 self.text(item.hi)))
+            return [indent + line + ("" if item.prose is None else ", " +
+                                     self.prose(item.prose))]
+        if isinstance(item, s.Sentence):
+            return [indent + self.prose(item.text)]
+        return []
+
+    # ------------------------------------------------------------------ statements
+
+    def stmt_tex(self, node: s.Stmt) -> str:
+        """One statement as a line of the algorithm: text, math inside `<math>`."""
+        if isinstance(node, s.Assign):
+            op = "←" if node.op == "←" else "="
+            return self.math(row(self.sub(node.target, POSTFIX), mo(op), self.text(node.value)))
+        if isinstance(node, s.Return):
+            name = [] if node.name is None else \
+                [self.symbol(node.name, node.name in self.bold), mo("=")]
+            return f"{_kw('return')} {self.math(row(*name, self.text(node.value)))}"
+        if isinstance(node, s.Sample):
+            dist = row(self.symbol(node.dist), mo("∝"), self.weights_text(node.weights))
+            return f"{_kw('sample')} a token {self.math(self.symbol(node.var))} from " \
+                   f"{self.math(dist)}"
+        if isinstance(node, s.ForAll):
+            names = joined(self.symbol(v) for v in node.vars)
+            return f"{self.math(row(mo('∀'), names))}, {self.stmt_tex(node.body)}"
+        if isinstance(node, s.If):
+            return f"{_kw('if')} {self.math(self.sub(node.cond, CONJ))} {_kw('then')} " \
+                   f"{self.stmt_tex(node.then)}"
+        if isinstance(node, s.For):  # a map: `for h ∈ [H] : step`
+            body = " ".join(self.stmt_tex(step.stmt) for step in node.body)
+            return f"{_kw('for')} {self.math(self.loop_head(node))} : {body}"
+        raise TypeError(f"cannot render {type(node).__name__} as a line")
+
+    def loop_head(self, node: s.For) -> str:
+        return row(self.symbol(node.var), mo(node.binder), self.text(node.over))
+
+    def step_tex(self, node: s.Step, depth: int) -> list[str]:
+        """A step as a `<div class="step">`, a loop's body in a `<div class="body">` after it,
+        then its `end`."""
+        out = [f'<div class="comment">/* {self.prose(c)} */</div>' for c in node.comments]
+        stmt = node.stmt
+        where = "" if node.where is None else ", where " + self.prose(node.where)
+        opens = isinstance(stmt, s.While) or isinstance(stmt, s.For) and stmt.style != "map"
+        if not opens:
+            return [*out, self.step_row(node, depth, self.stmt_tex(stmt) + where)]
+        if isinstance(stmt, s.While):
+            head = f"{_kw('while')} {self.math(self.sub(stmt.cond, CONJ))} {_kw('do')}"
+        else:
+            head = f"{_kw('for')} {self.math(self.loop_head(stmt))} {_kw('do')}"
+        out += [self.step_row(node, depth, head + where), '<div class="body">']
+        out += [row_ for step in stmt.body for row_ in self.step_tex(step, depth + 1)]
+        out.append("</div>")
+        if isinstance(stmt, s.While) or stmt.style == "do":
+            out.append(f'<div class="step end"{_depth(depth)}>{_number(stmt.end_number)}'
+                       f'<span class="code">{_kw("end")}</span></div>')
+        return out
+
+    def step_row(self, node: s.Step, depth: int, code: str) -> str:
+        """The row of a step: its number, its code, and after ▷ its annotation and note."""
+        margin = []
+        if node.annotation is not None:
+            margin.append(self.math(self.decl_math(node.annotation, label=True)))
+        if node.note is not None:
+            margin.append(f'<span class="prose">{self.prose(node.note)}</span>')
+        side = f'<span class="note">{_TRIANGLE} {" ".join(margin)}</span>' if margin else ""
+        line = node.span.line
+        at = "" if line <= 0 else f' id="L{line}" data-line="{line}"' if self.line_ids else \
+            f' data-line="{line}"'
+        return f'<div class="step"{at}{_depth(depth)}>{_number(node.number)}' \
+               f'<span class="code">{code}</span>{side}</div>'
+
+    # ------------------------------------------------------------------ algorithms
+
+    def caption(self, node: s.Algorithm) -> str:
+        if node.name is None:
+            return self.prose(node.title or "")
+        outs = joined(self.symbol(o, o in self.bold) for o in node.outputs)
+        args = joined(self.symbol(a, a in self.bold) for a in node.args)
+        if node.params:
+            params = joined(self.symbol(p, p in self.bold) for p in node.params)
+            args = row(args, mo("∣", stretchy="false"), params)
+        return self.math(row(outs, mo("←"), self.function(node.name), fenced(args)))
+
+    def algorithm_tex(self, node: s.Algorithm) -> list[str]:
+        """The figure's lines: caption, comments, blocks, steps, then the tips."""
+        number = f" {escape(node.number)}" if node.number is not None else ""
+        caption = self.caption(node)
+        if node.note is not None:
+            note = f'<span class="prose">{self.prose(node.note)}</span>'
+            caption += f' <span class="note">{_TRIANGLE} {note}</span>'
+        out = [f"<figcaption><b>Algorithm{number}:</b> {caption}</figcaption>"]
+        out += [f'<div class="comment">/* {self.prose(c)} */</div>' for c in node.comments]
+        for block in node.blocks:
+            lines = "".join(f'<div class="line">{line}</div>'
+                            for line in self.items_tex(block.items, 0))
+            out.append(f'<div class="block"><b class="kw">{escape(block.kind)}:</b>'
+                       f'<div class="items">{lines}</div></div>')
+        steps = [line for step in node.steps for line in self.step_tex(step, 0)]
+        if steps:
+            out += ['<div class="steps">', *steps, "</div>"]
+        return out
+
+
+def _unwrapped(markup: str) -> str:
+    """`markup` without an `<mrow>` around all of it: `<math>` is a row itself."""
+    if not markup.startswith("<mrow>") or not markup.endswith("</mrow>"):
+        return markup
+    depth = 0
+    for tag_ in re.finditer(r"<(/?)mrow\b[^>]*>", markup):
+        depth += -1 if tag_.group(1) else 1
+        if depth == 0:
+            return markup[len("<mrow>"):-len("</mrow>")] if tag_.end() == len(markup) else markup
+    return markup
+
+
+def _kw(word: str) -> str:
+    return f'<b class="kw">{word}</b>'
+
+
+def _depth(depth: int) -> str:
+    """A loop body's row: its number moves back to the margin by the bodies' indentation."""
+    return f' style="--depth: {depth}"' if depth else ""
+
+
+def _number(text: str | None) -> str:
+    return f'<span class="no">{escape(text)}</span>' if text is not None else ""
+
+
+def _members(bundle: BundleTy) -> list[tuple[str, object]]:
+    """Every parameter of a bundle, nested bundles opened."""
+    out: list[tuple[str, object]] = []
+    for name, entry in bundle.members.items():
+        out += _members(entry) if isinstance(entry, BundleTy) else [(name, entry)]
+    return out
+
+
+def _css_ident(text: str) -> str:
+    """`text` as a CSS identifier: anything but ASCII letters, digits, `-` and `_` escaped, so
+    that no name can end the rule or the `<style>`."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else f"\\{ord(c):x} "
+                   for c in text)
+
+
+# ---------------------------------------------------------------------- API
+
+CSS = """\
+:root {
+  --ink: #1d1d1f; --muted: #6b6b70; --rule: #1d1d1f; --link: #1f4e8c;
+  --hover: #fde68a; --tip: #fffdf4; --tip-edge: #c8b27a;
+  --math: 'Latin Modern Math', 'STIX Two Math', 'Cambria Math', math, serif;
+  --text: 'Latin Modern Roman', 'STIX Two Text', 'Latin Modern Math', 'Times New Roman', serif;
+  --mono: 'Latin Modern Mono', 'DejaVu Sans Mono', monospace;
+  color-scheme: light;
+}
+body { margin: 2rem auto; max-width: 60rem; padding: 0 1.5rem; color: var(--ink);
+  background: #fff; font: 17px/1.45 var(--text); }
+h1 { font-size: 1.35rem; font-weight: normal; font-family: var(--mono); }
+h2 { font-size: 1.2rem; margin-top: 2.5rem; }
+math { font-family: var(--math); font-size: 1.05em; }
+.source { color: var(--muted); font-family: var(--mono); font-size: .85rem; margin: 1.5rem 0 0; }
+figure.algorithm { margin: 1rem 0 2rem; border-top: 2px solid var(--rule);
+  border-bottom: 2px solid var(--rule); padding: 0 0 .4rem; }
+figure.algorithm figcaption { padding: .3rem 0; border-bottom: 1px solid var(--rule);
+  margin-bottom: .35rem; }
+.algorithm .comment { font-family: var(--mono); font-size: .92em; padding-left: 1.2rem; }
+.algorithm .block { display: flex; gap: .35em; padding-left: 1.2rem; }
+.algorithm .block > .kw { white-space: nowrap; }
+.algorithm .items { flex: 1; min-width: 0; }
+.algorithm .indent { display: inline-block; width: 1.5em; }
+.algorithm .steps { padding-left: 1.2rem; }
+.algorithm .step { display: flex; flex-wrap: wrap; align-items: baseline; gap: 0 .3rem;
+  min-height: 1.45em; }
+.algorithm .tri { font-family: var(--math); font-size: .8em; }
+.algorithm .step .code { flex: 1 1 auto; }
+.algorithm .no { position: relative; left: calc(var(--depth, 0) * (-1.3rem - 1px));
+  flex: 0 0 .9rem; margin-left: -1.2rem; text-align: right; font-size: .8em;
+  font-weight: bold; }
+.algorithm .note { margin-left: auto; padding-left: 1em; text-align: right; white-space: nowrap; }
+.algorithm .note .prose { font-family: var(--mono); font-size: .92em; }
+.algorithm .body { margin-left: .3rem; padding-left: 1rem; border-left: 1px solid var(--rule); }
+.algorithm .step:target { background: var(--hover); }
+.algorithm a.no { color: inherit; text-decoration: none; }
+.algorithm a.no:hover { color: var(--link); text-decoration: underline; }
+.algorithm mtext.call a { color: var(--link); text-decoration: none; }
+.algorithm mtext.call a:hover { text-decoration: underline; }
+.algorithm .b { font-weight: bold; }
+.algorithm .ic { padding-inline-end: .1em; }
+.algorithm .tip { display: none; position: fixed; right: 1rem; bottom: 1rem; z-index: 10;
+  max-width: min(34rem, calc(100vw - 2rem)); padding: .45rem .8rem; pointer-events: none;
+  background: var(--tip); border: 1px solid var(--tip-edge); border-radius: 4px;
+  box-shadow: 0 2px 10px rgba(0, 0, 0, .15); font: 1rem/1.4 var(--math); }
+@media print {
+  body { margin: 0; max-width: none; font-size: 11pt; }
+  .algorithm .tip { display: none !important; }
+  .algorithm mtext.call a { color: inherit; }
+  figure.algorithm { break-inside: avoid; }
+}
+"""
+
+
+def anchor(alg: s.Algorithm) -> str:
+    """The id of an algorithm's figure: `alg-` and its label."""
+    return f"alg-{alg.label or alg.number or 'untitled'}"
+
+
+def algorithm_html(alg: s.Algorithm, checker: Checker | None, link: Link, *,
+                   line_ids: bool = True) -> str:
+    """One algorithm as a `<figure>`, with the `<style>` of its tips. `link` gives the href of
+    a card it calls (None: no link); `line_ids=False` leaves the steps' `id="L…"` out (a page
+    holding cards from several files)."""
+    r = typography(checker, alg, HtmlRenderer)
+    assert isinstance(r, HtmlRenderer)
+    r.attach(checker, alg, link)
+    r.line_ids = line_ids
+    lines = r.algorithm_tex(alg)
+    lines += r.tip_html(anchor(alg))
+    return f'<figure class="algorithm" id="{escape(anchor(alg))}">\n' + "\n".join(lines) + \
+        "\n</figure>\n"
+
+
+def link_step(figure: str, line: int, href: str) -> str:
+    """`figure` (from algorithm_html) with the step of source line `line` linked to `href`:
+    its number becomes the link (a step without a number gets a ›); no such step, no change."""
+    step = re.search(rf'<div class="step[^"]*"[^>]*? data-line="{line}"[^>]*>', figure)
+    if step is None:
+        return figure
+    at = step.end()
+    no = re.match(r'<span class="no">([^<]*)</span>', figure[at:])
+    text, end = (no.group(1), at + no.end()) if no else ("›", at)
+    return f'{figure[:at]}<a class="no" href="{escape(href)}">{text}</a>{figure[end:]}'
+
+
+def page(title: str, body: str, css: str = CSS) -> str:
+    """A whole HTML5 document around `body`: no script, nothing fetched."""
+    return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{escape(title)}</title>\n<style>\n{css}</style>\n</head>\n<body>\n"
+            f"{body}</body>\n</html>\n")
+
+
+def callees(algs: list[s.Algorithm], checker: Checker | None) -> list[s.Algorithm]:
+    """The cards `algs` call, directly or through each other, that are not among them; each
+    once, in the order the calls are found."""
+    seen = {id(a) for a in algs}
+    out: list[s.Algorithm] = []
+    queue = list(algs)
+    while queue and checker is not None:
+        info = checker.infos.get(id(queue.pop(0)))
+        for call in info.calls.values() if info else ():
+            if isinstance(call.callee, s.Algorithm) and id(call.callee) not in seen:
+                seen.add(id(call.callee))
+                out.append(call.callee)
+                queue.append(call.callee)
+    return out
+
+
+def render_cards(cards: list[s.CardFile], checker: Checker | None) -> str:
+    """One page: the cards' algorithms, then the cards they call from elsewhere, linked."""
+    own = [alg for card in cards for alg in card.algorithms]
+    others = callees(own, checker)
+    targets = {id(a): "#" + anchor(a) for a in own + others}
+
+    def link(alg: s.Algorithm) -> str | None:
+        return targets.get(id(alg))
+
+    body = []
+    for card in cards:
+        body.append(f"<h1>{escape(card.path)}</h1>\n")
+        body += [algorithm_html(alg, checker, link) for alg in card.algorithms]
+    if others:
+        body.append(f"<h2>Cards {'it calls' if len(cards) == 1 else 'they call'}</h2>\n")
+        for alg in others:
+            body.append(f'<p class="source">{escape(_shown(alg.span.file))}</p>\n')
+            body.append(algorithm_html(alg, checker, link, line_ids=False))
+    title = ", ".join(a.label or "" for a in own) or ", ".join(c.path for c in cards)
+    return page(title, "".join(body))
+
+
+def _shown(path: str) -> str:
+    """A card's path as the page names it: relative to the working directory below it."""
+    rel = os.path.relpath(os.path.abspath(path))
+    return path if rel.startswith("..") else rel
+
+
+def render_html(card: s.CardFile, checker: Checker | None) -> str:
+    """The standalone page of one card file (`cardc render --to html`)."""
+    return render_cards([card], checker)

@@ -1,0 +1,237 @@
+"""`cardc docs`: the site of the shipped cards, built by the real command and read as a reader
+would, in a real headless Chromium (Debian's chromium, driven by playwright) from file://.
+
+Checked: every card is reachable from the index, every link and anchor is alive, every page
+loads with no console error and fetches nothing but its own files, the MathML is laid out
+(every <math> has a non-empty box), hovering a symbol shows its shape, a call navigates to the
+called card, and the card's lines link to the generated lines they became and back. A
+screenshot of the paper's Algorithm 4 page is kept in test-artifacts/ (or $CARDC_ARTIFACTS)
+for a person to look at.
+
+Chromium and playwright are installed by .ci/run; where they are missing the browser tests
+skip, except under CARDC_REQUIRE_TOOLS=1 (CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urldefrag
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ALGORITHM_4 = "paper-attention.Attention.html"
+
+
+def _docs(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cardc", "docs", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("docs") / "site"
+    run = _docs("--out", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "card pages" in run.stdout
+    return out
+
+
+class _Anchors(HTMLParser):
+    """The ids and hrefs of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for key, value in attrs:
+            if key == "id" and value:
+                self.ids.add(value)
+            if key in ("href", "src") and value is not None:
+                self.hrefs.append(value)
+
+
+def _anchors(path: Path) -> _Anchors:
+    parser = _Anchors()
+    parser.feed(path.read_text(encoding="utf-8"))
+    return parser
+
+
+def _reachable(site: Path) -> set[str]:
+    """The site's files a reader reaches from index.html by following links."""
+    seen, todo = set(), ["index.html"]
+    while todo:
+        name = todo.pop()
+        if name in seen or not name.endswith(".html"):
+            seen.add(name)
+            continue
+        seen.add(name)
+        for href in _anchors(site / name).hrefs:
+            target, _ = urldefrag(href)
+            if target and target not in seen:
+                todo.append(unquote(target))
+    return seen
+
+
+def test_every_card_is_reachable_and_every_link_alive(site):
+    pages = {p.name for p in site.iterdir()}
+    assert ALGORITHM_4 in pages and "cards-gpt2.GPT2.html" in pages
+    assert _reachable(site) >= pages
+    anchors = {name: _anchors(site / name) for name in pages if name.endswith(".html")}
+    for name, page in anchors.items():
+        for href in page.hrefs:
+            assert "://" not in href and not href.startswith("//"), (name, href)
+            target, fragment = urldefrag(href)
+            target = unquote(target) or name
+            assert target in pages, f"{name}: {href} leads nowhere"
+            if fragment:
+                assert unquote(fragment) in anchors[target].ids, f"{name}: {href} has no anchor"
+
+
+def test_every_card_of_the_library_has_a_page(site):
+    index = (site / "index.html").read_text(encoding="utf-8")
+    for card in ("GPT2", "Llama", "Gemma2", "Attention", "DTraining", "LMTraining", "RMSNorm"):
+        assert f">{card}</a>" in index
+    assert {"cards", "cards/nn", "cards/paper", "cards/recipes"} <= set(
+        line.strip()[4:-5] for line in index.splitlines() if line.strip().startswith("<h2>"))
+
+
+def test_card_lines_link_to_generated_lines_and_back(site):
+    page = (site / "cards-gpt2.GPT2.html").read_text(encoding="utf-8")
+    ids = _anchors(site / "cards-gpt2.GPT2.html").ids
+    # step 1 of GPT2 (line 14) became `E = self.W_e[x] + self.W_p[...]`
+    row = next(line for line in page.splitlines() if "[gpt2.card:14]" in line)
+    py = row.split('id="', 1)[1].split('"', 1)[0]
+    assert py in ids and f'href="#{py}"' in page
+    assert '<a href="#L14">[gpt2.card:14]</a>' in page
+    assert 'href="nn-attention.CausalSelfAttention.html#L24">[attention.card:24]' in page
+
+
+def test_presets_calls_and_diffs(site):
+    page = (site / "cards-gpt2.GPT2.html").read_text(encoding="utf-8")
+    assert "124,439,808" in page  # GPT-2 small's parameters
+    assert "247,064,064 + 36,864·T" in page  # forward FLOPs per token
+    assert 'href="cards-gpt2.GPT2Block.html">GPT2Block</a>' in page
+    assert 'GPT2 → <a href="cards-llama.Llama.html">Llama</a>' in page
+    block = (site / "cards-gpt2.GPT2Block.html").read_text(encoding="utf-8")
+    assert 'Called by' in block and 'href="cards-gpt2.GPT2.html">GPT2</a>' in block
+    tex = (site / ALGORITHM_4.replace(".html", ".tex")).read_text(encoding="ascii")
+    assert r"\begin{document}" in tex and r"\SetAlgoRefName{4}" in tex
+
+
+def test_a_card_that_does_not_check_gets_a_page_saying_so(tmp_path):
+    (tmp_path / "bad.card").write_text(
+        "Algorithm: Y ← Bad(X)\nInput: X ∈ ℝ^{D}\nOutput: Y ∈ ℝ^{D}\n1 return Y = X + Q\n",
+        encoding="utf-8")
+    run = _docs("bad.card", "--out", "site", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "1 that do not check" in run.stdout
+    page = (tmp_path / "site" / "bad.Bad.html").read_text(encoding="utf-8")
+    assert "does not check" in page and "Q" in page
+
+
+def test_a_folder_of_other_files_is_refused_and_a_site_replaced_whole(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "thesis.docx").write_text("mine", encoding="utf-8")
+    card = str(ROOT / "cards" / "nn" / "layer_norm.card")
+    run = _docs(card, "--out", "notes", cwd=tmp_path)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.count("\n") == 1 and "not a cardc docs site" in run.stderr
+    assert (tmp_path / "notes" / "thesis.docx").read_text(encoding="utf-8") == "mine"
+    assert _docs(str(ROOT / "cards" / "gpt2.card"), "--out", "site", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "site" / "cards-gpt2.GPT2.html").exists()
+    assert _docs(card, "--out", "site", cwd=tmp_path).returncode == 0
+    assert not (tmp_path / "site" / "cards-gpt2.GPT2.html").exists()  # nothing of the last run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "site"]
+
+
+def test_a_card_that_does_not_parse_stops_the_site(tmp_path):
+    (tmp_path / "broken.card").write_text("Algorithm: Y ← (\n", encoding="utf-8")
+    run = _docs("broken.card", "--out", "site", cwd=tmp_path)
+    assert run.returncode == 1 and "broken.card:1:" in run.stderr
+    assert not (tmp_path / "site").exists()
+
+
+# ------------------------------------------------------------------ in a real browser
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("playwright")
+    if not Path(CHROMIUM).exists():
+        _missing("chromium")
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield chromium
+        chromium.close()
+
+
+def _missing(tool: str) -> None:
+    if os.environ.get("CARDC_REQUIRE_TOOLS"):
+        pytest.fail(f"{tool} is required here (CARDC_REQUIRE_TOOLS) and is not installed")
+    pytest.skip(f"{tool} is not installed")
+
+
+def _open(browser, path: Path):
+    """A page at `path`, recording console errors, page errors and every request."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    page.problems, page.requests = [], []
+    page.on("console", lambda m: m.type in ("error", "warning") and page.problems.append(m.text))
+    page.on("pageerror", lambda e: page.problems.append(str(e)))
+    page.on("request", lambda r: page.requests.append(r.url))
+    page.goto(path.as_uri())
+    return page
+
+
+def test_every_page_is_clean_in_chromium(site, browser):
+    for path in sorted(site.glob("*.html")):
+        page = _open(browser, path)
+        try:
+            assert page.problems == [], f"{path.name}: {page.problems}"
+            assert all(url.startswith("file://") for url in page.requests), page.requests
+            empty = page.evaluate("""() => [...document.querySelectorAll('math')]
+                .filter(m => !m.closest('.tip'))  // the shapes, shown on hover
+                .filter(m => { const r = m.getBoundingClientRect();
+                               return r.width < 1 || r.height < 1; }).length""")
+            assert empty == 0, f"{path.name}: {empty} <math> elements laid out empty"
+        finally:
+            page.close()
+
+
+def test_hover_shows_a_shape_and_calls_navigate(site, browser, tmp_path):
+    page = _open(browser, site / ALGORITHM_4)
+    try:
+        symbol = page.locator('#pseudocode .name[title^="X ∈"]').first
+        title = symbol.get_attribute("title")
+        assert "∈" in title and "ℝ" in title
+        number = next(c for c in symbol.get_attribute("class").split() if c[1:].isdigit())
+        tip = page.locator(f"#pseudocode .tip.{number}")
+        assert not tip.is_visible()
+        symbol.hover()
+        assert tip.is_visible() and "ℝ" in tip.inner_text()
+        box = tip.bounding_box()
+        assert box["width"] > 10 and box["height"] > 5
+        artifacts = Path(os.environ.get("CARDC_ARTIFACTS", ROOT / "test-artifacts"))
+        artifacts.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(artifacts / "algorithm4.png"), full_page=True)
+    finally:
+        page.close()
+    page = _open(browser, site / "paper-mhattention.MHAttention.html")
+    try:
+        page.locator("#pseudocode a", has_text="Attention").first.click()
+        page.wait_for_load_state()
+        assert page.url.endswith(ALGORITHM_4), page.url
+    finally:
+        page.close()
