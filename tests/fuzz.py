@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CARDS = ROOT / "cards"
-FAILURES = ("traceback", "hang", "unlocated", "roundtrip", "latex")
+FAILURES = ("traceback", "hang", "unlocated", "roundtrip", "latex", "html")
 
 
 # ------------------------------------------------------------------ cases
@@ -323,7 +323,9 @@ def run_case(path: str) -> Outcome:
     from cardc.diagnostics import CardError, Diagnostics
     from cardc.library import load
     from cardc.parser import parse, parse_file
+    from cardc.render.html import render_html
     from cardc.render.latex import render_latex
+    from cardc.render.markdown import render_markdown
     from cardc.render.text import render_card
     from cardc.types import BundleTy
 
@@ -338,6 +340,9 @@ def run_case(path: str) -> Outcome:
     text = render_card(card)
     if not render_latex(card, checker).isascii():
         return Outcome("latex", "the LaTeX is not ASCII")
+    render_markdown(card, checker)
+    if "<script" in render_html(card, checker).lower():  # card text stays text
+        return Outcome("html", "card text became markup in the HTML")
     if not pd.errors:
         again = parse(text, path, Diagnostics())
         if again != card:

@@ -177,6 +177,23 @@ def test_markdown_golden(card):
     assert run.stdout == golden.read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("card", CARDS, ids=str)
+def test_every_card_renders_as_markdown(card):
+    """Each card's algorithms, their math delimited in pairs on every line (a `$` of prose is
+    escaped, so it never opens math)."""
+    from cardc.checker import check
+    from cardc.library import load
+    from cardc.render.markdown import render_markdown
+
+    lib, _ = load([str(ROOT / card)], root=str(ROOT / "cards"), lazy=True)
+    checker, _ = check(lib)
+    file = next(f for f in lib.files if Path(f.path) == ROOT / card)
+    md = render_markdown(file, checker)
+    assert md.count("**Algorithm") == len(file.algorithms)
+    for line in md.splitlines():
+        assert line.replace("\\$", "").count("$") % 2 == 0, line
+
+
 def test_markdown_keeps_the_layout_and_math():
     md = _md("cards/gpt2.card").stdout
     assert "**Algorithm:** $\\boldsymbol{P} \\gets \\mathrm{GPT2}" in md
