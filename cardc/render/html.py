@@ -40,7 +40,7 @@ from ..checker import Checker, split_name
 from ..dims import Dim
 from ..spelling import display
 from ..types import BundleTy, Ty
-from .latex import _FUNCTIONS, _WORD, LatexRenderer, typography
+from .latex import _FUNCTIONS, _WORD, SCRIPT_WORD, LatexRenderer, snake_words, typography
 from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TIGHT
 
 Link = Callable[[s.Algorithm], str | None]
@@ -185,7 +185,7 @@ def _base(base: str, bold: bool) -> str:
 
 def _script(part: str) -> str:
     """A subscript or superscript: a word upright, names within it (`1:N_data`) as names."""
-    if _WORD.fullmatch(part):
+    if SCRIPT_WORD.fullmatch(part):
         return mi(part)  # several letters: upright, as \mathrm
     if "_" in part or "^" in part:
         return row(*(symbol(tok) if re.match(r"[^\s:,;+\-*/()]", tok) else
@@ -258,7 +258,8 @@ def function(name: str, href: str | None = None) -> str:
     link: an HTML `<a>` in `<mtext>`, the one place MathML Core lets HTML in."""
     if len(display(name)) == 1 and not name.isascii():
         return mi(display(name))
-    base, decor = split_name(name)
+    words = snake_words(name)
+    base, decor = ("_".join(words), []) if words else split_name(name)  # layer_norm: one name
     if href is not None:
         core = f'<mtext class="call"><a href="{escape(href)}">{escape(display(base))}</a></mtext>'
     else:

@@ -74,6 +74,7 @@ _TEXT = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "%": r"\
 _OPS = {"+": "+", "−": "-", "·": r"\cdot", "⊙": r"\odot", "/": "/", " ": r"\,", "=": "=",
         "≤": r"\le", "≥": r"\ge", "<": "<", ">": ">", "≠": r"\ne", "∈": r"\in", "∧": r"\land"}
 _WORD = re.compile(r"[A-Za-z]{2,}")
+SCRIPT_WORD = re.compile(r"[A-Za-z]{2,}[0-9]*")  # a subscript set upright: attn, mlp1
 LINE = 64  # characters of card text a line of the rendered blocks holds
 _FUNCTIONS = {"softmax", "exp", "log", "max", "min", "tanh", "cos", "sin", "length", "mean",
               "var", "erf", "GELU", "GELU_tanh", "ReLU", "SiLU", "sigmoid", "σ"}
@@ -116,6 +117,15 @@ def _graphemes(prose: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+def snake_words(name: str) -> list[str] | None:
+    """The words of a function's name written in snake case (`layer_norm`, `GELU_tanh`), which
+    the paper sets as one upright name, not a name with a subscript; None for any other."""
+    base, decor = split_name(name)
+    if decor and _WORD.fullmatch(base) and all(k == "_" and _WORD.fullmatch(p) for k, p in decor):
+        return [base, *(p for _, p in decor)]
+    return None
+
+
 def symbol(name: str, bold: bool = False) -> str:
     """A name's base and its subscripts and superscripts: `θ^block_ℓ` → θ^{block}_{ℓ},
     words upright, the base bold for a vector or matrix."""
@@ -153,7 +163,7 @@ def _base(base: str, bold: bool) -> str:
 
 def _decoration(part: str) -> str:
     """A subscript or superscript: a word upright, names within it (`1:N_data`) as names."""
-    if _WORD.fullmatch(part):
+    if SCRIPT_WORD.fullmatch(part):
         return rf"\mathrm{{{part}}}"
     if "_" in part or "^" in part:
         return "".join(symbol(tok) if re.match(r"[^\s:,;+\-*/()]", tok) else tok
@@ -271,6 +281,9 @@ class LatexRenderer(Renderer):
         """A card's or a function's name, upright; σ stays the letter."""
         if name in MATH:
             return MATH[name]
+        words = snake_words(name)
+        if words:  # layer_norm, as the paper sets it
+            return r"\mathrm{" + r"\_".join(words) + "}"
         base, decor = split_name(name)
         out = r"\mathrm{" + "".join(
             c if c.isascii() and c.isalnum() else _math_char(c) for c in base) + "}"
@@ -535,6 +548,9 @@ def typography(checker: Checker | None, alg: s.Algorithm,
              isinstance(info.types.get(id(n.value)), Ty) and info.types[id(n.value)].shape}
     vectors = {id(n) for n in s.nodes(alg.steps) if isinstance(n, s.Num) and
                isinstance(info.types.get(id(n)), Ty) and info.types[id(n)].shape}
+    vectors |= {id(n.operand) for n in s.nodes(alg.steps)  # 1^⊺: the ones vector, transposed
+                if isinstance(n, s.Transpose) and isinstance(n.operand, s.Num) and
+                isinstance(info.types.get(id(n)), Ty) and info.types[id(n)].shape}
     return kind(frozenset(bold), frozenset(vectors))
 
 
