@@ -270,7 +270,7 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
         raise err.card_error(lib.diags.sources) from None
     model, kwargs = instantiate(checker, alg, {identifier(k): v for k, v in values.items()}, fuse)
     files = [f.path for f in lib.files if f.path in lib.diags.sources]
-    own = [p for p in files if _shipped_name(p) is None]
+    own = [p for p in files if shipped_name(p) is None]
     base = os.path.commonpath([os.path.abspath(p) for p in [*own, card]])
     base = base if os.path.isdir(base) else os.path.dirname(base)
     rel = lambda p: Path(os.path.relpath(os.path.abspath(p), base)).as_posix()  # noqa: E731
@@ -279,7 +279,7 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
     for p in files:
         inside = not rel(p).startswith("../")
         if inside or p in used:  # the shipped library: only what the model calls
-            cards[rel(p) if inside else _shipped_name(p)] = lib.diags.sources[p]
+            cards[rel(p) if inside else shipped_name(p)] = lib.diags.sources[p]
     model.card_meta = {"card": rel(card), "name": alg.label, "preset": preset,
                        "hyperparameters": kwargs, "cards": cards}
     return model
@@ -288,7 +288,7 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
 LIBRARY_PREFIX = "library"  # where a checkpoint records cards of the shipped library
 
 
-def _shipped_name(path: str) -> str | None:
+def shipped_name(path: str) -> str | None:
     """`library/nn/rms_norm.card` for a card of the shipped library, else None."""
     full = Path(os.path.abspath(path)).resolve()
     for root in shipped_library():
@@ -418,7 +418,7 @@ def record_sampler(meta: dict[str, Any], lib: Library, checker: Checker,
 
     def recorded(path: str) -> str | None:
         rel = Path(os.path.relpath(os.path.abspath(path), base))
-        return rel.as_posix() if ".." not in rel.parts else _shipped_name(path)
+        return rel.as_posix() if ".." not in rel.parts else shipped_name(path)
 
     cards = {}
     for path in sorted(files_used(lib, checker, {sampler})):

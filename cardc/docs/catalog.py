@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import syntax as s
-from ..build import files_used
+from ..build import files_used, shipped_name
 from ..checker import Checker
 from ..diff import likeness, step_keys
 from ..library import Library
@@ -101,9 +101,16 @@ def _kind(checker: Checker, alg: s.Algorithm) -> tuple[int, int, bool]:
 
 
 def _folder(path: str) -> str:
+    """The index's heading for a card file's folder: relative to the working directory where
+    it lies below it, `library/nn` for the library cardc ships, else the whole path."""
     parent = os.path.dirname(os.path.abspath(path))
     rel = os.path.relpath(parent)
-    return parent if rel.startswith("..") else rel
+    if rel == ".":
+        return os.path.basename(parent) or parent
+    if not rel.startswith(".."):
+        return rel
+    shipped = shipped_name(path)
+    return os.path.dirname(shipped) if shipped else parent
 
 
 def _slug(path: str, label: str) -> str:
