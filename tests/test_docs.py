@@ -139,6 +139,21 @@ def test_a_card_that_does_not_check_gets_a_page_saying_so(tmp_path):
     assert "does not check" in page and "Q" in page
 
 
+def test_a_strangers_card_and_the_library_it_calls(tmp_path):
+    """A card outside the repository gets its page, and so do the library cards it calls,
+    under the library's own heading."""
+    (tmp_path / "tiny.card").write_text(
+        "Algorithm: Y ← TinyNorm(X | γ)\nInput: X ∈ ℝ^{T×D}\nOutput: Y ∈ ℝ^{T×D}\n"
+        "Hyperparameters: D ∈ ℕ\nParameters: γ ∈ ℝ^{D} = 1\n"
+        "1 return Y = X + RMSNorm(X | γ, ε = 1e-6)\n", encoding="utf-8")
+    run = _docs("tiny.card", "--out", "site", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert f"<h2>{tmp_path.name}</h2>" in index and "<h2>library/nn</h2>" in index
+    page = (tmp_path / "site" / "tiny.TinyNorm.html").read_text(encoding="utf-8")
+    assert 'href="nn-rms_norm.RMSNorm.html"' in page
+
+
 def test_a_folder_of_other_files_is_refused_and_a_site_replaced_whole(tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "thesis.docx").write_text("mine", encoding="utf-8")
