@@ -72,6 +72,17 @@ def _finite(least: float, inclusive: bool = True):
     return parse
 
 
+def _fraction(text: str) -> float:
+    """An argparse type: a probability mass P, 0 < P <= 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not 0 < value <= 1:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
+    return value
+
+
 def _require_cards(paths: list[str]) -> list[Path]:
     found = card_paths(paths)
     missing = [str(p) for p in found if not p.exists()]
@@ -335,7 +346,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     `cardc train TRAINING.card` runs that card on the model it calls."""
     from .build import build_model, called_model, procedure_function, record_sampler
     from .runtime.runs import check_destination
-    from .runtime.train import TrainConfig, resolve_device, train
+    from .runtime.train import TrainConfig, resolve_device, summary_writer, train
 
     _require_cards([args.card])
     out = args.out or str(Path("runs") / (Path(args.card).stem + (f"-{args.preset}" if args.preset else "")))
@@ -345,13 +356,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= {least}")
     if args.lr is not None and args.lr <= 0:
         raise UsageError("--lr must be > 0")
+    bpe = _tokenizer_spec(args)
     try:
         cfg = TrainConfig(out_dir=out, examples=args.examples, length=args.block_size or 128,
                           eval_every=args.eval_every, device=args.device, seed=args.seed,
-                          data_path=args.data, compile=args.compile)
+                          data_path=args.data, compile=args.compile, tensorboard=args.tensorboard)
     except RuntimeInputError as err:
         raise UsageError(str(err)) from None
     resolve_device(cfg.device)  # before any output: a missing GPU is reported up front
+    if cfg.tensorboard:
+        summary_writer()  # and a missing tensorboard package
     if args.data is not None:
         from .runtime.data import check_corpus_path
 
@@ -368,6 +382,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     resumed = _resumed(args.resume, checker, model_card) if args.resume else None
     if resumed is not None:  # the checkpoint's sizes, unless --set changes one
         model_overrides = {**resumed[0], **model_overrides}
+    tokenizer = resumed[2] if resumed is not None else \
+        _new_tokenizer(args, bpe, checker, recipe, hypers)
+    model_overrides = _tokenizer_vocab(tokenizer, resumed is None, args.preset,
+                                       model_overrides, checker, model_card)
     if args.pad_vocab:
         if resumed is not None:
             raise UsageError("--pad-vocab changes the model's shapes; a resumed run keeps its "
@@ -387,7 +405,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     start = f"the weights of {args.resume}" if resumed else args.preset or "no preset"
     print(f"training {model_card.name} ({start}, {params:,} parameters) "
           f"with {recipe.name} ({_shown_path(lib.file_of(recipe).path)}); writing {out}/")
-    train(model, procedure_function(checker, recipe), hypers, cfg, model.card_meta)
+    train(model, procedure_function(checker, recipe), hypers, cfg, model.card_meta,
+          tokenizer=tokenizer)
     return EXIT_OK
 
 
@@ -401,13 +420,16 @@ def _require_causal(model, model_card, recipe) -> None:
                          " reads ahead: its scores for a position change with a later token")
 
 
-def _resumed(run: str, checker, model_card) -> tuple[dict, dict]:
-    """A checkpoint's hyperparameters (by card name) and tensors, if it holds `model_card`'s
-    model. Training goes on from its weights; the training card makes a fresh optimizer."""
+def _resumed(run: str, checker, model_card) -> tuple[dict, dict, object]:
+    """A checkpoint's hyperparameters (by card name), tensors and tokenizer, if it holds
+    `model_card`'s model. Training goes on from its weights, reading text as they were trained
+    to; the training card makes a fresh optimizer."""
     from .build import recorded_values
     from .runtime.checkpoint import read_checkpoint
+    from .runtime.tokenizer import run_tokenizer
 
     meta, state = read_checkpoint(run)
+    tokenizer = run_tokenizer(run, meta)
     if meta.get("name") != model_card.label:
         raise UsageError(f"'{run}' holds {meta.get('name')}, but the training card trains "
                          f"{model_card.label}")
@@ -415,21 +437,86 @@ def _resumed(run: str, checker, model_card) -> tuple[dict, dict]:
         sizes = recorded_values(meta.get("hyperparameters"), checker.info(model_card).sig.hypers)
     except ValueError as err:
         raise RuntimeInputError(f"{run}: {err}") from None
-    return sizes, state
+    return sizes, state, tokenizer
 
 
-def _padded_vocab(preset: str | None, overrides: dict, checker, model_card) -> dict:
-    """The vocabulary size rounded up to a multiple of 64, for faster unembedding matmuls: the
-    data never asks for the extra tokens, so training only learns to give them no weight."""
+def _vocab_name(checker, model_card, flag: str) -> str:
+    """The hyperparameter the model's token input is drawn from (V of x ∈ {1..V}^{T})."""
     from .dims import Dim
-    from .info import preset_values
 
     sig = checker.info(model_card).sig
     vocab = sig.inputs[0][1].vocab if sig.inputs else None
     name = next((n for n in sig.hypers if Dim.sym(n) == vocab), None)
     if name is None:
-        raise UsageError(f"--pad-vocab: {model_card.label}'s vocabulary is not a "
+        raise UsageError(f"{flag}: {model_card.label}'s vocabulary is not a "
                          "hyperparameter the card lets training choose")
+    return name
+
+
+def _tokenizer_spec(args: argparse.Namespace) -> int | None:
+    """N of `--tokenizer bpe:N`; None for bytes, or for a resumed run, which keeps its own."""
+    from .runtime.tokenizer import parse_spec
+
+    if args.tokenizer is None:
+        return None
+    if args.resume:
+        raise UsageError("--tokenizer: a resumed run reads text with its checkpoint's "
+                         "tokenizer")
+    try:
+        return parse_spec(args.tokenizer)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _new_tokenizer(args: argparse.Namespace, size: int | None, checker, recipe, hypers: dict):
+    """Bytes, or for `--tokenizer bpe:N` a byte-level BPE trained on the corpus's training
+    split (the text the model trains on; the held-out text stays unseen)."""
+    from .build import procedure_function
+    from .runtime.data import load_corpus
+    from .runtime.tokenizer import ByteTokenizer, text_splits, train_bpe
+    from .runtime.train import dataset_inputs
+
+    if size is None:
+        return ByteTokenizer()
+    if dataset_inputs(procedure_function(checker, recipe), hypers) != 1:
+        raise UsageError(f"--tokenizer: {recipe.name} trains on synthetic token pairs, not on "
+                         "text")
+    text = text_splits(load_corpus(args.data))[0]
+    tokenizer = train_bpe(text, size)
+    print(f"tokenizer: byte-level BPE of {tokenizer.vocab_size:,} tokens, trained on "
+          f"{len(text):,} characters of the training split")
+    return tokenizer
+
+
+def _tokenizer_vocab(tokenizer, trained: bool, preset: str | None, overrides: dict, checker,
+                     model_card) -> dict:
+    """The model's vocabulary set to a trained tokenizer's size; a resumed run's tokenizer must
+    fit the vocabulary of its weights. Bytes are left as they always were."""
+    from .info import preset_values
+
+    if tokenizer.kind == "bytes":
+        return overrides
+    name = _vocab_name(checker, model_card, "--tokenizer")
+    if trained:
+        if name in overrides:
+            raise UsageError(f"--set {name} and --tokenizer both set the vocabulary size; "
+                             f"--tokenizer makes {name} the tokenizer's size")
+        print(f"{name} = {tokenizer.vocab_size}, the tokenizer's size")
+        return {**overrides, name: tokenizer.vocab_size}
+    size = int(preset_values(checker.info(model_card).sig, preset, overrides)[name])
+    if tokenizer.vocab_size > size:
+        raise RuntimeInputError(f"the checkpoint's tokenizer has {tokenizer.vocab_size:,} tokens, more "
+                         f"than its model's vocabulary ({name} = {size:,})")
+    return overrides
+
+
+def _padded_vocab(preset: str | None, overrides: dict, checker, model_card) -> dict:
+    """The vocabulary size rounded up to a multiple of 64, for faster unembedding matmuls: the
+    data never asks for the extra tokens, so training only learns to give them no weight."""
+    from .info import preset_values
+
+    sig = checker.info(model_card).sig
+    name = _vocab_name(checker, model_card, "--pad-vocab")
     size = int(preset_values(sig, preset, overrides)[name])
     padded = -(-size // 64) * 64
     if padded != size:
@@ -522,25 +609,18 @@ def _recipe_values(args: argparse.Namespace, lib, checker, recipe):
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from .build import rebuild_model
-    from .runtime.checkpoint import load_state
-    from .runtime.data import decode, encode
     from .runtime.sample import generate, is_language_model
-    from .runtime.train import resolve_device
+    from .runtime.tokenizer import continuation, run_tokenizer
 
-    meta, state = _read_run(args.dir)
-    try:
-        model = rebuild_model(meta, stored=sum(t.numel() for t in state.values()))
-    except ValueError as err:
-        raise RuntimeInputError(f"{args.dir}: {err}") from None
-    load_state(model, state)
-    device = resolve_device(args.device)
-    model.to(device)
+    if args.card and (args.top_k is not None or args.top_p is not None):  # never ignored
+        raise UsageError("--top-k and --top-p pick the built-in sampler; an inference card "
+                         "(--card) samples by its own steps")
+    meta, model, device = _trained_model(args.dir, args.device)
     if args.card:
         _require_cards([args.card])
         return _sample_with_card(args, model, meta, device, args.card, None, echo=False)
     sampler = meta.get("sampler")
-    if args.top_k is None:
+    if args.top_k is None and args.top_p is None:
         from .build import recorded_cards
 
         with recorded_cards(meta) as root:  # the inference card recorded when it was trained
@@ -549,21 +629,34 @@ def cmd_sample(args: argparse.Namespace) -> int:
                                          [str(root)], echo=True)
             card = _generic_sampler(args.dir, meta)
             return _sample_with_card(args, model, meta, device, card, [str(root)], echo=True)
-    # --top-k: the built-in sampler
+    # --top-k, --top-p: the built-in sampler (cards have no such step yet)
     if not is_language_model(model):
         raise UsageError(f"{meta.get('name')} is not a language model; sample with an inference "
                          "card, e.g. --card cards/paper/edinference.card")
-    prompt = encode(args.prompt) or [10]
+    tokenizer = run_tokenizer(args.dir, meta)
+    text, prompt = _prompt_ids(tokenizer, args.prompt)
     with torch.no_grad():  # the vocabulary is the width of the logits, whatever the card calls it
         vocab = model(torch.zeros(1, 1, dtype=torch.long, device=device)).shape[-1]
     if max(prompt) >= vocab:
-        raise UsageError(f"the prompt has byte values the model's vocabulary ({vocab}) lacks")
+        what = "byte values" if tokenizer.kind == "bytes" else "token IDs"
+        raise UsageError(f"the prompt has {what} the model's vocabulary ({vocab}) lacks")
     idx = torch.tensor([prompt], dtype=torch.long, device=device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     out = generate(model, idx, args.tokens, args.temperature, args.top_k, gen,
-                   window=_trained_context(meta))
-    print(decode(out[0].tolist()))
+                   window=_trained_context(meta), top_p=args.top_p)
+    print(text + continuation(tokenizer, prompt, out[0].tolist()[len(prompt):]))
     return EXIT_OK
+
+
+def _prompt_ids(tokenizer, prompt: str) -> tuple[str, list[int]]:
+    """The prompt's text and token IDs; an empty prompt is a newline, as it always was."""
+    ids = tokenizer.prompt(prompt)
+    text = prompt if ids else "\n"
+    ids = ids or tokenizer.prompt(text)
+    if not ids:
+        raise UsageError("the prompt is no tokens, and neither is a newline, for the run's "
+                         "tokenizer; give another --prompt")
+    return text, ids
 
 
 def _generic_sampler(run: str, meta: dict) -> str:
@@ -579,6 +672,23 @@ def _generic_sampler(run: str, meta: dict) -> str:
     print(f"note: {run} records no sampling card; sampling {meta.get('name')} with the "
           f"library's {_shown_path(str(found[0]))}", file=sys.stderr)
     return str(found[0])
+
+
+def _trained_model(folder: str, device_name: str):
+    """A run's metadata, and its model rebuilt from the checkpoint's cards with its weights, on
+    the device asked for."""
+    from .build import rebuild_model
+    from .runtime.checkpoint import load_state
+    from .runtime.train import resolve_device
+
+    meta, state = _read_run(folder)
+    try:
+        model = rebuild_model(meta, stored=sum(t.numel() for t in state.values()))
+    except ValueError as err:
+        raise RuntimeInputError(f"{folder}: {err}") from None
+    load_state(model, state)
+    device = resolve_device(device_name)
+    return meta, model.to(device), device
 
 
 def _read_run(folder: str):
@@ -626,15 +736,16 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
 
     --tokens and --temperature set the card's ℓ_gen and τ, and hyperparameters it shares with
     the model (its context, ctx) take the model's values; a prompt of integers is read as
-    token IDs (the reversal task's), any other prompt as UTF-8 bytes. `echo` prints a text
-    prompt before the card's output."""
+    token IDs (the reversal task's), any other prompt as text the run's tokenizer encodes
+    (UTF-8 bytes unless it keeps a tokenizer.json). `echo` prints a text prompt before the
+    card's output."""
     import torch
 
     from .build import called_model, checked, procedure_cards, procedure_function
     from .info import PresetError, preset_values
     from .lower.values import card_names
     from .names import identifier
-    from .runtime.data import decode, encode
+    from .runtime.tokenizer import continuation, run_tokenizer
     from .types import Ty
 
     if library is None and _generic(card):  # --card names a generic sampler: it needs the model
@@ -677,7 +788,8 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
         raise UsageError(f"{alg.name} needs {', '.join(missing)}: set it with --set NAME=VALUE")
     hypers = _typed(info.sig, declared, values)
     numeric = bool(words) and all(w.isdigit() for w in words)
-    ids = [int(w) for w in words] if numeric else encode(args.prompt) or [10]
+    tokenizer = run_tokenizer(args.dir, meta)
+    ids = [int(w) for w in words] if numeric else _prompt_ids(tokenizer, args.prompt)[1]
     if runs_on is not None:
         _check_token_ids(ids, checker, runs_on, meta)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
@@ -689,7 +801,8 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
             out = fn(prompt, model, **hypers)[0].tolist()
         except ValueError as err:  # the model's positions ran out before the card stopped
             raise RuntimeInputError(f"{alg.name} did not finish: {err}") from None
-    print(" ".join(map(str, out)) if numeric else (args.prompt if echo else "") + decode(out))
+    print(" ".join(map(str, out)) if numeric
+          else (args.prompt if echo else "") + continuation(tokenizer, ids, out))
     return EXIT_OK
 
 
@@ -721,6 +834,22 @@ def _bind_sampler(lib, checker, alg, meta: dict, library: list[str] | None) -> s
     return next((m.window for m in checker.info(alg).sig.models.values()), None)
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """`cardc eval RUN`: a causal language model's held-out next-token loss and perplexity."""
+    from .runtime.evaluate import eval_tokens, held_out_loss
+    from .runtime.train import predicts_next_token
+
+    meta, model, device = _trained_model(args.dir, args.device)
+    if not predicts_next_token(model):
+        raise UsageError(f"{meta.get('name')} is not a causal language model: eval measures "
+                         "the loss of predicting each next token")
+    tokens, source = eval_tokens(args.dir, meta, args.data)
+    loss, drawn = held_out_loss(model, meta, tokens, args.batches, device)
+    print(f"{args.dir}: loss {loss:.4f}, perplexity {math.exp(loss):.4f} on {source} "
+          f"({drawn})")
+    return EXIT_OK
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from .interop import import_checkpoint
 
@@ -728,8 +857,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     model, path = import_checkpoint(args.card, args.source, args.out, args.preset,
                                     _overrides(args.set), args.name, _library(args, [args.card]))
     params = sum(p.numel() for p in model.parameters())
+    tokenizer = Path(args.out) / "tokenizer.json"
+    said = f" and {tokenizer}" if tokenizer.is_file() else \
+        " (the source has no tokenizer: prompts are read as bytes)"
     print(f"imported {args.source} as {model.card_meta['name']} ({params:,} parameters); "
-          f"wrote {path}")
+          f"wrote {path}{said}")
     return EXIT_OK
 
 
@@ -872,9 +1004,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=_count(0, 2**63 - 1), default=1337,
                    help="seed of the weights and the data")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
+    t.add_argument("--tensorboard", action="store_true",
+                   help="also write the records as TensorBoard scalars, in the run folder's tb/ "
+                        "(needs the tensorboard package)")
     t.add_argument("--pad-vocab", action="store_true",
                    help="round the model's vocabulary size up to a multiple of 64 (faster "
                         "matmuls; 50257 → 50304 for GPT-2)")
+    t.add_argument("--tokenizer", metavar="SPEC",
+                   help="how text becomes tokens: 'bytes' (256 IDs, one per byte) or 'bpe:N' (a "
+                        "byte-level BPE of N tokens trained on the training split, which sets "
+                        "the model's vocabulary size and is kept as tokenizer.json in the run); "
+                        "a resumed run keeps its own (default: bytes)")
     t.add_argument("--resume", metavar="RUN",
                    help="start from the weights of a checkpoint (trained, or made by cardc "
                         "import) instead of fresh ones")
@@ -892,6 +1032,10 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--top-k", type=_count(1),
                     help="sample among the k most probable tokens, with the built-in sampler "
                          "(default: all, with the recorded inference card)")
+    sa.add_argument("--top-p", type=_fraction, metavar="P",
+                    help="sample among the fewest most probable tokens whose probabilities sum "
+                         "to P or more (nucleus sampling, 0 < P <= 1), with the built-in "
+                         "sampler (default: all, with the recorded inference card)")
     sa.add_argument("--seed", type=_count(0, 2**63 - 1), default=1337,
                     help="seed of the sampling")
     sa.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
@@ -902,6 +1046,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a hyperparameter of the inference card; repeat for more "
                          "(default: none)")
     sa.set_defaults(run=cmd_sample)
+
+    ev = sub.add_parser("eval", help="held-out next-token loss and perplexity of a trained "
+                                     "causal language model")
+    ev.add_argument("dir", help="a run folder (or its model.safetensors)")
+    ev.add_argument("--data", help="a text file to measure, whole (default: the held-out split "
+                                   "of the run's training corpus)")
+    ev.add_argument("--batches", type=_count(1, 100_000),
+                    help="minibatches of random windows to average over (default: as many as "
+                         "the run's evaluations, 20 for an imported checkpoint)")
+    ev.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="where to run (auto: cuda if there is one)")
+    ev.set_defaults(run=cmd_eval)
 
     im = sub.add_parser("import", help="a Hugging Face checkpoint as a cardc checkpoint")
     im.add_argument("card", help="the card file of the model")

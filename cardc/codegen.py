@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 import textwrap
+from pathlib import Path
 
 import jinja2
 
@@ -180,6 +181,18 @@ def doc_py(text: str, indent: int) -> str:
 
 
 _ENV.filters.update(arg=arg_py, doc=doc_py, line=one_line, quote=quote)
+
+
+def _functions_of(path: Path) -> str:
+    """The source of a module's top-level functions, as they are written there."""
+    text = path.read_text(encoding="utf-8")
+    return "\n\n\n".join(ast.get_source_segment(text, node) or "" for node in ast.parse(text).body
+                         if isinstance(node, ast.FunctionDef))
+
+
+# generate()'s token choice is the runtime sampler's, copied as text: a generated module
+# imports torch alone, and one definition serves both (read, not imported: no torch here).
+_ENV.globals["pick_token_source"] = _functions_of(Path(__file__).parent / "runtime" / "logits.py")
 
 
 def generate(program: ir.Program) -> str:

@@ -226,6 +226,7 @@ class Module:
     max_seq_len: Expr | None = None
     probabilities: bool = False  # forward returns a softmax (the paper's P), not logits
     cached: bool = False  # a causal decoder: forward(x, cache=…) reads only the new tokens
+    generates: bool = False  # and decoder-only: generate(idx, …) continues idx through the cache
     buffers: list[Buffer] = field(default_factory=list)
 
 
@@ -240,6 +241,7 @@ class Program:
     presets: dict[str, dict[str, Expr]] = field(default_factory=dict)
     imports: set[str] = field(default_factory=set)  # "math"
     kv_cache: bool = False  # some module decodes with a KVCache, defined in the file
+    generates: bool = False  # some module has generate(): pick_token, filter_logits defined
     rotary: bool = False  # and shares RoPE's angles through it (KVCache.rotary)
     ordered: bool = False  # some attention keys its cache by call order (KVCache.extend(None…))
     uncached: bool = False  # some causal attention cannot read a cache: no KV cache at all

@@ -380,3 +380,10 @@ def test_the_built_in_sampler_keeps_its_window():
     model.lengths.clear()
     generate(model, torch.zeros(1, 3, dtype=torch.long), 40, temperature=0)
     assert max(model.lengths) == 32
+
+
+@pytest.mark.parametrize("flag", [["--top-k", "5"], ["--top-p", "0.9"]])
+def test_a_card_sampler_does_not_silently_drop_top_k_or_top_p(capsys, flag):
+    code, _, err = run(capsys, "sample", "runs/none", "--card", "cards/paper/dinference.card",
+                       *flag)
+    assert code == 2 and "an inference card (--card) samples by its own steps" in last_line(err)

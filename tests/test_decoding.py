@@ -258,3 +258,52 @@ def test_sampling_card_decodes_with_the_cache(card):
         out = sampler(prompt, model, l_gen=12, tau=0, T_max=24)
     plain = generate(Uncached(model), prompt, 12, temperature=0)[:, 6:]
     assert torch.equal(out, plain)
+
+
+@pytest.mark.parametrize("card", list(FAMILIES))
+def test_generated_generate_is_greedy_argmax_without_the_cache(card):
+    """model.generate at temperature 0, 30 tokens after a 4-token prompt (past GPT-2's
+    24-token context): each token is the argmax of the model's logits recomputed without a
+    cache over the tokens it reads; top_k=1 and a tiny top_p at any temperature are greedy."""
+    model = small(card)
+    prompt = torch.randint(0, 97, (2, 4))
+    out = model.generate(prompt, 30, temperature=0)
+    window = getattr(model, "max_seq_len", None) or out.shape[1]
+    expected = prompt
+    with torch.no_grad():
+        for _ in range(30):
+            step = model(expected[:, -window:])[:, -1].argmax(-1, keepdim=True)
+            expected = torch.cat([expected, step], dim=1)
+    assert torch.equal(out, expected)
+    assert torch.equal(model.generate(prompt, 30, temperature=3.0, top_k=1), out)
+    assert torch.equal(model.generate(prompt, 30, temperature=3.0, top_p=1e-6), out)
+
+
+def test_generated_generate_samples_reproducibly_and_top_p_one_changes_nothing():
+    model = small("gpt2")
+    prompt = torch.randint(0, 97, (3, 2))
+
+    def draw(**options) -> torch.Tensor:
+        return model.generate(prompt, 10, generator=torch.Generator().manual_seed(7), **options)
+
+    assert torch.equal(draw(top_p=1.0), draw())
+    assert torch.equal(draw(top_k=5, top_p=0.9), draw(top_k=5, top_p=0.9))
+    assert draw().shape == (3, 12) and torch.equal(draw()[:, :2], prompt)
+
+
+def test_every_generated_decoder_has_generate_and_imports_only_torch():
+    """generate() and the token picking it copies from cardc.runtime.logits are in every
+    generated decoder-only model (BART's decoder needs a source sequence: none there)."""
+    import ast
+
+    for path in sorted(Path("generated").glob("*.py")):
+        text = path.read_text()
+        if "def new_cache" not in text:
+            continue
+        has = "def generate(self, idx, max_new_tokens" in text
+        assert has == (path.stem != "bart"), path
+        assert ("def pick_token(" in text) == has and ("def filter_logits(" in text) == has
+        imported = {n.names[0].name.split(".")[0] if isinstance(n, ast.Import) else
+                    (n.module or "").split(".")[0]
+                    for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import | ast.ImportFrom)}
+        assert imported <= {"torch", "math"}, (path, imported)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
+import sys
+import types
 
 import pytest
 import torch
@@ -24,6 +27,7 @@ from cardc.runtime.data import (
     split,
 )
 from cardc.runtime.errors import RuntimeInputError
+from cardc.runtime.logits import filter_logits
 from cardc.runtime.plot import plot_losses
 from cardc.runtime.progress import ProgressBar
 from cardc.runtime.sample import generate
@@ -282,6 +286,121 @@ def test_progress_bar_plain_output_is_short() -> None:
     lines = stream.getvalue().splitlines()
     assert len(lines) == 10 and "\r" not in stream.getvalue()
     assert lines[-1].startswith("step 1000/1000")
+    assert lines[0] == "step 100/1000 | loss 1.0000 | 5.00k tok/s | ETA " + lines[0][-5:]
+
+
+def test_progress_bar_in_a_terminal_is_tqdms() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    bar = ProgressBar(50, stream=stream)
+    bar.update(50, loss=2.5, tokens_per_s=1234.0)
+    bar.close()
+    last = stream.getvalue().split("\r")[-1]
+    assert last.startswith("step 50/50 |") and "| loss 2.5000 | 1.23k tok/s | ETA " in last
+    assert last.endswith("\n")  # the finished bar stays on screen
+
+
+def test_top_p_keeps_the_fewest_most_probable_tokens_that_reach_p() -> None:
+    probs = torch.tensor([0.0625, 0.5, 0.125, 0.3125])  # sorted: 0.5, 0.3125, 0.125, 0.0625
+    logits = probs.log()[None]
+
+    def kept(**options: float) -> list[int]:
+        return filter_logits(logits, **options).isfinite()[0].nonzero().flatten().tolist()
+
+    assert kept(top_p=0.4) == [1]  # 0.5 alone reaches 0.4
+    assert kept(top_p=0.6) == [1, 3]  # 0.5 + 0.3125 = 0.8125
+    assert kept(top_p=0.8) == [1, 3]
+    assert kept(top_p=0.9) == [1, 2, 3]  # + 0.125 = 0.9375
+    assert kept(top_p=0.95) == [0, 1, 2, 3]
+    assert kept(top_k=3, top_p=0.6) == [1, 3]
+    assert kept(top_k=1, top_p=0.99) == [1]
+    kept_logits = filter_logits(logits, top_p=0.6)
+    assert torch.equal(kept_logits[0, [1, 3]], logits[0, [1, 3]])  # the kept keep their values
+    for unchanged in (filter_logits(logits, top_p=1.0), filter_logits(logits)):
+        assert torch.equal(unchanged, logits)
+
+
+def test_top_p_one_changes_no_draw_and_a_tiny_top_p_is_greedy() -> None:
+    torch.manual_seed(5)
+    model = Bigram(max_seq_len=4)
+    prompt = torch.zeros(3, 1, dtype=torch.long)
+
+    def draw(**options: float) -> torch.Tensor:
+        return generate(model, prompt, 12, generator=torch.Generator().manual_seed(2), **options)
+
+    assert torch.equal(draw(top_p=1.0), draw())
+    assert torch.equal(draw(top_p=1e-6), generate(model, prompt, 12, temperature=0))
+    for bad in (0.0, 1.5, -1.0):
+        with pytest.raises(ValueError, match="top_p"):
+            draw(top_p=bad)
+
+
+def test_metrics_are_appended_record_by_record(tmp_path, corpus: bytes) -> None:
+    """Each record adds its own line to metrics.jsonl in place: the earlier lines are never
+    written again (the same file, its bytes only growing), so a record costs O(1), not
+    O(records so far)."""
+    data_file = tmp_path / "corpus.txt"
+    data_file.write_bytes(corpus[:20_000])
+    out = tmp_path / "run"
+    seen: list[tuple[int, str]] = []
+
+    def log(_: str) -> None:  # called right after each record is written
+        for f in tmp_path.glob(".run.incomplete-*/metrics.jsonl"):
+            seen.append((f.stat().st_ino, f.read_text()))
+
+    cfg = TrainConfig(out_dir=str(out), eval_every=4, eval_iters=1, device="cpu",
+                      data_path=str(data_file))
+    records = train(Bigram(), sgd_recipe, {"N_steps": 40, "B": 2, "l": 16, "eta": 1.0}, cfg, {},
+                    log=log, progress=False)
+    assert len(seen) == len(records) == 11
+    assert len({inode for inode, _ in seen}) == 1  # never replaced by a rewritten copy
+    for (_, before), (_, after) in zip(seen, seen[1:], strict=False):
+        assert after.startswith(before) and after.count("\n") == before.count("\n") + 1
+    final = (out / "metrics.jsonl").read_text()
+    assert final == seen[-1][1]
+    assert [json.loads(line) for line in final.splitlines()] == records
+
+
+class FakeWriter:
+    """torch.utils.tensorboard.SummaryWriter's calls, recorded."""
+
+    made: list[FakeWriter] = []
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir, self.scalars, self.closed = log_dir, [], False
+        FakeWriter.made.append(self)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.scalars.append((tag, value, step))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_tensorboard_gets_every_records_numbers(tmp_path, corpus: bytes, monkeypatch) -> None:
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = FakeWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    FakeWriter.made.clear()
+    data_file = tmp_path / "corpus.txt"
+    data_file.write_bytes(corpus[:20_000])
+    cfg = TrainConfig(out_dir=str(tmp_path / "run"), eval_every=5, eval_iters=1, device="cpu",
+                      data_path=str(data_file), tensorboard=True)
+    records = train(Bigram(), sgd_recipe, {"N_steps": 10, "B": 2, "l": 16, "eta": 1.0}, cfg, {},
+                    log=lambda _: None, progress=False)
+    (writer,) = FakeWriter.made
+    assert writer.closed and writer.log_dir.endswith(os.path.join(".run.incomplete-"
+                                                                  f"{os.getpid()}", "tb"))
+    assert [(s, v) for t, v, s in writer.scalars if t == "val_loss"] == \
+        [(r["step"], r["val_loss"]) for r in records]
+    assert {t for t, _, _ in writer.scalars} == {"train_loss", "val_loss", "card_loss",
+                                                 "tokens_per_s", "lr"}
 
 
 def test_plot_writes_png(tmp_path) -> None:

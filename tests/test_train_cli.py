@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +58,59 @@ def test_sample_continues_the_prompt(run_dir):
     assert greedy[0] == greedy[1]
 
 
+def test_sample_with_top_p_uses_the_built_in_sampler(run_dir):
+    r = cardc("sample", str(run_dir), "--prompt", "The ", "--tokens", "20", "--top-p", "0.9")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("The ")
+    common = ["sample", str(run_dir), "--prompt", "a", "--tokens", "30", "--temperature", "2"]
+    nucleus = cardc(*common, "--top-p", "0.000001")  # the most probable token alone
+    greedy = cardc(*common[:-1], "0", "--top-k", "256")
+    assert nucleus.returncode == 0 and nucleus.stdout == greedy.stdout
+
+
+def test_eval_prints_the_held_out_loss_and_its_perplexity(run_dir):
+    """With no --data, eval measures the windows of the run's held-out split that training
+    measured: its loss is the last recorded val_loss."""
+    r = cardc("eval", str(run_dir))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 1 and "held-out split of the built-in corpus" in r.stdout
+    found = re.search(r"loss (\d+\.\d+), perplexity (\d+\.\d+)", r.stdout)
+    loss, perplexity = float(found[1]), float(found[2])
+    assert abs(perplexity - math.exp(loss)) <= 1e-4 * perplexity
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert abs(loss - records[-1]["val_loss"]) < 1e-4
+    r = cardc("eval", str(run_dir), "--data", "README.md", "--batches", "2")
+    assert r.returncode == 0, r.stderr
+    assert "on 'README.md' (2 batches of 16 windows of 15 tokens)" in r.stdout
+
+
+def test_eval_refuses_a_model_that_reads_ahead(tmp_path):
+    r = cardc("train", "cards/paper/etraining.card", "--preset", "tiny", "--examples", "20",
+              "--set", "N_epochs=1", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    r = cardc("eval", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("cardc: error: ETransformer is not a causal language model")
+
+
+def test_train_tensorboard(tmp_path):
+    """--tensorboard writes event files under the run's tb/; without the tensorboard package
+    it is one line naming the package, before anything is written."""
+    import importlib.util
+
+    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", *SMALL, "--steps", "2",
+              "--batch-size", "2", "--block-size", "8", "--tensorboard", "--out",
+              str(tmp_path / "run"))
+    if importlib.util.find_spec("tensorboard") is None:
+        assert r.returncode == 1 and r.stdout == ""
+        assert r.stderr == ("cardc: error: --tensorboard needs the tensorboard package: pip "
+                            "install tensorboard (or pip install 'cardc[tensorboard]')\n")
+        assert not (tmp_path / "run").exists()
+    else:
+        assert r.returncode == 0, r.stderr
+        assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+
+
 def test_sample_rebuilds_without_the_card_files(run_dir, tmp_path):
     """The checkpoint carries its cards: sampling works from anywhere."""
     r = subprocess.run([sys.executable, "-m", "cardc", "sample", str(run_dir), "--tokens", "5"],
@@ -65,6 +120,10 @@ def test_sample_rebuilds_without_the_card_files(run_dir, tmp_path):
 
 @pytest.mark.parametrize("args, code, message", [
     (["sample", "no/such/run"], 1, "checkpoint not found"),
+    (["eval", "no/such/run"], 1, "checkpoint not found"),
+    (["sample", "no/such/run", "--top-p", "0"], 2, "argument --top-p: must be a number in (0, 1]"),
+    (["sample", "no/such/run", "--top-p", "1.5"], 2, "must be a number in (0, 1], got 1.5"),
+    (["sample", "no/such/run", "--top-p", "nan"], 2, "must be a number in (0, 1], got nan"),
     (["train", "cards/gpt2.card", "--preset", "huge"], 1, "has no preset 'huge'"),
     (["train", "cards/gpt2.card", "--preset", "tiny", "--device", "tpu"], 2, "invalid choice"),
     (["train", "cards/gpt2.card", "--preset", "tiny", "--steps", "-1"], 2, "steps"),

@@ -65,34 +65,37 @@ def _read_json(file: Path) -> dict[str, Any]:
 
 
 def write_hf(dest: str | os.PathLike[str], tensors: dict[str, torch.Tensor],
-             config: dict[str, Any]) -> Path:
-    """config.json and model.safetensors in `dest`. A new folder appears whole or not at all;
-    in an existing one each file is replaced atomically."""
+             config: dict[str, Any], extra: dict[str, str] | None = None) -> Path:
+    """config.json, model.safetensors and the `extra` text files (a tokenizer's) in `dest`. A
+    new folder appears whole or not at all; in an existing one each file is replaced
+    atomically."""
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise RuntimeInputError(f"'{dest}' exists and is not a folder")
     if (dest / HF_INDEX).exists():  # transformers would read the old shards, not the new file
         raise RuntimeInputError(f"'{dest}' holds a sharded model ({HF_INDEX}); "
                                 "export to a new folder")
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    texts = {**(extra or {}), HF_CONFIG: json.dumps(config, indent=2, sort_keys=True) + "\n"}
     try:
-        return _write_hf_files(dest, tensors, text)
+        return _write_hf_files(dest, tensors, texts)
     except OSError as err:
         raise RuntimeInputError(f"cannot write '{dest}': {err.strerror or err}") from None
 
 
-def _write_hf_files(dest: Path, tensors: dict[str, torch.Tensor], text: str) -> Path:
+def _write_hf_files(dest: Path, tensors: dict[str, torch.Tensor], texts: dict[str, str]) -> Path:
     if dest.is_dir() and any(dest.iterdir()):
         with atomic_path(dest / HF_WEIGHTS) as tmp:
             save_file(tensors, tmp, metadata={"format": "pt"})
-        write_text_atomic(dest / HF_CONFIG, text)
+        for name, text in texts.items():
+            write_text_atomic(dest / name, text)
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
     try:
         with atomic_path(tmp_dir / HF_WEIGHTS) as tmp:
             save_file(tensors, tmp, metadata={"format": "pt"})
-        write_text_atomic(tmp_dir / HF_CONFIG, text)
+        for name, text in texts.items():
+            write_text_atomic(tmp_dir / name, text)
         tmp_dir.chmod(0o755)  # mkdtemp makes it private; a model folder is readable like any
         if dest.is_dir():
             dest.rmdir()  # empty: replaced by the finished folder

@@ -102,12 +102,17 @@ def import_checkpoint(card: str, source: str | os.PathLike[str], out: str | os.P
     (written beside it and moved into place whole, as a training run is)."""
     from ..runtime.checkpoint import CHECKPOINT_NAME, save_checkpoint
     from ..runtime.runs import check_destination, new_run_id, staged_run
+    from ..runtime.tokenizer import ByteTokenizer, hf_tokenizer
 
     check_destination(out)
+    # the checkpoint's own tokenizer, read first so a damaged one is named before any work
+    tokenizer = (hf_tokenizer(source) if Path(source).exists() else None) or ByteTokenizer()
     model = import_hf(card, source, preset, overrides, name, library)
+    meta = {**model.card_meta, "run": new_run_id(), "tokenizer": tokenizer.record()}
     try:
         with staged_run(out) as folder:
-            save_checkpoint(folder, model, {**model.card_meta, "run": new_run_id()})
+            save_checkpoint(folder, model, meta)
+            tokenizer.save(folder)
     except OSError as err:
         raise RuntimeInputError(f"cannot write '{out}': {err.strerror or err}") from None
     return model, os.path.join(os.fspath(out), CHECKPOINT_NAME)
@@ -118,10 +123,13 @@ def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
     """A cardc checkpoint as a Hugging Face model folder that `from_pretrained` loads.
 
     An imported checkpoint carries its mapping; a trained one is matched to the mapping file
-    beside its card in `library`."""
+    beside its card in `library`. A run with a tokenizer.json exports it too, with a
+    tokenizer_config.json, so the folder is all that `from_pretrained` needs."""
     from ..runtime.checkpoint import read_checkpoint
+    from ..runtime.tokenizer import HFTokenizer, run_tokenizer
 
     meta, state = read_checkpoint(run_dir)
+    tokenizer = run_tokenizer(run_dir, meta)
     mapping = checkpoint_mapping(meta, library)
     if meta.get("name") != mapping.card:
         raise RuntimeInputError(f"'{run_dir}' holds {meta.get('name')}, but {mapping.source} "
@@ -132,7 +140,8 @@ def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
     except KeyError as err:
         raise RuntimeInputError(f"'{run_dir}' records no hyperparameter {err}") from None
     tensors = from_card_state(mapping, state, _layers(mapping, meta), hypers)
-    return mapping, write_hf(dest, tensors, config)
+    files = tokenizer.hf_files() if isinstance(tokenizer, HFTokenizer) else {}
+    return mapping, write_hf(dest, tensors, config, files)
 
 
 def write_model_hf(mapping: Mapping, state: dict[str, Any], hypers: dict[str, float],

@@ -47,6 +47,8 @@ def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
     if top.name in cached:
         _count_positions(top)
         top.cached = program.kv_cache = True
+        # tokens alone in, as runtime.sample.is_language_model reads it: no encoder's input
+        top.generates = program.generates = [a.name for a in top.inputs[1:2]] == ["targets"]
 
 
 # ------------------------------------------------------------------ functions

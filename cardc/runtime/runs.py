@@ -22,8 +22,10 @@ from cardc.runtime.atomic import pid_alive
 from cardc.runtime.errors import RuntimeInputError
 
 METRICS = "metrics.jsonl"
+TENSORBOARD = "tb"  # the folder of TensorBoard event files, with `cardc train --tensorboard`
 # The files a run writes; a folder holding only these (or nothing) may be replaced by a run.
-RUN_FILES = frozenset({METRICS, "model.safetensors", "loss.png"})
+RUN_FILES = frozenset({METRICS, "model.safetensors", "loss.png", TENSORBOARD,
+                       "tokenizer.json"})  # tokenizer.json: a run that reads other than bytes
 _STAGING, _OLD = "incomplete", "replaced"
 
 

@@ -7,6 +7,8 @@ import inspect
 import torch
 from torch import nn
 
+from cardc.runtime.logits import pick_token
+
 
 def is_language_model(model: nn.Module) -> bool:
     """forward(x, targets=None, …): one token sequence in, scores over the vocabulary out."""
@@ -22,16 +24,20 @@ def generate(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
     window: int | None = None,
+    top_p: float | None = None,
 ) -> torch.Tensor:
-    """Extend ``idx`` (int64 ``(B, T)``) by ``max_new_tokens``; temperature 0 is greedy. The
-    model reads at most the last ``window`` tokens (the positions it was trained on) and never
-    more than its ``max_seq_len``."""
+    """Extend ``idx`` (int64 ``(B, T)``) by ``max_new_tokens``; temperature 0 is greedy, top_k
+    and top_p (nucleus) narrow the tokens drawn from. The model reads at most the last
+    ``window`` tokens (the positions it was trained on) and never more than its
+    ``max_seq_len``."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if idx.ndim != 2 or idx.shape[1] == 0:
         raise ValueError(f"idx must have shape (B, T) with T >= 1, got {tuple(idx.shape)}")
     limits = [n for n in (getattr(model, "max_seq_len", None), window)
@@ -48,24 +54,8 @@ def generate(
                 logits = logits[0]
             if getattr(model, "returns", "logits") == "probabilities":  # the paper's P
                 logits = logits.clamp_min(torch.finfo(logits.dtype).tiny).log()
-            nxt = _pick(logits[:, -1, :].float(), temperature, top_k, generator)
+            nxt = pick_token(logits[:, -1, :].float(), temperature, top_k, top_p, generator)
             idx = torch.cat([idx, nxt.to(idx.device)], dim=1)
     finally:
         model.train(was_training)
     return idx
-
-
-def _pick(
-    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
-) -> torch.Tensor:
-    """One next token per row, as a ``(B, 1)`` int64 tensor."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if generator is not None:
-        probs = probs.to(generator.device)  # multinomial needs its generator's device
-    return torch.multinomial(probs, 1, generator=generator)

@@ -13,26 +13,28 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from cardc.runtime.atomic import write_text_atomic
 from cardc.runtime.checkpoint import CHECKPOINT_NAME, save_checkpoint
-from cardc.runtime.data import get_batch, load_corpus, split
+from cardc.runtime.data import get_batch, load_corpus
 from cardc.runtime.errors import RuntimeInputError
 from cardc.runtime.plot import plot_losses
 from cardc.runtime.progress import ProgressBar, format_duration
-from cardc.runtime.runs import METRICS, new_run_id, staged_run
+from cardc.runtime.runs import METRICS, TENSORBOARD, new_run_id, staged_run
 from cardc.runtime.sample import is_language_model
 from cardc.runtime.tasks import reversal_pairs, windows
+from cardc.runtime.tokenizer import ByteTokenizer, Tokenizer, corpus_splits
 
 BAR_EVERY = 10  # updates between progress-bar redraws; each one costs a device sync
 # Tokens of a dataset the harness makes up front (int64: 2 GiB); a run asking for more is refused.
 MAX_DATASET_TOKENS = 2**28
+# A record's numbers that --tensorboard plots, each against the update it was taken at.
+TB_SCALARS = ("train_loss", "val_loss", "card_loss", "tokens_per_s", "lr")
 
 Recipe = Callable[..., Any]  # a training card's function: (datasets…, θ, hypers…, report=…)
 
@@ -51,6 +53,7 @@ class TrainConfig:
     seed: int = 1337
     data_path: str | None = None
     compile: bool = False
+    tensorboard: bool = False  # each record also as TensorBoard scalars, under the run's tb/
 
     def __post_init__(self) -> None:
         for name in ("examples", "length", "eval_every", "eval_iters", "eval_batch"):
@@ -160,6 +163,7 @@ class _Run:
     folder: str  # where the run is written until it has finished (staged_run)
     log: Callable[[str], Any] = print
     bar: ProgressBar | None = None
+    tb: Any = None  # a SummaryWriter, with cfg.tensorboard
     start: float = field(default_factory=time.perf_counter)
     records: list[dict[str, Any]] = field(default_factory=list)
     seen: list[torch.Tensor] = field(default_factory=list)  # the card's losses since the last record
@@ -171,28 +175,40 @@ class _Run:
     run_id: str = field(default_factory=new_run_id)  # in every file of the run
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast(self.device)
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on CUDA, nothing elsewhere."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainConfig,
           meta: dict[str, Any], log: Callable[[str], Any] = print, *,
-          progress: bool = True) -> list[dict[str, Any]]:
-    """Train ``model`` in place with the card's function; write the run to ``cfg.out_dir``."""
+          progress: bool = True, tokenizer: Tokenizer | None = None) -> list[dict[str, Any]]:
+    """Train ``model`` in place with the card's function; write the run to ``cfg.out_dir``,
+    with ``tokenizer`` (bytes by default), which the corpus is read with, beside the weights."""
+    tokenizer = tokenizer or ByteTokenizer()
+    meta = {**meta, "tokenizer": tokenizer.record()}
     json.dumps(meta)  # fail now, not after a long run, if the checkpoint metadata can't be saved
+    if cfg.tensorboard:
+        summary_writer()  # and now if it cannot be logged as asked
     device = resolve_device(cfg.device)
     plan = Plan.of(hypers, cfg, model)
-    splits = split(load_corpus(cfg.data_path))
+    splits = corpus_splits(load_corpus(cfg.data_path), tokenizer)
     inputs = dataset_inputs(recipe, hypers)
     train_data = make_data(model, inputs, plan.examples, plan.length, splits[0], cfg.seed, device)
     val_data = make_data(model, inputs, max(50, cfg.examples // 10), plan.length, splits[1],
                          cfg.seed + 1, device)
     with staged_run(cfg.out_dir) as folder:
+        tokenizer.save(folder)
         run = _Run(cfg, model, recipe, hypers, plan, device, splits, val_data, str(folder), log,
                    tokens_per_example=sum(x.numel() for d in train_data for x in d)
                    / max(1, plan.examples), causal=predicts_next_token(model))
-        _run(run, train_data, meta, progress)
+        with _tensorboard(run):
+            _run(run, train_data, meta, progress)
     wall = time.perf_counter() - run.start
     first, last = run.records[0]["val_loss"], run.records[-1]["val_loss"]
     run.log(f"val loss {first:.4f} -> {last:.4f} after {run.updates} updates in "
@@ -252,7 +268,7 @@ def _throughput(run: _Run) -> float:
 
 
 def _record(run: _Run, evaluate: bool = True) -> None:
-    """Evaluate, append to metrics.jsonl (rewritten atomically) and log one line. A card's own
+    """Evaluate, append to metrics.jsonl (and TensorBoard) and log one line. A card's own
     objective is measured only first and last: it costs an update per held-out example."""
     tokens_per_s = _throughput(run) if run.updates else 0.0
     train_loss, val_loss = _evaluate(run) if evaluate else (None, None)
@@ -263,8 +279,12 @@ def _record(run: _Run, evaluate: bool = True) -> None:
               "tokens_per_s": round(tokens_per_s, 1), "lr": run.lr,
               "elapsed_s": round(time.perf_counter() - run.start, 3)}
     run.records.append(record)
-    lines = "".join(json.dumps(r) + "\n" for r in run.records)
-    write_text_atomic(os.path.join(run.folder, METRICS), lines)
+    append_record(os.path.join(run.folder, METRICS), record)
+    if run.tb is not None:
+        for key in TB_SCALARS:
+            if record[key] is not None:
+                run.tb.add_scalar(key, record[key], run.updates)
+        run.tb.flush()
     if run.bar is not None:
         run.bar.clear()
     total = f"/{run.plan.updates}" if run.plan.updates else ""
@@ -277,6 +297,39 @@ def _record(run: _Run, evaluate: bool = True) -> None:
         raise RuntimeInputError(f"training diverged at update {run.updates} (loss is not "
                                 "finite); try a lower learning rate")
     run.segment = (time.perf_counter(), run.updates)
+
+
+def append_record(path: str, record: dict[str, Any]) -> None:
+    """One more line of metrics.jsonl: a record costs its own size, not the whole run's so
+    far. Appending is safe because the run's folder is staged, published only once finished
+    (staged_run); a file of whole lines is left at any moment."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+
+def summary_writer() -> type:
+    """torch's TensorBoard SummaryWriter, or one clear error naming the package it needs."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise RuntimeInputError("--tensorboard needs the tensorboard package: pip install "
+                                "tensorboard (or pip install 'cardc[tensorboard]')") from None
+    return SummaryWriter
+
+
+@contextlib.contextmanager
+def _tensorboard(run: _Run) -> Iterator[None]:
+    """With cfg.tensorboard, a writer of the run's records under its tb/, closed before the
+    run's folder is published."""
+    if not run.cfg.tensorboard:
+        yield
+        return
+    run.tb = summary_writer()(log_dir=os.path.join(run.folder, TENSORBOARD))
+    try:
+        yield
+    finally:
+        run.tb.close()
 
 
 def _evaluate(run: _Run) -> tuple[float | None, float]:
@@ -293,15 +346,24 @@ def _evaluate(run: _Run) -> tuple[float | None, float]:
         run.model.train(was_training)
 
 
-@torch.no_grad()
 def _next_token_loss(run: _Run, data: torch.Tensor) -> float:
     # The same batches at every evaluation, so the curve compares like with like.
-    gen = torch.Generator().manual_seed(run.cfg.seed + 1)
+    return next_token_loss(run.model, data, run.cfg.eval_iters, run.cfg.eval_batch,
+                           run.plan.length - 1, run.cfg.seed + 1, run.device)
+
+
+@torch.no_grad()
+def next_token_loss(model: nn.Module, data: torch.Tensor, batches: int, batch_size: int,
+                    block: int, seed: int, device: torch.device) -> float:
+    """Mean next-token cross-entropy of a causal language model over `batches` minibatches of
+    random windows of `block` tokens (drawn from `seed`: the same ones each time); bf16 on CUDA
+    as in training. The model's mode is the caller's."""
+    gen = torch.Generator().manual_seed(seed)
     losses = []
-    for _ in range(run.cfg.eval_iters):
-        x, y = get_batch(data, run.cfg.eval_batch, run.plan.length - 1, gen, run.device)
-        with run.autocast():
-            losses.append(run.model(x, y)[1].float())
+    for _ in range(batches):
+        x, y = get_batch(data, batch_size, block, gen, device)
+        with autocast(device):
+            losses.append(model(x, y)[1].float())
     return torch.stack(losses).mean().item()
 
 

@@ -1,0 +1,366 @@
+"""Tokenizers: how text becomes the token IDs a model reads, and back.
+
+Bytes are the default: token ID k is the byte k, 256 of them, and a run needs no file for
+them. IDs are 0-based as the generated models index their embeddings (a card's `{1..V}` counts
+the same tokens from 1). Any other tokenizer is a Hugging Face `tokenizers` tokenizer kept as
+`tokenizer.json` beside the weights: `cardc train --tokenizer bpe:N` trains a byte-level BPE,
+`cardc import` copies the checkpoint's own. The file is untrusted input: `tokenizers` parses
+it into its own types (nothing in it is run), and a file it cannot parse ends in one line
+naming the file. The checkpoint records the file's SHA-256, so a run never samples with the
+tokenizer of another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from cardc.runtime.data import split
+from cardc.runtime.errors import RuntimeInputError
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"  # what transformers reads beside tokenizer.json
+BYTES = 256
+MAX_BPE = 2**20  # a vocabulary larger than any real model's is a typo
+CHUNK = 1 << 20  # characters of corpus text per encode call: bounded memory, parallel batches
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+T = TypeVar("T")
+
+
+class Tokenizer(Protocol):
+    """What the harness and the sampler need of a tokenizer."""
+
+    kind: str
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: Iterable[int]) -> str: ...
+    def prompt(self, text: str) -> list[int]: ...
+    def corpus(self, text: str) -> torch.Tensor: ...
+    def save(self, folder: str | os.PathLike[str]) -> None: ...
+    def record(self) -> dict[str, Any]: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token IDs: what cardc has always read."""
+
+    kind = "bytes"
+    vocab_size = BYTES
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        # a sampled sequence may split a multi-byte character
+        return bytes(_ints(ids)).decode("utf-8", errors="replace")
+
+    def prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    def corpus(self, text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8)
+
+    def save(self, folder: str | os.PathLike[str]) -> None:
+        """Nothing: a run without tokenizer.json reads bytes."""
+
+    def record(self) -> dict[str, Any]:
+        return {"kind": self.kind, "vocab_size": self.vocab_size}
+
+
+class HFTokenizer:
+    """A `tokenizers.Tokenizer`, saved as tokenizer.json. `special` names its bos/eos/unk/pad
+    tokens for transformers (tokenizer.json marks tokens special but says not which is which)."""
+
+    def __init__(self, tok: Any, source: str = TOKENIZER_FILE,
+                 special: dict[str, str] | None = None, kind: str | None = None) -> None:
+        self.tok, self.source = tok, source
+        self.special = dict(special or {})
+        self.text = tok.to_str()  # what save writes, and what record's hash is of
+        self.kind = kind or str(json.loads(self.text).get("model", {}).get("type", "")).lower()
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token IDs of `text` alone (no special tokens): decode gives `text` back."""
+        return self._call(lambda: self.tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = _ints(ids)
+        return self._call(lambda: self.tok.decode(ids, skip_special_tokens=False))
+
+    def prompt(self, text: str) -> list[int]:
+        """A prompt as the model was trained to see one: with the special tokens the tokenizer
+        adds (Llama's BOS; none for a byte-level BPE)."""
+        return self._call(lambda: self.tok.encode(text, add_special_tokens=True).ids)
+
+    def corpus(self, text: str) -> torch.Tensor:
+        """A whole text's token IDs, encoded in chunks cut where no token can span (after a
+        newline that a non-space follows), so memory stays bounded."""
+        out: list[torch.Tensor] = []
+        pieces = list(_chunks(text))
+        for i in range(0, len(pieces), 8):
+            batch = self._call(lambda i=i: self.tok.encode_batch(pieces[i:i + 8],
+                                                                 add_special_tokens=False))
+            out.extend(torch.tensor(e.ids, dtype=torch.int32) for e in batch)
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.int32)
+
+    def save(self, folder: str | os.PathLike[str]) -> None:
+        from cardc.runtime.atomic import write_text_atomic
+
+        write_text_atomic(Path(folder) / TOKENIZER_FILE, self.text)
+
+    def record(self) -> dict[str, Any]:
+        """What the checkpoint records: the kind, the size, the file's hash and special names."""
+        out = {"kind": self.kind, "vocab_size": self.vocab_size, "file": TOKENIZER_FILE,
+               "sha256": _sha256(self.text.encode("utf-8"))}
+        return {**out, "special": self.special} if self.special else out
+
+    def hf_files(self) -> dict[str, str]:
+        """tokenizer.json and a tokenizer_config.json with which `transformers.AutoTokenizer`
+        loads it as a PreTrainedTokenizerFast, decoding as `decode` does."""
+        config = {"tokenizer_class": "PreTrainedTokenizerFast",
+                  "clean_up_tokenization_spaces": False, **self.special}
+        return {TOKENIZER_FILE: self.text,
+                TOKENIZER_CONFIG: json.dumps(config, indent=2, sort_keys=True) + "\n"}
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except Exception as err:  # tokenizers raises bare Exception for whatever goes wrong
+            raise RuntimeInputError(f"'{self.source}': {_first_line(err)}") from None
+
+
+def continuation(tokenizer: Tokenizer, prompt: list[int], new: list[int]) -> str:
+    """The text `new` adds after `prompt`, decoded with it: a word's leading space (dropped at
+    the start of a text by SentencePiece-style decoders) or a character split between the two
+    reads as it does in the whole."""
+    head, whole = tokenizer.decode(prompt), tokenizer.decode([*prompt, *new])
+    return whole[len(head):] if whole.startswith(head) else tokenizer.decode(new)
+
+
+def _ints(ids: Iterable[int] | torch.Tensor) -> list[int]:
+    return ids.tolist() if isinstance(ids, torch.Tensor) else [int(i) for i in ids]
+
+
+def _chunks(text: str) -> Iterator[str]:
+    start = 0
+    while start < len(text):
+        cut = len(text) if len(text) - start <= CHUNK else _cut(text, start + CHUNK)
+        yield text[start:cut]
+        start = cut
+
+
+def _cut(text: str, near: int) -> int:
+    """A position at or after `near` just after a newline followed by a non-space character;
+    the end of the text if there is none."""
+    at = near
+    while (at := text.find("\n", at)) != -1:
+        if at + 1 < len(text) and not text[at + 1].isspace():
+            return at + 1
+        at += 1
+    return len(text)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+# ------------------------------------------------------------------ specs and training
+
+
+def parse_spec(spec: str) -> int | None:
+    """`--tokenizer`: None for `bytes`, N for `bpe:N`; ValueError with the reason otherwise."""
+    if spec == "bytes":
+        return None
+    kind, sep, size = spec.partition(":")
+    if kind != "bpe" or not sep:
+        raise ValueError(f"--tokenizer {spec}: expected 'bytes' or 'bpe:N' (N tokens)")
+    if not size.isdigit():
+        raise ValueError(f"--tokenizer {spec}: N must be a whole number, got '{size}'")
+    n = int(size)
+    if not BYTES < n <= MAX_BPE:
+        raise ValueError(f"--tokenizer {spec}: a byte-level BPE holds the {BYTES} bytes and "
+                         f"its merges, so N must be between {BYTES + 1} and {MAX_BPE:,}")
+    return n
+
+
+def train_bpe(text: str, size: int) -> HFTokenizer:
+    """A byte-level BPE of at most `size` tokens (fewer if `text` has too few pairs to merge):
+    GPT-2's pre-tokenizer and decoder, no special tokens. Deterministic for a given text."""
+    from tokenizers import Tokenizer as Tok
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = Tok(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=size, show_progress=False, special_tokens=[],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_chunks(text), trainer)
+    return HFTokenizer(tok, kind="bpe")
+
+
+def text_splits(data: bytes, val_fraction: float = 0.1) -> tuple[str, str]:
+    """The corpus as training and held-out text: the last `val_fraction` held out, as `split`
+    holds out bytes, the cut moved back to the start of a character."""
+    cut = len(data) - int(len(data) * val_fraction)
+    while 0 < cut < len(data) and data[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+        cut -= 1
+    return (data[:cut].decode("utf-8", errors="replace"),
+            data[cut:].decode("utf-8", errors="replace"))
+
+
+def corpus_splits(data: bytes, tokenizer: Tokenizer,
+                  val_fraction: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The corpus's training and held-out token streams."""
+    if isinstance(tokenizer, ByteTokenizer):  # the bytes are the tokens: cut where split cuts
+        return split(data, val_fraction)
+    train_text, val_text = text_splits(data, val_fraction)
+    return tokenizer.corpus(train_text), tokenizer.corpus(val_text)
+
+
+# ------------------------------------------------------------------ loading
+
+
+def from_file(path: str | os.PathLike[str], special: dict[str, str] | None = None,
+              kind: str | None = None) -> HFTokenizer:
+    """A tokenizer.json, or one line naming the file that is not one."""
+    from tokenizers import Tokenizer as Tok
+
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+        tok = Tok.from_str(text)
+    except OSError as err:
+        raise RuntimeInputError(f"cannot read '{path}': {err.strerror or err}") from None
+    except Exception as err:  # UnicodeDecodeError, or tokenizers' bare Exception
+        raise RuntimeInputError(f"'{path}' is not a valid tokenizer file: "
+                                f"{_first_line(err)}") from None
+    if tok.get_vocab_size(with_added_tokens=True) < 1:
+        raise RuntimeInputError(f"'{path}' is not a valid tokenizer file: it has no tokens")
+    return HFTokenizer(tok, os.fspath(path), special, kind)
+
+
+def run_tokenizer(run: str | os.PathLike[str], meta: dict[str, Any]) -> Tokenizer:
+    """The tokenizer of a run folder (or of the folder of the checkpoint file named): bytes
+    where the checkpoint records no other, else its tokenizer.json, which must be the file the
+    checkpoint records."""
+    folder = Path(run) if Path(run).is_dir() else Path(run).parent
+    file = folder / TOKENIZER_FILE
+    recorded = meta.get("tokenizer")
+    kind = recorded.get("kind") if isinstance(recorded, dict) else None
+    if kind in (None, ByteTokenizer.kind):
+        if file.exists():
+            raise RuntimeInputError(f"'{run}' mixes two runs: its weights read bytes, but it "
+                                    f"holds a {TOKENIZER_FILE}; train again into it, or into a "
+                                    "new folder")
+        return ByteTokenizer()
+    if not file.is_file():
+        raise RuntimeInputError(f"'{run}' has no {TOKENIZER_FILE}, and its weights read the "
+                                f"tokens of one ({kind})")
+    want = recorded.get("sha256")
+    try:
+        got = _sha256(file.read_bytes())
+    except OSError as err:
+        raise RuntimeInputError(f"cannot read '{file}': {err.strerror or err}") from None
+    if got != want:
+        raise RuntimeInputError(f"'{run}' mixes two runs: its {TOKENIZER_FILE} is not the one "
+                                "its weights were trained with")
+    special = recorded.get("special")
+    return from_file(file, _strings(special) if isinstance(special, dict) else None, str(kind))
+
+
+def hf_tokenizer(source: str | os.PathLike[str]) -> HFTokenizer | None:
+    """The tokenizer of a Hugging Face model folder (or of the folder of the weights file
+    named): its tokenizer.json, else GPT-2's vocab.json and merges.txt; None if it has neither.
+    Which tokens are bos/eos/unk/pad is read from tokenizer_config.json or
+    special_tokens_map.json, as strings only."""
+    folder = Path(source) if Path(source).is_dir() else Path(source).parent
+    special = _special_names(folder)
+    if (folder / TOKENIZER_FILE).is_file():
+        tok = from_file(folder / TOKENIZER_FILE)
+    elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+        tok = _from_vocab_merges(folder / "vocab.json", folder / "merges.txt", special)
+    else:
+        return None
+    vocab = tok.tok.get_vocab(with_added_tokens=True)
+    return HFTokenizer(tok.tok, tok.source, {k: v for k, v in special.items() if v in vocab},
+                       tok.kind)
+
+
+def _from_vocab_merges(vocab_file: Path, merges_file: Path,
+                       special: dict[str, str]) -> HFTokenizer:
+    """GPT-2's byte-level BPE from its vocab.json and merges.txt (as transformers' slow
+    GPT2Tokenizer saves it), its special tokens marked so a prompt may name them."""
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as Tok
+
+    vocab = _read_json(vocab_file)
+    if not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in vocab.items()):
+        raise RuntimeInputError(f"'{vocab_file}' is not a vocabulary: expected token → ID")
+    merges = _read_merges(merges_file)
+    try:
+        tok = Tok(models.BPE(vocab=vocab, merges=merges))
+    except Exception as err:
+        raise RuntimeInputError(f"'{merges_file}' does not fit '{vocab_file}': "
+                                f"{_first_line(err)}") from None
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in dict.fromkeys(special.values())
+                            if t in vocab])
+    return HFTokenizer(tok, os.fspath(vocab_file), kind="bpe")
+
+
+def _read_merges(file: Path) -> list[tuple[str, str]]:
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise RuntimeInputError(f"cannot read '{file}': {err}") from None
+    merges = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip() or (n == 1 and line.startswith("#version")):
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2 or not all(parts):
+            raise RuntimeInputError(f"'{file}' line {n} is not a merge of two tokens")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def _special_names(folder: Path) -> dict[str, str]:
+    """bos/eos/unk/pad token strings named by the folder's tokenizer_config.json, else its
+    special_tokens_map.json (a string, or an object whose content is one)."""
+    for name in (TOKENIZER_CONFIG, "special_tokens_map.json"):
+        if (folder / name).is_file():
+            config = _read_json(folder / name)
+            found = {k: _content(config.get(k)) for k in SPECIAL_KEYS}
+            return {k: v for k, v in found.items() if v}
+    return {}
+
+
+def _content(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _strings(table: dict[Any, Any]) -> dict[str, str]:
+    return {k: v for k, v in table.items() if k in SPECIAL_KEYS and isinstance(v, str)}
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RuntimeInputError(f"'{file}' is not valid JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise RuntimeInputError(f"'{file}' is not a JSON object")
+    return value
