@@ -34,6 +34,7 @@ GENERATED = frozenset({
     "omega", "grouped_sdpa", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "rope_table", "TABLES",
     "shared_mask", "MASKS",
+    "generate", "pick_token", "filter_logits",  # a decoder's method, the functions it calls
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and
 # shadowing none is simpler to see than which ones it calls.

@@ -313,9 +313,13 @@ GENERATOR_NAMES = {
     "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
     "keys", "numbers", "visible", "drop", "mask", "rope_table", "TABLES", "width", "found",
     "table", "partner", "plane", "rest", "positions", "r",
+    # generate() and the token pickers it copies from cardc.runtime.logits
+    "generate", "pick_token", "filter_logits", "idx", "max_new_tokens", "temperature", "top_k",
+    "top_p", "generator", "context", "kth", "probs", "order", "descending",
 }
 GENERATOR_ATTRS = {
     "Module", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
+    "Generator", "Tensor", "no_grad", "scatter", "sort", "to", "values",
     "arange", "argmax", "as_tensor", "backward", "bool", "cat", "cross_entropy", "detach",
     "device", "empty", "equal", "extend", "flatten", "float", "float32", "full", "gather", "gelu",
     "linear", "mT", "max_seq_len", "movedim", "multinomial", "ndim", "new", "new_cache",
@@ -330,7 +334,7 @@ GENERATOR_ATTRS = {
     "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls",
     "index_select", "new_ones", "new_zeros", "get",
 }
-GENERATOR_STRINGS = {"tanh", "omega", "probabilities", "params", "weight_decay", "lr",
+GENERATOR_STRINGS = {"tanh", "omega", "probabilities", "params", "weight_decay", "lr", "-inf",
                      " exceeds the model's ", " positions", "sequence length "}
 FORBIDDEN = {"__import__", "eval", "exec", "compile", "open", "os", "sys", "subprocess",
              "getattr", "setattr", "globals", "locals", "vars", "breakpoint", "input",
