@@ -83,6 +83,17 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _share(text: str) -> float:
+    """An argparse type: a share strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not 0 < value < 1:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {text}")
+    return value
+
+
 def _require_cards(paths: list[str]) -> list[Path]:
     found = card_paths(paths)
     missing = [str(p) for p in found if not p.exists()]
@@ -366,10 +377,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     resolve_device(cfg.device)  # before any output: a missing GPU is reported up front
     if cfg.tensorboard:
         summary_writer()  # and a missing tensorboard package
-    if args.data is not None:
-        from .runtime.data import check_corpus_path
-
-        check_corpus_path(args.data)
+    data = _data_folder(args.data)
     check_destination(out)  # and an --out that cannot hold the run, before it trains
     import torch
 
@@ -382,8 +390,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     resumed = _resumed(args.resume, checker, model_card) if args.resume else None
     if resumed is not None:  # the checkpoint's sizes, unless --set changes one
         model_overrides = {**resumed[0], **model_overrides}
-    tokenizer = resumed[2] if resumed is not None else \
-        _new_tokenizer(args, bpe, checker, recipe, hypers)
+    if resumed is not None:
+        tokenizer = resumed[2]
+    elif data is not None:
+        tokenizer = _folder_tokenizer(args, data, checker, recipe, hypers)
+    else:
+        tokenizer = _new_tokenizer(args, bpe, checker, recipe, hypers)
+    if data is not None:
+        data.check_tokenizer(tokenizer)  # a resumed run reads only tokens of its own tokenizer
     model_overrides = _tokenizer_vocab(tokenizer, resumed is None, args.preset,
                                        model_overrides, checker, model_card)
     if args.pad_vocab:
@@ -466,6 +480,38 @@ def _tokenizer_spec(args: argparse.Namespace) -> int | None:
         return parse_spec(args.tokenizer)
     except ValueError as err:
         raise UsageError(str(err)) from None
+
+
+def _data_folder(path: str | None):
+    """The prepared data folder `--data` names, checked; None for a text file (checked to be
+    a regular one) or no --data."""
+    from .runtime.data import DataFolder, check_corpus_path, is_data_folder
+
+    if path is None:
+        return None
+    if is_data_folder(path):
+        return DataFolder.open(path)
+    check_corpus_path(path)
+    return None
+
+
+def _folder_tokenizer(args: argparse.Namespace, data, checker, recipe, hypers: dict):
+    """The tokenizer a prepared data folder's tokens were made with; `--tokenizer`, if given,
+    must be the one it was prepared with."""
+    from .build import procedure_function
+    from .runtime.train import dataset_inputs
+
+    if args.tokenizer is not None and args.tokenizer != data.spec:
+        raise UsageError(f"--tokenizer {args.tokenizer}: '{args.data}' holds tokens of "
+                         f"{data.spec}; prepare it again with --tokenizer {args.tokenizer}, or "
+                         "leave the flag out")
+    if dataset_inputs(procedure_function(checker, recipe), hypers) != 1:
+        raise UsageError(f"--data {args.data}: {recipe.name} trains on synthetic token pairs, "
+                         "not on text")
+    meta = data.meta
+    print(f"data: {args.data}: {meta['train_tokens']:,} training and {meta['val_tokens']:,} "
+          f"held-out tokens of {data.spec}")
+    return data.tokenizer()
 
 
 def _new_tokenizer(args: argparse.Namespace, size: int | None, checker, recipe, hypers: dict):
@@ -850,6 +896,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    """`cardc prepare INPUT… --out DIR`: text tokenised once into a data folder."""
+    from .runtime.prepare import prepare
+    from .runtime.tokenizer import parse_spec
+
+    try:
+        parse_spec(args.tokenizer)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    # `kill` ends it as Ctrl-C does: its staging folder is removed, the previous folder stays
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    prepare(args.inputs, args.out, args.tokenizer, args.val_fraction)
+    return EXIT_OK
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from .interop import import_checkpoint
 
@@ -991,7 +1052,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  "(default: runs/CARD-PRESET)")
     t.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where to train (auto: cuda if there is one)")
-    t.add_argument("--data", help="a text file to train on (default: the embedded corpus)")
+    t.add_argument("--data", help="a text file to train on, or a data folder cardc prepare "
+                                  "wrote (default: the embedded corpus)")
     t.add_argument("--batch-size", type=int, help="the training card's minibatch size B "
                                                   "(default: the preset's)")
     t.add_argument("--block-size", type=int,
@@ -1050,14 +1112,30 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="held-out next-token loss and perplexity of a trained "
                                      "causal language model")
     ev.add_argument("dir", help="a run folder (or its model.safetensors)")
-    ev.add_argument("--data", help="a text file to measure, whole (default: the held-out split "
-                                   "of the run's training corpus)")
+    ev.add_argument("--data", help="a text file to measure, whole, or a prepared data folder, "
+                                   "its held-out tokens (default: the held-out split of the "
+                                   "run's training corpus)")
     ev.add_argument("--batches", type=_count(1, 100_000),
                     help="minibatches of random windows to average over (default: as many as "
                          "the run's evaluations, 20 for an imported checkpoint)")
     ev.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="where to run (auto: cuda if there is one)")
     ev.set_defaults(run=cmd_eval)
+
+    pr = sub.add_parser("prepare", help="tokenise text once into a data folder that cardc "
+                                        "train --data reads")
+    pr.add_argument("inputs", nargs="+", metavar="INPUT",
+                    help="text files, folders of them (every file below, hidden ones aside), "
+                         "and .jsonl files (a JSON object with a 'text' field a line)")
+    pr.add_argument("--out", required=True, metavar="DIR",
+                    help="the data folder to write (train.bin, val.bin, meta.json), replaced "
+                         "whole")
+    pr.add_argument("--tokenizer", default="bytes", metavar="SPEC",
+                    help="'bytes' (256 IDs, one per byte) or 'bpe:N' (a byte-level BPE of N "
+                         "tokens trained on the training part, kept as tokenizer.json)")
+    pr.add_argument("--val-fraction", type=_share, default=0.1, metavar="F",
+                    help="the share of the text held out for evaluation, from its end")
+    pr.set_defaults(run=cmd_prepare)
 
     im = sub.add_parser("import", help="a Hugging Face checkpoint as a cardc checkpoint")
     im.add_argument("card", help="the card file of the model")

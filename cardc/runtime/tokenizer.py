@@ -13,12 +13,14 @@ tokenizer of another.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 import torch
 
 from cardc.runtime.data import split
@@ -29,6 +31,11 @@ TOKENIZER_CONFIG = "tokenizer_config.json"  # what transformers reads beside tok
 BYTES = 256
 MAX_BPE = 2**20  # a vocabulary larger than any real model's is a typo
 CHUNK = 1 << 20  # characters of corpus text per encode call: bounded memory, parallel batches
+# A streamed text (`chunked`) goes in far shorter chunks: tokenizers encodes them several times
+# faster, with less memory per call, and buffers 256 of them while it trains a BPE.
+STREAM_CHUNK = 1 << 14
+BATCH = 8  # chunks per encode_batch call, which tokenizers encodes in parallel
+STREAM_BATCH = 16
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 T = TypeVar("T")
 
@@ -43,6 +50,7 @@ class Tokenizer(Protocol):
     def decode(self, ids: Iterable[int]) -> str: ...
     def prompt(self, text: str) -> list[int]: ...
     def corpus(self, text: str) -> torch.Tensor: ...
+    def stream(self, pieces: Iterable[str]) -> Iterator[np.ndarray]: ...
     def save(self, folder: str | os.PathLike[str]) -> None: ...
     def record(self) -> dict[str, Any]: ...
 
@@ -65,6 +73,11 @@ class ByteTokenizer:
 
     def corpus(self, text: str) -> torch.Tensor:
         return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8)
+
+    def stream(self, pieces: Iterable[str]) -> Iterator[np.ndarray]:
+        """The token IDs of a text given in pieces, piece by piece."""
+        for piece in pieces:
+            yield np.frombuffer(piece.encode("utf-8"), dtype=np.uint8)
 
     def save(self, folder: str | os.PathLike[str]) -> None:
         """Nothing: a run without tokenizer.json reads bytes."""
@@ -101,13 +114,24 @@ class HFTokenizer:
     def corpus(self, text: str) -> torch.Tensor:
         """A whole text's token IDs, encoded in chunks cut where no token can span (after a
         newline that a non-space follows), so memory stays bounded."""
-        out: list[torch.Tensor] = []
-        pieces = list(_chunks(text))
-        for i in range(0, len(pieces), 8):
-            batch = self._call(lambda i=i: self.tok.encode_batch(pieces[i:i + 8],
-                                                                 add_special_tokens=False))
-            out.extend(torch.tensor(e.ids, dtype=torch.int32) for e in batch)
+        out = [torch.tensor(ids, dtype=torch.int32)
+               for ids in self._encoded(_chunks(text), BATCH)]
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.int32)
+
+    def stream(self, pieces: Iterable[str]) -> Iterator[np.ndarray]:
+        """The token IDs of a text given in pieces of any size, chunk by chunk (`chunked`):
+        the IDs `corpus` gives for the whole text, in bounded memory."""
+        for ids in self._encoded(chunked(pieces), STREAM_BATCH):
+            yield np.array(ids, dtype=np.uint32)
+
+    def _encoded(self, chunks: Iterable[str], size: int) -> Iterator[list[int]]:
+        """Each chunk's token IDs, `size` chunks to a call; without offsets where tokenizers
+        can leave them out (0.21 on), which nothing here reads."""
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+        it = iter(chunks)
+        while batch := list(itertools.islice(it, size)):
+            encoded = self._call(lambda b=batch: encode(b, add_special_tokens=False))
+            yield from (e.ids for e in encoded)
 
     def save(self, folder: str | os.PathLike[str]) -> None:
         from cardc.runtime.atomic import write_text_atomic
@@ -155,6 +179,28 @@ def _chunks(text: str) -> Iterator[str]:
         start = cut
 
 
+def chunked(pieces: Iterable[str], size: int | None = None) -> Iterator[str]:
+    """A text given in pieces of any size, regrouped into chunks of about `size`
+    (STREAM_CHUNK) characters cut where no token can span, as `corpus` cuts a whole text. A
+    stretch of 8 · CHUNK characters with no such place is cut anyway, so memory stays bounded
+    (a token there may then differ from the whole text's; decoding still gives it back)."""
+    size = size or STREAM_CHUNK
+    most = max(size, 8 * CHUNK)
+    buffer, start = "", 0
+    for piece in pieces:
+        buffer, start = buffer[start:] + piece, 0
+        while len(buffer) - start > size:
+            cut = _cut(buffer, start + size)
+            if cut - start > most:  # no place near enough: cut where it must
+                cut = start + size
+            elif cut == len(buffer):  # no place yet: wait for more text
+                break
+            yield buffer[start:cut]
+            start = cut
+    if start < len(buffer):
+        yield buffer[start:]
+
+
 def _cut(text: str, near: int) -> int:
     """A position at or after `near` just after a newline followed by a non-space character;
     the end of the text if there is none."""
@@ -197,6 +243,16 @@ def parse_spec(spec: str) -> int | None:
 def train_bpe(text: str, size: int) -> HFTokenizer:
     """A byte-level BPE of at most `size` tokens (fewer if `text` has too few pairs to merge):
     GPT-2's pre-tokenizer and decoder, no special tokens. Deterministic for a given text."""
+    return _train_bpe(_chunks(text), size)
+
+
+def train_bpe_stream(pieces: Iterable[str], size: int) -> HFTokenizer:
+    """`train_bpe` of the text the pieces make, read once in bounded memory (the trainer keeps
+    word counts, not the text)."""
+    return _train_bpe(chunked(pieces), size)
+
+
+def _train_bpe(chunks: Iterable[str], size: int) -> HFTokenizer:
     from tokenizers import Tokenizer as Tok
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -205,7 +261,7 @@ def train_bpe(text: str, size: int) -> HFTokenizer:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=size, show_progress=False, special_tokens=[],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_chunks(text), trainer)
+    tok.train_from_iterator(chunks, trainer)
     return HFTokenizer(tok, kind="bpe")
 
 

@@ -21,7 +21,14 @@ import torch
 from torch import nn
 
 from cardc.runtime.checkpoint import CHECKPOINT_NAME, save_checkpoint
-from cardc.runtime.data import get_batch, load_corpus
+from cardc.runtime.data import (
+    DataFolder,
+    TokenArray,
+    TokenWindows,
+    get_batch,
+    is_data_folder,
+    load_corpus,
+)
 from cardc.runtime.errors import RuntimeInputError
 from cardc.runtime.plot import plot_losses
 from cardc.runtime.progress import ProgressBar, format_duration
@@ -31,12 +38,15 @@ from cardc.runtime.tasks import reversal_pairs, windows
 from cardc.runtime.tokenizer import ByteTokenizer, Tokenizer, corpus_splits
 
 BAR_EVERY = 10  # updates between progress-bar redraws; each one costs a device sync
-# Tokens of a dataset the harness makes up front (int64: 2 GiB); a run asking for more is refused.
+# Tokens of a dataset the harness makes up front (int64: 2 GiB); a run asking for more is refused
+# (a prepared data folder's windows are cut as they are read: it has no such bound).
 MAX_DATASET_TOKENS = 2**28
 # A record's numbers that --tensorboard plots, each against the update it was taken at.
 TB_SCALARS = ("train_loss", "val_loss", "card_loss", "tokens_per_s", "lr")
 
 Recipe = Callable[..., Any]  # a training card's function: (datasets…, θ, hypers…, report=…)
+Split = torch.Tensor | TokenArray  # a corpus split: read whole, or a token file read by window
+Dataset = list[torch.Tensor] | TokenWindows  # what a training card reads as {x_n}
 
 
 @dataclass(kw_only=True)
@@ -51,7 +61,7 @@ class TrainConfig:
     eval_batch: int = 16
     device: str = "auto"
     seed: int = 1337
-    data_path: str | None = None
+    data_path: str | None = None  # a text file, or a prepared data folder
     compile: bool = False
     tensorboard: bool = False  # each record also as TensorBoard scalars, under the run's tb/
 
@@ -117,7 +127,9 @@ class Plan:
     updates: int | None  # known in advance when the card counts them
 
     @classmethod
-    def of(cls, hypers: dict[str, Any], cfg: TrainConfig, model: nn.Module) -> Plan:
+    def of(cls, hypers: dict[str, Any], cfg: TrainConfig, model: nn.Module,
+           up_front: bool = True) -> Plan:
+        """`up_front`: the examples are made before training, so their size is bounded."""
         limit = getattr(model, "max_seq_len", None)
         length = int(hypers.get("l", min(cfg.length, limit or cfg.length)))
         if isinstance(limit, int) and length > limit:
@@ -130,7 +142,7 @@ class Plan:
             epochs = hypers.get("N_epochs")
             plan = cls(cfg.examples, length, 1,
                        None if epochs is None else int(epochs) * cfg.examples)
-        if plan.examples * length > MAX_DATASET_TOKENS:
+        if up_front and plan.examples * length > MAX_DATASET_TOKENS:
             raise RuntimeInputError(f"{plan.examples:,} examples of {length} tokens are "
                                     f"{plan.examples * length:,} tokens, more than the "
                                     f"{MAX_DATASET_TOKENS:,} a run holds; ask for fewer "
@@ -138,14 +150,35 @@ class Plan:
         return plan
 
 
-def make_data(model: nn.Module, inputs: int, count: int, length: int, tokens: torch.Tensor,
-              seed: int, device: torch.device) -> list[list[torch.Tensor]]:
-    """One list per dataset of the card: corpus windows, or (z_n, x_n) reversal pairs."""
+def make_data(model: nn.Module, inputs: int, count: int, length: int, tokens: Split,
+              seed: int, device: torch.device) -> list[Dataset]:
+    """One dataset per input of the card: corpus windows (from a token file, each read when the
+    card reads it), or (z_n, x_n) reversal pairs."""
     if inputs == 2:
         vocab = int(model.card_meta["hyperparameters"].get("N_V", 0)) or 32
         pairs = reversal_pairs(count, vocab, 2, max(2, min(length, 6)), seed)
         return [[z.to(device) for z, _ in pairs], [x.to(device) for _, x in pairs]]
+    if isinstance(tokens, TokenArray):
+        return [TokenWindows(tokens, count, length, seed, device)]
     return [[w.to(device) for w in windows(tokens, count, length, seed)]]
+
+
+def tokens_per_example(data: list[Dataset], examples: int) -> float:
+    """All the datasets' tokens per example, for the throughput (a lazy dataset's windows are
+    all of one length, and are not cut to be counted)."""
+    return sum(d.length if isinstance(d, TokenWindows) else
+               sum(x.numel() for x in d) / max(1, examples) for d in data)
+
+
+def data_splits(cfg: TrainConfig, tokenizer: Tokenizer) -> tuple[DataFolder | None, Split, Split]:
+    """The corpus's training and held-out splits: a prepared folder's token files, read a
+    window at a time (their tokens must be `tokenizer`'s), else a text file (or the built-in
+    corpus) read whole and tokenised."""
+    if not is_data_folder(cfg.data_path):
+        return None, *corpus_splits(load_corpus(cfg.data_path), tokenizer)
+    folder = DataFolder.open(cfg.data_path)
+    folder.check_tokenizer(tokenizer)
+    return folder, folder.tokens("train"), folder.tokens("val")
 
 
 @dataclass
@@ -158,8 +191,8 @@ class _Run:
     hypers: dict[str, Any]
     plan: Plan
     device: torch.device
-    splits: tuple[torch.Tensor, torch.Tensor]
-    val_data: list[list[torch.Tensor]]
+    splits: tuple[Split, Split]
+    val_data: list[Dataset]
     folder: str  # where the run is written until it has finished (staged_run)
     log: Callable[[str], Any] = print
     bar: ProgressBar | None = None
@@ -189,24 +222,29 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
           meta: dict[str, Any], log: Callable[[str], Any] = print, *,
           progress: bool = True, tokenizer: Tokenizer | None = None) -> list[dict[str, Any]]:
     """Train ``model`` in place with the card's function; write the run to ``cfg.out_dir``,
-    with ``tokenizer`` (bytes by default), which the corpus is read with, beside the weights."""
+    with ``tokenizer`` (bytes by default), which the corpus is read with, beside the weights.
+    A prepared data folder's tokens must be its tokenizer's; the checkpoint records the
+    folder."""
     tokenizer = tokenizer or ByteTokenizer()
     meta = {**meta, "tokenizer": tokenizer.record()}
     json.dumps(meta)  # fail now, not after a long run, if the checkpoint metadata can't be saved
     if cfg.tensorboard:
         summary_writer()  # and now if it cannot be logged as asked
     device = resolve_device(cfg.device)
-    plan = Plan.of(hypers, cfg, model)
-    splits = corpus_splits(load_corpus(cfg.data_path), tokenizer)
+    plan = Plan.of(hypers, cfg, model, up_front=not is_data_folder(cfg.data_path))
+    data, train_split, val_split = data_splits(cfg, tokenizer)
+    if data is not None:
+        meta["data"] = data.record()
     inputs = dataset_inputs(recipe, hypers)
-    train_data = make_data(model, inputs, plan.examples, plan.length, splits[0], cfg.seed, device)
-    val_data = make_data(model, inputs, max(50, cfg.examples // 10), plan.length, splits[1],
+    train_data = make_data(model, inputs, plan.examples, plan.length, train_split, cfg.seed,
+                           device)
+    val_data = make_data(model, inputs, max(50, cfg.examples // 10), plan.length, val_split,
                          cfg.seed + 1, device)
     with staged_run(cfg.out_dir) as folder:
         tokenizer.save(folder)
-        run = _Run(cfg, model, recipe, hypers, plan, device, splits, val_data, str(folder), log,
-                   tokens_per_example=sum(x.numel() for d in train_data for x in d)
-                   / max(1, plan.examples), causal=predicts_next_token(model))
+        run = _Run(cfg, model, recipe, hypers, plan, device, (train_split, val_split), val_data,
+                   str(folder), log, causal=predicts_next_token(model),
+                   tokens_per_example=tokens_per_example(train_data, plan.examples))
         with _tensorboard(run):
             _run(run, train_data, meta, progress)
     wall = time.perf_counter() - run.start
@@ -217,7 +255,7 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
     return run.records
 
 
-def _run(run: _Run, train_data: list[list[torch.Tensor]], meta: dict[str, Any],
+def _run(run: _Run, train_data: list[Dataset], meta: dict[str, Any],
          progress: bool) -> None:
     """Train, recording as the card reports updates, then save the checkpoint and plot."""
     run.model.to(run.device).train()
@@ -346,14 +384,14 @@ def _evaluate(run: _Run) -> tuple[float | None, float]:
         run.model.train(was_training)
 
 
-def _next_token_loss(run: _Run, data: torch.Tensor) -> float:
+def _next_token_loss(run: _Run, data: Split) -> float:
     # The same batches at every evaluation, so the curve compares like with like.
     return next_token_loss(run.model, data, run.cfg.eval_iters, run.cfg.eval_batch,
                            run.plan.length - 1, run.cfg.seed + 1, run.device)
 
 
 @torch.no_grad()
-def next_token_loss(model: nn.Module, data: torch.Tensor, batches: int, batch_size: int,
+def next_token_loss(model: nn.Module, data: Split, batches: int, batch_size: int,
                     block: int, seed: int, device: torch.device) -> float:
     """Mean next-token cross-entropy of a causal language model over `batches` minibatches of
     random windows of `block` tokens (drawn from `seed`: the same ones each time); bf16 on CUDA
