@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from . import __version__
@@ -72,26 +73,19 @@ def _finite(least: float, inclusive: bool = True):
     return parse
 
 
-def _fraction(text: str) -> float:
-    """An argparse type: a probability mass P, 0 < P <= 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not 0 < value <= 1:  # NaN too
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
-    return value
-
-
-def _share(text: str) -> float:
-    """An argparse type: a share strictly between 0 and 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not 0 < value < 1:  # NaN too
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {text}")
-    return value
+def _unit(one: bool) -> Callable[[str], float]:
+    """An argparse type: a number in (0, 1] (`one`: a probability mass P) or in (0, 1) (a
+    share of something, both parts non-empty)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+        if not (0 < value <= 1 if one else 0 < value < 1):  # NaN too
+            raise argparse.ArgumentTypeError(
+                f"must be a number in (0, 1{']' if one else ')'}, got {text}")
+        return value
+    return parse
 
 
 def _require_cards(paths: list[str]) -> list[Path]:
@@ -1094,7 +1088,7 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--top-k", type=_count(1),
                     help="sample among the k most probable tokens, with the built-in sampler "
                          "(default: all, with the recorded inference card)")
-    sa.add_argument("--top-p", type=_fraction, metavar="P",
+    sa.add_argument("--top-p", type=_unit(one=True), metavar="P",
                     help="sample among the fewest most probable tokens whose probabilities sum "
                          "to P or more (nucleus sampling, 0 < P <= 1), with the built-in "
                          "sampler (default: all, with the recorded inference card)")
@@ -1133,7 +1127,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--tokenizer", default="bytes", metavar="SPEC",
                     help="'bytes' (256 IDs, one per byte) or 'bpe:N' (a byte-level BPE of N "
                          "tokens trained on the training part, kept as tokenizer.json)")
-    pr.add_argument("--val-fraction", type=_share, default=0.1, metavar="F",
+    pr.add_argument("--val-fraction", type=_unit(one=False), default=0.1, metavar="F",
                     help="the share of the text held out for evaluation, from its end")
     pr.set_defaults(run=cmd_prepare)
 
