@@ -40,7 +40,7 @@ def context_hyper(mapping) -> str | None:
 
 def ours(card: str, name: str | None, preset: str, overrides: dict[str, float]):
     """The model card's module and the sampler `cardc sample` runs for it, with the name of
-    the sampler's window hyperparameter."""
+    the sampler's window hyperparameter and the bounds of its top_k and top_p steps."""
     from cardc import build
     from cardc.names import identifier
 
@@ -49,7 +49,9 @@ def ours(card: str, name: str | None, preset: str, overrides: dict[str, float]):
     alg = build.find_card(lib, checker, card, name)
     sampler = build.recipe_for(lib, checker, alg, training=False)
     window = next((m.window for m in checker.info(sampler).sig.models.values()), None)
-    return model, build.procedure_function(checker, sampler), window and identifier(window)
+    bounds = {f: identifier(n) for f, n in build.filter_bounds(checker, sampler).items()}
+    return model, build.procedure_function(checker, sampler), window and identifier(window), \
+        bounds
 
 
 def theirs(mapping, model) -> torch.nn.Module:
@@ -93,13 +95,15 @@ def main() -> int:
     if context_hyper(mapping):
         overrides.setdefault(context_hyper(mapping), ctx)
     torch.manual_seed(0)
-    model, sampler, window = ours(card, mapping.card, args.preset, overrides)
+    model, sampler, window, bounds = ours(card, mapping.card, args.preset, overrides)
     hf = theirs(mapping, model)
     vocab = model(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
     prompt = torch.randint(0, vocab, (1, args.prompt))
+    every = {"top_k": vocab, "top_p": 1.0}  # bounds that keep every token, as cardc sample's
     runs = {
         "cardc": lambda: sampler(prompt, model, l_gen=args.tokens, tau=0,
-                                 **({window: ctx} if window else {})),
+                                 **({window: ctx} if window else {}),
+                                 **{name: every[f] for f, name in bounds.items()}),
         "transformers": lambda: hf.generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=args.tokens,
             min_new_tokens=args.tokens, do_sample=False, use_cache=True,

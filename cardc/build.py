@@ -115,6 +115,18 @@ def called_model(checker: Checker, alg: s.Algorithm) -> s.Algorithm | None:
                  if checker.info(c.callee).sig.tree.members), None)
 
 
+def filter_bounds(checker: Checker, alg: s.Algorithm) -> dict[str, str]:
+    """The hyperparameters a card's top_k and top_p steps take: {"top_k": "k", "top_p": "p"}
+    for `top_p(top_k(w | k) | p)` (`cardc sample --top-k` sets k, whatever its name)."""
+    from .checker import FILTERS
+
+    info = checker.info(alg)
+    return {e.func: e.params[0].id for e in s.nodes(alg.steps)
+            if isinstance(e, s.Call) and e.func in FILTERS and id(e) not in info.calls
+            and len(e.params) == 1 and isinstance(e.params[0], s.Name)
+            and e.params[0].id in info.sig.hypers}
+
+
 def procedure_function(checker: Checker, alg: s.Algorithm):
     """A training or inference card's generated function, ready to call."""
     name = identifier(alg.label)

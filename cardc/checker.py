@@ -29,7 +29,16 @@ ELEMENTWISE = {"GELU", "GELU_tanh", "ReLU", "SiLU", "σ", "exp", "log", "tanh", 
 REDUCING = {"mean", "var", "max", "min"}
 # min(a, b) and max(a, b) of two numbers, as a learning-rate schedule writes them
 PAIRWISE = {"min", "max"}
-BUILTINS = ELEMENTWISE | REDUCING | PAIRWISE | {"softmax", "length"}
+# top_k(w | k), top_p(w | p): the distribution ∝ w on its k largest entries (ties with the k-th
+# kept), or on the fewest largest whose share of Σ w reaches p; k ≥ the entries or p = 1 keeps
+# every entry. Name → (the bound's name in messages, what it is)
+FILTERS = dict(zip(s.FILTERS, (("k", "how many of the largest entries it keeps"),
+                               ("p", "the share of the weights its largest entries must reach")),
+                   strict=True))
+BUILTINS = ELEMENTWISE | REDUCING | PAIRWISE | {"softmax", "length"} | set(FILTERS)
+# dropout(X | p): while a model trains, each entry of X zeroed with probability p and the others
+# scaled by 1/(1 − p); in evaluation (and sampling) X itself
+DROPOUT = "dropout"
 CONSTANTS = {"π": "math.pi"}
 # θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ): an update a training card may name instead of
 # writing θ − η · ∇loss(θ); its hyperparameters are the learning rate, the two decay rates of
@@ -373,8 +382,21 @@ class _DeclEnv:
                 out[name] = BundleTy()  # structure comes from the card it is passed to
             else:
                 out[name] = replace(self.decl_type(item, name), init=item.value,
-                                    init_dist=item.init, pad=self.padding_row(item))
+                                    init_dist=self.init_scale(item), pad=self.padding_row(item))
         return out
+
+    def init_scale(self, item: s.Decl) -> s.Expr | None:
+        """`W ~ 𝒩(0, σ²)`: the distribution's numbers are numbers or the card's scalar
+        hyperparameters (a preset sets the scale)."""
+        for n in s.nodes(item.init):
+            hyper = self.hypers.get(n.id) if isinstance(n, s.Name) else SCALAR
+            if hyper is None or hyper.shape:
+                self.error(n.span if n.span.line else item.span,
+                           f"the initial distribution names '{display(n.id)}', which is not a "
+                           "scalar hyperparameter of this card",
+                           hint=f"declare it: 'Hyperparameters: {display(n.id)} ∈ (0, ∞) = 0.02'")
+                return None
+        return item.init
 
     def padding_row(self, item: s.Decl) -> str | None:
         """`W_e ∈ ℝ^{V×D}, padding row v_pad`: v_pad must be a whole-number hyperparameter of
@@ -1049,7 +1071,11 @@ class _Body:
         return self.product(a, b, e)
 
     def bundle_arithmetic(self, e: s.BinOp, a: Ty | BundleTy, b: Ty | BundleTy) -> BundleTy:
-        """Bundles of one card add and subtract; a scalar scales one (θ − η · ∇loss(θ))."""
+        """Bundles of one card add and subtract; a scalar scales one (θ − η · ∇loss(θ)); 0 is
+        every bundle's zero, so that a gradient accumulates from `g ← 0` (g ← g + ∇loss(θ))."""
+        if e.op == "+" and any(isinstance(x, Ty) and not x.shape and x.value == Dim.const(0)
+                               for x in (a, b)):
+            return b if isinstance(b, BundleTy) else a
         if e.op in ("+", "−", "⊙") and isinstance(a, BundleTy) and isinstance(b, BundleTy):
             if a.same_kind(b):
                 return a if a.members else b
@@ -1300,6 +1326,14 @@ class _Body:
         self.expr(e.cond)
         return Ty(elem="𝔹")
 
+    def expr_norm(self, e: s.Norm) -> Ty:
+        """‖x‖: the L2 norm of a tensor's entries, or of a bundle's (a gradient's global norm)."""
+        value = self.operand(e.operand)
+        if isinstance(value, Ty) and value.elem == "𝔹":
+            self.error(e.span, f"‖·‖ measures numbers, not {value}")
+            raise CheckError
+        return Ty()
+
     def expr_sum(self, e: s.Sum) -> Ty:
         # Σ_{t∈T̃} is over a set of indices; the index also binds members of families, as
         # x_n of a dataset under Σ_{n=a}^{b} (a minibatch)
@@ -1326,6 +1360,10 @@ class _Body:
             return self.apply_function(e, local)
         if e.func in OPTIMIZERS and self.c.lib.find(e.func, self.file) is None:
             return self.apply_optimizer(e)
+        if e.func in FILTERS and self.c.lib.find(e.func, self.file) is None:
+            return self.apply_filter(e)
+        if e.func == DROPOUT and self.c.lib.find(e.func, self.file) is None:
+            return self.apply_dropout(e)
         if e.func in BUILTINS and self.c.lib.find(e.func, self.file) is None:
             return self.apply_builtin(e.func, [self.tensor(a) for a in e.args], e)
         callee = self.c.lib.find(e.func, self.file)
@@ -1426,6 +1464,57 @@ class _Body:
         if cond.shape:
             self.error(e.cond.span, f"a set's condition must be a single truth value, not {cond}")
         return SetTy(size)
+
+    def apply_filter(self, e: s.Call) -> Ty:
+        """top_k(w | k), top_p(w | p): a vector of weights in, a distribution of its shape out."""
+        bound, what = FILTERS[e.func]
+        usage = f"write {e.func}(w | {bound}): {bound} is {what}"
+        if len(e.args) != 1:
+            self.error(e.span, f"{e.func} filters one vector of weights, given {len(e.args)} "
+                               "arguments",
+                       hint=usage)
+            raise CheckError
+        if len(e.params) != 1 or isinstance(e.params[0], s.Arg):
+            self.error(e.span, f"{e.func} takes one number after '|', its {bound}", hint=usage)
+            raise CheckError
+        weights = self.tensor(e.args[0])
+        if weights.rank != 1:
+            self.error(e.args[0].span, f"{e.func} filters a vector of weights, not {weights}",
+                       hint="index one column: p ← P[:, t]")
+            raise CheckError
+        self.filter_bound(e.func, e.params[0])
+        return Ty(weights.shape)
+
+    def apply_dropout(self, e: s.Call) -> Ty:
+        """dropout(X | p): a tensor in, one of its shape out; p a number in [0, 1)."""
+        usage = "write dropout(X | p): p is the probability that an entry is zeroed"
+        if len(e.args) != 1 or len(e.params) != 1 or isinstance(e.params[0], s.Arg):
+            self.error(e.span, "dropout takes one tensor, then its probability after '|'",
+                       hint=usage)
+            raise CheckError
+        x = self.tensor(e.args[0])
+        p = self.tensor(e.params[0])
+        given = e.params[0]
+        if p.shape or isinstance(given, s.Num) and not 0 <= given.value < 1:
+            self.error(given.span, f"the probability of dropout lies in [0, 1), not "
+                                   f"{given.text if isinstance(given, s.Num) else p}", hint=usage)
+            raise CheckError
+        return Ty(x.shape, "ℝ")
+
+    def filter_bound(self, func: str, given: s.Expr) -> None:
+        """k of top_k is a whole number ≥ 1; p of top_p a number in (0, 1]."""
+        ty = self.tensor(given)
+        value = given.value if isinstance(given, s.Num) else None
+        if ty.shape:
+            problem = f"is a number, not {ty}"
+        elif func == "top_k" and (ty.elem != "ℕ" or value is not None and value < 1):
+            problem = f"is a whole number ≥ 1, not {given.text if value is not None else ty}"
+        elif func == "top_p" and value is not None and not 0 < value <= 1:
+            problem = f"lies in (0, 1], not {given.text}"
+        else:
+            return
+        bound, what = FILTERS[func]
+        self.error(given.span, f"the {bound} of {func} {problem}", hint=f"{bound} is {what}")
 
     def apply_builtin(self, name: str, args: list[Ty], e: s.Expr) -> Ty:
         if name in PAIRWISE and len(args) == 2:

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
@@ -350,11 +351,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     """`cardc train MODEL.card` runs the training card that trains the model (its recipe);
     `cardc train TRAINING.card` runs that card on the model it calls."""
     from .build import build_model, called_model, procedure_function, record_sampler
+    from .runtime.distributed import world_from_env
     from .runtime.runs import check_destination
-    from .runtime.train import TrainConfig, resolve_device, summary_writer, train
+    from .runtime.train import Stopped, TrainConfig, resolve_device, summary_writer, train
 
     _require_cards([args.card])
-    out = args.out or str(Path("runs") / (Path(args.card).stem + (f"-{args.preset}" if args.preset else "")))
+    if not world_from_env().main:  # rank 0 alone speaks; every process reports its errors
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
+    out = _train_out(args)
     for flag, least in (("steps", 0), ("batch_size", 1), ("block_size", 2), ("examples", 1),
                         ("eval_every", 1)):
         if getattr(args, flag) is not None and getattr(args, flag) < least:
@@ -365,14 +369,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         cfg = TrainConfig(out_dir=out, examples=args.examples, length=args.block_size or 128,
                           eval_every=args.eval_every, device=args.device, seed=args.seed,
-                          data_path=args.data, compile=args.compile, tensorboard=args.tensorboard)
+                          data_path=args.data, compile=args.compile, tensorboard=args.tensorboard,
+                          save_every=args.save_every, keep=args.keep_checkpoints,
+                          fsdp=args.fsdp)
     except RuntimeInputError as err:
         raise UsageError(str(err)) from None
     resolve_device(cfg.device)  # before any output: a missing GPU is reported up front
     if cfg.tensorboard:
         summary_writer()  # and a missing tensorboard package
     data = _data_folder(args.data)
-    check_destination(out)  # and an --out that cannot hold the run, before it trains
+    snapshot = _snapshot(args.resume) if args.resume else None
+    if snapshot is None:
+        check_destination(out)  # and an --out that cannot hold the run, before it trains
     import torch
 
     torch.manual_seed(args.seed)  # the initial weights too: a run is reproducible from its seed
@@ -381,41 +389,116 @@ def cmd_train(args: argparse.Namespace) -> int:
     lib, checker, recipe = _recipe(args)
     model_card = called_model(checker, recipe)
     hypers, model_overrides = _recipe_values(args, lib, checker, recipe)
-    resumed = _resumed(args.resume, checker, model_card) if args.resume else None
-    if resumed is not None:  # the checkpoint's sizes, unless --set changes one
-        model_overrides = {**resumed[0], **model_overrides}
-    if resumed is not None:
-        tokenizer = resumed[2]
+    origin = args.resume or args.finetune
+    started = _started(origin, snapshot, checker, model_card) if origin else None
+    if started is not None:  # the checkpoint's sizes, unless --set changes one
+        model_overrides = {**started[0], **model_overrides}
+        tokenizer = started[2]
+        _same_tokenizer(args, bpe, tokenizer)
     elif data is not None:
         tokenizer = _folder_tokenizer(args, data, checker, recipe, hypers)
     else:
         tokenizer = _new_tokenizer(args, bpe, checker, recipe, hypers)
     if data is not None:
         data.check_tokenizer(tokenizer)  # a resumed run reads only tokens of its own tokenizer
-    model_overrides = _tokenizer_vocab(tokenizer, resumed is None, args.preset,
+    model_overrides = _tokenizer_vocab(tokenizer, started is None, args.preset,
                                        model_overrides, checker, model_card)
     if args.pad_vocab:
-        if resumed is not None:
-            raise UsageError("--pad-vocab changes the model's shapes; a resumed run keeps its "
-                             "checkpoint's")
+        if args.finetune:
+            raise UsageError("--pad-vocab changes the model's shapes; a fine-tuned model keeps "
+                             "its checkpoint's")
         model_overrides = _padded_vocab(args.preset, model_overrides, checker, model_card)
     _validated(lib, checker, model_card, args.preset, model_overrides, _set_flags(args.set))
     model = build_model(lib.file_of(model_card).path, args.preset, model_overrides,
                         _library(args, [args.card]), model_card.name)
     if checker.info(recipe).sig.models:
         _require_causal(model, model_card, recipe)
-    if resumed is not None:
+    if args.finetune:
         from .runtime.checkpoint import load_state
 
-        load_state(model, resumed[1])
+        load_state(model, started[1])
     record_sampler(model.card_meta, lib, checker, model_card)
     params = sum(p.numel() for p in model.parameters())
-    start = f"the weights of {args.resume}" if resumed else args.preset or "no preset"
+    start = f"update {snapshot.update} of {args.resume}" if snapshot else \
+        f"the weights of {args.finetune}" if args.finetune else args.preset or "no preset"
     print(f"training {model_card.name} ({start}, {params:,} parameters) "
           f"with {recipe.name} ({_shown_path(lib.file_of(recipe).path)}); writing {out}/")
-    train(model, procedure_function(checker, recipe), hypers, cfg, model.card_meta,
-          tokenizer=tokenizer)
+    try:
+        train(model, procedure_function(checker, recipe), hypers, cfg, model.card_meta,
+              tokenizer=tokenizer, resume=snapshot)
+    except Stopped as stop:
+        print(f"cardc: {stop}; saved {stop.checkpoint}\nresume with: "
+              f"{_resume_command(out)}", file=sys.stderr)
+        return 128 + stop.signum
     return EXIT_OK
+
+
+def _train_out(args: argparse.Namespace) -> str:
+    """The run folder: --out, else the resumed run, else runs/CARD-PRESET."""
+    if args.resume and args.finetune:
+        raise UsageError("--resume goes on with a run's own optimizer; --finetune starts a new "
+                         "run from its weights: give one")
+    if args.resume:
+        if args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+            raise UsageError(f"--resume goes on in the run's own folder ({args.resume}), not "
+                             f"in --out {args.out}; to start a new run from its weights, use "
+                             "--finetune")
+        return args.resume
+    return args.out or str(Path("runs") / (Path(args.card).stem +
+                                           (f"-{args.preset}" if args.preset else "")))
+
+
+def _resume_command(out: str) -> str:
+    """This command line again, resuming the run in `out`."""
+    import shlex
+
+    argv = sys.argv[1:]
+    if "--resume" in argv or any(a.startswith("--resume=") for a in argv):
+        return shlex.join(["cardc", *argv])
+    return shlex.join(["cardc", *argv, "--resume", out])
+
+
+def _snapshot(run: str):
+    """The newest checkpoint of an unfinished run, to resume."""
+    from .runtime.checkpoint import CHECKPOINT_NAME
+    from .runtime.resume import latest, read_snapshot
+
+    if not Path(run).is_dir():
+        raise UsageError(f"--resume {run}: not a run folder")
+    found = latest(run)
+    if (Path(run) / CHECKPOINT_NAME).is_file():
+        raise UsageError(f"--resume {run}: the run has finished; to train on from its weights "
+                         "with a fresh optimizer, use --finetune")
+    if found is None:
+        raise UsageError(f"--resume {run}: the run saved no checkpoint to resume from")
+    return read_snapshot(found)
+
+
+def _started(origin: str, snapshot, checker, model_card) -> tuple[dict, dict, object]:
+    """A checkpoint's hyperparameters (by card name), tensors and tokenizer, if it holds
+    `model_card`'s model: a resumed run's newest checkpoint, or the weights to fine-tune."""
+    from .build import recorded_values
+    from .runtime.checkpoint import read_checkpoint
+    from .runtime.tokenizer import run_tokenizer
+
+    meta, state = (snapshot.meta, snapshot.weights) if snapshot else read_checkpoint(origin)
+    tokenizer = run_tokenizer(origin, meta)
+    if meta.get("name") != model_card.label:
+        raise UsageError(f"'{origin}' holds {meta.get('name')}, but the training card trains "
+                         f"{model_card.label}")
+    try:
+        sizes = recorded_values(meta.get("hyperparameters"), checker.info(model_card).sig.hypers)
+    except ValueError as err:
+        raise RuntimeInputError(f"{origin}: {err}") from None
+    return sizes, state, tokenizer
+
+
+def _same_tokenizer(args: argparse.Namespace, bpe: int | None, tokenizer) -> None:
+    """A resumed run's --tokenizer, if given again, must be the one it reads with."""
+    if args.tokenizer is not None and (bpe or 0) != (0 if tokenizer.kind == "bytes" else
+                                                    tokenizer.vocab_size):
+        raise UsageError(f"--tokenizer {args.tokenizer}: {args.resume} reads text with its "
+                         f"own tokenizer ({tokenizer.kind}, {tokenizer.vocab_size:,} tokens)")
 
 
 def _require_causal(model, model_card, recipe) -> None:
@@ -426,26 +509,6 @@ def _require_causal(model, model_card, recipe) -> None:
     if not predicts_next_token(model):
         raise UsageError(f"{recipe.name} trains a causal language model, and {model_card.label}"
                          " reads ahead: its scores for a position change with a later token")
-
-
-def _resumed(run: str, checker, model_card) -> tuple[dict, dict, object]:
-    """A checkpoint's hyperparameters (by card name), tensors and tokenizer, if it holds
-    `model_card`'s model. Training goes on from its weights, reading text as they were trained
-    to; the training card makes a fresh optimizer."""
-    from .build import recorded_values
-    from .runtime.checkpoint import read_checkpoint
-    from .runtime.tokenizer import run_tokenizer
-
-    meta, state = read_checkpoint(run)
-    tokenizer = run_tokenizer(run, meta)
-    if meta.get("name") != model_card.label:
-        raise UsageError(f"'{run}' holds {meta.get('name')}, but the training card trains "
-                         f"{model_card.label}")
-    try:
-        sizes = recorded_values(meta.get("hyperparameters"), checker.info(model_card).sig.hypers)
-    except ValueError as err:
-        raise RuntimeInputError(f"{run}: {err}") from None
-    return sizes, state, tokenizer
 
 
 def _vocab_name(checker, model_card, flag: str) -> str:
@@ -467,8 +530,8 @@ def _tokenizer_spec(args: argparse.Namespace) -> int | None:
 
     if args.tokenizer is None:
         return None
-    if args.resume:
-        raise UsageError("--tokenizer: a resumed run reads text with its checkpoint's "
+    if args.finetune:
+        raise UsageError("--tokenizer: a fine-tuned model reads text with its checkpoint's "
                          "tokenizer")
     try:
         return parse_spec(args.tokenizer)
@@ -647,45 +710,36 @@ def _recipe_values(args: argparse.Namespace, lib, checker, recipe):
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    import torch
-
-    from .runtime.sample import generate, is_language_model
-    from .runtime.tokenizer import continuation, run_tokenizer
-
-    if args.card and (args.top_k is not None or args.top_p is not None):  # never ignored
-        raise UsageError("--top-k and --top-p pick the built-in sampler; an inference card "
-                         "(--card) samples by its own steps")
+    """`cardc sample RUN`: each --prompt continued by the inference card the run recorded (or
+    --card's)."""
     meta, model, device = _trained_model(args.dir, args.device)
     if args.card:
         _require_cards([args.card])
         return _sample_with_card(args, model, meta, device, args.card, None, echo=False)
-    sampler = meta.get("sampler")
-    if args.top_k is None and args.top_p is None:
-        from .build import recorded_cards
+    from .build import recorded_cards
 
-        with recorded_cards(meta) as root:  # the inference card recorded when it was trained
-            if isinstance(sampler, dict) and "card" in sampler:
-                return _sample_with_card(args, model, meta, device, str(root / sampler["card"]),
-                                         [str(root)], echo=True)
-            card = _generic_sampler(args.dir, meta)
-            return _sample_with_card(args, model, meta, device, card, [str(root)], echo=True)
-    # --top-k, --top-p: the built-in sampler (cards have no such step yet)
-    if not is_language_model(model):
-        raise UsageError(f"{meta.get('name')} is not a language model; sample with an inference "
-                         "card, e.g. --card cards/paper/edinference.card")
-    tokenizer = run_tokenizer(args.dir, meta)
-    text, prompt = _prompt_ids(tokenizer, args.prompt)
-    with torch.no_grad():  # the vocabulary is the width of the logits, whatever the card calls it
-        vocab = model(torch.zeros(1, 1, dtype=torch.long, device=device)).shape[-1]
-    if max(prompt) >= vocab:
-        what = "byte values" if tokenizer.kind == "bytes" else "token IDs"
-        raise UsageError(f"the prompt has {what} the model's vocabulary ({vocab}) lacks")
-    idx = torch.tensor([prompt], dtype=torch.long, device=device)
-    gen = torch.Generator(device=device).manual_seed(args.seed)
-    out = generate(model, idx, args.tokens, args.temperature, args.top_k, gen,
-                   window=_trained_context(meta), top_p=args.top_p)
-    print(text + continuation(tokenizer, prompt, out[0].tolist()[len(prompt):]))
-    return EXIT_OK
+    with recorded_cards(meta) as root:  # the inference card recorded when it was trained
+        sampler = meta.get("sampler")
+        card = str(root / sampler["card"]) if isinstance(sampler, dict) and "card" in sampler \
+            else _generic_sampler(args.dir, meta)
+        return _sample_with_card(args, model, meta, device, card, [str(root)], echo=True)
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """One --prompt: as typed, and its token IDs; a prompt of integers is token IDs, and so is
+    what is printed for it."""
+
+    text: str
+    ids: list[int]
+    numeric: bool
+
+
+def _read_prompt(tokenizer, prompt: str) -> _Prompt:
+    words = prompt.split()
+    if words and all(w.isdigit() for w in words):
+        return _Prompt(prompt, [int(w) for w in words], True)
+    return _Prompt(prompt, _prompt_ids(tokenizer, prompt)[1], False)
 
 
 def _prompt_ids(tokenizer, prompt: str) -> tuple[str, list[int]]:
@@ -736,9 +790,17 @@ def _read_run(folder: str):
     from .runtime.checkpoint import checkpoint_file, read_checkpoint
     from .runtime.runs import check_one_run, interrupted
 
-    if not os.path.isfile(checkpoint_file(folder)) and interrupted(folder):
-        raise RuntimeInputError(f"'{folder}' holds no finished run: a run into it is under way "
-                                "or was stopped before it finished")
+    if not os.path.isfile(checkpoint_file(folder)):
+        from .runtime.resume import latest
+
+        saved = latest(folder) if os.path.isdir(folder) else None
+        if saved is not None:
+            raise RuntimeInputError(f"'{folder}' holds a run that has not finished; resume it "
+                                    f"(cardc train … --resume {folder}), or read its newest "
+                                    f"checkpoint, '{saved}'")
+        if interrupted(folder):
+            raise RuntimeInputError(f"'{folder}' holds no finished run: a run into it is under "
+                                    "way or was stopped before it finished")
     meta, state = read_checkpoint(folder)
     check_one_run(folder, meta)
     return meta, state
@@ -752,8 +814,8 @@ def _trained_context(meta: dict) -> int | None:
         and context >= 1 else None
 
 
-def _check_token_ids(ids: list[int], checker, model_card, meta: dict) -> None:
-    """Refuse token IDs outside the vocabulary of the model's token inputs."""
+def _vocabulary(checker, model_card, meta: dict) -> int | None:
+    """The vocabulary of the model's token inputs at the run's sizes (None: not known)."""
     from .build import recorded_values
 
     sig = checker.info(model_card).sig
@@ -761,38 +823,61 @@ def _check_token_ids(ids: list[int], checker, model_card, meta: dict) -> None:
     for _, ty in sig.inputs:
         vocab = getattr(ty, "vocab", None)
         try:
-            size = int(vocab.evaluate(env)) if vocab is not None else None
+            return int(vocab.evaluate(env)) if vocab is not None else None
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
-            size = None
-        bad = [i for i in ids if size is not None and i >= size]
-        if bad:
-            raise UsageError(f"the prompt's token ID {bad[0]} lies outside the model's "
-                             f"vocabulary (IDs 0 to {size - 1})")
+            return None
+    return None
+
+
+def _check_token_ids(ids: list[int], size: int | None) -> None:
+    """Refuse token IDs outside the vocabulary of the model's token inputs (of `size`)."""
+    bad = [i for i in ids if size is not None and i >= size]
+    if bad:
+        raise UsageError(f"the prompt's token ID {bad[0]} lies outside the model's "
+                         f"vocabulary (IDs 0 to {size - 1})")
 
 
 def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
                       library: list[str] | None, echo: bool) -> int:
     """`cardc sample RUN --card cards/paper/dinference.card`: the inference card samples.
 
-    --tokens and --temperature set the card's ℓ_gen and τ, and hyperparameters it shares with
-    the model (its context, ctx) take the model's values; a prompt of integers is read as
-    token IDs (the reversal task's), any other prompt as text the run's tokenizer encodes
-    (UTF-8 bytes unless it keeps a tokenizer.json). `echo` prints a text prompt before the
-    card's output."""
-    import torch
-
-    from .build import called_model, checked, procedure_cards, procedure_function
-    from .info import PresetError, preset_values
-    from .lower.values import card_names
-    from .names import identifier
-    from .runtime.tokenizer import continuation, run_tokenizer
-    from .types import Ty
+    --tokens, --temperature, --top-k and --top-p set the card's ℓ_gen, τ and the bounds of its
+    top_k and top_p steps, and hyperparameters it shares with the model (its context, ctx)
+    take the model's values; a prompt of integers is read as token IDs (the reversal task's),
+    any other prompt as text the run's tokenizer encodes (UTF-8 bytes unless it keeps a
+    tokenizer.json). `echo` prints a text prompt before the card's output."""
+    from .build import procedure_function
+    from .runtime.tokenizer import run_tokenizer
 
     if library is None and _generic(card):  # --card names a generic sampler: it needs the model
         from .build import recorded_cards
 
         with recorded_cards(meta) as root:
             return _sample_with_card(args, model, meta, device, card, [str(root)], echo)
+    lib, checker, alg, window, runs_on = _sampling_card(args, meta, card, library)
+    tokenizer = run_tokenizer(args.dir, meta)
+    prompts = [_read_prompt(tokenizer, p) for p in args.prompt or ["\n"]]
+    vocab = _vocabulary(checker, runs_on, meta) if runs_on is not None else None
+    for p in prompts:
+        _check_token_ids(p.ids, vocab)
+    hypers = _sampling_values(args, lib, checker, alg, window, model, meta, prompts, vocab)
+    stops = _stops(args.stop, prompts, tokenizer)
+    outs = _run_batches(args, procedure_function(checker, alg), alg, model, device, hypers,
+                        prompts, stops)
+    for n, (p, out) in enumerate(zip(prompts, outs, strict=True), 1):
+        if len(prompts) > 1:  # each continuation under a header of its own, as head(1) does
+            print(("\n" if n > 1 else "") + f"==> prompt {n} <==")
+        print(_shown_sample(p, out, tokenizer, stops, echo))
+    return EXIT_OK
+
+
+def _sampling_card(args: argparse.Namespace, meta: dict, card: str,
+                   library: list[str] | None):
+    """The inference card of `card`, checked, bound to the run's model: with the
+    hyperparameter that bounds its model's input, if it states one, and that model's card."""
+    from .build import called_model, checked, procedure_cards
+    from .types import Ty
+
     lib, checker, _ = checked([card], library or _library(args, [card]))
     file = next(f.path for f in lib.files if Path(f.path) == Path(card))
     cards = [a for a in procedure_cards(lib, checker, [file])
@@ -801,21 +886,41 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
         raise UsageError(f"{card} holds no inference card (one that is handed θ̂)")
     alg = cards[0]
     window = _bind_sampler(lib, checker, alg, meta, library)
-    info = checker.info(alg)
     runs_on = called_model(checker, alg)
     callee = runs_on.name if runs_on else None
     if callee != meta.get("name"):
         raise UsageError(f"{alg.name} samples from {callee}, but {args.dir} holds "
                          f"{meta.get('name')}")
+    return lib, checker, alg, window, runs_on
+
+
+# --top-k K and --top-p P set the bound of the card's top_k(w | k) and top_p(w | p) steps
+FILTER_FLAGS = {"top_k": "--top-k", "top_p": "--top-p"}
+
+
+def _sampling_values(args: argparse.Namespace, lib, checker, alg, window: str | None, model,
+                     meta: dict, prompts: list[_Prompt],
+                     vocab: int | None) -> dict[str, int | float]:
+    """The inference card's hyperparameters: the model's where it shares them, the flags',
+    --set's, its first preset's; a top_k or top_p bound nothing sets keeps every token of
+    the model's vocabulary (of `vocab`)."""
+    from .build import filter_bounds
+    from .info import PresetError, preset_values
+    from .lower.values import card_names
+    from .names import identifier
+
+    info = checker.info(alg)
     declared = card_names(info.sig)
     shared = {n: meta["hyperparameters"][identifier(n)] for n in declared
               if identifier(n) in meta.get("hyperparameters", {})}
-    words = args.prompt.split()
     if window is not None:  # the longest input the card states M is handed
         limits = [n for n in (getattr(model, "max_seq_len", None), _trained_context(meta))
                   if isinstance(n, int) and n > 0]  # positions the run never trained are noise
-        shared[window] = min(limits) if limits else len(args.prompt.encode()) + args.tokens
-    given = {**shared, "ℓ_gen": args.tokens, "τ": args.temperature, **_overrides(args.set)}
+        shared[window] = min(limits) if limits else \
+            max(len(p.ids) for p in prompts) + args.tokens
+    bounds = filter_bounds(checker, alg)
+    given = {**shared, "ℓ_gen": args.tokens, "τ": args.temperature,
+             **_filter_flags(args, alg, bounds), **_overrides(args.set)}
     preset = alg.presets[0].name if alg.presets else None  # the card's own defaults, if any
     try:
         # τ = 0 is the limit τ → 0 the sampler implements (arg-max), so intervals are not
@@ -823,27 +928,106 @@ def _sample_with_card(args: argparse.Namespace, model, meta, device, card: str,
         values = preset_values(info.sig, preset, {n: v for n, v in given.items() if n in declared})
     except PresetError as err:
         raise err.card_error(lib.diags.sources) from None
+    _filter_values(values, bounds, vocab)
     missing = [n for n in declared if n not in values]
     if missing:
         raise UsageError(f"{alg.name} needs {', '.join(missing)}: set it with --set NAME=VALUE")
-    hypers = _typed(info.sig, declared, values)
-    numeric = bool(words) and all(w.isdigit() for w in words)
-    tokenizer = run_tokenizer(args.dir, meta)
-    ids = [int(w) for w in words] if numeric else _prompt_ids(tokenizer, args.prompt)[1]
-    if runs_on is not None:
-        _check_token_ids(ids, checker, runs_on, meta)
-    prompt = torch.tensor([ids], dtype=torch.long, device=device)
-    fn = procedure_function(checker, alg)
-    torch.manual_seed(args.seed)
+    return _typed(info.sig, declared, values)
+
+
+def _filter_flags(args: argparse.Namespace, alg, bounds: dict[str, str]) -> dict[str, float]:
+    """--top-k and --top-p by the hyperparameter they set; refused for a card without the step."""
+    from .checker import FILTERS
+
+    out = {}
+    for func, flag in FILTER_FLAGS.items():
+        value = getattr(args, func)
+        if value is None:
+            continue
+        if func not in bounds:
+            bound = FILTERS[func][0]
+            raise UsageError(f"{flag} sets {bound} in a step {func}(w | {bound}) of the sampling "
+                             f"card, and {alg.name} has none; sample with a card that has one, "
+                             "as cardc's recipes/lm_sampling.card")
+        out[bounds[func]] = value
+    return out
+
+
+def _filter_values(values: dict, bounds: dict[str, str], vocab: int | None) -> None:
+    """The bounds of top_k and top_p: unset, k = V and p = 1 keep every token (any k ≥ V does,
+    where V is not known); k ≥ 1, p in (0, 1]."""
+    from .spelling import display
+
+    for func, name in bounds.items():
+        if name not in values:
+            values[name] = (vocab or sys.maxsize) if func == "top_k" else 1.0
+        value = values[name]
+        if func == "top_k" and value < 1:
+            raise UsageError(f"{display(name)} = {value:g}: top_k keeps at least one token")
+        if func == "top_p" and not 0 < value <= 1:
+            raise UsageError(f"{display(name)} = {value:g}: the mass of top_p lies in (0, 1]")
+
+
+def _stops(texts: list[str], prompts: list[_Prompt], tokenizer) -> dict:
+    """--stop, by the kind of prompt it stops (numeric or not): texts where a text prompt's
+    continuation ends; for prompts of token IDs, runs of token IDs."""
+    from .runtime.sample import Stops
+
+    if any(not t for t in texts):
+        raise UsageError("--stop needs a text to stop at, not an empty one")
+    if not texts:
+        return {}
+    out = {False: Stops.texts(texts, tokenizer.decode)}
+    if any(p.numeric for p in prompts):
+        runs = [t.split() for t in texts]
+        if not all(run and all(w.isdigit() for w in run) for run in runs):
+            raise UsageError("a prompt of token IDs stops at token IDs: give each --stop as "
+                             "integers separated by spaces")
+        out[True] = Stops.token_ids([[int(w) for w in run] for run in runs])
+    return out
+
+
+def _run_batches(args: argparse.Namespace, fn, alg, model, device, hypers: dict,
+                 prompts: list[_Prompt], stops: dict) -> list[list[int]]:
+    """Each prompt's output: prompts of one length (and kind) as one batch, one forward per
+    token for all of them; each batch drawn from --seed afresh."""
+    import inspect
+
+    import torch
+
+    if stops and "stop" not in inspect.signature(fn).parameters:
+        raise UsageError(f"{alg.name} draws no token in a loop: --stop has nothing to stop")
+    batches: dict[tuple[bool, int], list[int]] = {}
+    for n, p in enumerate(prompts):
+        batches.setdefault((p.numeric, len(p.ids)), []).append(n)
+    outs: list[list[int]] = [[] for _ in prompts]
     model.eval()
-    with torch.inference_mode():  # as generate(): no autograd bookkeeping per decoded token
-        try:
-            out = fn(prompt, model, **hypers)[0].tolist()
-        except ValueError as err:  # the model's positions ran out before the card stopped
-            raise RuntimeInputError(f"{alg.name} did not finish: {err}") from None
-    print(" ".join(map(str, out)) if numeric
-          else (args.prompt if echo else "") + continuation(tokenizer, ids, out))
-    return EXIT_OK
+    for (numeric, _), rows in batches.items():
+        x = torch.tensor([prompts[n].ids for n in rows], dtype=torch.long, device=device)
+        watch = {"stop": stops[numeric].watch(len(rows))} if stops else {}
+        torch.manual_seed(args.seed)
+        with torch.inference_mode():  # as generate(): no autograd bookkeeping per decoded token
+            try:
+                out = fn(x, model, **hypers, **watch)
+            except ValueError as err:  # the model's positions ran out before the card stopped
+                raise RuntimeInputError(f"{alg.name} did not finish: {err}") from None
+        for row, n in enumerate(rows):
+            outs[n] = out[row].tolist()
+    return outs
+
+
+def _shown_sample(prompt: _Prompt, out: list[int], tokenizer, stops: dict, echo: bool) -> str:
+    """What is printed for a prompt: token IDs for token IDs, else the text prompt (`echo`)
+    and its continuation decoded; either up to the first --stop."""
+    from .runtime.sample import ids_text
+    from .runtime.tokenizer import continuation
+
+    stop = stops.get(prompt.numeric)
+    if prompt.numeric:
+        text = ids_text(out)
+        return (stop.cut(text) if stop is not None else text).strip()
+    text = continuation(tokenizer, prompt.ids, out)
+    return (prompt.text if echo else "") + (stop.cut(text) if stop is not None else text)
 
 
 def _generic(card: str) -> bool:
@@ -945,13 +1129,18 @@ def _set_flags(pairs: list[str]) -> dict[str, str]:
 def _validated(lib, checker, alg, preset: str | None, overrides: dict[str, float],
                flags: dict[str, str]) -> dict:
     """A card's values at a preset and the command line's overrides, checked through every card
-    it calls; a bad value ends in one message naming its flag (or its preset line)."""
+    it calls; a bad value ends in one message naming its flag (or its preset line), and a
+    value that follows a flag's (a warm-up scaled with the run) is said on a line of its own."""
     from .presets import PresetError, validate
 
+    notices: list[str] = []
     try:
-        return validate(checker, alg, preset, overrides, flags)
+        values = validate(checker, alg, preset, overrides, flags, notices=notices)
     except PresetError as err:
         raise err.card_error(lib.diags.sources) from None
+    for notice in notices:
+        print(f"note: {notice}")
+    return values
 
 
 def _overrides(pairs: list[str]) -> dict[str, float]:
@@ -1072,26 +1261,51 @@ def build_parser() -> argparse.ArgumentParser:
                         "the model's vocabulary size and is kept as tokenizer.json in the run); "
                         "a resumed run keeps its own (default: bytes)")
     t.add_argument("--resume", metavar="RUN",
-                   help="start from the weights of a checkpoint (trained, or made by cardc "
-                        "import) instead of fresh ones")
+                   help="go on with a stopped run from its newest checkpoint, in its folder, "
+                        "exactly as if it had not stopped (give the command that started it)")
+    t.add_argument("--finetune", metavar="CHECKPOINT",
+                   help="start a new run from the weights of a checkpoint (a run, one of its "
+                        "checkpoints/, or a cardc import) with a fresh optimizer and schedule")
+    t.add_argument("--save-every", type=_count(0, 2**31), default=500, metavar="N",
+                   help="updates between checkpoints in the run's checkpoints/; a run also "
+                        "saves one when SIGINT (Ctrl-C) or SIGTERM stops it (0: only then; "
+                        "default: 500)")
+    t.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard the parameters, gradients and optimizer state "
+                        "over the processes (torch's FSDP) instead of replicating the model, "
+                        "for a model that does not fit one device")
+    t.add_argument("--keep-checkpoints", type=_count(1, 2**31), default=2, metavar="K",
+                   help="the newest checkpoints kept (default: 2)")
     t.set_defaults(run=cmd_train)
 
-    sa = sub.add_parser("sample", help="continue a prompt with a trained checkpoint")
+    sa = sub.add_parser("sample", help="continue prompts with a trained checkpoint, by its "
+                                       "inference card")
     sa.add_argument("dir", help="a run folder (or its model.safetensors)")
-    sa.add_argument("--prompt", default="\n",
-                    help="text to continue, or token IDs separated by spaces (default: a "
-                         "newline)")
+    sa.add_argument("--prompt", action="append", metavar="TEXT",
+                    help="text to continue, or token IDs separated by spaces; repeat for more, "
+                         "each printed under '==> prompt N <=='. Prompts of the same length in "
+                         "tokens run as one batch (one forward per token for all), others as "
+                         "batches of their own; each batch draws from --seed afresh, so a "
+                         "prompt of a length of its own, and any prompt at temperature 0, "
+                         "continues as it would alone, while the rows of a batch share one "
+                         "random stream (default: a newline)")
     sa.add_argument("--tokens", type=_count(1, MAX_TOKENS), default=200,
                     help="tokens to add")
     sa.add_argument("--temperature", type=_finite(0), default=0.8,
                     help="sampling temperature; 0 picks the most probable token")
-    sa.add_argument("--top-k", type=_count(1),
-                    help="sample among the k most probable tokens, with the built-in sampler "
-                         "(default: all, with the recorded inference card)")
+    sa.add_argument("--top-k", type=_count(1), metavar="K",
+                    help="sample among the K most probable tokens (ties with the K-th too): "
+                         "sets k of the card's step top_k(w | k) (default: the vocabulary's "
+                         "size, every token)")
     sa.add_argument("--top-p", type=_unit(one=True), metavar="P",
                     help="sample among the fewest most probable tokens whose probabilities sum "
-                         "to P or more (nucleus sampling, 0 < P <= 1), with the built-in "
-                         "sampler (default: all, with the recorded inference card)")
+                         "to P or more (nucleus sampling, 0 < P <= 1): sets p of the card's "
+                         "step top_p(w | p) (default: 1, every token)")
+    sa.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                    help="end a continuation before the first TEXT it holds (token IDs "
+                         "separated by spaces, for a prompt of token IDs); repeat for more. "
+                         "Decoding ends once every prompt of a batch has stopped (default: "
+                         "none)")
     sa.add_argument("--seed", type=_count(0, 2**63 - 1), default=1337,
                     help="seed of the sampling")
     sa.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],

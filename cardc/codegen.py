@@ -129,6 +129,10 @@ def _raise(st: ir.Raise, indent: str) -> list[str]:
     return [f"{indent}raise {st.error}({expr_py(st.message)})"]
 
 
+def _break(st: ir.Break, indent: str) -> list[str]:
+    return [f"{indent}break"]
+
+
 def _return(st: ir.Return, indent: str) -> list[str]:
     value = st.value
     text = ", ".join(expr_py(i) for i in value.items) if isinstance(value, ir.Seq) and \
@@ -137,7 +141,7 @@ def _return(st: ir.Return, indent: str) -> list[str]:
 
 
 _STMT = {"Assign": _assign, "Loop": _loop, "If": _if, "While": _while, "Comment": _comment,
-         "Raise": _raise, "Return": _return}
+         "Raise": _raise, "Return": _return, "Break": _break}
 
 
 def body_lines(body, indent: str) -> list[str]:
@@ -183,16 +187,20 @@ def doc_py(text: str, indent: int) -> str:
 _ENV.filters.update(arg=arg_py, doc=doc_py, line=one_line, quote=quote)
 
 
-def _functions_of(path: Path) -> str:
-    """The source of a module's top-level functions, as they are written there."""
+def _functions_of(path: Path, names: set[str] | None = None) -> str:
+    """The source of a module's top-level functions (those in `names`: all by default), as
+    they are written there."""
     text = path.read_text(encoding="utf-8")
     return "\n\n\n".join(ast.get_source_segment(text, node) or "" for node in ast.parse(text).body
-                         if isinstance(node, ast.FunctionDef))
+                         if isinstance(node, ast.FunctionDef) and (names is None or node.name in names))
 
 
 # generate()'s token choice is the runtime sampler's, copied as text: a generated module
 # imports torch alone, and one definition serves both (read, not imported: no torch here).
 _ENV.globals["pick_token_source"] = _functions_of(Path(__file__).parent / "runtime" / "logits.py")
+# a card's top_k and top_p steps filter as filter_logits does: its source alone, copied alike
+_ENV.globals["filter_source"] = _functions_of(Path(__file__).parent / "runtime" / "logits.py",
+                                              {"filter_logits"})
 
 
 def generate(program: ir.Program) -> str:

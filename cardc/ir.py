@@ -148,6 +148,11 @@ class While:
 
 
 @dataclass(frozen=True)
+class Break:
+    """Leave the innermost loop: a sampling card's caller asked it to stop."""
+
+
+@dataclass(frozen=True)
 class Raise:
     error: str
     message: Expr
@@ -242,6 +247,7 @@ class Program:
     imports: set[str] = field(default_factory=set)  # "math"
     kv_cache: bool = False  # some module decodes with a KVCache, defined in the file
     generates: bool = False  # some module has generate(): pick_token, filter_logits defined
+    filters: bool = False  # top_k(w | k) or top_p(w | p) lowered: filter_logits defined
     rotary: bool = False  # and shares RoPE's angles through it (KVCache.rotary)
     ordered: bool = False  # some attention keys its cache by call order (KVCache.extend(None…))
     uncached: bool = False  # some causal attention cannot read a cache: no KV cache at all

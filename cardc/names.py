@@ -29,12 +29,14 @@ def _words(text: str) -> frozenset[str]:
 # attributes it sets on a model (omega: the buffer of RoPE's frequencies).
 GENERATED = frozenset({
     "torch", "F", "nn", "math", "KVCache", "PRESETS",
-    "self", "cache", "targets", "loss", "past", "optimizer", "report", "decayed",
+    "self", "cache", "targets", "loss", "past", "optimizer", "report", "start",
+    "skip", "decayed",
     "undecayed", "group", "new_cache", "max_seq_len", "returns", "card_meta", "training",
     "omega", "grouped_sdpa", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "rope_table", "TABLES",
     "shared_mask", "MASKS",
     "generate", "pick_token", "filter_logits",  # a decoder's method, the functions it calls
+    "hold_stopped", "stop",  # and the stop tokens it holds; a sampling card's caller's stop(y)
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and
 # shadowing none is simpler to see than which ones it calls.

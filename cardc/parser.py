@@ -449,8 +449,18 @@ class _Build:
     def sample(self, meta, c):
         weights = c[5]
         if not self.source[c[4].end_pos:].lstrip().startswith("("):  # (W^{e/d}) is a name
-            weights = self._power_name(weights)
+            weights = self._power_weights(weights)
         return self._where(s.Sample(str(c[1]), str(c[3]), weights, span=self.sp(meta)), c)
+
+    def _power_weights(self, e: s.Expr) -> s.Expr:
+        """The weights of `q ∝ p^{1/τ}` or of `q ∝ top_k(p^{1/τ} | k)`, a filter's weights
+        written bare after its "(" (`top_k((W^{e/d}) | k)` keeps the name)."""
+        if isinstance(e, s.Call) and e.func in s.FILTERS and e.args:
+            first, sp = e.args[0], e.span
+            if (first.span.line, first.span.col) == (sp.line, sp.col + len(e.func) + 1):
+                return replace(e, args=(self._power_weights(first), *e.args[1:]))
+            return e
+        return self._power_name(e)
 
     def _power_name(self, e: s.Expr) -> s.Expr:
         """`p^{1/τ}` lexes as one name; in `q ∝ p^{1/τ}` it is p to the power 1/τ."""
@@ -662,6 +672,10 @@ class _Build:
         left, op, right = exprs
         cond = s.BinOp(_OPS.get(str(op), str(op)), left, right, span=self.sp(meta))
         return s.Iverson(cond, span=self.sp(meta))
+
+    @_meta
+    def norm(self, meta, c):
+        return s.Norm(c[1], span=self.sp(meta))
 
     @_meta
     def concat(self, meta, c):
@@ -969,7 +983,7 @@ def _line_start(text: str, line: int) -> int | None:
 
 
 _EXPRS = (s.Name, s.Num, s.BinOp, s.Unary, s.Power, s.Transpose, s.Slice, s.Progression, s.Index,
-          s.Arg, s.Call, s.Concat, s.Iverson, s.Sum, s.Choice, s.SetBuilder)
+          s.Arg, s.Call, s.Concat, s.Iverson, s.Sum, s.Choice, s.SetBuilder, s.Norm)
 
 
 def _nested_too_deeply(node: object, file: str, diags: Diagnostics) -> None:

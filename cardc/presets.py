@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from . import syntax as s
 from .diagnostics import CardError, Diagnostics
 from .dims import Dim
+from .render.text import render_expr
 from .spelling import display
 from .types import BundleTy, Entry, FamilyTy, Ty
 
@@ -194,6 +195,7 @@ class _Source:
     preset: s.Preset | None = None
     spans: dict[str, s.Span] = field(default_factory=dict)  # preset-set name → its value's span
     flags: dict[str, str] = field(default_factory=dict)  # overridden name → the flag that set it
+    notices: list[str] = field(default_factory=list)  # values changed to follow a flag's
 
     def blame(self, deps: frozenset[str], message: str, note: tuple[s.Span, str] | None,
               direct: str | None = None) -> Exception:
@@ -304,6 +306,7 @@ def _own_values(sig: Signature, src: _Source, preset: s.Preset | None,
                               hint=f"set {', '.join(map(display, sorted(sig.definitions[name].symbols)))} instead")
         src.spans[name] = expr.span
         vals.set(name, number(expr, vals.env), frozenset({name}))
+    stated = dict(vals.env)  # the card's own values, before the command line's
     for name, value in overrides.items():
         flag = src.flags.setdefault(name, f"{display(name)}={_shown_number(value)}")
         if name not in sig.hypers:
@@ -324,8 +327,43 @@ def _own_values(sig: Signature, src: _Source, preset: s.Preset | None,
             decl = declared.get(name)
             _natural(name, value, lambda m, n=name, d=decl: src.blame(
                 vals.deps[n], m, (d, f"'{display(n)}' declared") if d else None, direct=n))
+    _follow_bounds(sig, vals, stated, src)
     _define(sig, vals, src, declared)
     return vals
+
+
+def _follow_bounds(sig: Signature, vals: _Values, stated: dict[str, Fraction],
+                   src: _Source) -> None:
+    """A value the card states (a preset's, a default) whose type bounds it by another
+    hyperparameter, `N_warmup ∈ {0..N_steps}`, keeps its share of that bound when a flag moves
+    the bound below it: a shorter run's warm-up shrinks with the run, and a notice says so. A
+    value a flag sets is not moved: outside its bound it is an error naming the flag (_ranges)."""
+    for d in sig.alg.decls("Hyperparameters"):
+        bound = _named_bound(d, sig)
+        if bound is None or bound not in src.flags or not stated.get(bound):
+            continue
+        for name in d.names:
+            old, limit = vals.env.get(name), vals.env[bound]
+            if name in src.flags or old is None or old <= limit:
+                continue
+            new = old * limit / stated[bound]
+            if sig.hypers[name].elem == "ℕ":
+                new = Fraction(math.ceil(new))
+            vals.set(name, new, vals.deps.get(name, frozenset()) | vals.deps[bound])
+            n, b = display(name), display(bound)
+            src.notices.append(
+                f"{src.flags[bound]} makes {b} = {_shown(limit)} < {n} = {_shown(old)}, which "
+                f"the card bounds by {b} ({n} ∈ {render_expr(d.type)}): {n} is scaled with it, "
+                f"from {_shown(old)} of {_shown(stated[bound])} to {_shown(new)} of "
+                f"{_shown(limit)}; set it with --set {n}=VALUE")
+
+
+def _named_bound(d: s.Item, sig: Signature) -> str | None:
+    """The hyperparameter a declaration's type bounds its names by: N_steps of
+    `N_warmup ∈ {0..N_steps}` or `∈ [0, N_steps]`."""
+    t = d.type if isinstance(d, s.Decl) else None
+    hi = t.hi if isinstance(t, s.IntRange | s.Interval) else None
+    return hi.id if isinstance(hi, s.Name) and hi.id in sig.hypers else None
 
 
 def _known(sig: Signature) -> str:
@@ -504,22 +542,25 @@ def _step_shapes(alg: s.Algorithm, info, cache: dict) -> list[tuple[Dim, object,
 
 def _ranges(alg: s.Algorithm, vals: _Values, declared: dict[str, s.Span], src: _Source) -> None:
     """Scalars inside the intervals the card declares (`η ∈ (0, ∞)`)."""
-    for name, (lo, hi, text) in _intervals(alg, vals.env).items():
+    for name, (lo, hi, text, bounds) in _intervals(alg, vals.env).items():
         v = vals.env.get(name)
         if v is None:
             continue
         lo_ok = lo is None or (v >= lo[0] if lo[1] else v > lo[0])
         hi_ok = hi is None or (v <= hi[0] if hi[1] else v < hi[0])
-        if not (lo_ok and hi_ok):
+        if not (lo_ok and hi_ok):  # blamed on whoever set the value, or a bound it names
             note = (declared.get(name, alg.span), f"'{display(name)}' ∈ {text} in '{alg.label}'")
-            raise src.blame(vals.deps.get(name, frozenset()), f"'{display(name)}' = {_shown(v)} "
-                            f"lies outside {text}, where the card declares it", note, direct=name)
+            deps = vals.deps.get(name, frozenset()) | vals.deps_of(bounds)
+            raise src.blame(deps, f"'{display(name)}' = {_shown(v)} lies outside {text}, where "
+                            "the card declares it", note, direct=name)
 
 
 def _intervals(alg: s.Algorithm, env: dict[str, Fraction]) -> dict[str, tuple]:
-    """`η ∈ (0, ∞)`: name → ((lo, closed) or None for −∞, (hi, closed) or None for ∞, text)."""
+    """`η ∈ (0, ∞)`: name → ((lo, closed) or None for −∞, (hi, closed) or None for ∞, text,
+    the names its ends are written with)."""
     out = {}
     for d in alg.decls("Hyperparameters"):
+        written = d.type if isinstance(d, s.Decl) else None
         if isinstance(d, s.Decl) and isinstance(d.type, s.IntRange):  # {0..V}: [0, V]
             d = replace(d, type=s.Interval(d.type.lo, d.type.hi, True, True))
         if not (isinstance(d, s.Decl) and isinstance(d.type, s.Interval)):
@@ -531,9 +572,12 @@ def _intervals(alg: s.Algorithm, env: dict[str, Fraction]) -> dict[str, tuple]:
             continue
         text = (("[" if t.lo_closed else "(") + (_shown(lo) if lo is not None else "−∞") + ", "
                 + (_shown(hi) if hi is not None else "∞") + ("]" if t.hi_closed else ")"))
+        bounds = {n.id for n in s.nodes((t.lo, t.hi)) if isinstance(n, s.Name)}
+        if bounds:  # [0, 40] ({0..N_steps}): the values, then the bounds as written
+            text = f"{text} ({render_expr(written)})"
         for name in d.names:
             out[name] = ((lo, t.lo_closed) if lo is not None else None,
-                         (hi, t.hi_closed) if hi is not None else None, text)
+                         (hi, t.hi_closed) if hi is not None else None, text, bounds)
     return out
 
 
@@ -561,14 +605,16 @@ def find_preset(alg: s.Algorithm, preset: str | None) -> s.Preset | None:
 
 def validate(checker: Checker, alg: s.Algorithm, preset: str | None = None,
              overrides: dict[str, float] | None = None,
-             flags: dict[str, str] | None = None, cache: dict | None = None
-             ) -> dict[str, Fraction]:
+             flags: dict[str, str] | None = None, cache: dict | None = None,
+             notices: list[str] | None = None) -> dict[str, Fraction]:
     """The values of `alg`'s hyperparameters at `preset` and `overrides`, checked through every
     card it calls. Raises PresetError for the card's own values (located), OverrideError naming
-    the flag (`flags`: hyperparameter → the flag as typed) for values from the command line."""
+    the flag (`flags`: hyperparameter → the flag as typed) for values from the command line.
+    A stated value that follows a flag's (a warm-up bounded by the run) adds to `notices`."""
     sig = checker.infos[id(alg)].sig if id(alg) in checker.infos else checker.info(alg).sig
     chosen = find_preset(alg, preset)
-    src = _Source(alg, checker.diags.sources, chosen, flags=dict(flags or {}))
+    src = _Source(alg, checker.diags.sources, chosen, flags=dict(flags or {}),
+                  notices=notices if notices is not None else [])
     try:
         vals = _own_values(sig, src, chosen, dict(overrides or {}))
         _Walk(checker, src, cache).card(alg, vals)

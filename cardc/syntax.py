@@ -169,8 +169,18 @@ class SetBuilder:
     span: Span = _span()
 
 
+@dataclass(frozen=True)
+class Norm:
+    """``‖x‖``: the Euclidean (L2) norm of every entry of a tensor (a vector's length, a
+    matrix's Frobenius norm), or of a parameter bundle as one vector: ``‖g‖`` of a gradient
+    ``g ← ∇loss(θ)`` is its global norm over all of θ's parameters."""
+
+    operand: Expr
+    span: Span = _span()
+
+
 Expr = (Name | Num | BinOp | Unary | Power | Transpose | Slice | Progression | Index | Arg | Call
-        | Ellipsis_ | Concat | Iverson | Sum | Choice | SetBuilder)
+        | Ellipsis_ | Concat | Iverson | Sum | Choice | SetBuilder | Norm)
 
 # ---------------------------------------------------------------------- types
 
@@ -408,6 +418,11 @@ class While:
     body: tuple[Step, ...]
     end_number: str | None = None
     span: Span = _span()
+
+
+# the builtins that filter a distribution, `top_k(w | k)` and `top_p(w | p)`: in a sample step
+# `q ∝ top_k(p^{1/τ} | k)` their weights read as the step's own (p to the power 1/τ)
+FILTERS = ("top_k", "top_p")
 
 
 @dataclass(frozen=True)

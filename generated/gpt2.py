@@ -78,6 +78,15 @@ def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None
     return torch.multinomial(probs, 1, generator=generator).to(logits.device)
 
 
+def hold_stopped(token: torch.Tensor, held: torch.Tensor,
+                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
+    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
+    token = torch.where(held >= 0, held, token)
+    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
+    return token, held
+
+
 class CausalSelfAttention(nn.Module):
     """Y ← CausalSelfAttention(X | W): Multi-head causal self-attention: H heads each attend to
     earlier positions; their outputs are concatenated and projected.
@@ -199,15 +208,24 @@ class GPT2(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 generator=None):
+                 generator=None, stop_tokens=None):
         """idx (B, T) followed by max_new_tokens tokens, each the most probable (temperature 0)
         or drawn from softmax(logits / temperature) within the top_k most probable and the
-        fewest whose probabilities sum to top_p. Each step feeds the model only the newest
+        fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
+        set of token IDs) repeats it from then on, and generation ends once every row has: the
+        result may be shorter. Each step feeds the model only the newest
         token, through a KV cache; past max_seq_len tokens it reads the last max_seq_len
         afresh, as their positions have moved. Call eval() first."""
+        stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
+        held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
         cache = self.new_cache()
         for _ in range(max_new_tokens):
             context = idx[:, -self.max_seq_len:]  # the positions the model has
             logits = self(cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
-            idx = torch.cat([idx, pick_token(logits, temperature, top_k, top_p, generator)], dim=1)
+            token = pick_token(logits, temperature, top_k, top_p, generator)
+            if len(stops):
+                token, held = hold_stopped(token, held, stops)
+            idx = torch.cat([idx, token], dim=1)
+            if len(stops) and bool((held >= 0).all()):
+                break
         return idx

@@ -53,12 +53,14 @@ TOKENS = ["←", "<-", "∈", " in ", "ℝ", "ℕ", "RR", "NN", "R^", "^{", "}",
           "while ", " if ", " then ", "sample a token ", " from ", " or ", " randomly with probability ",
           "consisting of:", "includes all of the following parameters:", "For l ∈ [L]:",
           "softmax(", "GELU(", "length(", "log(", "exp(", "max(", "X", "W_q", "γ^1_l", "x_{1:N}",
-          "θ", "ℓ", "t′", "D", "H", "0", "1", "2", "1e-5", "1e999", "0.5", "\n", "\n    ", "    "]
+          "θ", "ℓ", "t′", "D", "H", "0", "1", "2", "1e-5", "1e999", "0.5", "\n", "\n    ", "    ",
+          "‖", "||", "‖g‖", "g ← ∇loss(θ)", "g ← 0", "g ← g + ∇loss(θ)", "min(1, c/‖g‖)"]
 CONTROLS = ["\x00", "\x01", "\x07", "\x08", "\x0b", "\x0c", "\x1b", "\x7f", "\x85", "\x9f", "\r",
             "\r\n", "\ufeff", "\u2028", "\u2029", "\u200b", "\t"]
 OPENERS = [("√(", ")"), ("(", ")"), ("−", ""), ("-", ""), ("softmax(", ")"), ("x[", "]"),
            ("[", "]"), ("√", ""), ("Σ_{i=1}^{D} ", ""), ("exp(", ")"), ("((", "))"), ("[[", "]]"),
-           ("{", "}"), ("X^{", "}"), ("F(", " | θ)"), ("¬", "")]
+           ("{", "}"), ("X^{", "}"), ("F(", " | θ)"), ("¬", ""), ("‖", "‖"), ("||", "||"),
+           ("top_k(", " | k)"), ("top_p(", " | p)")]
 
 
 def mutate(rng: random.Random, pool: list[bytes]) -> bytes:
@@ -265,7 +267,7 @@ class Grammar:
         if r < 0.5:
             return s.Call(rng.choice(self.FUNCS), (sub(),))
         if r < 0.6:
-            return s.Unary(rng.choice(["−", "√"]), sub())
+            return s.Norm(sub()) if rng.random() < 0.3 else s.Unary(rng.choice(["−", "√"]), sub())
         if r < 0.7:
             return s.Transpose(sub())
         if r < 0.8:

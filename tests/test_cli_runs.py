@@ -116,10 +116,13 @@ def test_a_run_killed_before_it_finished_is_no_run(tmp_path, capsys):
     assert not staging(dest) and sample(capsys, dest)[0] == 0
 
 
-def test_a_terminated_run_cleans_up_after_itself(tmp_path):
+def test_a_terminated_run_leaves_a_run_to_resume_and_nothing_else(tmp_path):
+    """SIGTERM once it has begun to record: a checkpoint, published in the run's place (to be
+    resumed, tests/test_resume.py), and no staging folder beside it."""
     dest = tmp_path / "run"
     kill_when(dest, staged("metrics.jsonl")(dest), signal.SIGTERM)
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [dest]
+    assert (dest / "checkpoints").is_dir() and not (dest / "model.safetensors").exists()
 
 
 def test_sample_refuses_a_folder_mixing_two_runs(tmp_path, capsys):

@@ -382,8 +382,19 @@ def test_the_built_in_sampler_keeps_its_window():
     assert max(model.lengths) == 32
 
 
-@pytest.mark.parametrize("flag", [["--top-k", "5"], ["--top-p", "0.9"]])
-def test_a_card_sampler_does_not_silently_drop_top_k_or_top_p(capsys, flag):
-    code, _, err = run(capsys, "sample", "runs/none", "--card", "cards/paper/dinference.card",
-                       *flag)
-    assert code == 2 and "an inference card (--card) samples by its own steps" in last_line(err)
+@pytest.mark.parametrize("flags, message", [
+    (["--stop", ""], "--stop needs a text to stop at, not an empty one"),
+    (["--prompt", "1 2", "--stop", " "], "a prompt of token IDs stops at token IDs"),
+    (["--prompt", "1 2", "--stop", "a"], "a prompt of token IDs stops at token IDs: give each "
+                                         "--stop as integers separated by spaces"),
+    (["--set", "p=1.5"], "p = 1.5: the mass of top_p lies in (0, 1]"),
+    (["--set", "k=2.5"], "'k' ∈ ℕ is 2.5, not a whole number ≥ 0"),
+    (["--top-k", "0"], "argument --top-k: must be >= 1, got 0"),
+])
+def test_bad_sampling_flags_are_one_line(capsys, trained, flags, message):
+    """What --stop, --top-k and --top-p (or --set of the card's k and p) cannot mean is one
+    line, exit 2 (1 for a value the card's declaration refuses); a filter flag is never
+    dropped in silence (tests/test_train_cli.py)."""
+    code, _, err = run(capsys, "sample", str(trained), "--tokens", "2", *flags)
+    assert code in (1, 2) and message in last_line(err), err
+    assert "Traceback" not in err

@@ -255,7 +255,7 @@ def test_sampling_card_decodes_with_the_cache(card):
     model = small(card)
     prompt = torch.randint(0, 97, (1, 6))
     with torch.no_grad():
-        out = sampler(prompt, model, l_gen=12, tau=0, T_max=24)
+        out = sampler(prompt, model, l_gen=12, tau=0, k=97, p=1.0, T_max=24)
     plain = generate(Uncached(model), prompt, 12, temperature=0)[:, 6:]
     assert torch.equal(out, plain)
 
@@ -307,3 +307,67 @@ def test_every_generated_decoder_has_generate_and_imports_only_torch():
                     (n.module or "").split(".")[0]
                     for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import | ast.ImportFrom)}
         assert imported <= {"torch", "math"}, (path, imported)
+
+
+@pytest.mark.parametrize("k, p", [(1, 1.0), (5, 0.8), (97, 1.0), (97, 0.3), (200, 1e-6)])
+def test_the_sampling_cards_filters_draw_as_the_built_in_sampler(k, p):
+    """LMSampling's `q ∝ top_p(top_k(exp(z/τ) | k) | p)`, lowered, draws the tokens
+    cardc.runtime.sample.generate draws with the same top_k, top_p and seed: one filter."""
+    checker, alg = sampler_for("gpt2")
+    sampler = build.procedure_function(checker, alg)
+    model = small("gpt2")
+    prompt = torch.randint(0, 97, (2, 5))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        card = sampler(prompt, model, l_gen=10, tau=0.9, k=k, p=p, T_max=24)
+    torch.manual_seed(3)
+    built_in = generate(model, prompt, 10, temperature=0.9, top_k=k, top_p=p)[:, 5:]
+    assert torch.equal(card, built_in)
+
+
+def test_a_sampling_cards_loop_ends_when_its_caller_says_stop():
+    """The generated sampler tells `stop` each token it draws, (B,), and ends its loop when
+    `stop` says so (cardc sample --stop)."""
+    checker, alg = sampler_for("gpt2")
+    sampler = build.procedure_function(checker, alg)
+    model = small("gpt2")
+    prompt = torch.randint(0, 97, (2, 3))
+    told = []
+
+    def stop(y: torch.Tensor) -> bool:
+        told.append(y.clone())
+        return len(told) == 4
+
+    with torch.no_grad():
+        full = sampler(prompt, model, l_gen=10, tau=0, k=97, p=1.0, T_max=24)
+        cut = sampler(prompt, model, l_gen=10, tau=0, k=97, p=1.0, T_max=24, stop=stop)
+    assert torch.equal(cut, full[:, :4]) and torch.equal(torch.stack(told, dim=1), full[:, :4])
+
+
+def _held(free: torch.Tensor, stops: set[int]) -> torch.Tensor:
+    """Greedy rows `free` (B, n) as they read with stop tokens: each row as drawn up to its
+    first stop token, that token from then on; cut after the step where every row has one."""
+    out, ends = free.clone(), []
+    for row in range(free.shape[0]):
+        hits = [t for t in range(free.shape[1]) if int(free[row, t]) in stops]
+        if hits:
+            out[row, hits[0]:] = free[row, hits[0]]
+        ends.append(hits[0] + 1 if hits else free.shape[1])
+    return out[:, :max(ends)]
+
+
+@pytest.mark.parametrize("card", list(FAMILIES))
+def test_generate_holds_a_row_at_its_stop_token_and_ends_when_every_row_has(card):
+    """generate(…, stop_tokens=S), generated and built in alike: a row that draws a token of S
+    repeats it; generation ends once every row has drawn one (here sooner than asked)."""
+    model = small(card)
+    prompt = torch.randint(0, 97, (3, 4))
+    free = model.generate(prompt, 12, temperature=0)[:, 4:]
+    for stops in ({int(free[0, 2])}, {int(t) for t in free[:, 3]}):
+        want = torch.cat([prompt, _held(free, stops)], dim=1)
+        assert torch.equal(model.generate(prompt, 12, temperature=0, stop_tokens=stops), want)
+        assert torch.equal(generate(model, prompt, 12, temperature=0, stop_tokens=stops), want)
+    assert model.generate(prompt, 12, temperature=0, stop_tokens={int(t) for t in free[:, 3]}
+                          ).shape[1] <= 4 + 4
+    assert torch.equal(model.generate(prompt, 12, temperature=0, stop_tokens=set()),
+                       torch.cat([prompt, free], dim=1))

@@ -140,13 +140,13 @@ def test_greedy_sample_matches_hf_generate(run_dir, hf_model):
     assert encode(r.stdout.removesuffix("\n")) == want
 
 
-def test_training_resumes_from_an_imported_checkpoint(run_dir, hf_model, tmp_path):
-    """`cardc train --resume` fine-tunes the imported weights: its first evaluation is the HF
+def test_training_fine_tunes_an_imported_checkpoint(run_dir, hf_model, tmp_path):
+    """`cardc train --finetune` trains on from the imported weights: its first evaluation is the HF
     model's own next-token loss on the same held-out windows, and two updates move it."""
     from cardc.runtime.data import get_batch, load_corpus, split
 
     out = tmp_path / "tuned"
-    r = cardc("train", CARD, "--preset", "tiny", "--resume", str(run_dir), "--steps", "2",
+    r = cardc("train", CARD, "--preset", "tiny", "--finetune", str(run_dir), "--steps", "2",
               "--batch-size", "2", "--block-size", "16", "--eval-every", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     first, last = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -307,7 +307,7 @@ GENERATOR_NAMES = {
     "math", "new", "new_cache", "nn", "optimizer", "past", "persistent", "phi", "range", "report",
     "rotary", "self", "source", "super", "targets", "torch", "undecayed", "weight_decay", "Z",
     "qkv", "kv", "parts", "loss", "unbiased", "alpha", "None", "True", "False", "p",
-    "padding_idx", "start", "end", "step",
+    "padding_idx", "start", "end", "step", "skip",
     # the file's attention and RoPE helpers (cardc.lower.attention, cardc.lower.intrinsics)
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
@@ -316,6 +316,8 @@ GENERATOR_NAMES = {
     # generate() and the token pickers it copies from cardc.runtime.logits
     "generate", "pick_token", "filter_logits", "idx", "max_new_tokens", "temperature", "top_k",
     "top_p", "generator", "context", "kth", "probs", "order", "descending",
+    # and the stop tokens it holds (hold_stopped); a sampling card's caller's stop(y)
+    "stop_tokens", "hold_stopped", "stops", "token", "stop", "tuple", "sorted", "bool",
 }
 GENERATOR_ATTRS = {
     "Module", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
@@ -332,7 +334,7 @@ GENERATOR_ATTRS = {
     "view", "reshape", "unsqueeze", "squeeze", "expand", "masked_fill", "logical_not", "cumsum",
     "rsqrt", "pow", "abs", "square", "randint", "bernoulli", "lerp", "norm", "embedding",
     "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls",
-    "index_select", "new_ones", "new_zeros", "get",
+    "index_select", "new_ones", "new_zeros", "get", "isin", "full_like",
 }
 GENERATOR_STRINGS = {"tanh", "omega", "probabilities", "params", "weight_decay", "lr", "-inf",
                      " exceeds the model's ", " positions", "sequence length "}

@@ -159,7 +159,8 @@ def test_edinference_starts_at_bos_and_halts_at_eos(paper):
 
 def test_a_card_that_names_adamw_steps_with_adamw(tmp_path):
     """cards/recipes/lm_training.card: DTraining with its model bound to the row-major GPT-2
-    card, on minibatches, updating with AdamW (which decays the weight matrices only)."""
+    card, on minibatches, updating with AdamW (which decays the weight matrices only) by the
+    gradient clipped to a global norm of c."""
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)
         lib, checker, _ = checked(["cards/gpt2.card"], "cards")
@@ -173,7 +174,7 @@ def test_a_card_that_names_adamw_steps_with_adamw(tmp_path):
         reference, _ = instantiate(checker, gpt2, sizes)
     data = _sequences(6, 9)
     fn(data, model, N_steps=2, B=3, l=9, eta=0.01, eta_min=0.01, N_warmup=1, beta_1=0.8,
-       beta_2=0.9, lambda_=0.1)
+       beta_2=0.9, lambda_=0.1, c=0.5)
     matrices = [p for p in reference.parameters() if p.ndim >= 2]
     others = [p for p in reference.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": matrices}, {"params": others, "weight_decay": 0.0}],
@@ -184,6 +185,7 @@ def test_a_card_that_names_adamw_steps_with_adamw(tmp_path):
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten())
         opt.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
         opt.step()
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         if name.endswith("attn.b_qkv"):  # the key bias cannot change attention: its gradient
@@ -196,7 +198,8 @@ def test_adamw_needs_parameters_and_their_gradient(tmp_path):
 
     card = (ROOT / "cards" / "recipes" / "lm_training.card").read_text(encoding="utf-8")
     bad = tmp_path / "bad.card"
-    bad.write_text(card.replace("AdamW(θ, ∇loss(θ) | η_i, β_1, β_2, λ)", "AdamW(θ, loss(θ) | η)"),
+    assert "AdamW(θ, g | η_i, β_1, β_2, λ)" in card
+    bad.write_text(card.replace("AdamW(θ, g | η_i, β_1, β_2, λ)", "AdamW(θ, loss(θ) | η)"),
                    encoding="utf-8")
     assert main(["check", str(bad), "--library", str(ROOT / "cards")]) == 1
 

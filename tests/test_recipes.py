@@ -15,7 +15,7 @@ from cardc.build import build_model, checked, load_module, recipe_for, source
 
 SMALL = {"V": 50, "D": 16, "H": 2, "D_f": 32, "N": 1, "ctx": 16}
 HYPERS = {"N_steps": 12, "B": 3, "l": 9, "eta": 1e-2, "eta_min": 1e-3, "N_warmup": 4,
-          "beta_1": 0.9, "beta_2": 0.95, "lambda_": 0.0}
+          "beta_1": 0.9, "beta_2": 0.95, "lambda_": 0.0, "c": 1.0}
 
 
 @pytest.fixture(scope="module")

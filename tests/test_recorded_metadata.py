@@ -59,7 +59,7 @@ def test_hyperparameters_that_are_not_a_table_are_refused(recorded):
             rebuild_model({**meta, "hyperparameters": bad}, stored)
 
 
-def test_resuming_from_a_record_with_a_non_number_is_one_clear_error(recorded, tmp_path, capsys):
+def test_fine_tuning_from_a_record_with_a_non_number_is_one_clear_error(recorded, tmp_path, capsys):
     from cardc.cli import main
     from cardc.runtime.checkpoint import save_checkpoint
 
@@ -69,7 +69,7 @@ def test_resuming_from_a_record_with_a_non_number_is_one_clear_error(recorded, t
     run.mkdir()
     save_checkpoint(run, model, {**meta, "hyperparameters": {**meta["hyperparameters"],
                                                               "D": "x"}})
-    code = main(["train", str(ROOT / "cards" / "gpt2.card"), "--preset", "tiny", "--resume",
+    code = main(["train", str(ROOT / "cards" / "gpt2.card"), "--preset", "tiny", "--finetune",
                  str(run), "--steps", "1", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err

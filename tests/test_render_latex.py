@@ -27,7 +27,7 @@ GOLDEN = ROOT / "tests" / "golden" / "latex"
 CARDS = sorted(p.relative_to(ROOT) for folder in ("cards", "tests/cards/heads")
                for p in (ROOT / folder).rglob("*.card"))
 GOLDEN_CARDS = ["cards/paper/attention.card", "cards/gpt2.card", "cards/mistral.card",
-                "cards/paper/dtraining.card"]
+                "cards/paper/dtraining.card", "cards/recipes/lm_training.card"]
 
 
 def _latex(path: str | Path, *flags: str) -> subprocess.CompletedProcess:

@@ -58,14 +58,79 @@ def test_sample_continues_the_prompt(run_dir):
     assert greedy[0] == greedy[1]
 
 
-def test_sample_with_top_p_uses_the_built_in_sampler(run_dir):
+def test_sample_with_top_k_or_top_p_sets_the_cards_filters(run_dir):
+    """--top-k 1, and a tiny --top-p at any temperature, keep the most probable token alone:
+    the card's top_k and top_p steps draw what temperature 0 picks."""
     r = cardc("sample", str(run_dir), "--prompt", "The ", "--tokens", "20", "--top-p", "0.9")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("The ")
-    common = ["sample", str(run_dir), "--prompt", "a", "--tokens", "30", "--temperature", "2"]
-    nucleus = cardc(*common, "--top-p", "0.000001")  # the most probable token alone
-    greedy = cardc(*common[:-1], "0", "--top-k", "256")
-    assert nucleus.returncode == 0 and nucleus.stdout == greedy.stdout
+    common = ["sample", str(run_dir), "--prompt", "a", "--tokens", "30", "--temperature"]
+    greedy = cardc(*common, "0")
+    top_1 = cardc(*common, "0.8", "--top-k", "1")
+    nucleus = cardc(*common, "2", "--top-p", "0.000001")
+    assert greedy.returncode == top_1.returncode == nucleus.returncode == 0, top_1.stderr
+    assert top_1.stdout == greedy.stdout == nucleus.stdout
+    assert cardc(*common, "2", "--top-k", "256").stdout == cardc(*common, "2").stdout  # k = V
+
+
+def test_sample_batches_prompts_and_each_reads_as_it_would_alone(run_dir):
+    """Prompts of one length run as one batch: at temperature 0 each continues as in a call of
+    its own; a prompt of another length is a batch of its own, drawn from --seed afresh, so it
+    samples what it samples alone."""
+    common = ["sample", str(run_dir), "--tokens", "12", "--seed", "5"]
+    one = cardc(*common, "--temperature", "0", "--prompt", "ab", "--prompt", "cd")
+    alone = [cardc(*common, "--temperature", "0", "--prompt", p).stdout for p in ("ab", "cd")]
+    assert one.returncode == 0, one.stderr
+    assert one.stdout == f"==> prompt 1 <==\n{alone[0]}\n==> prompt 2 <==\n{alone[1]}"
+    mixed = cardc(*common, "--prompt", "ab", "--prompt", "xyz")
+    alone = [cardc(*common, "--prompt", p).stdout for p in ("ab", "xyz")]
+    assert mixed.stdout == f"==> prompt 1 <==\n{alone[0]}\n==> prompt 2 <==\n{alone[1]}"
+
+
+def test_sample_stops_before_the_stop_text(run_dir, capsys, monkeypatch):
+    """--stop TEXT: the continuation ends before the first stop text, and decoding ends with
+    the token that completes it (the card's loop is told each token it draws)."""
+    import cardc.build
+    from cardc.cli import main
+
+    real, told = cardc.build.procedure_function, []
+
+    def telling(checker, alg):
+        fn = real(checker, alg)
+
+        def run(x, theta, stop=lambda y: False, **hypers):
+            return fn(x, theta, stop=lambda y: told.append(int(y[0])) or stop(y), **hypers)
+        return run
+
+    monkeypatch.setattr(cardc.build, "procedure_function", telling)
+    common = ["sample", str(run_dir), "--prompt", "ab", "--tokens", "40", "--temperature", "1"]
+    assert main(common) == 0
+    drawn, told[:] = list(told), []
+    continuation = capsys.readouterr().out.removesuffix("\n")[2:]
+    assert len(drawn) == 40 and continuation == bytes(drawn).decode(errors="replace")
+    stop = next(c for c in continuation[3:] if c.isascii() and c.isprintable())
+    assert main([*common, "--stop", stop, "--stop", "never said"]) == 0
+    assert capsys.readouterr().out == "ab" + continuation[:continuation.index(stop)] + "\n"
+    assert len(told) == next(n for n in range(41) if stop.encode() in bytes(drawn[:n]))
+
+
+def test_sample_refuses_top_k_for_a_card_without_the_step(run_dir, tmp_path):
+    card = (ROOT / "cards/recipes/lm_sampling.card").read_text(encoding="utf-8")
+    plain = tmp_path / "plain.card"
+    lines = [line for line in card.splitlines(keepends=True)
+             if not line.startswith(("Hyperparameters: k ∈", "Hyperparameters: p ∈"))]
+    plain.write_text("".join(lines).replace("top_p(top_k(exp(z/τ) | k) | p)", "exp(z/τ)"),
+                     encoding="utf-8")
+    r = cardc("sample", str(run_dir), "--card", str(plain), "--top-k", "5")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr == ("cardc: error: --top-k sets k in a step top_k(w | k) of the sampling "
+                        "card, and LMSampling has none; sample with a card that has one, as "
+                        "cardc's recipes/lm_sampling.card\n")
+    r = cardc("sample", str(run_dir), "--card", str(plain), "--tokens", "3")
+    assert r.returncode == 0, r.stderr
+    r = cardc("sample", str(run_dir), "--set", "k=0")
+    assert r.returncode == 2 and r.stderr == ("cardc: error: k = 0: top_k keeps at least one "
+                                              "token\n")
 
 
 def test_eval_prints_the_held_out_loss_and_its_perplexity(run_dir):
@@ -249,13 +314,28 @@ def test_sample_sets_an_inference_cards_own_hyperparameters(tmp_path):
 
 def test_the_generic_sampling_card_decodes_like_the_built_in_sampler(run_dir):
     """cards/recipes/lm_sampling.card, bound to GPT-2, at τ = 0 and the built-in greedy sampler
-    (which --top-k asks for) agree token for token, past the model's context of 32 tokens."""
+    (what model.generate runs) agree token for token, past the model's context of 32 tokens."""
+    from cardc.build import rebuild_model
+    from cardc.runtime.checkpoint import load_state, read_checkpoint
+    from cardc.runtime.sample import generate
+
     common = ["sample", str(run_dir), "--prompt", "ab", "--tokens", "40", "--temperature", "0"]
-    built_in = cardc(*common, "--top-k", "256")
     card = cardc(*common, "--card", "cards/recipes/lm_sampling.card")
     default = cardc(*common)
-    assert built_in.returncode == 0 and card.returncode == 0, card.stderr
-    assert built_in.stdout == "ab" + card.stdout == default.stdout
+    assert card.returncode == 0 and default.returncode == 0, card.stderr
+    meta, state = read_checkpoint(run_dir)
+    model = rebuild_model(meta)
+    load_state(model, state)
+    idx = torch_tensor([list(b"ab")])
+    out = generate(model, idx, 40, temperature=0, window=meta["context"])[0, 2:].tolist()
+    assert "ab" + card.stdout == default.stdout == "ab" + bytes(out).decode(errors="replace") + \
+        "\n"
+
+
+def torch_tensor(rows):
+    import torch
+
+    return torch.tensor(rows, dtype=torch.long)
 
 
 def test_the_checkpoint_records_the_sampling_card(run_dir):
@@ -305,12 +385,12 @@ def test_the_tiny_llama_trains_and_samples(tmp_path):
     assert s.returncode == 0, s.stderr
 
 
-def test_resume_starts_from_a_checkpoints_weights(run_dir, tmp_path):
-    """No updates after --resume: the new checkpoint holds the old one's weights, and its first
+def test_finetune_starts_from_a_checkpoints_weights(run_dir, tmp_path):
+    """No updates after --finetune: the new checkpoint holds the old one's weights, and its first
     evaluation the old one's last held-out loss."""
     from cardc.runtime.checkpoint import read_checkpoint
 
-    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", "--resume", str(run_dir),
+    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", "--finetune", str(run_dir),
               "--steps", "0", "--batch-size", "4", "--block-size", "16", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert f"the weights of {run_dir}" in r.stdout
@@ -333,9 +413,9 @@ def torch_equal(a, b) -> bool:
     ("cards/llama.card", "holds GPT2, but the training card trains Llama"),
     ("cards/gpt2.card", "checkpoint tensor 'W_p' has shape (32, 32), model expects (16, 32)"),
 ])
-def test_resume_refuses_a_checkpoint_of_another_model(run_dir, tmp_path, card, message):
+def test_finetune_refuses_a_checkpoint_of_another_model(run_dir, tmp_path, card, message):
     extra = ["--set", "ctx=16"] if card == "cards/gpt2.card" else []
-    r = cardc("train", card, "--preset", "tiny", "--resume", str(run_dir), *extra,
+    r = cardc("train", card, "--preset", "tiny", "--finetune", str(run_dir), *extra,
               "--steps", "1", "--out", str(tmp_path / "out"))
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert message in r.stderr
@@ -354,10 +434,10 @@ def test_pad_vocab_rounds_the_vocabulary_up_to_a_multiple_of_64(tmp_path):
     assert meta["hyperparameters"]["V"] == 320 and state["W_e"].shape == (320, 32)
 
 
-def test_pad_vocab_refuses_a_resumed_run(run_dir, tmp_path):
-    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", "--resume", str(run_dir),
+def test_pad_vocab_refuses_a_fine_tuned_run(run_dir, tmp_path):
+    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", "--finetune", str(run_dir),
               "--pad-vocab", "--steps", "1", "--out", str(tmp_path / "out"))
-    assert r.returncode == 2 and "a resumed run keeps its checkpoint's" in r.stderr
+    assert r.returncode == 2 and "a fine-tuned model keeps its checkpoint" in r.stderr
 
 
 def test_a_run_that_records_no_sampler_samples_with_the_generic_one_and_says_so(run_dir,

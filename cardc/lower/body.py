@@ -11,16 +11,18 @@ from dataclasses import replace
 
 from .. import ir
 from .. import syntax as s
-from ..checker import CONSTANTS, PAIRWISE, CallInfo, CardInfo, expr_dim, instance
+from ..checker import CONSTANTS, DROPOUT, FILTERS, PAIRWISE, CallInfo, CardInfo, expr_dim, instance
 from ..dims import Dim
 from ..namecheck import card_identifiers
 from ..spelling import display
 from ..types import BundleTy, FamilyTy, Ty, subst_dim
 from .attention import find_cores, prepare
 from .context import Lowerer
+from .gradients import current, gradient_step, listed, norm, take_over
 from .heads import vectorise
 from .values import (
     Family,
+    Gradient,
     LowerError,
     ModuleSlot,
     Scope,
@@ -199,6 +201,10 @@ class Body:
         self.buffers: list[ir.Buffer] = []  # constants the module computes once (RoPE's ω)
         self.given: dict[int, Val] = {}  # values of expressions lowered beforehand
         self.uses_cache = False  # an attention core reads the KV cache (cardc.lower.attention)
+        self.drawn: str | None = None  # the token a sample step of these steps draws (y)
+        self.hooks: set[str] = set()  # the caller's functions the steps call: "stop"
+        self.at_step: s.Step | None = None  # the step being lowered
+        self.training: ir.Expr | None = None  # in a module: whether it trains (dropout acts)
 
     # ------------------------------------------------------------------ helpers
     def fail(self, node, message: str, hint: str | None = None):
@@ -238,6 +244,7 @@ class Body:
         body.max_seq_len = self.max_seq_len
         body.procedure, body.datasets, body.sets = self.procedure, self.datasets, self.sets
         body.prologue, body.ranged, body.decoded = self.prologue, self.ranged, self.decoded
+        body.hooks, body.training = self.hooks, self.training
         return body
 
     def fresh(self, name: str, avoid: frozenset[str] = frozenset()) -> str:
@@ -267,6 +274,7 @@ class Body:
         return self.out
 
     def step(self, step: s.Step) -> None:
+        self.at_step = step
         for text in step.comments:
             self.emit(ir.Comment(text))
         kind = type(step.stmt).__name__
@@ -278,12 +286,16 @@ class Body:
     def stmt_Assign(self, st: s.Assign, step: s.Step) -> None:
         if self.procedure and isinstance(st.target, s.Call):  # P(θ) ← …: P, a function of θ
             st = replace(st, target=s.Name(st.target.func, span=st.target.span))
+        if self.procedure and gradient_step(self, st, step):  # g ← ∇loss(θ), g ← g · s
+            return
         if self.procedure and isinstance(st.target, s.Name) and \
                 self.is_model(self.scope.values.get(st.target.id)):
             if self.update(st, step):
                 return
             self.fail(st, "code generation updates parameters as 'θ ← θ − η · ∇loss(θ)' or "
-                          "'θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ)'")
+                          "'θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ)'",
+                      hint="a gradient named before, 'g ← ∇loss(θ)', takes the place of "
+                           "∇loss(θ): 'θ ← AdamW(θ, g | η)'")
         if isinstance(st.value, s.SetBuilder) and isinstance(st.target, s.Name):
             self.sets[st.target.id] = self.arange_of(st.value.var, st.value.domain, step)
             self.domain = self.sets[st.target.id]
@@ -426,6 +438,7 @@ class Body:
             self.loop_count(st)
         for sub in st.body:
             body.step(sub)
+        body.stop_check()
         self.emit(ir.Loop(var, _call("range", count), tuple(body.out), self.note(step)))
 
     def ranged_steps(self, st: s.For, step: s.Step) -> None:
@@ -470,13 +483,13 @@ class Body:
     def update(self, st: s.Assign, step: s.Step) -> bool:
         """`θ ← θ − η · ∇loss(θ)` is torch.optim.SGD; `θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ)`
         is torch.optim.AdamW. Either is made once, before the loops, and steps here; a rate
-        the loop computes (a schedule, η_i) is set before each step."""
+        the loop computes (a schedule, η_i) is set before each step. A gradient named before,
+        `θ ← AdamW(θ, g | …)`, is already in θ's .grad: the update only steps."""
         model = self.scope.values[st.target.id].code
         found = self.optimizer(st.value, st.target.id, model)
         if found is None:
             return False
-        make, rate, loss_name = found
-        loss = self.expr(s.Name(loss_name, span=st.value.span))
+        make, rate, grad = found  # the loss's name, or a gradient named before
         fixed = rate is None or all(n in self.info.sig.hypers or n in CONSTANTS
                                     for n in _names_in(rate))
         lr = self.expr(rate).code if rate is not None else None
@@ -488,19 +501,29 @@ class Body:
             groups = ir.Attr(ir.Ref("optimizer"), "param_groups")
             self.emit(ir.Loop("group", groups, (ir.Assign(('group["lr"]',), lr),),
                               ir.Note(None, self.line(step), "this step's learning rate")))
-        self.emit(ir.Assign((), _method(ir.Ref("optimizer"), "zero_grad"), self.note(step)))
-        total = _method(loss.code, "sum")
-        self.emit(ir.Assign((), _method(total, "backward")))
-        self.emit(ir.Assign((), _method(ir.Ref("optimizer"), "step")))
-        told = (_method(total, "detach"), lr if lr is not None else ir.Lit("None"))
+        if isinstance(grad, Gradient):
+            self.emit(ir.Assign((), _method(ir.Ref("optimizer"), "step"), self.note(step)))
+            told = (grad.told, lr if lr is not None else ir.Lit("None"))
+        else:
+            take_over(self, "", st.target.id, step)  # zero_grad empties any named gradient
+            loss = self.expr(s.Name(grad, span=st.value.span))
+            self.emit(ir.Assign((), _method(ir.Ref("optimizer"), "zero_grad"), self.note(step)))
+            total = _method(loss.code, "sum")
+            self.emit(ir.Assign((), _method(total, "backward")))
+            self.emit(ir.Assign((), _method(ir.Ref("optimizer"), "step")))
+            told = (_method(total, "detach"), lr if lr is not None else ir.Lit("None"))
         self.emit(ir.If(ir.Bin("is not", ir.Ref("report"), ir.Ref("None")),
                         (ir.Assign((), _call("report", *told)),)))
         return True
 
     def optimizer(self, v: s.Expr, theta: str, model: ir.Expr
-                  ) -> tuple[ir.Call, s.Expr | None, str] | None:
-        """The optimizer's constructor (without its rate), the rate and the loss's name."""
-        def gradient(g) -> str | None:  # ∇loss(θ) → "loss"
+                  ) -> tuple[ir.Call, s.Expr | None, str | Gradient] | None:
+        """The optimizer's constructor (without its rate), the rate and the loss's name (or
+        the named gradient of θ it steps with)."""
+        def gradient(g) -> str | Gradient | None:  # ∇loss(θ) → "loss"; g ← ∇loss(θ) → g's
+            named = self.scope.values.get(g.id) if isinstance(g, s.Name) else None
+            if isinstance(named, Gradient) and named.theta == theta:
+                return current(self, g.id, g)
             ok = isinstance(g, s.Unary) and g.op == "∇" and isinstance(g.operand, s.Call)
             return g.operand.func if ok else None
 
@@ -539,29 +562,65 @@ class Body:
 
     def stmt_Sample(self, st: s.Sample, step: s.Step) -> None:
         """`sample a token y from q ∝ p^{1/τ}`: q = softmax(log p / τ); τ → 0 is the arg-max."""
-        w = st.weights
-        if isinstance(w, s.Power) and isinstance(w.exponent, s.BinOp) and w.exponent.op == "/" \
-                and isinstance(w.exponent.left, s.Num) and w.exponent.left.value == 1:
-            p, tau = self.expr(w.base), self.expr(w.exponent.right)
-            logits = ir.Bin("/", _call("torch.log", p.code), tau.code)
-        elif isinstance(w, s.Call) and w.func == "exp" and len(w.args) == 1 and \
-                isinstance(w.args[0], s.BinOp) and w.args[0].op == "/":  # q ∝ exp(z/τ)
-            p, tau = self.expr(w.args[0].left), self.expr(w.args[0].right)
-            logits = ir.Bin("/", p.code, tau.code)
-        else:
-            p, tau = self.expr(w), None
-            logits = _call("torch.log", p.code)
+        logits, base, tau = self.logits(st.weights)
         y, q = local_name(st.var), self.fresh(local_name(st.dist))
         draw = (ir.Assign((q,), _call("torch.softmax", logits, dim=_int(-1)), self.note(step)),
                 ir.Assign((y,), ir.Sub(_call("torch.multinomial", ir.Ref(q), _int(1)),
                                        (ir.Ref("..."), _int(0)))))
         if tau is None:
             self.out.extend(draw)
-        else:
-            greedy = ir.Assign((y,), _method(p.code, "argmax", _int(-1)))
+        else:  # top_k and top_p keep the most probable token: the limit is theirs too
+            greedy = ir.Assign((y,), _method(base.code, "argmax", _int(-1)))
             self.emit(ir.If(ir.Bin("==", tau.code, _int(0)), (greedy,), draw,
                             ir.Note(None, None, "the limit τ → 0: the most probable token")))
         self.scope.values[st.var] = Val(ir.Ref(y), Ty(elem="ℕ"), True)
+        self.drawn = y
+
+    def logits(self, w: s.Expr) -> tuple[ir.Expr, Val, Val | None]:
+        """The logits of weights w (log w, up to a constant): log p / τ of `p^{1/τ}`, z/τ of
+        `exp(z/τ)`, those of w filtered of `top_k(w | k)` and `top_p(w | p)`; with the value
+        whose arg-max is w's, and the temperature τ (None where w has none)."""
+        if self.is_filter(w):
+            inner, base, tau = self.logits(w.args[0])
+            return self.filtered(inner, w), base, tau
+        if isinstance(w, s.Power) and isinstance(w.exponent, s.BinOp) and w.exponent.op == "/" \
+                and isinstance(w.exponent.left, s.Num) and w.exponent.left.value == 1:
+            p, tau = self.expr(w.base), self.expr(w.exponent.right)
+            return ir.Bin("/", _call("torch.log", p.code), tau.code), p, tau
+        if isinstance(w, s.Call) and w.func == "exp" and len(w.args) == 1 and \
+                id(w) not in self.info.calls:
+            arg = w.args[0]
+            if isinstance(arg, s.BinOp) and arg.op == "/":  # q ∝ exp(z/τ)
+                z, tau = self.expr(arg.left), self.expr(arg.right)
+                return ir.Bin("/", z.code, tau.code), z, tau
+            z = self.expr(arg)
+            return z.code, z, None
+        p = self.expr(w)
+        return _call("torch.log", p.code), p, None
+
+    def is_filter(self, e: s.Expr) -> bool:
+        return isinstance(e, s.Call) and e.func in FILTERS and id(e) not in self.info.calls
+
+    def filtered(self, logits: ir.Expr, f: s.Call) -> ir.Expr:
+        """`logits` with −∞ where top_k or top_p drops an entry: cardc.runtime.logits's
+        filter_logits, copied into the module; top_p after top_k joins its call, which applies
+        them in that order."""
+        self.low.program.filters = True
+        bound = self.expr(f.params[0]).code
+        if f.func == "top_p" and isinstance(logits, ir.Call) and \
+                logits.func == ir.Ref("filter_logits") and [k for k, _ in logits.kwargs] == ["top_k"]:
+            return replace(logits, kwargs=(*logits.kwargs, ("top_p", bound)))
+        return _call("filter_logits", logits, **{f.func: bound})
+
+    def stop_check(self) -> None:
+        """After a loop's steps that draw a token: `stop(y)`, the caller's, may end the loop
+        (cardc sample stops at a stop text)."""
+        if self.drawn is None or not self.procedure:
+            return
+        self.hooks.add("stop")
+        asked = ir.Bin("and", ir.Bin("is not", ir.Ref("stop"), ir.Ref("None")),
+                       _call("stop", ir.Ref(self.drawn)))
+        self.emit(ir.If(asked, (ir.Break(),)))
 
     def stmt_While(self, st: s.While, step: s.Step) -> None:
         if not self.procedure:
@@ -571,6 +630,7 @@ class Body:
         body = self.child()
         for sub in st.body:
             body.step(sub)
+        body.stop_check()
         test = _method(_call("torch.as_tensor", cond.code), "any")  # any row not done yet
         self.emit(ir.While(test, tuple(body.out), self.note(step)))
 
@@ -807,6 +867,8 @@ class Body:
         found = self.scope.values.get(name)
         if isinstance(found, Val):
             return found
+        if isinstance(found, Gradient):
+            return listed(self, name, e)
         fam, index = self.member(name)  # k_t under ∀t, or k_u under Σ_u
         current = index in self.family_vars or bool(self.positions and index == self.positions[0])
         if fam is not None and fam.positions and current:
@@ -897,7 +959,8 @@ class Body:
         code = ir.Bin(op, a.code, b.code)
         if op in "+-" and not (a.lifted or b.lifted or a.ty.shape or b.ty.shape):
             code = _shift(code, 0)  # numbers: `(i + 1) − 1` is `i`
-        return Val(code, ty, a.lifted or b.lifted, a.flipped or b.flipped, a.rows or b.rows)
+        return Val(code, ty, a.lifted or b.lifted, a.flipped or b.flipped, a.rows or b.rows,
+                   a.tensor or b.tensor)
 
     def ones_row(self, e: s.BinOp) -> Val:
         """`b 1^⊺`: the column b repeated across columns, which broadcasting does for free
@@ -962,7 +1025,7 @@ class Body:
         if e.op == "¬":
             return _like(x, ir.Un("~", x.code))
         if e.op == "√":
-            if x.lifted or x.rows or x.ty.shape or self.sum_axis:
+            if x.lifted or x.rows or x.ty.shape or x.tensor or self.sum_axis:
                 return _like(x, _call("torch.sqrt", x.code))
             self.low.program.imports.add("math")
             return Val(_call("math.sqrt", x.code), x.ty)
@@ -974,7 +1037,7 @@ class Body:
         x, p = self.expr(e.base), self.expr(e.exponent)
         shaped = p if _varies(p) and not _varies(x) else x
         return replace(shaped, code=ir.Bin("**", x.code, p.code), lifted=x.lifted or p.lifted,
-                       rows=x.rows or p.rows)
+                       rows=x.rows or p.rows, tensor=x.tensor or p.tensor)
 
     def expr_Transpose(self, e: s.Transpose) -> Val:
         x = self.expr(e.operand)
@@ -1159,6 +1222,9 @@ class Body:
     def expr_Iverson(self, e: s.Iverson) -> Val:
         return self.expr(e.cond)
 
+    def expr_Norm(self, e: s.Norm) -> Val:
+        return norm(self, e)
+
     def expr_Sum(self, e: s.Sum) -> Val:
         """Σ_{i=1}^{n} f(x[i]): f on the whole last axis of x, then a sum over it."""
         if self.procedure:
@@ -1310,10 +1376,15 @@ class Body:
             return self.pairwise(e)
         if e.func in ("cos", "sin") and len(e.args) == 1:
             x = self.expr(e.args[0])
-            if not x.lifted and not x.ty.shape:  # a number, as in a learning-rate schedule
+            if not x.lifted and not x.ty.shape and not x.tensor:  # a number (a schedule's)
                 self.low.program.imports.add("math")
                 return Val(_call(f"math.{e.func}", x.code), Ty())
             return _like(x, _call(f"torch.{e.func}", x.code), self.ty(e))
+        if e.func == DROPOUT:
+            return self.dropout(e)
+        if e.func in FILTERS:  # a distribution: the softmax of the filtered logits
+            logits, base, _ = self.logits(e)
+            return _like(base, _call("torch.softmax", logits, dim=_int(-1)), self.ty(e))
         if len(e.args) != 1:
             self.fail(e, f"'{e.func}' takes one argument")
         x = self.expr(e.args[0])
@@ -1340,12 +1411,28 @@ class Body:
             return Val(ir.Sub(ir.Attr(x.code, "shape"), (_int(-1),)), Ty(elem="ℕ"))
         return self.fail(e, f"code generation does not know '{e.func}' yet")
 
+    def dropout(self, e: s.Call) -> Val:
+        """dropout(X | p): F.dropout while the module trains; nothing in evaluation."""
+        if self.training is None:
+            self.fail(e, "dropout acts in a card that owns parameters (a module, which knows "
+                         "whether it is training)",
+                      hint="apply it in the card that holds the parameters, or in its caller")
+        x, p = self.expr(e.args[0]), self.expr(e.params[0])
+        return _like(x, _call("F.dropout", x.code, p.code, self.training), self.ty(e))
+
     def pairwise(self, e: s.Call) -> Val:
         """min(a, b), max(a, b): Python's for numbers, torch's element-wise for tensors."""
         a, b = (self.expr(x) for x in e.args)
         if a.lifted or b.lifted:
             func = "torch.minimum" if e.func == "min" else "torch.maximum"
             return Val(_call(func, a.code, b.code), Ty(), True)
+        if a.tensor or b.tensor:  # a number held on a device stays there: no wait for it
+            if a.tensor and b.tensor:
+                func = "torch.minimum" if e.func == "min" else "torch.maximum"
+                return Val(_call(func, a.code, b.code), Ty(), tensor=True)
+            x, bound = (a, b) if a.tensor else (b, a)
+            limit = {"max" if e.func == "min" else "min": bound.code}
+            return Val(_call("torch.clamp", x.code, **limit), Ty(), tensor=True)
         return Val(_call(e.func, a.code, b.code), Ty())
 
     def call_card(self, e: s.Call, call: CallInfo) -> Val:

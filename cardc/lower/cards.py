@@ -20,6 +20,7 @@ from .body import Body, bound_sizes
 from .decoding import add_kv_cache
 from .intrinsics import Passes
 from .peephole import fold_bias
+from .resume import START, resumable
 from .values import (
     Family,
     LowerError,
@@ -136,6 +137,7 @@ class Lowering:
         used: set[str] = set()
         body = Body(self, alg, info, scope, dim_of, "B")
         body.runtime_used = used
+        body.training = ir.Ref("self.training")
         column = sig.layout == "column"
         for name, ty in sig.inputs:
             m.inputs.append(ir.Arg(local_name(name)))
@@ -545,10 +547,15 @@ class Lowering:
             self.program.presets[preset.name] = {
                 local_name(k): _number(values[k], sig.hypers[k], preset) for k in card_names(sig)
                 if k in values}
-        if any("optimizer" in getattr(x, "targets", ()) for x in body.prologue):
+        prologue = body.prologue
+        if any("optimizer" in getattr(x, "targets", ()) for x in prologue):
             args.append(ir.Arg("report", ir.Lit("None")))  # told the loss of every update
+            args.append(ir.Arg(START, ir.Lit("None")))  # keeps the optimizer, may resume
+            prologue, stmts = resumable(prologue, stmts)
+        if "stop" in body.hooks:
+            args.append(ir.Arg("stop", ir.Lit("None")))  # told each token drawn, may end the loop
         self.program.functions.append(
-            ir.Function(name, _doc(alg), self.origin(alg), args, body.prologue + stmts))
+            ir.Function(name, _doc(alg), self.origin(alg), args, prologue + stmts))
         self.program.doc = f"{alg.label}, generated from its card. {_doc(alg)}"
         return self.program
 
@@ -682,20 +689,26 @@ def _init(name: str, ty: Ty, shape: tuple[ir.Expr, ...]) -> ir.Expr:
         if value in (0.0, 1.0):
             return ir.Call(ir.Ref("torch.ones" if value else "torch.zeros"), shape)
         return ir.Call(ir.Ref("torch.full"), (dims, num_lit(ty.init.text, ty.init.span)))
-    mean, std = "0.0", "0.02"
+    mean, std = ir.Lit("0.0"), ir.Lit("0.02")
     dist = ty.init_dist
     if isinstance(dist, s.Call) and dist.func == "𝒩" and len(dist.args) == 2:
-        mean = _literal(dist.args[0])
+        mean = _init_value(dist.args[0])
         var = dist.args[1]
         if isinstance(var, s.Power) and isinstance(var.exponent, s.Num) and var.exponent.text == "2":
-            std = _literal(var.base)
+            std = _init_value(var.base)
         else:
-            std = f"{_literal(var)} ** 0.5"
+            std = ir.Bin("**", _init_value(var), ir.Lit("0.5"))
     elif len(ty.shape) < 2 and dist is None:
         base = split_name(name)[0]
         return ir.Call(ir.Ref("torch.ones" if base == "γ" else "torch.zeros"), shape)
     empty = ir.Call(ir.Ref("torch.empty"), shape)
-    return ir.Call(ir.Attr(empty, "normal_"), (ir.Lit(mean), ir.Lit(std)))
+    return ir.Call(ir.Attr(empty, "normal_"), (mean, std))
+
+
+def _init_value(e: s.Expr) -> ir.Expr:
+    """A number of an initial distribution, `𝒩(0, σ²)`: written out, or a hyperparameter of the
+    card (an argument of its constructor): a preset or a flag sets the scale."""
+    return ir.Lit(_literal(e)) if isinstance(e, s.Num) else _ctor_value(e)
 
 
 def _literal(e: s.Expr) -> str:

@@ -1,8 +1,10 @@
 """What the parts of the lowering ask of one another, as protocols, so that they import one
-another one way: values ← context ← attention, heads, intrinsics, decoding ← body ← cards.
+another one way: values ← context ← attention, heads, intrinsics, decoding, gradients ← body ←
+cards.
 
 `Lowerer` is what lowering a card's steps asks of the whole lowering (cardc.lower.cards);
-`Steps` is what a fusion pass asks of the lowering of one card's steps (cardc.lower.body).
+`Steps` is what a fusion pass (or the lowering of gradients) asks of the lowering of one card's
+steps (cardc.lower.body).
 """
 
 from __future__ import annotations
@@ -54,8 +56,14 @@ class Steps(Protocol):
     point: dict[str, tuple[int, int, Dim]]
     ranged: dict[str, Val]
     uses_cache: bool
+    at_step: s.Step | None  # the step being lowered
 
     def expr(self, e: s.Expr) -> Val: ...
+
+    def fail(self, node: Any, message: str, hint: str | None = None) -> Any: ...
+
+    @staticmethod
+    def is_model(val: Any) -> bool: ...
 
     def step(self, step: s.Step) -> None: ...
 

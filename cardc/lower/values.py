@@ -64,6 +64,8 @@ class Val:
     lifted: bool = False
     flipped: bool = False  # a matrix stored with its two card axes swapped
     rows: tuple[Dim, ...] = ()  # axes of a map over positions, between batch and card axes
+    tensor: bool = False  # one number held in a 0-d tensor (‖g‖), not a Python number: it
+    # stays on its device, as `torch.clamp`, never `min` (which would wait for its value)
 
     def axis(self, k: int) -> int:
         """The physical axis (counted from the right) of card axis `k`."""
@@ -99,6 +101,19 @@ class Family:
 
 
 @dataclass
+class Gradient:
+    """A gradient a training card names, `g ← ∇loss(θ)`: the `.grad` of θ's parameters, where
+    `backward()` puts it and adds to it (`g ← g + ∇loss(θ)`), scaled there in place; reading
+    it lists those tensors. `told` is the loss it is the gradient of, for `report`."""
+
+    model: ir.Ref  # θ's module
+    theta: str  # θ's card name
+    told: ir.Expr
+    listed: int | None = None  # the step whose code last listed the tensors (id)
+    replaced: s.Step | None = None  # a later gradient of θ took θ's .grad over (where)
+
+
+@dataclass
 class ModuleSlot:
     attr: str
     card: s.Algorithm
@@ -109,7 +124,7 @@ class ModuleSlot:
 class Scope:
     """Names visible while lowering one card's steps."""
 
-    values: dict[str, Val | Family] = field(default_factory=dict)
+    values: dict[str, Val | Family | Gradient] = field(default_factory=dict)
     tensors: dict[str, ir.Expr] = field(default_factory=dict)  # parameters: name → storage
     stacked: dict[str, Stacked] = field(default_factory=dict)
     modules: dict[str, ModuleSlot] = field(default_factory=dict)

@@ -223,6 +223,9 @@ class HtmlRenderer(LatexRenderer):
     def iverson_text(self, node: s.Iverson, tail: bool) -> str:
         return fenced(self.text(node.cond), "⟦", "⟧", stretchy=False)
 
+    def norm_text(self, node: s.Norm, tail: bool) -> str:
+        return fenced(self.text(node.operand), "‖", "‖")
+
     def sum_text(self, node: s.Sum, tail: bool) -> str:
         index = self.symbol(node.index)
         if node.over is not None:

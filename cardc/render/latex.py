@@ -299,6 +299,9 @@ class LatexRenderer(Renderer):
     def iverson_text(self, node: s.Iverson, tail: bool) -> str:
         return rf"[\![{self.text(node.cond)}]\!]"
 
+    def norm_text(self, node: s.Norm, tail: bool) -> str:
+        return rf"\lVert {self.text(node.operand)} \rVert"
+
     def sum_text(self, node: s.Sum, tail: bool) -> str:
         index = symbol(node.index)
         if node.over is not None:

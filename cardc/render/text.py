@@ -173,7 +173,10 @@ class Renderer:
         return f"{self.sub(node.target, POSTFIX)} {node.op} {self.text(node.value)}"
 
     def call_text(self, node: s.Call, tail: bool) -> str:
-        args = ", ".join(self.text(a) for a in node.args)
+        return self.called(node, ", ".join(self.text(a) for a in node.args))
+
+    def called(self, node: s.Call, args: str) -> str:
+        """`node` called with its arguments written `args`."""
         if node.params or node.bar:
             params = ", ".join(self.text(p) for p in node.params)
             args = f"{args} | {params}" if args else f"| {params}"
@@ -187,6 +190,9 @@ class Renderer:
 
     def iverson_text(self, node: s.Iverson, tail: bool) -> str:
         return f"[[{self.text(node.cond)}]]"
+
+    def norm_text(self, node: s.Norm, tail: bool) -> str:
+        return f"‖{self.text(node.operand)}‖"
 
     def sum_text(self, node: s.Sum, tail: bool) -> str:
         if node.over is not None:
@@ -382,6 +388,9 @@ class Renderer:
                 return f"{node.base.id}^{{{exponent}}}"
         if isinstance(node, s.Name) and node.id.endswith("}"):  # W^{e/d} itself, not a power
             return f"({node.id})"
+        if isinstance(node, s.Call) and node.func in s.FILTERS and node.args:  # top_k(p^{1/τ} | k)
+            return self.called(node, ", ".join([self.weights_text(node.args[0]),
+                                                *(self.text(a) for a in node.args[1:])]))
         return self.text(node)
 
     def for_text(self, node: s.For, tail: bool) -> str:

@@ -22,10 +22,13 @@ _ViewKey = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.
 
 
 def save_checkpoint(
-    directory: str | os.PathLike[str], model: nn.Module, meta: dict[str, Any]
+    directory: str | os.PathLike[str], model: nn.Module | dict[str, torch.Tensor],
+    meta: dict[str, Any]
 ) -> str:
-    """Write ``directory/model.safetensors`` atomically; return its path."""
-    tensors, aliases = _dedupe(model.state_dict())
+    """Write ``directory/model.safetensors`` atomically (a model's weights, or a state dict
+    gathered from the processes that shard it); return its path."""
+    state = model if isinstance(model, dict) else model.state_dict()
+    tensors, aliases = _dedupe(state)
     metadata = {META_KEY: json.dumps(meta, sort_keys=True), ALIAS_KEY: json.dumps(aliases)}
     path = os.path.join(os.fspath(directory), CHECKPOINT_NAME)
     with atomic_path(path) as tmp:

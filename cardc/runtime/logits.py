@@ -1,8 +1,10 @@
-"""The next token from a model's logits: greedy, or sampled with temperature, top-k and top-p.
+"""The next token from a model's logits: greedy, or sampled with temperature, top-k and top-p;
+and the rows that have drawn a stop token.
 
-One definition for two users: `cardc.runtime.sample.generate`, and the `generate` method of every
+One definition for three users: `cardc.runtime.sample.generate`, the `generate` method of every
 generated causal decoder, into whose module `cardc build` copies these functions' source (a
-generated module imports torch alone). So they use torch and nothing else from this package.
+generated module imports torch alone), and a card's `top_k(w | k)` and `top_p(w | p)` steps,
+whose module gets `filter_logits`. So they use torch and nothing else from this package.
 """
 
 from __future__ import annotations
@@ -37,3 +39,12 @@ def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None
     if generator is not None:
         probs = probs.to(generator.device)  # multinomial draws on its generator's device
     return torch.multinomial(probs, 1, generator=generator).to(logits.device)
+
+
+def hold_stopped(token: torch.Tensor, held: torch.Tensor,
+                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
+    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
+    token = torch.where(held >= 0, held, token)
+    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
+    return token, held

@@ -17,14 +17,16 @@ class ProgressBar:
     """A tqdm bar when ``stream`` is a terminal; otherwise a plain line every ``plain_every``
     of the run, as CI logs are not terminals and thousands of ``\\r`` redraws would bloat them."""
 
-    def __init__(self, total: int, stream: TextIO | None = None, plain_every: float = 0.1) -> None:
+    def __init__(self, total: int, stream: TextIO | None = None, plain_every: float = 0.1,
+                 initial: int = 0) -> None:
+        """`initial`: the steps made before (a resumed run's)."""
         self.total = max(total, 1)
         self.stream = stream if stream is not None else sys.stdout
         self.plain_step = max(1, round(self.total * plain_every))
-        self._next_plain = self.plain_step
+        self._next_plain = (initial // self.plain_step + 1) * self.plain_step
         self._start = time.perf_counter()
-        self._bar = tqdm(total=self.total, file=self.stream, bar_format=_BAR, dynamic_ncols=True,
-                         leave=True) if _isatty(self.stream) else None
+        self._bar = tqdm(total=self.total, initial=initial, file=self.stream, bar_format=_BAR,
+                         dynamic_ncols=True, leave=True) if _isatty(self.stream) else None
 
     def update(
         self, step: int, loss: float | None = None, tokens_per_s: float | None = None

@@ -1,15 +1,18 @@
 """A run folder is always one run.
 
 A training run writes into a staging folder beside its destination and renames it into place
-when it has finished, so the destination holds either the previous complete run or this one,
-never the metrics of one beside the weights of another. A run killed midway leaves only its
-staging folder, which the next run into the same destination removes. Every file of a run
-records the same run id, which `check_one_run` compares before a checkpoint is used.
+when it has finished, or when it writes its first checkpoint (from then on it is a run that
+can be resumed, written in place), so the destination holds either the previous run or this
+one, never the metrics of one beside the weights of another. A run killed before that leaves
+only its staging folder, which the next run into the same destination removes. Every file of a
+run records the same run id, which `check_one_run` compares before a checkpoint is used. A
+live run holds a lock on its folder's `.lock`, so no other run replaces or resumes it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -24,8 +27,10 @@ from cardc.runtime.errors import RuntimeInputError
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tb"  # the folder of TensorBoard event files, with `cardc train --tensorboard`
 # The files a run writes; a folder holding only these (or nothing) may be replaced by a run.
-RUN_FILES = frozenset({METRICS, "model.safetensors", "loss.png", TENSORBOARD,
-                       "tokenizer.json"})  # tokenizer.json: a run that reads other than bytes
+LOCK = ".lock"
+RUN_FILES = frozenset({METRICS, "model.safetensors", "loss.png", TENSORBOARD, LOCK,
+                       "tokenizer.json",  # a run that reads other than bytes
+                       "checkpoints"})  # a run that saved on the way (runtime.resume)
 _STAGING, _OLD = "incomplete", "replaced"
 
 
@@ -84,6 +89,87 @@ def check_destination(dest: str | os.PathLike[str]) -> None:
         if others:
             raise RuntimeInputError(f"'{dest}' holds files that are not a cardc run "
                                     f"('{others[0]}'); write the run to an empty or new folder")
+        check_not_running(dest)
+
+
+def check_not_running(folder: Path) -> None:
+    """Refuse a folder a live run is writing (a live run always holds its .lock)."""
+    if not (folder / LOCK).is_file():
+        return
+    fd = _try_lock(folder)
+    if fd is None:
+        raise RuntimeInputError(f"'{folder}' is being written by a run under way; wait for it "
+                                "or stop it first")
+    os.close(fd)
+
+
+def _try_lock(folder: Path) -> int | None:
+    """An exclusive lock on `folder`/.lock (held until the descriptor closes, or the process
+    ends however it ends), or None while another process holds it."""
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+class RunFolder:
+    """Where a training run writes: its staging folder until it is published, then its
+    destination. It holds the folder's lock (which moves with the folder) while it runs."""
+
+    def __init__(self, dest: Path, path: Path, staged: bool) -> None:
+        self.dest, self.path, self.staged = dest, path, staged
+        fd = _try_lock(path)
+        if fd is None:
+            raise RuntimeInputError(f"'{dest}' is being written by a run under way")
+        self._lock = fd
+
+    def publish(self) -> None:
+        """Put the staged run in the destination's place; it is written there from now on."""
+        if self.staged:
+            if self.dest.is_dir():
+                check_not_running(self.dest)
+            publish(self.path, self.dest)
+            self.path, self.staged = self.dest, False
+
+    def close(self) -> None:
+        """Let go of the folder; its .lock goes too, so a finished run holds only its files."""
+        with contextlib.suppress(OSError):
+            (self.path / LOCK).unlink()
+        os.close(self._lock)
+
+
+@contextlib.contextmanager
+def training_run(dest: str | os.PathLike[str], resume: bool = False) -> Iterator[RunFolder]:
+    """The folder a training run writes: staged beside `dest` (as `staged_run`), published when
+    the run finishes or asks; or, to resume it, `dest` itself. A run that fails once published
+    stays, to be resumed from its checkpoints."""
+    dest = Path(dest)
+    if resume:
+        run = RunFolder(dest, dest, staged=False)
+        try:
+            yield run
+        finally:
+            run.close()
+        return
+    check_destination(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(dest)
+    staging = _side(dest, _STAGING, os.getpid())
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    run = RunFolder(dest, staging, staged=True)
+    try:
+        yield run
+        run.publish()
+    except BaseException:
+        if run.staged:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        run.close()
 
 
 @contextlib.contextmanager

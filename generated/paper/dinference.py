@@ -9,7 +9,7 @@ PRESETS = {
 }
 
 
-def DInference(x, theta_hat, l_gen, tau):
+def DInference(x, theta_hat, l_gen, tau, stop=None):
     """y ← DInference(x, θ̂): Prompting a trained model and using it for prediction.
 
     Card: cards/paper/dinference.card:1
@@ -24,4 +24,6 @@ def DInference(x, theta_hat, l_gen, tau):
             q = torch.softmax(torch.log(p) / tau, dim=-1)  # [dinference.card:12]
             y = torch.multinomial(q, 1)[..., 0]
         x = torch.cat([x, y[..., None]], dim=-1)  # (B, |x|′ + 1)  [dinference.card:13]
+        if stop is not None and stop(y):
+            break
     return x[..., l:l + l_gen]  # (B, ℓ_gen)  [dinference.card:15]

@@ -9,14 +9,18 @@ PRESETS = {
 }
 
 
-def DTraining(x, theta, N_epochs, eta, report=None):
+def DTraining(x, theta, N_epochs, eta, report=None, start=None):
     """θ̂ ← DTraining(x_{1:N_data}, θ): Training next token prediction
 
     Card: cards/paper/dtraining.card:1
     """
     optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # [dtraining.card:13]
+    skip = start(optimizer) if start is not None else 0  # updates made before a resume; the caller keeps the optimizer and restores its state
     for i in range(N_epochs):  # [dtraining.card:8]
         for n in range(len(x)):  # [dtraining.card:9]
+            if skip:
+                skip = skip - 1  # an update the resumed checkpoint holds
+                continue
             x_n = x[n][None]  # a batch of one example  [dtraining.card:9]
             l = x_n.shape[-1]  # [dtraining.card:10]
             P = theta(x_n)  # (B, ℓ, N_V)  [dtraining.card:11]

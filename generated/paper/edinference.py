@@ -9,7 +9,7 @@ PRESETS = {
 }
 
 
-def EDInference(z, theta_hat, tau):
+def EDInference(z, theta_hat, tau, stop=None):
     """x̂ ← EDInference(z, θ̂): Using a trained seq2seq model for prediction.
 
     Card: cards/paper/edinference.card:1
@@ -25,4 +25,6 @@ def EDInference(z, theta_hat, tau):
             q = torch.softmax(torch.log(p) / tau, dim=-1)  # [edinference.card:13]
             y = torch.multinomial(q, 1)[..., 0]
         x_hat = torch.cat([x_hat, y[..., None]], dim=-1)  # (B, |x̂|′ + 1)  [edinference.card:14]
+        if stop is not None and stop(y):
+            break
     return x_hat  # (B, |x̂|′ + 1)  [edinference.card:16]

@@ -9,7 +9,7 @@ PRESETS = {
 }
 
 
-def EDInferenceGuarded(z, theta_hat, tau, l_out):
+def EDInferenceGuarded(z, theta_hat, tau, l_out, stop=None):
     """x̂ ← EDInferenceGuarded(z, θ̂): Algorithm 15 with the length guard the paper leaves out: it
     stops at eos_token, or once x̂ holds ℓ_out tokens.
 
@@ -26,4 +26,6 @@ def EDInferenceGuarded(z, theta_hat, tau, l_out):
             q = torch.softmax(torch.log(p) / tau, dim=-1)  # [edinference_guarded.card:14]
             y = torch.multinomial(q, 1)[..., 0]
         x_hat = torch.cat([x_hat, y[..., None]], dim=-1)  # (B, |x̂|′ + 1)  [edinference_guarded.card:15]
+        if stop is not None and stop(y):
+            break
     return x_hat  # (B, |x̂|′ + 1)  [edinference_guarded.card:17]

@@ -9,14 +9,18 @@ PRESETS = {
 }
 
 
-def EDTraining(z, x, theta, N_epochs, eta, report=None):
+def EDTraining(z, x, theta, N_epochs, eta, report=None, start=None):
     """θ̂ ← EDTraining(z_{1:N_data}, x_{1:N_data}, θ): Training a seq2seq model
 
     Card: cards/paper/edtraining.card:1
     """
     optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # [edtraining.card:13]
+    skip = start(optimizer) if start is not None else 0  # updates made before a resume; the caller keeps the optimizer and restores its state
     for i in range(N_epochs):  # [edtraining.card:8]
         for n in range(len(z)):  # [edtraining.card:9]
+            if skip:
+                skip = skip - 1  # an update the resumed checkpoint holds
+                continue
             z_n = z[n][None]  # a batch of one example  [edtraining.card:9]
             x_n = x[n][None]  # a batch of one example  [edtraining.card:9]
             l = x_n.shape[-1]  # [edtraining.card:10]

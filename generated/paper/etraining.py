@@ -9,14 +9,18 @@ PRESETS = {
 }
 
 
-def ETraining(x, theta, N_epochs, eta, p_mask, report=None):
+def ETraining(x, theta, N_epochs, eta, p_mask, report=None, start=None):
     """θ̂ ← ETraining(x_{1:N_data}, θ): Training by masked language modelling
 
     Card: cards/paper/etraining.card:1
     """
     optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # [etraining.card:17]
+    skip = start(optimizer) if start is not None else 0  # updates made before a resume; the caller keeps the optimizer and restores its state
     for i in range(N_epochs):  # [etraining.card:8]
         for n in range(len(x)):  # [etraining.card:9]
+            if skip:
+                skip = skip - 1  # an update the resumed checkpoint holds
+                continue
             x_n = x[n][None]  # a batch of one example  [etraining.card:9]
             l = x_n.shape[-1]  # [etraining.card:10]
             t = torch.arange(1, l + 1, device=x_n.device)  # every t  [etraining.card:11]
