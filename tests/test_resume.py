@@ -4,7 +4,7 @@ midway and resumed ends bit for bit where the uninterrupted run ends."""
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -114,17 +114,23 @@ def test_the_newest_checkpoints_are_kept(tmp_path):
     assert meta["update"] == 35 and meta["context"] == 15  # samples as a run of its own
 
 
-@pytest.fixture
-def stopped(tmp_path) -> Path:
-    """A run stopped after its checkpoint of update 10."""
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> Path:
+    """A run killed after its checkpoint of update 10."""
+    out = tmp_path_factory.mktemp("killed") / "run"
     proc = start(*RUN, "--out", str(out))
     wait_for(out / CHECKPOINTS / "step-0000010" / STATE_NAME, proc)
     proc.kill()
     proc.communicate()
     for later in snapshots(out)[1:]:  # the kill may land after a later one
-        os.rename(later, later.parent / f".gone-{later.name}")
+        shutil.rmtree(later)
     return out
+
+
+@pytest.fixture
+def stopped(killed, tmp_path) -> Path:
+    """A copy of the killed run, for a test to change."""
+    return Path(shutil.copytree(killed, tmp_path / "run"))
 
 
 def test_resume_refuses_other_settings_naming_the_first(stopped):

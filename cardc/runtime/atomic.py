@@ -25,7 +25,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     try:
         yield tmp
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs should be readable like any file
-        _fsync(tmp)
+        fsync_path(tmp)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -62,8 +62,9 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
         f.write(text)
 
 
-def _fsync(path: str) -> None:
-    # Flush to disk before the rename, or a crash could leave an empty file under the final name.
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Flush a file (before its rename, or a crash could leave an empty file under the final
+    name) or a folder (after a rename in it, so the rename itself is on disk)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -27,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from cardc.runtime.atomic import pid_alive
+from cardc.runtime.atomic import fsync_path, pid_alive
 from cardc.runtime.checkpoint import read_checkpoint, save_checkpoint
 from cardc.runtime.errors import RuntimeInputError
 
@@ -86,11 +86,11 @@ def save_snapshot(run: str | os.PathLike[str], model: nn.Module | dict[str, torc
                  "param_groups": groups}
         save_file(tensors, str(partial / STATE_NAME),
                   metadata={STATE_KEY: json.dumps(state, sort_keys=True)})
-        _fsync_dir(partial)
+        fsync_path(partial)
         if final.exists():  # the same update saved again (an interrupt right after a save)
             shutil.rmtree(final)
         partial.rename(final)
-        _fsync_dir(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -113,14 +113,6 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer | dict[str, Any]
     groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items() if k != "params"}
               for g in saved["param_groups"]]
     return tensors, groups
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_partial(root: Path) -> None:

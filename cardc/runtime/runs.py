@@ -154,22 +154,28 @@ def training_run(dest: str | os.PathLike[str], resume: bool = False) -> Iterator
         finally:
             run.close()
         return
-    check_destination(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(dest)
-    staging = _side(dest, _STAGING, os.getpid())
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    run = RunFolder(dest, staging, staged=True)
+    run = RunFolder(dest, _new_staging(dest, check_destination), staged=True)
     try:
         yield run
         run.publish()
     except BaseException:
         if run.staged:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(run.path, ignore_errors=True)
         raise
     finally:
         run.close()
+
+
+def _new_staging(dest: Path, accept: Callable[[Path], None]) -> Path:
+    """An empty staging folder beside `dest`, once `accept` has taken `dest` and what killed
+    runs into it left is gone."""
+    accept(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(dest)
+    staging = _side(dest, _STAGING, os.getpid())
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    return staging
 
 
 @contextlib.contextmanager
@@ -179,12 +185,7 @@ def staged_run(dest: str | os.PathLike[str],
     on failure; leftovers of killed runs into `dest` are removed first. `accept` refuses a
     `dest` that holds something else than what is replaced (a run, by default)."""
     dest = Path(dest)
-    accept(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(dest)
-    staging = _side(dest, _STAGING, os.getpid())
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    staging = _new_staging(dest, accept)
     try:
         yield staging
         publish(staging, dest)
