@@ -429,7 +429,8 @@ def _resumed(run: _Run, snap: Snapshot) -> None:
     elapsed = snap.state.get("elapsed_s", 0.0)
     run.start -= elapsed if isinstance(elapsed, int | float) else 0.0
     seen = snap.tensors.get("seen")  # (processes, updates): each process's own losses
-    ok = seen is not None and seen.ndim == 2 and seen.shape[0] == run.world.size
+    ok = seen is not None and seen.ndim == 2 and seen.shape[0] == run.world.size \
+        and seen.is_floating_point()  # untrusted: anything else is dropped, not averaged
     run.seen = list(seen[run.world.rank].unbind(0)) if ok else []
     metrics = os.path.join(run.cfg.out_dir, METRICS)
     run.records = _records_until(metrics, snap.update, run.run_id, cut=run.world.main)
