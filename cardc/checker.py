@@ -64,6 +64,22 @@ class Signature:
     layout: str | None  # "row", "column" or None when the card does not say
     elements: dict[str, FamilyTy] = field(default_factory=dict)  # x_n of a dataset x_{1:N}
     models: dict[str, ModelTy] = field(default_factory=dict)  # cards taken as values (M)
+    run: dict[str, RunValue] = field(default_factory=dict)  # the seed, number formats
+
+
+@dataclass(frozen=True)
+class RunValue:
+    """A hyperparameter the run takes and the steps do not: the seed of every random draw
+    (`formats` empty) or the number format of the input `of` (one of `formats`)."""
+
+    decl: s.Decl
+    formats: tuple[str, ...] = ()
+    of: str | None = None
+    default: int | str | None = None
+
+    @property
+    def seed(self) -> bool:
+        return not self.formats
 
 
 @dataclass
@@ -174,6 +190,7 @@ class Checker:
                 env.declare(kind, item)
         env.link_datasets()
         env.declare_implicit_dims()
+        env.check_formatted()
         inputs = []
         for name in alg.args:
             if name not in env.inputs:
@@ -197,7 +214,7 @@ class Checker:
             params.append((name, entry))
         return Signature(alg, inputs, outs[0] if outs else None, params, env.hypers,
                          env.defaults, env.definitions, env.params, _layout(alg, env),
-                         env.elements, env.model_types())
+                         env.elements, env.model_types(), env.run)
 
 
 # ------------------------------------------------------------------ declarations
@@ -216,6 +233,7 @@ class _DeclEnv:
         self.datasets: list[s.Dataset] = []
         self.elements: dict[str, FamilyTy] = {}
         self.models: dict[str, s.Decl] = {}
+        self.run: dict[str, RunValue] = {}
 
     def error(self, span, msg, hint=None):
         self.c.diags.error(span, msg, hint)
@@ -269,6 +287,15 @@ class _DeclEnv:
         if item.pad is not None:
             self.error(item.span, f"a padding row belongs to a parameter, not to {kind}",
                        hint="declare it on the embedding matrix under Parameters")
+        if item.seed or item.format_of is not None or isinstance(item.type, s.Formats):
+            if kind == "Hyperparameters":
+                self.run_value(item)
+            else:
+                what = {"Input": "an input", "Output": "an output"}.get(kind, "a parameter")
+                self.error(item.span, f"a seed or a number format is a hyperparameter, not "
+                                      f"{what}",
+                           hint="declare it under Hyperparameters")
+            return
         for name in item.names:
             ty = self.decl_type(item, name)
             if kind != "Hyperparameters" and item.type is None and item.value is None:
@@ -279,6 +306,77 @@ class _DeclEnv:
                 self.inputs[name] = ty
             else:
                 self.outputs[name] = ty
+
+    def run_value(self, item: s.Decl) -> None:
+        """`s ∈ ℕ = 1337, seed of every random draw`; `φ ∈ {float32, bfloat16} = float32,
+        number format of θ`: values the run takes, which no step may read."""
+        if len(item.names) != 1:
+            self.error(item.span, "declare a seed or a number format on its own",
+                       hint=f"'{display(item.names[0])} ∈ …' alone on its line")
+            return
+        name = item.names[0]
+        if item.seed:
+            self.seed(name, item)
+        else:
+            self.number_format(name, item)
+
+    def seed(self, name: str, item: s.Decl) -> None:
+        if not (isinstance(item.type, s.Scalar) and item.type.set == "ℕ"):
+            self.error(item.span, "a seed is a whole number",
+                       hint=f"declare it as '{display(name)} ∈ ℕ = 1337, seed of every "
+                            "random draw'")
+            return
+        other = next((v for v in self.run.values() if v.seed), None)
+        if other is not None:
+            self.error(item.span, f"a card has one seed: '{display(other.decl.names[0])}' is "
+                                  "already seed of every random draw")
+            return
+        default = item.value
+        if default is not None and not (isinstance(default, s.Num)
+                                        and re.fullmatch(r"\d+", default.text)):
+            self.error(default.span, f"the seed '{display(name)}' is a whole number ≥ 0",
+                       hint=f"'{display(name)} ∈ ℕ = 1337'")
+            return
+        self.run[name] = RunValue(item, default=None if default is None else int(default.text))
+
+    def number_format(self, name: str, item: s.Decl) -> None:
+        hint = f"'{display(name)} ∈ {{float32, bfloat16}} = float32, number format of θ'"
+        if not isinstance(item.type, s.Formats):
+            self.error(item.span, "a number format is one of a set of formats", hint=hint)
+            return
+        if item.format_of is None:
+            self.error(item.span, f"'{display(name)}' names a number format: say of what",
+                       hint=hint)
+            return
+        default = item.value
+        if default is not None and not (isinstance(default, s.Name)
+                                        and default.id in item.type.names):
+            self.error(default.span, f"'{display(name)}' is one of "
+                                     f"{{{', '.join(item.type.names)}}}", hint=hint)
+            return
+        self.run[name] = RunValue(item, item.type.names, item.format_of,
+                                  None if default is None else default.id)
+
+    def check_formatted(self) -> None:
+        """A card that takes the run's values trains (it takes a dataset); what a number format
+        formats is an input holding parameters, once each."""
+        seen: dict[str, str] = {}
+        for name, value in self.run.items():
+            if not self.datasets:
+                self.error(value.decl.span, f"'{display(name)}' is the run's, and this card does "
+                                            "not train: it takes no dataset",
+                           hint="declare the seed and the number format in the training card")
+                continue
+            if value.of is None:
+                continue
+            if not isinstance(self.inputs.get(value.of), BundleTy):
+                self.error(value.decl.span, f"'{display(value.of)}' is not an input of "
+                                            "parameters: a number format formats parameters",
+                           hint="name the parameters the card takes, as 'number format of θ'")
+            elif value.of in seen:
+                self.error(value.decl.span, f"'{display(value.of)}' already has a number format, "
+                                            f"'{display(seen[value.of])}'")
+            seen.setdefault(value.of, name)
 
     def sentence(self, kind: str, item: s.Sentence) -> None:
         """A block written as a sentence declares the header's symbols that it mentions."""
@@ -718,6 +816,11 @@ class _Body:
         if name in self.failed:  # a consequence of an error already reported
             raise CheckError
         self.failed.add(name)
+        if name in self.sig.run:
+            what = "seed" if self.sig.run[name].seed else "number format"
+            self.error(span, f"'{display(name)}' is the run's {what}, which no step reads",
+                       hint="the run takes it; the steps' math cannot")
+            raise CheckError
         hint = _spelling_hint(name) or _read_as_prose(self.alg, name) or \
             _suggest(name, [k for sc in self.scopes for k in sc])
         self.error(span, f"unknown name '{display(name)}'", hint)

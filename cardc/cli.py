@@ -8,13 +8,14 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import __version__
 from .diagnostics import CardError, Diagnostics
 from .library import card_paths, library_roots, load, shown_folders
 from .runtime.errors import RuntimeInputError
+from .spelling import canonical_name
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 MAX_TOKENS = 100_000  # `sample --tokens`: more is hours of decoding, never what was meant
@@ -325,6 +326,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 # flags of `cardc train` that set a hyperparameter of the training card
 RECIPE_FLAGS = {"steps": "N_steps", "batch_size": "B", "block_size": "ℓ", "lr": "η"}
+DEFAULT_SEED = 1337  # a run's seed when neither its recipe nor --seed gives one
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
@@ -368,7 +370,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     bpe = _tokenizer_spec(args)
     try:
         cfg = TrainConfig(out_dir=out, examples=args.examples, length=args.block_size or 128,
-                          eval_every=args.eval_every, device=args.device, seed=args.seed,
+                          eval_every=args.eval_every, device=args.device,
                           data_path=args.data, compile=args.compile, tensorboard=args.tensorboard,
                           save_every=args.save_every, keep=args.keep_checkpoints,
                           fsdp=args.fsdp)
@@ -383,12 +385,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_destination(out)  # and an --out that cannot hold the run, before it trains
     import torch
 
-    torch.manual_seed(args.seed)  # the initial weights too: a run is reproducible from its seed
     # `kill` ends a run as Ctrl-C does: its staging folder is removed, the previous run stays
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     lib, checker, recipe = _recipe(args)
     model_card = called_model(checker, recipe)
-    hypers, model_overrides = _recipe_values(args, lib, checker, recipe)
+    hypers, model_overrides, run = _recipe_values(args, lib, checker, recipe)
+    cfg = replace(cfg, seed=run.seed, weights=run.weights)
+    torch.manual_seed(cfg.seed)  # the initial weights too: a run is reproducible from its seed
     origin = args.resume or args.finetune
     started = _started(origin, snapshot, checker, model_card) if origin else None
     if started is not None:  # the checkpoint's sizes, unless --set changes one
@@ -687,7 +690,8 @@ def _recipe_values(args: argparse.Namespace, lib, checker, recipe):
 
     info = checker.info(recipe)
     names = card_names(info.sig)
-    overrides = _overrides(args.set)
+    run_pairs = [p for p in args.set if canonical_name(p.partition("=")[0].strip()) in info.sig.run]
+    overrides = _overrides([p for p in args.set if p not in run_pairs])
     flags = _set_flags(args.set)
     mine = {k: v for k, v in overrides.items() if k in names}  # the rest are the model's
     for flag, name in RECIPE_FLAGS.items():
@@ -706,7 +710,41 @@ def _recipe_values(args: argparse.Namespace, lib, checker, recipe):
     if missing:
         raise UsageError(f"{recipe.name} needs {', '.join(missing)}: set it with --set NAME=VALUE")
     hypers = _typed(info.sig, names, values)
-    return hypers, {k: v for k, v in overrides.items() if k not in mine}
+    run = _run_values(args, lib, info.sig, run_pairs)
+    return hypers, {k: v for k, v in overrides.items() if k not in mine}, run
+
+
+@dataclass(frozen=True)
+class _RunValues:
+    """The seed and the weights' number format of a run: the recipe's own (its `seed of every
+    random draw` and `number format of θ` hyperparameters) or the harness's defaults."""
+
+    seed: int = DEFAULT_SEED
+    weights: str = "float32"
+
+
+def _run_values(args: argparse.Namespace, lib, sig, pairs: list[str]) -> _RunValues:
+    """--set NAME=VALUE of the recipe's seed and number formats, and --seed, which sets the
+    recipe's seed when it has one."""
+    from .presets import OverrideError, PresetError, find_preset, run_values
+
+    given = {canonical_name(p.partition("=")[0].strip()): p.partition("=")[2] for p in pairs}
+    flags = {canonical_name(p.partition("=")[0].strip()): f"--set {p}" for p in pairs}
+    seed = next((n for n, v in sig.run.items() if v.seed), None)
+    if args.seed is not None and seed is not None:
+        if seed in given:
+            raise UsageError(f"--seed {args.seed} and {flags[seed]} both set the seed: give one")
+        given[seed], flags[seed] = str(args.seed), f"--seed {args.seed}"
+    try:
+        values = run_values(sig, find_preset(sig.alg, args.preset), given, flags)
+    except PresetError as err:
+        raise err.card_error(lib.diags.sources) from None
+    except OverrideError as err:
+        raise UsageError(str(err)) from None
+    formats = [values[n] for n, v in sig.run.items() if v.of is not None and n in values]
+    chosen = values.get(seed) if seed is not None else args.seed
+    return _RunValues(DEFAULT_SEED if chosen is None else int(chosen),
+                      str(formats[0]) if formats else "float32")
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -1246,8 +1284,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the training card's (peak) learning rate η (default: the preset's)")
     t.add_argument("--eval-every", type=int, default=100,
                    help="updates between held-out evaluations")
-    t.add_argument("--seed", type=_count(0, 2**63 - 1), default=1337,
-                   help="seed of the weights and the data")
+    t.add_argument("--seed", type=_count(0, 2**63 - 1),
+                   help="seed of every random draw: the recipe's seed hyperparameter when it "
+                        f"has one (default: the recipe's, else {DEFAULT_SEED})")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     t.add_argument("--tensorboard", action="store_true",
                    help="also write the records as TensorBoard scalars, in the run folder's tb/ "

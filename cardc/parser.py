@@ -293,10 +293,19 @@ class _Build:
         value = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "="), None)
         init = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "~"), None)
         pad = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "pad"), None)
-        return s.Decl(tuple(c[0]), c[2], value, init, pad=pad, span=self.sp(meta))
+        seed = any(isinstance(x, tuple) and x[0] == "seed" for x in c)
+        format_of = next((x[1] for x in c if isinstance(x, tuple) and x[0] == "format"), None)
+        return s.Decl(tuple(c[0]), c[2], value, init, pad=pad, seed=seed, format_of=format_of,
+                      span=self.sp(meta))
 
     def decl_pad(self, c):
         return ("pad", str(c[-1]))
+
+    def decl_seed(self, c):
+        return ("seed", None)
+
+    def decl_format(self, c):
+        return ("format", str(c[-1]))
 
     @_meta
     def card_decl(self, meta, c):
@@ -371,6 +380,15 @@ class _Build:
     @_meta
     def int_range_type(self, meta, c):
         return s.IntRange(c[0], c[2], span=self.sp(meta))
+
+    @_meta
+    def formats_type(self, meta, c):
+        names = tuple(str(x) for x in c if isinstance(x, Token) and x.type == "NAME")
+        unknown = [n for n in names if n not in s.FORMATS]
+        if unknown:
+            self.diags.error(self.sp(meta), f"'{unknown[0]}' is not a number format",
+                             hint=f"the formats are {', '.join(s.FORMATS)}")
+        return s.Formats(names, span=self.sp(meta))
 
     @_meta
     def finite_type(self, meta, c):

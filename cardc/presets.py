@@ -29,7 +29,7 @@ from .spelling import display
 from .types import BundleTy, Entry, FamilyTy, Ty
 
 if TYPE_CHECKING:
-    from .checker import Checker, Signature
+    from .checker import Checker, RunValue, Signature
 
 LARGEST = Fraction(int(sys.float_info.max))  # generated code holds every value as a float or int
 MAX_SIZE = 2**63 - 1  # torch sizes are 64-bit signed integers
@@ -296,6 +296,8 @@ def _own_values(sig: Signature, src: _Source, preset: s.Preset | None,
             raise PresetError(where, f"preset '{preset.name}' sets '{display(name)}' twice",
                               notes=((seen[name].span, "first set here"),))
         seen[name] = expr
+        if name in sig.run:
+            continue  # the run's own values: run_values reads them
         if name not in sig.hypers:
             raise PresetError(where, f"preset '{preset.name}' sets '{display(name)}', which is "
                                      f"not a hyperparameter of '{sig.alg.label}'",
@@ -330,6 +332,46 @@ def _own_values(sig: Signature, src: _Source, preset: s.Preset | None,
     _follow_bounds(sig, vals, stated, src)
     _define(sig, vals, src, declared)
     return vals
+
+
+def run_values(sig: Signature, preset: s.Preset | None, overrides: dict[str, str],
+               flags: dict[str, str] | None = None) -> dict[str, int | str]:
+    """The values of the card's seed and number formats: defaults, then the preset, then the
+    overrides (as typed; `flags` names each one's flag). A value without a default or a preset
+    is left out: the run chooses it."""
+    out: dict[str, int | str] = {n: v.default for n, v in sig.run.items() if v.default is not None}
+    for name, expr in preset.values if preset else ():
+        value = sig.run.get(name)
+        if value is not None:
+            out[name] = _run_value(name, value, expr, lambda m, e=expr: PresetError(e.span, m))
+    for name, text in overrides.items():
+        flag = (flags or {}).get(name, f"--set {display(name)}={text}")
+        value = sig.run.get(name)
+        if value is None:
+            raise OverrideError(f"{flag}: '{display(name)}' is not a seed or a number format of "
+                                f"'{sig.alg.label}'")
+        out[name] = _run_value(name, value, _typed_text(text),
+                               lambda m, f=flag: OverrideError(f"{f}: {m}"))
+    return out
+
+
+def _typed_text(text: str) -> s.Expr:
+    text = text.strip()
+    return s.Num(text) if text.isdigit() else s.Name(text)
+
+
+def _run_value(name: str, value: RunValue, expr: s.Expr, problem) -> int | str:
+    if value.seed:
+        if not isinstance(expr, s.Num) or not expr.text.isdigit():
+            raise problem(f"the seed '{display(name)}' is a whole number ≥ 0, not "
+                          f"{render_expr(expr)}")
+        if int(expr.text) > MAX_SIZE:
+            raise problem(f"the seed '{display(name)}' = {expr.text} is beyond 2^63 − 1")
+        return int(expr.text)
+    if not isinstance(expr, s.Name) or expr.id not in value.formats:
+        raise problem(f"'{display(name)}' is one of {{{', '.join(value.formats)}}}, not "
+                      f"{render_expr(expr)}")
+    return expr.id
 
 
 def _follow_bounds(sig: Signature, vals: _Values, stated: dict[str, Fraction],
@@ -647,6 +689,7 @@ def _card_problems(checker: Checker, alg: s.Algorithm, cache: dict) -> Iterator[
     for name in (None, *names):
         try:
             validate(checker, alg, name, cache=cache)
+            run_values(checker.infos[id(alg)].sig, find_preset(alg, name), {})
         except PresetError as err:
             yield err
             if name is None:

@@ -216,6 +216,18 @@ class IntRange:
     span: Span = _span()
 
 
+# the number formats a hyperparameter may choose among, by torch's names for them
+FORMATS = ("float32", "bfloat16", "float16", "float64")
+
+
+@dataclass(frozen=True)
+class Formats:
+    """{float32, bfloat16}: number formats, one of which a hyperparameter names."""
+
+    names: tuple[str, ...]
+    span: Span = _span()
+
+
 @dataclass(frozen=True)
 class Finite:
     """[N] = {1, …, N}."""
@@ -270,8 +282,8 @@ class CardType:
     span: Span = _span()
 
 
-Type = (Scalar | Interval | Bits | IntRange | Finite | Sequences | Iso | Simplex | Tensor
-        | CardType)
+Type = (Scalar | Interval | Bits | IntRange | Formats | Finite | Sequences | Iso | Simplex
+        | Tensor | CardType)
 
 # ---------------------------------------------------------------- declarations
 
@@ -291,6 +303,8 @@ class Decl:
     prose: str | None = None
     end: str = ""  # "," or ".": the line ends after it so (a list printed over several lines)
     pad: str | None = None  # `, padding row v_pad`: the hyperparameter naming a padding row
+    seed: bool = False  # `, seed of every random draw`: the run's random draws start from it
+    format_of: str | None = None  # `, number format of θ`: the input whose numbers it formats
     span: Span = _span()
 
 

@@ -58,7 +58,8 @@ def test_version(capsys):
 
 
 @pytest.mark.parametrize("verb, shown", [
-    ("train", ["--seed SEED seed of the weights and the data (default: 1337)",
+    ("train", ["--seed SEED seed of every random draw: the recipe's seed hyperparameter when "
+               "it has one (default: the recipe's, else 1337)",
                "(default: 2000)", "(default: auto)", "(default: the preset's)"]),
     ("sample", ["tokens to add (default: 200)", "(default: 0.8)", "(default: 1337)",
                 "(default: a newline)"]),

@@ -189,9 +189,11 @@ def num_lit(text: str, span: s.Span = s.NOWHERE) -> ir.Expr:
 
 def card_names(sig: Signature) -> list[str]:
     """Declared hyperparameters, in declaration order; a card taken as a value (a recipe's
-    model) is not one the generated function takes: it is the θ it is handed."""
+    model) is not one the generated function takes: it is the θ it is handed. Nor are the
+    seed and the number formats: the run takes them."""
     names = []
     for item in sig.alg.decls("Hyperparameters"):
-        if isinstance(item, s.Decl) and not isinstance(item.type, s.CardType):
+        if isinstance(item, s.Decl) and not isinstance(item.type, s.CardType) \
+                and not any(n in sig.run for n in item.names):
             names += [n for n in item.names if n not in names]
     return names

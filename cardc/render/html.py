@@ -269,6 +269,10 @@ class HtmlRenderer(LatexRenderer):
         return fenced(joined([self.text(node.lo), ELLIPSIS, self.text(node.hi)]), "{", "}",
                       stretchy=False)
 
+    def formats_text(self, node: s.Formats, tail: bool) -> str:
+        return fenced(joined(mi(n, mathvariant="monospace") for n in node.names), "{", "}",
+                      stretchy=False)
+
     def finite_text(self, node: s.Finite, tail: bool) -> str:
         return fenced(self.text(node.size), "[", "]", stretchy=False)
 
@@ -307,7 +311,9 @@ class HtmlRenderer(LatexRenderer):
         out = [joined(names)]
         if node.type is not None:
             out += [mo("∈"), self.text(node.type)]
-        if node.value is not None:
+        if isinstance(node.type, s.Formats) and isinstance(node.value, s.Name):
+            out += [mo("="), mi(node.value.id, mathvariant="monospace")]  # as its set shows it
+        elif node.value is not None:
             out += [mo("="), self.text(node.value)]
         if node.init is not None:
             init = node.init
@@ -322,6 +328,10 @@ class HtmlRenderer(LatexRenderer):
         out = self.math(self.decl_math(node))
         if node.pad is not None:
             out += f", padding row {self.math(self.symbol(node.pad))}"
+        if node.seed:
+            out += ", seed of every random draw"
+        if node.format_of is not None:
+            out += f", number format of {self.math(self.symbol(node.format_of))}"
         if node.prose is not None:
             out += ", " + self.prose(node.prose)
         return out + self.prose(node.end)

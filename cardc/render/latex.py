@@ -341,6 +341,10 @@ class LatexRenderer(Renderer):
     def intrange_text(self, node: s.IntRange, tail: bool) -> str:
         return rf"\{{{self.text(node.lo)}, \ldots, {self.text(node.hi)}\}}"
 
+    def formats_text(self, node: s.Formats, tail: bool) -> str:
+        names = ", ".join(r"\mathtt{" + n + "}" for n in node.names)
+        return rf"\{{{names}\}}"
+
     def finite_text(self, node: s.Finite, tail: bool) -> str:
         return f"[{self.text(node.size)}]"
 
@@ -378,7 +382,9 @@ class LatexRenderer(Renderer):
         out = ", ".join(names)
         if node.type is not None:
             out += rf" \in {self.text(node.type)}"
-        if node.value is not None:
+        if isinstance(node.type, s.Formats) and isinstance(node.value, s.Name):
+            out += rf" = \mathtt{{{node.value.id}}}"  # a format's name, as its set shows it
+        elif node.value is not None:
             out += f" = {self.text(node.value)}"
         if node.init is not None:
             init = node.init
@@ -393,6 +399,10 @@ class LatexRenderer(Renderer):
         out = self.math(self.decl_math(node))
         if node.pad is not None:
             out += f", padding row {self.math(symbol(node.pad))}"
+        if node.seed:
+            out += ", seed of every random draw"
+        if node.format_of is not None:
+            out += f", number format of {self.math(symbol(node.format_of))}"
         if node.prose is not None:
             out += ", " + self.prose(node.prose)
         return out + self.prose(node.end)

@@ -236,6 +236,9 @@ class Renderer:
     def intrange_text(self, node: s.IntRange, tail: bool) -> str:
         return f"{{{self.text(node.lo)}..{self.text(node.hi)}}}"
 
+    def formats_text(self, node: s.Formats, tail: bool) -> str:
+        return f"{{{', '.join(node.names)}}}"
+
     def finite_text(self, node: s.Finite, tail: bool) -> str:
         return f"[{self.text(node.size)}]"
 
@@ -278,6 +281,10 @@ class Renderer:
                 out += f" ~ {VALUES.text(init)}"
         if node.pad is not None:
             out += f", padding row {node.pad}"
+        if node.seed:
+            out += ", seed of every random draw"
+        if node.format_of is not None:
+            out += f", number format of {node.format_of}"
         return out
 
     def decl_line_text(self, node: s.Decl) -> str:

@@ -58,6 +58,7 @@ from cardc.runtime.runs import METRICS, TENSORBOARD, RunFolder, new_run_id, trai
 from cardc.runtime.sample import is_language_model
 from cardc.runtime.tasks import reversal_pairs, windows
 from cardc.runtime.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer, corpus_splits
+from cardc.syntax import FORMATS
 
 BAR_EVERY = 10  # updates between progress-bar redraws; each one costs a device sync
 # Tokens of a dataset the harness makes up front (int64: 2 GiB); a run asking for more is refused
@@ -89,8 +90,11 @@ class TrainConfig:
     save_every: int = 500  # updates between checkpoints (runtime.resume); 0: only when stopped
     keep: int = 2  # the newest checkpoints kept
     fsdp: bool = False  # shard the model over the processes (runtime.distributed.shard)
+    weights: str = "float32"  # the number format the parameters (and so AdamW's moments) are in
 
     def __post_init__(self) -> None:
+        if self.weights not in FORMATS:
+            raise RuntimeInputError(f"invalid number format {self.weights!r} for the weights")
         if self.save_every < 0:
             raise RuntimeInputError(f"invalid training setting save_every={self.save_every!r}")
         for name in ("examples", "length", "eval_every", "eval_iters", "eval_batch", "keep"):
@@ -288,6 +292,7 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
     folder. With ``resume`` (a checkpoint of the run in ``cfg.out_dir``), the run goes on from
     it exactly as if it had never stopped."""
     tokenizer = tokenizer or ByteTokenizer()
+    model.to(dtype=getattr(torch, cfg.weights))  # before the card's optimizer takes θ
     meta = {**meta, "tokenizer": tokenizer.record()}
     json.dumps(meta)  # fail now, not after a long run, if the checkpoint metadata can't be saved
     if cfg.tensorboard:
@@ -371,6 +376,7 @@ def fingerprint(recipe: Recipe, hypers: dict[str, Any], cfg: TrainConfig,
     return {"recipe": recipe.__name__, "recipe_source": _source_digest(recipe),
             "recipe_values": hypers, "model": meta.get("name"),
             "model_values": meta.get("hyperparameters"), "cards": cards, "seed": cfg.seed,
+            "weights": cfg.weights,
             "examples": cfg.examples, "length": cfg.length, "eval_every": cfg.eval_every,
             "eval_iters": cfg.eval_iters, "eval_batch": cfg.eval_batch,
             "data": meta.get("data"), "tokenizer": meta.get("tokenizer"),
