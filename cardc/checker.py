@@ -333,9 +333,10 @@ class _DeclEnv:
             return
         default = item.value
         if default is not None and not (isinstance(default, s.Num)
-                                        and re.fullmatch(r"\d+", default.text)):
-            self.error(default.span, f"the seed '{display(name)}' is a whole number ≥ 0",
-                       hint=f"'{display(name)} ∈ ℕ = 1337'")
+                                        and re.fullmatch(r"\d+", default.text)
+                                        and int(default.text) < 2**63):
+            self.error(default.span, f"the seed '{display(name)}' is a whole number from 0 to "
+                                     "2^63 − 1", hint=f"'{display(name)} ∈ ℕ = 1337'")
             return
         self.run[name] = RunValue(item, default=None if default is None else int(default.text))
 
