@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,9 +84,16 @@ def _at_root(monkeypatch):
     monkeypatch.chdir(ROOT)
 
 
-def test_a_killed_run_leaves_the_previous_run_whole(tmp_path, capsys):
-    dest = tmp_path / "run"
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished run, which tests copy before they change it."""
+    dest = tmp_path_factory.mktemp("finished") / "run"
     finish(dest)
+    return dest
+
+
+def test_a_killed_run_leaves_the_previous_run_whole(finished, tmp_path, capsys):
+    dest = Path(shutil.copytree(finished, tmp_path / "run"))
     before = files(dest)
     assert set(before) == {"metrics.jsonl", "model.safetensors", "loss.png"}
     points = [lambda d: lambda: True,  # while it starts
@@ -125,9 +133,8 @@ def test_a_terminated_run_leaves_a_run_to_resume_and_nothing_else(tmp_path):
     assert (dest / "checkpoints").is_dir() and not (dest / "model.safetensors").exists()
 
 
-def test_sample_refuses_a_folder_mixing_two_runs(tmp_path, capsys):
-    dest = tmp_path / "run"
-    finish(dest)
+def test_sample_refuses_a_folder_mixing_two_runs(finished, tmp_path, capsys):
+    dest = Path(shutil.copytree(finished, tmp_path / "run"))
     lines = (dest / "metrics.jsonl").read_text().splitlines()
     other = [json.dumps({**json.loads(x), "run": "0123456789abcdef"}) for x in lines]
     (dest / "metrics.jsonl").write_text("\n".join(other) + "\n")

@@ -100,7 +100,7 @@ def test_what_makes_it_gemma2_matters(pair, change):
     assert diff > 1e-3, f"{change} changed the logits by only {diff:.3e}"
 
 
-def test_a_tiny_gemma2_trains_and_samples(tmp_path):
+def test_a_tiny_gemma2_trains_and_samples(tmp_path, cli):
     """`cardc train cards/gemma2.card` trains it (val loss falls); the run samples."""
     from test_interop import cardc
 
@@ -112,7 +112,7 @@ def test_a_tiny_gemma2_trains_and_samples(tmp_path):
     assert "training Gemma2 (" in r.stdout  # whichever recipe trains it
     first, last = (float(x) for x in r.stdout.split("val loss ")[1].split(" after")[0].split(" -> "))
     assert last < first, r.stdout
-    s = cardc("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
+    s = cli("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
     assert s.returncode == 0, s.stderr
 
 

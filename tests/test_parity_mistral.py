@@ -142,7 +142,7 @@ def test_a_checkpoint_without_a_window_imports_as_the_whole_context(tmp_path):
     assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
 
 
-def test_a_tiny_mistral_trains_and_samples(tmp_path):
+def test_a_tiny_mistral_trains_and_samples(tmp_path, cli):
     """`cardc train cards/mistral.card` trains it (val loss falls), with a window
     shorter than the training sequences, and the run samples."""
     from test_interop import cardc
@@ -155,7 +155,7 @@ def test_a_tiny_mistral_trains_and_samples(tmp_path):
     assert "training Mistral (" in r.stdout  # whichever recipe trains it
     first, last = (float(x) for x in r.stdout.split("val loss ")[1].split(" after")[0].split(" -> "))
     assert last < first, r.stdout
-    s = cardc("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
+    s = cli("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
     assert s.returncode == 0, s.stderr
 
 

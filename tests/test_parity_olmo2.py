@@ -118,7 +118,7 @@ def test_cardc_import_of_a_saved_olmo2_matches_its_logits(tmp_path):
     assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
 
 
-def test_a_tiny_olmo2_trains_and_samples(tmp_path):
+def test_a_tiny_olmo2_trains_and_samples(tmp_path, cli):
     """`cardc train cards/olmo2.card` trains it (val loss falls); the run samples."""
     from test_interop import cardc
 
@@ -129,7 +129,7 @@ def test_a_tiny_olmo2_trains_and_samples(tmp_path):
     assert "training OLMo2 (" in r.stdout  # whichever recipe trains it
     first, last = (float(x) for x in r.stdout.split("val loss ")[1].split(" after")[0].split(" -> "))
     assert last < first, r.stdout
-    s = cardc("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
+    s = cli("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
     assert s.returncode == 0, s.stderr
 
 

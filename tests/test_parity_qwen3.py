@@ -132,7 +132,7 @@ def test_cardc_import_of_a_saved_qwen3_matches_its_logits(tmp_path):
     assert r.returncode == 1 and "use_sliding_window = True" in r.stderr, r.stderr
 
 
-def test_a_tiny_qwen3_trains_and_samples(tmp_path):
+def test_a_tiny_qwen3_trains_and_samples(tmp_path, cli):
     """`cardc train cards/qwen3.card` trains it (val loss falls); the run samples."""
     from test_interop import cardc
 
@@ -143,7 +143,7 @@ def test_a_tiny_qwen3_trains_and_samples(tmp_path):
     assert "training Qwen3 (" in r.stdout  # whichever recipe trains it
     first, last = (float(x) for x in r.stdout.split("val loss ")[1].split(" after")[0].split(" -> "))
     assert last < first, r.stdout
-    s = cardc("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
+    s = cli("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
     assert s.returncode == 0, s.stderr
 
 

@@ -52,11 +52,16 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "model.safetensors")
 
 
+# Checkpoints every 5 updates, the newest 3 kept: where to save changes neither the curve nor
+# the weights (the resumed runs, saving every 10, end as this one).
+KEEP = ["--save-every", "5", "--keep-checkpoints", "3"]
+
+
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory) -> Path:
     """The run nothing interrupts."""
     out = tmp_path_factory.mktemp("whole") / "run"
-    r = cardc(*RUN, "--out", str(out))
+    r = cardc(*RUN, *KEEP, "--out", str(out))
     assert r.returncode == 0, r.stderr
     return out
 
@@ -102,15 +107,12 @@ def test_a_stopped_run_saves_where_it_stopped_and_resumes(whole, tmp_path, sig, 
     assert_same_run(out, whole)
 
 
-def test_the_newest_checkpoints_are_kept(tmp_path):
-    out = tmp_path / "run"
-    r = cardc(*RUN, "--save-every", "5", "--keep-checkpoints", "3", "--out", str(out))
-    assert r.returncode == 0, r.stderr
+def test_the_newest_checkpoints_are_kept(whole):
     # The last update is model.safetensors itself, not a checkpoint too.
-    assert [p.name for p in snapshots(out)] == ["step-0000025", "step-0000030", "step-0000035"]
+    assert [p.name for p in snapshots(whole)] == ["step-0000025", "step-0000030", "step-0000035"]
     from cardc.runtime.checkpoint import read_checkpoint
 
-    meta, _ = read_checkpoint(snapshots(out)[-1])
+    meta, _ = read_checkpoint(snapshots(whole)[-1])
     assert meta["update"] == 35 and meta["context"] == 15  # samples as a run of its own
 
 
@@ -133,16 +135,16 @@ def stopped(killed, tmp_path) -> Path:
     return Path(shutil.copytree(killed, tmp_path / "run"))
 
 
-def test_resume_refuses_other_settings_naming_the_first(stopped):
-    r = cardc(*RUN, "--lr", "0.01", "--out", str(stopped), "--resume", str(stopped))
+def test_resume_refuses_other_settings_naming_the_first(stopped, cli):
+    r = cli(*RUN, "--lr", "0.01", "--out", str(stopped), "--resume", str(stopped))
     assert r.returncode == 1
     assert "it was trained with recipe_values.eta = 0.001, this run has 0.01" in r.stderr
-    r = cardc(*RUN, "--seed", "7", "--resume", str(stopped))
+    r = cli(*RUN, "--seed", "7", "--resume", str(stopped))
     assert r.returncode == 1 and "seed = 1337, this run has 7" in r.stderr
 
 
-def test_an_unfinished_run_points_to_its_checkpoint(stopped):
-    r = cardc("sample", str(stopped), "--tokens", "5")
+def test_an_unfinished_run_points_to_its_checkpoint(stopped, cli):
+    r = cli("sample", str(stopped), "--tokens", "5")
     assert r.returncode == 1
     assert "has not finished; resume it" in r.stderr and "step-0000010" in r.stderr
 
@@ -152,7 +154,7 @@ def test_an_unfinished_run_points_to_its_checkpoint(stopped):
     ("settings", "optimizer setting betas = 'x'"),
     ("shape", "of shape (3,), for a parameter of shape"),
 ])
-def test_a_damaged_checkpoint_state_is_one_clear_error(stopped, damage, message):
+def test_a_damaged_checkpoint_state_is_one_clear_error(stopped, damage, message, cli):
     """The state file is untrusted input: each kind of damage is one line, no traceback."""
     file = snapshots(stopped)[-1] / STATE_NAME
     if damage == "truncate":
@@ -168,19 +170,19 @@ def test_a_damaged_checkpoint_state_is_one_clear_error(stopped, damage, message)
         else:
             tensors[next(k for k in tensors if k.endswith("exp_avg"))] = torch.zeros(3)
         save_file(tensors, str(file), metadata={"cardc_state": json.dumps(state)})
-    r = cardc(*RUN, "--out", str(stopped), "--resume", str(stopped))
+    r = cli(*RUN, "--out", str(stopped), "--resume", str(stopped))
     assert r.returncode == 1, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
-def test_resume_and_its_flags_refuse_what_cannot_be_resumed(whole, tmp_path):
-    r = cardc(*RUN, "--resume", str(whole))
+def test_resume_and_its_flags_refuse_what_cannot_be_resumed(whole, tmp_path, cli):
+    r = cli(*RUN, "--resume", str(whole))
     assert r.returncode == 2 and "the run has finished" in r.stderr and "--finetune" in r.stderr
-    r = cardc(*RUN, "--resume", str(whole), "--finetune", str(whole))
+    r = cli(*RUN, "--resume", str(whole), "--finetune", str(whole))
     assert r.returncode == 2 and "give one" in r.stderr
-    r = cardc(*RUN, "--resume", str(whole), "--out", str(tmp_path / "elsewhere"))
+    r = cli(*RUN, "--resume", str(whole), "--out", str(tmp_path / "elsewhere"))
     assert r.returncode == 2 and "in the run's own folder" in r.stderr
-    r = cardc(*RUN, "--resume", str(tmp_path))
+    r = cli(*RUN, "--resume", str(tmp_path))
     assert r.returncode == 2 and "saved no checkpoint" in r.stderr
 
 

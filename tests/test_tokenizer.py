@@ -185,10 +185,10 @@ def words_of(text: str, prompt: str) -> list[str]:
 
 
 @pytest.mark.parametrize("flags", [[], ["--top-k", "3"]])
-def test_sample_reads_and_writes_words(bpe_run, flags):
+def test_sample_reads_and_writes_words(bpe_run, flags, cli):
     """The recorded card (LMSampling), drawing from every token and from its top_k step's."""
-    r = cardc("sample", str(bpe_run), "--prompt", "the cat", "--tokens", "24",
-              "--temperature", "0", *flags)
+    r = cli("sample", str(bpe_run), "--prompt", "the cat", "--tokens", "24",
+            "--temperature", "0", *flags)
     assert r.returncode == 0, r.stderr
     words = words_of(r.stdout.removesuffix("\n"), "the cat")
     assert len(words) >= 4

@@ -7,6 +7,7 @@ import math
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,41 +50,41 @@ def test_checkpoint_records_card_and_preset(run_dir):
     assert {"gpt2.card", "nn/attention.card"} <= set(meta["cards"])
 
 
-def test_sample_continues_the_prompt(run_dir):
+def test_sample_continues_the_prompt(run_dir, cli):
     r = cardc("sample", str(run_dir), "--prompt", "The ", "--tokens", "20")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("The ")
-    greedy = [cardc("sample", str(run_dir), "--prompt", "a", "--tokens", "10",
-                    "--temperature", "0").stdout for _ in range(2)]
+    greedy = [run("sample", str(run_dir), "--prompt", "a", "--tokens", "10",
+                  "--temperature", "0").stdout for run in (cardc, cli)]  # two processes
     assert greedy[0] == greedy[1]
 
 
-def test_sample_with_top_k_or_top_p_sets_the_cards_filters(run_dir):
+def test_sample_with_top_k_or_top_p_sets_the_cards_filters(run_dir, cli):
     """--top-k 1, and a tiny --top-p at any temperature, keep the most probable token alone:
     the card's top_k and top_p steps draw what temperature 0 picks."""
     r = cardc("sample", str(run_dir), "--prompt", "The ", "--tokens", "20", "--top-p", "0.9")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("The ")
     common = ["sample", str(run_dir), "--prompt", "a", "--tokens", "30", "--temperature"]
-    greedy = cardc(*common, "0")
-    top_1 = cardc(*common, "0.8", "--top-k", "1")
-    nucleus = cardc(*common, "2", "--top-p", "0.000001")
+    greedy = cli(*common, "0")
+    top_1 = cli(*common, "0.8", "--top-k", "1")
+    nucleus = cli(*common, "2", "--top-p", "0.000001")
     assert greedy.returncode == top_1.returncode == nucleus.returncode == 0, top_1.stderr
     assert top_1.stdout == greedy.stdout == nucleus.stdout
-    assert cardc(*common, "2", "--top-k", "256").stdout == cardc(*common, "2").stdout  # k = V
+    assert cli(*common, "2", "--top-k", "256").stdout == cli(*common, "2").stdout  # k = V
 
 
-def test_sample_batches_prompts_and_each_reads_as_it_would_alone(run_dir):
+def test_sample_batches_prompts_and_each_reads_as_it_would_alone(run_dir, cli):
     """Prompts of one length run as one batch: at temperature 0 each continues as in a call of
     its own; a prompt of another length is a batch of its own, drawn from --seed afresh, so it
     samples what it samples alone."""
     common = ["sample", str(run_dir), "--tokens", "12", "--seed", "5"]
     one = cardc(*common, "--temperature", "0", "--prompt", "ab", "--prompt", "cd")
-    alone = [cardc(*common, "--temperature", "0", "--prompt", p).stdout for p in ("ab", "cd")]
+    alone = [cli(*common, "--temperature", "0", "--prompt", p).stdout for p in ("ab", "cd")]
     assert one.returncode == 0, one.stderr
     assert one.stdout == f"==> prompt 1 <==\n{alone[0]}\n==> prompt 2 <==\n{alone[1]}"
     mixed = cardc(*common, "--prompt", "ab", "--prompt", "xyz")
-    alone = [cardc(*common, "--prompt", p).stdout for p in ("ab", "xyz")]
+    alone = [cli(*common, "--prompt", p).stdout for p in ("ab", "xyz")]
     assert mixed.stdout == f"==> prompt 1 <==\n{alone[0]}\n==> prompt 2 <==\n{alone[1]}"
 
 
@@ -114,7 +115,7 @@ def test_sample_stops_before_the_stop_text(run_dir, capsys, monkeypatch):
     assert len(told) == next(n for n in range(41) if stop.encode() in bytes(drawn[:n]))
 
 
-def test_sample_refuses_top_k_for_a_card_without_the_step(run_dir, tmp_path):
+def test_sample_refuses_top_k_for_a_card_without_the_step(run_dir, tmp_path, cli):
     card = (ROOT / "cards/recipes/lm_sampling.card").read_text(encoding="utf-8")
     plain = tmp_path / "plain.card"
     lines = [line for line in card.splitlines(keepends=True)
@@ -126,14 +127,14 @@ def test_sample_refuses_top_k_for_a_card_without_the_step(run_dir, tmp_path):
     assert r.stderr == ("cardc: error: --top-k sets k in a step top_k(w | k) of the sampling "
                         "card, and LMSampling has none; sample with a card that has one, as "
                         "cardc's recipes/lm_sampling.card\n")
-    r = cardc("sample", str(run_dir), "--card", str(plain), "--tokens", "3")
+    r = cli("sample", str(run_dir), "--card", str(plain), "--tokens", "3")
     assert r.returncode == 0, r.stderr
-    r = cardc("sample", str(run_dir), "--set", "k=0")
+    r = cli("sample", str(run_dir), "--set", "k=0")
     assert r.returncode == 2 and r.stderr == ("cardc: error: k = 0: top_k keeps at least one "
                                               "token\n")
 
 
-def test_eval_prints_the_held_out_loss_and_its_perplexity(run_dir):
+def test_eval_prints_the_held_out_loss_and_its_perplexity(run_dir, cli):
     """With no --data, eval measures the windows of the run's held-out split that training
     measured: its loss is the last recorded val_loss."""
     r = cardc("eval", str(run_dir))
@@ -144,16 +145,15 @@ def test_eval_prints_the_held_out_loss_and_its_perplexity(run_dir):
     assert abs(perplexity - math.exp(loss)) <= 1e-4 * perplexity
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert abs(loss - records[-1]["val_loss"]) < 1e-4
-    r = cardc("eval", str(run_dir), "--data", "README.md", "--batches", "2")
+    r = cli("eval", str(run_dir), "--data", "README.md", "--batches", "2")
     assert r.returncode == 0, r.stderr
     assert "on 'README.md' (2 batches of 16 windows of 15 tokens)" in r.stdout
 
 
-def test_eval_refuses_a_model_that_reads_ahead(tmp_path):
-    r = cardc("train", "cards/paper/etraining.card", "--preset", "tiny", "--examples", "20",
-              "--set", "N_epochs=1", "--out", str(tmp_path))
+def test_eval_refuses_a_model_that_reads_ahead(paper_run, cli):
+    r, run = paper_run("etraining")
     assert r.returncode == 0, r.stderr
-    r = cardc("eval", str(tmp_path))
+    r = cli("eval", str(run))
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert r.stderr.startswith("cardc: error: ETransformer is not a causal language model")
 
@@ -196,55 +196,70 @@ def test_sample_rebuilds_without_the_card_files(run_dir, tmp_path):
     (["train", "cards/gpt2.card", "--preset", "tiny", "--data", "no/such.txt", "--steps", "1"],
      1, "cannot read corpus file"),
 ])
-def test_bad_input_gets_one_clear_message(args, code, message):
-    r = cardc(*args)
+def test_bad_input_gets_one_clear_message(args, code, message, cli):
+    r = cli(*args)
     assert r.returncode == code, r.stderr
     assert message in r.stderr
     assert "Traceback" not in r.stderr
 
 
-def test_corrupt_checkpoint(tmp_path):
+def test_corrupt_checkpoint(tmp_path, cli):
     (tmp_path / "model.safetensors").write_bytes(b"not a checkpoint at all")
-    r = cardc("sample", str(tmp_path))
+    r = cli("sample", str(tmp_path))
     assert r.returncode == 1 and "not a valid safetensors file" in r.stderr
     assert "Traceback" not in r.stderr
 
 
-def test_missing_gpu_is_reported_before_anything_is_written(tmp_path):
+def test_missing_gpu_is_reported_before_anything_is_written(tmp_path, cli):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", "--device", "cuda",
-              "--out", str(tmp_path / "run"))
+    r = cli("train", "cards/gpt2.card", "--preset", "tiny", "--device", "cuda",
+            "--out", str(tmp_path / "run"))
     assert r.returncode == 1 and "CUDA is not available" in r.stderr
     assert not (tmp_path / "run").exists() and r.stdout == ""
 
 
-def test_same_seed_same_initial_weights(tmp_path):
-    runs = []
-    for k in range(2):
-        out = tmp_path / f"r{k}"
-        r = cardc("train", "cards/gpt2.card", "--preset", "tiny", *SMALL, "--steps", "0",
-                  "--batch-size", "2", "--block-size", "8", "--out", str(out))
-        assert r.returncode == 0, r.stderr
-        runs.append((out / "metrics.jsonl").read_text().splitlines()[0])
-    first = [json.loads(line) for line in runs]
+def test_same_seed_same_initial_weights(run_dir, tmp_path):
+    """A second run of run_dir's seed and sizes (run_dir is the first) starts from its weights:
+    their first held-out losses are equal."""
+    out = tmp_path / "run"
+    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", *SMALL, "--steps", "0",
+              "--batch-size", "4", "--block-size", "16", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    first = [json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+             for run in (run_dir, out)]
     assert first[0]["val_loss"] == first[1]["val_loss"]
 
 
+@pytest.fixture(scope="module")
+def paper_run(tmp_path_factory) -> Callable[[str], tuple[subprocess.CompletedProcess, Path]]:
+    """`cardc train cards/paper/CARD.card`, run once for the module: the tests that sample or
+    evaluate a run of a paper card read this one (never change it)."""
+    runs: dict[str, tuple[subprocess.CompletedProcess, Path]] = {}
+
+    def run(card: str) -> tuple[subprocess.CompletedProcess, Path]:
+        if card not in runs:
+            out = tmp_path_factory.mktemp(card)
+            runs[card] = cardc("train", f"cards/paper/{card}.card", "--preset", "tiny",
+                               "--examples", "300", "--block-size", "32", "--out", str(out)), out
+        return runs[card]
+
+    return run
+
+
 @pytest.mark.parametrize("card", ["dtraining", "etraining", "edtraining"])
-def test_train_runs_the_papers_training_cards(card, tmp_path):
+def test_train_runs_the_papers_training_cards(card, paper_run):
     """`cardc train` on a training card runs the card's own loop on the model it calls."""
-    r = cardc("train", f"cards/paper/{card}.card", "--preset", "tiny", "--examples", "300",
-              "--block-size", "32", "--out", str(tmp_path))
+    r, run = paper_run(card)
     assert r.returncode == 0, r.stderr
     assert f"with {card[:-8].upper()}Training (cards/paper/{card}.card)" in r.stdout
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     vals = [r["val_loss"] for r in records if r["val_loss"] is not None]
     assert len(vals) >= 2 and vals[-1] < vals[0]
     assert records[-1]["step"] % 300 == 0  # one update per example, every epoch
-    assert (tmp_path / "model.safetensors").stat().st_size > 0
+    assert (run / "model.safetensors").stat().st_size > 0
 
 
 def test_train_a_model_card_runs_the_card_that_trains_it(tmp_path):
@@ -261,18 +276,17 @@ def test_train_a_model_card_runs_the_card_that_trains_it(tmp_path):
     assert all(r["card_loss"] is not None for r in records[1:])
 
 
-def test_sample_with_the_papers_inference_card(tmp_path):
-    r = cardc("train", "cards/paper/dtraining.card", "--preset", "tiny", "--examples", "100",
-              "--block-size", "16", "--out", str(tmp_path))
+def test_sample_with_the_papers_inference_card(paper_run, cli):
+    r, run = paper_run("dtraining")
     assert r.returncode == 0, r.stderr
-    r = cardc("sample", str(tmp_path), "--card", "cards/paper/dinference.card", "--prompt", "ab",
+    r = cardc("sample", str(run), "--card", "cards/paper/dinference.card", "--prompt", "ab",
               "--tokens", "12", "--temperature", "0")
     assert r.returncode == 0, r.stderr
     assert 1 <= len(r.stdout.encode()) <= 12 * 3 + 1  # ℓ_gen = 12 bytes, decoded
-    again = cardc("sample", str(tmp_path), "--card", "cards/paper/dinference.card", "--prompt",
-                  "ab", "--tokens", "12", "--temperature", "0")
-    assert again.stdout == r.stdout  # τ = 0 is the arg-max: deterministic
-    wrong = cardc("sample", str(tmp_path), "--card", "cards/paper/edinference.card")
+    again = cli("sample", str(run), "--card", "cards/paper/dinference.card", "--prompt",
+                "ab", "--tokens", "12", "--temperature", "0")
+    assert again.stdout == r.stdout  # τ = 0 is the arg-max: deterministic, in another process
+    wrong = cli("sample", str(run), "--card", "cards/paper/edinference.card")
     assert wrong.returncode == 2
     assert "EDInference samples from EDTransformer" in wrong.stderr
     assert "Traceback" not in wrong.stderr
@@ -288,31 +302,30 @@ def test_sample_with_the_papers_inference_card(tmp_path):
      "--examples must be >= 1"),
     (["train", "cards/paper/etraining.card", "--preset", "huge"], 1, "no preset 'huge'"),
 ])
-def test_training_cards_reject_bad_input(args, code, message, tmp_path):
-    r = cardc(*args, "--out", str(tmp_path / "run"))
+def test_training_cards_reject_bad_input(args, code, message, tmp_path, cli):
+    r = cli(*args, "--out", str(tmp_path / "run"))
     assert r.returncode == code, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "run" / "model.safetensors").exists()
 
 
-def test_sample_sets_an_inference_cards_own_hyperparameters(tmp_path):
-    r = cardc("train", "cards/paper/edtraining.card", "--preset", "tiny", "--examples", "20",
-              "--set", "N_epochs=1", "--out", str(tmp_path))
+def test_sample_sets_an_inference_cards_own_hyperparameters(paper_run, cli):
+    r, run = paper_run("edtraining")
     assert r.returncode == 0, r.stderr
-    guarded = ["sample", str(tmp_path), "--card", "cards/paper/edinference_guarded.card",
+    guarded = ["sample", str(run), "--card", "cards/paper/edinference_guarded.card",
                "--prompt", "3 1 4", "--temperature", "0"]
     r = cardc(*guarded, "--set", "ℓ_out=3")
     assert r.returncode == 0, r.stderr
     out = [int(w) for w in r.stdout.split()]
     assert out[0] == 32 - 2 and (len(out) == 3 or out[-1] == 32 - 1)  # bos, then ≤ ℓ_out tokens
-    r = cardc(*guarded, "--set", "ℓ_out=x")
+    r = cli(*guarded, "--set", "ℓ_out=x")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    r = cardc("sample", str(tmp_path), "--prompt", "3 1 4", "--temperature", "0")
+    r = cli("sample", str(run), "--prompt", "3 1 4", "--temperature", "0")
     assert r.returncode == 0, r.stderr  # the inference card recorded at training: EDInference
     assert [int(w) for w in r.stdout.split()][0] == 32 - 2
 
 
-def test_the_generic_sampling_card_decodes_like_the_built_in_sampler(run_dir):
+def test_the_generic_sampling_card_decodes_like_the_built_in_sampler(run_dir, cli):
     """cards/recipes/lm_sampling.card, bound to GPT-2, at τ = 0 and the built-in greedy sampler
     (what model.generate runs) agree token for token, past the model's context of 32 tokens."""
     from cardc.build import rebuild_model
@@ -321,7 +334,7 @@ def test_the_generic_sampling_card_decodes_like_the_built_in_sampler(run_dir):
 
     common = ["sample", str(run_dir), "--prompt", "ab", "--tokens", "40", "--temperature", "0"]
     card = cardc(*common, "--card", "cards/recipes/lm_sampling.card")
-    default = cardc(*common)
+    default = cli(*common)
     assert card.returncode == 0 and default.returncode == 0, card.stderr
     meta, state = read_checkpoint(run_dir)
     model = rebuild_model(meta)
@@ -348,9 +361,9 @@ def test_the_checkpoint_records_the_sampling_card(run_dir):
         (ROOT / "cards/recipes/lm_sampling.card").read_text()
 
 
-def test_train_refuses_a_model_no_training_card_trains(tmp_path):
-    r = cardc("train", "cards/paper/unembedding.card", "--set", "N_V=10", "--set", "d_e=4",
-              "--out", str(tmp_path / "run"))
+def test_train_refuses_a_model_no_training_card_trains(tmp_path, cli):
+    r = cli("train", "cards/paper/unembedding.card", "--set", "N_V=10", "--set", "d_e=4",
+            "--out", str(tmp_path / "run"))
     assert r.returncode == 2 and "no training card trains Unembedding" in r.stderr
     assert r.stderr.endswith("; searched cards/\n")
     assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
@@ -365,13 +378,13 @@ def test_train_refuses_a_model_no_training_card_trains(tmp_path):
     (["cards/gpt2.card", "--block-size", "1"], "--block-size must be >= 2"),
     (["cards/gpt2.card", "--block-size", "300"], "ℓ = 300 tokens do not fit the model's context"),
 ])
-def test_recipe_flags_are_checked_against_the_training_card(args, message, tmp_path):
-    r = cardc("train", *args, "--preset", "tiny", "--out", str(tmp_path / "run"))
+def test_recipe_flags_are_checked_against_the_training_card(args, message, tmp_path, cli):
+    r = cli("train", *args, "--preset", "tiny", "--out", str(tmp_path / "run"))
     assert r.returncode in (1, 2) and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "run" / "model.safetensors").exists()
 
 
-def test_the_tiny_llama_trains_and_samples(tmp_path):
+def test_the_tiny_llama_trains_and_samples(tmp_path, cli):
     """The Llama card trains with the generic LMTraining (val loss falls) and samples."""
     r = cardc("train", "cards/llama.card", "--preset", "tiny", "--set", "D=32", "--set", "H=4",
               "--set", "H_kv=2", "--set", "D_f=64", "--set", "N=1", "--steps", "12",
@@ -381,7 +394,7 @@ def test_the_tiny_llama_trains_and_samples(tmp_path):
     assert "with LMTraining (cards/recipes/lm_training.card)" in r.stdout
     first, last = (float(x) for x in r.stdout.split("val loss ")[1].split(" after")[0].split(" -> "))
     assert last < first, r.stdout
-    s = cardc("sample", str(tmp_path), "--seed", "0")
+    s = cli("sample", str(tmp_path), "--seed", "0")
     assert s.returncode == 0, s.stderr
 
 
@@ -413,10 +426,11 @@ def torch_equal(a, b) -> bool:
     ("cards/llama.card", "holds GPT2, but the training card trains Llama"),
     ("cards/gpt2.card", "checkpoint tensor 'W_p' has shape (32, 32), model expects (16, 32)"),
 ])
-def test_finetune_refuses_a_checkpoint_of_another_model(run_dir, tmp_path, card, message):
+def test_finetune_refuses_a_checkpoint_of_another_model(run_dir, tmp_path, card, message,
+                                                        cli):
     extra = ["--set", "ctx=16"] if card == "cards/gpt2.card" else []
-    r = cardc("train", card, "--preset", "tiny", "--finetune", str(run_dir), *extra,
-              "--steps", "1", "--out", str(tmp_path / "out"))
+    r = cli("train", card, "--preset", "tiny", "--finetune", str(run_dir), *extra,
+            "--steps", "1", "--out", str(tmp_path / "out"))
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert message in r.stderr
     assert not (tmp_path / "out").exists()
@@ -434,14 +448,14 @@ def test_pad_vocab_rounds_the_vocabulary_up_to_a_multiple_of_64(tmp_path):
     assert meta["hyperparameters"]["V"] == 320 and state["W_e"].shape == (320, 32)
 
 
-def test_pad_vocab_refuses_a_fine_tuned_run(run_dir, tmp_path):
-    r = cardc("train", "cards/gpt2.card", "--preset", "tiny", "--finetune", str(run_dir),
-              "--pad-vocab", "--steps", "1", "--out", str(tmp_path / "out"))
+def test_pad_vocab_refuses_a_fine_tuned_run(run_dir, tmp_path, cli):
+    r = cli("train", "cards/gpt2.card", "--preset", "tiny", "--finetune", str(run_dir),
+            "--pad-vocab", "--steps", "1", "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and "a fine-tuned model keeps its checkpoint" in r.stderr
 
 
 def test_a_run_that_records_no_sampler_samples_with_the_generic_one_and_says_so(run_dir,
-                                                                                 tmp_path):
+                                                                                 tmp_path, cli):
     """`cardc sample` never falls back silently: a checkpoint without a sampling card (an older
     run's) samples with the library's LMSampling, bound to its model, and says so on stderr."""
     from cardc.build import rebuild_model
@@ -458,10 +472,10 @@ def test_a_run_that_records_no_sampler_samples_with_the_generic_one_and_says_so(
     assert r.returncode == 0, r.stderr
     assert r.stderr == (f"note: {tmp_path} records no sampling card; sampling GPT2 with the "
                         "library's cards/recipes/lm_sampling.card\n")
-    assert r.stdout == cardc("sample", str(run_dir), *common).stdout
+    assert r.stdout == cli("sample", str(run_dir), *common).stdout
 
 
-def test_a_generic_recipe_refuses_a_model_that_reads_ahead(tmp_path):
+def test_a_generic_recipe_refuses_a_model_that_reads_ahead(tmp_path, cli):
     """LMTraining trains causal language models: a card of its signature whose scores for a
     position depend on later tokens is refused before training."""
     card = (ROOT / "cards" / "gpt2.card").read_text(encoding="utf-8")
@@ -469,8 +483,8 @@ def test_a_generic_recipe_refuses_a_model_that_reads_ahead(tmp_path):
     (tmp_path / "ahead.card").write_text(
         card.replace("GPT2(", "Ahead(").replace("CausalSelfAttention(", "SelfAttention("),
         encoding="utf-8")
-    r = cardc("train", str(tmp_path / "ahead.card"), "--preset", "tiny", "--steps", "1",
-              "--out", str(tmp_path / "run"))
+    r = cli("train", str(tmp_path / "ahead.card"), "--preset", "tiny", "--steps", "1",
+            "--out", str(tmp_path / "run"))
     assert r.returncode == 2, r.stderr
     assert r.stderr == ("cardc: error: LMTraining trains a causal language model, and Ahead "
                         "reads ahead: its scores for a position change with a later token\n")

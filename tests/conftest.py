@@ -1,0 +1,41 @@
+"""Fixtures the test files share."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch) -> Iterator[Callable[..., subprocess.CompletedProcess]]:
+    """`cardc ARGS` run in this process (from the repository's root), answered as
+    `subprocess.run` answers. For a call a test only checks or compares with another: a new
+    interpreter and torch's import cost ~2.5 s a call, and `python -m cardc` is `main` and
+    nothing more (cardc/__main__.py). An exception escaping `main`, which a process would print
+    as a traceback, fails the test."""
+    import torch
+
+    from cardc.cli import main
+
+    monkeypatch.chdir(ROOT)
+    # what `cardc train` sets for its own process: put back for the tests after this one
+    handler, rng = signal.getsignal(signal.SIGTERM), torch.get_rng_state()
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()  # what came before is not this call's
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # argparse's usage errors
+            code = exit_.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["cardc", *args], code, out, err)
+
+    yield run
+    signal.signal(signal.SIGTERM, handler)
+    torch.set_rng_state(rng)
