@@ -128,7 +128,9 @@ def test_the_norm_of_a_vector_and_of_a_matrix(tmp_path):
 def test_clipping_equals_clip_grad_norm(tmp_path):
     """tests/cards/recipes/clip_sgd.card: `g ← ∇loss(θ)`, `g ← g · min(1, c/‖g‖)`,
     `θ ← θ − η · g`. torch's clip_grad_norm_ scales by c/(‖g‖ + 10⁻⁶), the card by c/‖g‖:
-    the clipped gradients agree to a relative 10⁻⁶/‖g‖ (below 10⁻⁵ here, ‖g‖ > c = 0.1)."""
+    the clipped gradients agree to a relative 10⁻⁶/‖g‖ (below 10⁻⁵ here, ‖g‖ > c = 0.1),
+    beside the float32 rounding of two models' backward passes, which an element that sums
+    to near 0 carries whole (10⁻⁶ of the tensor's largest element)."""
     code, module = _recipe(RECIPES / "clip_sgd.card")
     assert "torch.clamp(c / torch.nn.utils.get_total_norm(g), max=1)" in code  # no host sync
     model, reference = _model()
@@ -147,7 +149,8 @@ def test_clipping_equals_clip_grad_norm(tmp_path):
         opt.step()
         torch.testing.assert_close(loss, expected.detach())
         for g, p in zip(grads, reference.parameters(), strict=True):
-            torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-9)
+            torch.testing.assert_close(g, p.grad, rtol=1e-5,
+                                       atol=1e-6 * p.grad.abs().max().item())
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
 
