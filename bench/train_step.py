@@ -168,10 +168,10 @@ def main() -> int:
             for preset in args.preset or ["tiny"]:
                 runs.append(bench_one("", preset, impls, args, card))
                 print("\n".join(report(runs[-1], args.device)), flush=True)
-    configs = args.config or args.preset or ["tiny", "mid"]
+    configs = [] if args.card else args.config or args.preset or ["tiny", "mid"]
     if not set(configs) <= {"tiny", "mid"}:
         p.error(f"--config/--preset for --model: tiny or mid, not {' '.join(configs)}")
-    for family in [] if args.card else args.model:
+    for family in args.model if configs else []:
         for config in configs:
             runs.append(bench_one(family, config, impls, args))
             print("\n".join(report(runs[-1], args.device)), flush=True)

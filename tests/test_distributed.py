@@ -101,13 +101,13 @@ def test_a_stopped_two_process_run_resumes_exactly(double, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_resuming_with_another_number_of_processes_is_refused(double, tmp_path):
+def test_resuming_with_another_number_of_processes_is_refused(double, tmp_path, cli):
     import shutil
 
     run = tmp_path / "run"
     shutil.copytree(double, run)
     (run / "model.safetensors").unlink()  # as if it had stopped after its checkpoint
-    r = cardc(*RUN, "--resume", str(run))
+    r = cli(*RUN, "--resume", str(run))
     assert r.returncode == 1
     assert "world_size = 2, this run has 1" in r.stderr
 
@@ -125,18 +125,21 @@ def test_a_shard_reads_every_nth_example():
 
 def test_the_world_comes_from_torchruns_environment():
     assert world_from_env({}) == World()
-    assert world_from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == World(1, 2, 1)
+    launched = world_from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert launched == World(1, 2, 1, launched=True) and launched.distributed
+    alone = world_from_env({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
+    assert alone.launched and not alone.distributed and alone.main
     for bad in ({"RANK": "2", "WORLD_SIZE": "2"}, {"RANK": "x", "WORLD_SIZE": "2"}):
         with pytest.raises(RuntimeInputError):
             world_from_env(bad)
 
 
-def test_fsdp_is_refused_where_it_cannot_be_trusted(tmp_path):
+def test_fsdp_is_refused_where_it_cannot_be_trusted(tmp_path, cli):
     """--fsdp outside torchrun, and on CPU processes (torch's FSDP does not finish reducing
     gradients there before they are read): one line each, before anything is written."""
     import os
 
-    r = cardc(*RUN, "--fsdp", "--out", str(tmp_path / "a"))
+    r = cli(*RUN, "--fsdp", "--out", str(tmp_path / "a"))
     assert r.returncode == 1 and "run under torchrun" in r.stderr
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
     r = subprocess.run([sys.executable, "-m", "cardc", *RUN, "--fsdp", "--device", "cpu",

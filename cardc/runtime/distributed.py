@@ -29,6 +29,7 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    launched: bool = False  # started by torchrun (its rendezvous set), even as one process
 
     @property
     def main(self) -> bool:
@@ -46,7 +47,8 @@ def world_from_env(env: dict[str, str] | None = None) -> World:
     if "WORLD_SIZE" not in env:
         return World()
     try:
-        world = World(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)))
+        world = World(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                      launched=True)
     except (KeyError, ValueError):
         raise RuntimeInputError("RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers (as "
                                 "torchrun sets them)") from None
@@ -56,16 +58,17 @@ def world_from_env(env: dict[str, str] | None = None) -> World:
     return world
 
 
-def join(world: World, device: torch.device) -> None:
-    """Join the process group: NCCL between GPUs, gloo between CPU processes."""
-    if world.distributed and not dist.is_initialized():
+def join(world: World, device: torch.device, sharded: bool = False) -> None:
+    """Join the process group: NCCL between GPUs, gloo between CPU processes. One process
+    joins a group of its own only to be sharded (FSDP over one process keeps it whole)."""
+    if (world.distributed or sharded and world.launched) and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, rank=world.rank, world_size=world.size, **kwargs)
 
 
 def leave(world: World) -> None:
-    if world.distributed and dist.is_initialized():
+    if world.launched and dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -209,9 +212,13 @@ def load_whole_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer
 
     names = [name for group in get_optimizer_state_dict(model, optimizer)["param_groups"]
              for name in group["params"]]
+    devices = [p.device for group in optimizer.param_groups for p in group["params"]]
 
     def load(saved: dict[str, Any]) -> None:
-        state = {names[i]: values for i, values in saved["state"].items()}
+        # on its parameter's device: FSDP shares a whole state out as it finds it, and a
+        # shard left on the CPU meets its parameter's on the GPU at the next gathering
+        state = {names[i]: {k: v.to(devices[i]) if k != "step" else v for k, v in values.items()}
+                 for i, values in saved["state"].items()}
         groups = [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]]
         set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups},
                                  options=StateDictOptions(full_state_dict=True))

@@ -105,7 +105,7 @@ class TrainConfig:
 def resolve_device(name: str, world: World | None = None) -> torch.device:
     """``auto`` → cuda when available, else cpu; refuse devices this machine lacks. Each of
     several processes on a machine takes the GPU of its local rank."""
-    if world is not None and world.distributed and name in ("auto", "cuda") and \
+    if world is not None and world.launched and name in ("auto", "cuda") and \
             torch.cuda.is_available():
         if world.local_rank >= torch.cuda.device_count():
             raise RuntimeInputError(f"LOCAL_RANK={world.local_rank}, but this machine has "
@@ -312,9 +312,9 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
                            device)
     val_data = make_data(model, inputs, max(50, cfg.examples // 10), plan.length, val_split,
                          cfg.seed + 1, device)
-    if cfg.fsdp and not world.distributed:
+    if cfg.fsdp and not world.launched:
         raise RuntimeInputError("--fsdp shards the model over the processes torchrun starts; "
-                                "run under torchrun --nproc-per-node N (N ≥ 2)")
+                                "run under torchrun --nproc-per-node N")
     if cfg.fsdp and device.type != "cuda":
         # Measured with torch 2.13: on CPU processes (gloo) FSDP does not wait for its
         # gradient reduce-scatter before backward returns, so a step that reads the gradients
@@ -324,7 +324,7 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
                                 "CPUs train without --fsdp (DDP)")
     if world.distributed:
         hypers, train_data = _sharded(hypers, plan, train_data, world)
-    join(world, device)
+    join(world, device, sharded=cfg.fsdp)
     try:
         with training_run(cfg.out_dir, resume=resume is not None) if world.main else \
                 contextlib.nullcontext() as folder:
