@@ -312,7 +312,7 @@ GENERATOR_NAMES = {
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
     "keys", "numbers", "visible", "drop", "mask", "rope_table", "TABLES", "width", "found",
-    "table", "partner", "plane", "rest", "positions", "r",
+    "table", "rest", "positions", "r", "turn", "ahead", "behind", "shift", "none", "Y",
     # generate() and the token pickers it copies from cardc.runtime.logits
     "generate", "pick_token", "filter_logits", "idx", "max_new_tokens", "temperature", "top_k",
     "top_p", "generator", "context", "kth", "probs", "order", "descending",
@@ -334,7 +334,7 @@ GENERATOR_ATTRS = {
     "view", "reshape", "unsqueeze", "squeeze", "expand", "masked_fill", "logical_not", "cumsum",
     "rsqrt", "pow", "abs", "square", "randint", "bernoulli", "lerp", "norm", "embedding",
     "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls",
-    "index_select", "new_ones", "new_zeros", "get", "isin", "full_like",
+    "new_ones", "new_zeros", "get", "isin", "full_like",
 }
 GENERATOR_STRINGS = {"tanh", "omega", "probabilities", "params", "weight_decay", "lr", "-inf",
                      " exceeds the model's ", " positions", "sequence length "}
