@@ -163,6 +163,13 @@ def rotate_half(X, theta_base, past=0, width=None):
     return turn(X, *rope_angles(False, X, theta_base, past, width))
 
 
+def offset_rms_norm(X, shape, gamma, eps):
+    """RMSNorm whose gains are stored less one: X̂ + X̂ γ, X̂ normalised with no gains, for
+    X̂ (1 + γ) without forming 1 + γ (one step fewer, and γ's low digits kept)."""
+    normed = F.rms_norm(X, shape, None, eps)
+    return torch.addcmul(normed, normed, gamma)
+
+
 MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
 
 
@@ -289,8 +296,8 @@ class Gemma2Block(nn.Module):
         self.mlp = GeGLU(D=D, D_f=D_f)  # [gemma2.card:36]
 
     def forward(self, X, cache=None):
-        X = X + F.rms_norm(self.attn(F.rms_norm(X, (self.D,), 1 + self.gamma1, self.eps), cache=cache), (self.D,), 1 + self.gamma2, self.eps)  # (B, T, D)  [gemma2.card:38]
-        X = X + F.rms_norm(self.mlp(F.rms_norm(X, (self.D,), 1 + self.gamma3, self.eps)), (self.D,), 1 + self.gamma4, self.eps)  # (B, T, D)  [gemma2.card:39]
+        X = X + offset_rms_norm(self.attn(offset_rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache), (self.D,), self.gamma2, self.eps)  # (B, T, D)  [gemma2.card:38]
+        X = X + offset_rms_norm(self.mlp(offset_rms_norm(X, (self.D,), self.gamma3, self.eps)), (self.D,), self.gamma4, self.eps)  # (B, T, D)  [gemma2.card:39]
         return X  # (B, T, D)  [gemma2.card:40]
 
 
@@ -335,7 +342,7 @@ class Gemma2(nn.Module):
         for l in range(self.N // 2):  # [gemma2.card:19]
             E = self.local[l](E, cache=cache)  # (B, T, D)  [gemma2.card:20]
             E = self.global_[l](E, cache=cache)  # (B, T, D)  [gemma2.card:21]
-        E = F.rms_norm(E, (self.D,), 1 + self.gamma_f, self.eps)  # (B, T, D)  [gemma2.card:23]
+        E = offset_rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [gemma2.card:23]
         P = self.c_f * torch.tanh(E @ self.W_e.T / self.c_f)  # (B, T, V)  [gemma2.card:24]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]

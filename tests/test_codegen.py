@@ -153,7 +153,7 @@ def test_layer_norm_intrinsic_equals_the_card(modules):
 
 def test_rms_norm_with_gains_less_one_is_f_rms_norm_and_equals_the_card():
     """Gemma 2's norm, `e/√(s + ε) ⊙ (1 + γ)`, is the rms_norm_offset intrinsic: F.rms_norm with
-    the gain 1 + γ, equal to the card's literal steps, values and gradients."""
+    no gain, then X̂ + X̂ γ, equal to the card's literal steps, values and gradients."""
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)
         lib, checker, _ = checked(["cards/gemma2.card"], "cards")
@@ -161,7 +161,7 @@ def test_rms_norm_with_gains_less_one_is_f_rms_norm_and_equals_the_card():
         fused_src = source(checker, gemma, fuse=True)
         fused = load_module(fused_src, "gemma2_fused")
         literal = load_module(source(checker, gemma, fuse=False), "gemma2_literal")
-    assert "F.rms_norm(E, (self.D,), 1 + self.gamma_f, self.eps)" in fused_src
+    assert "offset_rms_norm(E, (self.D,), self.gamma_f, self.eps)" in fused_src
     sizes = dict(V=61, D=32, H=4, H_kv=2, d=8, D_f=48, N=2, ctx=24, w=4, s=8.0, c_attn=5.0,
                  c_f=7.0)
     a, b = _pair(fused.Gemma2, literal.Gemma2, **sizes)

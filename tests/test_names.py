@@ -313,6 +313,7 @@ GENERATOR_NAMES = {
     "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
     "keys", "numbers", "visible", "drop", "mask", "rope_table", "TABLES", "width", "found",
     "table", "rest", "positions", "r", "turn", "ahead", "behind", "shift", "none", "Y",
+    "offset_rms_norm", "normed", "shape", "gamma", "eps",
     # generate() and the token pickers it copies from cardc.runtime.logits
     "generate", "pick_token", "filter_logits", "idx", "max_new_tokens", "temperature", "top_k",
     "top_p", "generator", "context", "kth", "probs", "order", "descending",

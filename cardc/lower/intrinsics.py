@@ -151,7 +151,8 @@ class Passes:
         if which == "rms_norm":
             return _call("F.rms_norm", x, ir.Seq((width,)), gamma, eps)
         if which == "rms_norm_offset":  # gains stored less one
-            return _call("F.rms_norm", x, ir.Seq((width,)), ir.Bin("+", ir.Lit("1"), gamma), eps)
+            body.low.program.offset_norm = True
+            return _call("offset_rms_norm", x, ir.Seq((width,)), gamma, eps)
         beta = body.expr(call.params[ren["β"]]).code
         return _call("F.layer_norm", x, ir.Seq((width,)), gamma, beta, eps)
 
