@@ -254,6 +254,7 @@ class Program:
     grouped: bool = False  # a function attends through grouped_sdpa, defined in the file
     masks: int = 0  # attention masks made once each through shared_mask, numbered from 1
     rope: set[str] = field(default_factory=set)  # RoPE's helpers defined in the file: rotate_half…
+    rms_norm: bool = False  # some RMSNorm lowered: rms_normalize defined
     offset_norm: bool = False  # an RMSNorm with gains stored less one: offset_rms_norm defined
 
 

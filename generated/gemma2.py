@@ -99,26 +99,23 @@ def hold_stopped(token: torch.Tensor, held: torch.Tensor,
     return token, held
 
 
-ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos, sines and shift
+ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos and sin
 TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 1, …, n − 1
 
 
 def rope_angles(pairs, X, theta_base, past, width=None):
-    """cos of the angles (past + t) θ_base^{−2i/r} of X's rows, (T, d), the sines that each
-    column's partner in its plane is scaled by, as `turn` takes them, and how far the partner
-    is: the planes of the convention in the first r = width columns (all d by default), each
-    plane's first sine negated; the columns after r keep cos 1 and sin 0. Sliced from a table
-    over every position so far: a decoded token costs no trigonometry."""
+    """cos and sin of the angles (past + t) θ_base^{−2i/r} of X's rows: cos (T, d), its
+    columns after the first r = width (all d by default) 1, and sin (T, r), each plane's
+    first sine negated, the planes those of the convention. Sliced from a table over every
+    position so far: a decoded token costs no trigonometry."""
     T, d = X.shape[-2], X.shape[-1]
     key = pairs, past, T, d, width, theta_base, X.device
     found = ANGLES.get(key)
     if found is None:
         if len(ANGLES) > 64:
             ANGLES.clear()
-        cos, ahead, behind, shift = rope_table(pairs, d, d if width is None else width,
-                                               theta_base, X.device, past + T)
-        found = ANGLES[key] = (cos[past:past + T], ahead[past:past + T],
-                               None if behind is None else behind[past:past + T], shift)
+        table = rope_table(pairs, d, d if width is None else width, theta_base, X.device, past + T)
+        found = ANGLES[key] = table[0][past:past + T], table[1][past:past + T]
     return found
 
 
@@ -131,42 +128,56 @@ def rope_table(pairs, d, r, theta_base, device, positions):
         omega = theta_base ** -(torch.arange(0, r, 2, device=device, dtype=torch.float32) / r)
         phi = torch.arange(n, device=device, dtype=torch.float32)[:, None] * omega
         cos, sin = phi.cos(), phi.sin()  # (n, r/2)
-        none = torch.zeros_like(sin)
-        if pairs:  # the planes (2i, 2i + 1): the first's partner is 1 ahead, the second's behind
-            cos, shift = cos.repeat_interleave(2, -1), 1
-            ahead, behind = (torch.stack(p, -1).flatten(-2) for p in ((-sin, none), (none, sin)))
-        else:  # the planes (i, r/2 + i): the first's partner is r/2 ahead, the second's behind
-            cos, shift = cos.repeat(1, 2), r // 2
-            ahead, behind = torch.cat([-sin, none], -1), torch.cat([none, sin], -1)
-        if not pairs and r == d:  # r/2 ahead of a column of the second half is r/2 behind it
-            ahead, behind = ahead + behind, None
-        rest = (n, d - r)
-        table = TABLES[key] = (torch.cat([cos, cos.new_ones(rest)], -1),
-                               torch.cat([ahead, ahead.new_zeros(rest)], -1),
-                               None if behind is None else
-                               torch.cat([behind, behind.new_zeros(rest)], -1), shift)
+        if pairs:
+            cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
+        else:
+            cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
+        table = TABLES[key] = torch.cat([cos, cos.new_ones(n, d - r)], -1), sin
     return table
 
 
-def turn(X, cos, ahead, behind, shift):
-    """X cos plus each column's partner in its plane times its sine: the column `shift`
-    ahead (X rolled back by shift) scaled by `ahead`, the one `shift` behind by `behind`.
-    Rolls, not a gather: a copy each, forward and backward."""
-    Y = torch.addcmul(X * cos, X.roll(-shift, -1), ahead)
-    return Y if behind is None else torch.addcmul(Y, X.roll(shift, -1), behind)
+def turn(X, cos, sin, pairs):
+    """X cos plus, in the first r columns (as many as sin has), each column's partner in its
+    plane times its sine: the halves of those columns swapped, or each pair (`pairs`). The
+    partners are rolled into place, not gathered: a copy, forward and backward."""
+    r = sin.shape[-1]
+    part = X if r == X.shape[-1] else X[..., :r]
+    partner = part.unflatten(-1, (-1, 2)).roll(1, -1).flatten(-2) if pairs else \
+        part.roll(r // 2, -1)
+    Y = X * cos
+    (Y if part is X else Y[..., :r]).addcmul_(partner, sin)
+    return Y
 
 
 def rotate_half(X, theta_base, past=0, width=None):
     """RoPE in the rotate-half convention on the first `width` columns of X (all by default),
     row t at position past + t (from 0), turned in the planes (X[t, i], X[t, r/2 + i]); the
     rest pass through."""
-    return turn(X, *rope_angles(False, X, theta_base, past, width))
+    return turn(X, *rope_angles(False, X, theta_base, past, width), pairs=False)
+
+
+RMS_EPS = {}  # ε → √ε as a CPU tensor, for torch.hypot
+
+
+def rms_normalize(X, shape, gamma, eps):
+    """X/√(mean(X²) + ε) ⊙ γ over the last axis (γ None: no gains). F.rms_norm where gradients
+    flow or off the CPU; on the CPU without gradients, where a decoded token makes each call
+    a few numbers, as X/hypot(‖X‖/√D, √ε): five dispatches where F.rms_norm's composite makes
+    nine, the same number to rounding."""
+    if torch.is_grad_enabled() or X.device.type != "cpu":
+        return F.rms_norm(X, shape, gamma, eps)
+    root = RMS_EPS.get(eps)
+    if root is None:
+        root = RMS_EPS[eps] = torch.tensor(math.sqrt(eps))
+    norm = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
+    normed = X / torch.hypot(norm * (1 / math.sqrt(shape[-1])), root)
+    return normed if gamma is None else normed * gamma
 
 
 def offset_rms_norm(X, shape, gamma, eps):
     """RMSNorm whose gains are stored less one: X̂ + X̂ γ, X̂ normalised with no gains, for
     X̂ (1 + γ) without forming 1 + γ (one step fewer, and γ's low digits kept)."""
-    normed = F.rms_norm(X, shape, None, eps)
+    normed = rms_normalize(X, shape, None, eps)
     return torch.addcmul(normed, normed, gamma)
 
 

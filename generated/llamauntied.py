@@ -3,6 +3,8 @@
 with rotary positions, pre-RMSNorm blocks of grouped-query attention and a SwiGLU MLP, and an
 unembedding of its own (Llama 2, Llama 3 8B)."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -99,6 +101,24 @@ def hold_stopped(token: torch.Tensor, held: torch.Tensor,
     return token, held
 
 
+RMS_EPS = {}  # ε → √ε as a CPU tensor, for torch.hypot
+
+
+def rms_normalize(X, shape, gamma, eps):
+    """X/√(mean(X²) + ε) ⊙ γ over the last axis (γ None: no gains). F.rms_norm where gradients
+    flow or off the CPU; on the CPU without gradients, where a decoded token makes each call
+    a few numbers, as X/hypot(‖X‖/√D, √ε): five dispatches where F.rms_norm's composite makes
+    nine, the same number to rounding."""
+    if torch.is_grad_enabled() or X.device.type != "cpu":
+        return F.rms_norm(X, shape, gamma, eps)
+    root = RMS_EPS.get(eps)
+    if root is None:
+        root = RMS_EPS[eps] = torch.tensor(math.sqrt(eps))
+    norm = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
+    normed = X / torch.hypot(norm * (1 / math.sqrt(shape[-1])), root)
+    return normed if gamma is None else normed * gamma
+
+
 class GroupedQueryAttention(nn.Module):
     """Y ← GroupedQueryAttention(X | W): Grouped-query causal self-attention with rotary positions,
     as Llama: H query heads of width d, and H_kv key/value heads, each shared by G = H/H_kv
@@ -180,8 +200,8 @@ class LlamaBlock(nn.Module):
         self.mlp = SwiGLU(D=D, D_f=D_f)  # [llama.card:52]
 
     def forward(self, X, cache=None):
-        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [llama.card:53]
-        X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [llama.card:54]
+        X = X + self.attn(rms_normalize(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [llama.card:53]
+        X = X + self.mlp(rms_normalize(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [llama.card:54]
         return X  # (B, T, D)  [llama.card:55]
 
 
@@ -216,7 +236,7 @@ class LlamaUntied(nn.Module):
         E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [llama.card:36]
         for block in self.block:  # [llama.card:37]
             E = block(E, cache=cache)  # (B, T, D)  [llama.card:38]
-        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [llama.card:40]
+        E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [llama.card:40]
         P = E @ self.W_u  # (B, T, V)  [llama.card:41]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]

@@ -2,6 +2,8 @@
 """Qwen2Untied, generated from its card. P ← Qwen2Untied(x | θ): Qwen2: Llama with biases on the
 query, key and value projections, and an unembedding of its own (Qwen2-7B, Qwen2-72B)."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -98,6 +100,24 @@ def hold_stopped(token: torch.Tensor, held: torch.Tensor,
     return token, held
 
 
+RMS_EPS = {}  # ε → √ε as a CPU tensor, for torch.hypot
+
+
+def rms_normalize(X, shape, gamma, eps):
+    """X/√(mean(X²) + ε) ⊙ γ over the last axis (γ None: no gains). F.rms_norm where gradients
+    flow or off the CPU; on the CPU without gradients, where a decoded token makes each call
+    a few numbers, as X/hypot(‖X‖/√D, √ε): five dispatches where F.rms_norm's composite makes
+    nine, the same number to rounding."""
+    if torch.is_grad_enabled() or X.device.type != "cpu":
+        return F.rms_norm(X, shape, gamma, eps)
+    root = RMS_EPS.get(eps)
+    if root is None:
+        root = RMS_EPS[eps] = torch.tensor(math.sqrt(eps))
+    norm = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
+    normed = X / torch.hypot(norm * (1 / math.sqrt(shape[-1])), root)
+    return normed if gamma is None else normed * gamma
+
+
 class GroupedQueryAttentionBiased(nn.Module):
     """Y ← GroupedQueryAttentionBiased(X | W): GroupedQueryAttention with biases on the query, key
     and value projections but none on the output, as Qwen2.
@@ -181,8 +201,8 @@ class Qwen2Block(nn.Module):
         self.mlp = SwiGLU(D=D, D_f=D_f)  # [qwen2.card:52]
 
     def forward(self, X, cache=None):
-        X = X + self.attn(F.rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [qwen2.card:53]
-        X = X + self.mlp(F.rms_norm(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [qwen2.card:54]
+        X = X + self.attn(rms_normalize(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [qwen2.card:53]
+        X = X + self.mlp(rms_normalize(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [qwen2.card:54]
         return X  # (B, T, D)  [qwen2.card:55]
 
 
@@ -216,7 +236,7 @@ class Qwen2Untied(nn.Module):
         E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [qwen2.card:36]
         for block in self.block:  # [qwen2.card:37]
             E = block(E, cache=cache)  # (B, T, D)  [qwen2.card:38]
-        E = F.rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen2.card:40]
+        E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen2.card:40]
         P = E @ self.W_u  # (B, T, V)  [qwen2.card:41]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]

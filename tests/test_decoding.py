@@ -149,13 +149,11 @@ def test_rotate_half_computes_its_angle_tables_once():
     assert len(calls) == 1  # two layers, queries and keys, four steps: one table
     (pairs, d, width, base, _), = tables
     assert (pairs, d, width, base) == (False, 8, 8, model.theta_base)
-    cos, sin, behind, shift = angles[pairs, 0, 5, d, None, model.theta_base,
-                                     torch.device("cpu")]
+    cos, sin = angles[pairs, 0, 5, d, None, model.theta_base, torch.device("cpu")]
     phi = torch.arange(5, dtype=torch.float32)[:, None] * base ** -(
         torch.arange(0, d, 2, dtype=torch.float32) / d)
     assert torch.allclose(cos, phi.cos().repeat(1, 2))
     assert torch.allclose(sin, torch.cat([-phi.sin(), phi.sin()], dim=-1))
-    assert behind is None and shift == 4  # the halves swapped: one roll by r/2
     cos, *_ = angles[pairs, 7, 1, d, None, model.theta_base, torch.device("cpu")]
     phi = 7 * base ** -(torch.arange(0, d, 2, dtype=torch.float32) / d)  # the 8th position
     assert torch.allclose(cos[0], phi.cos().repeat(2))

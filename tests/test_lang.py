@@ -134,10 +134,11 @@ Hyperparameters: d, d_r ∈ ℕ, θ_base ∈ (0, ∞) = 10000
 
 
 def _rotate_half(x: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary embedding, rotate-half convention, written directly in torch."""
+    """Rotary embedding, rotate-half convention, written directly in torch; its angles in
+    float32, as the generated tables (and transformers') compute them, whatever x's type."""
     t, d = x.shape[-2], x.shape[-1]
-    inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]
+    inv = base ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    ang = torch.arange(t, dtype=torch.float32)[:, None] * inv[None, :]
     cos, sin = torch.cos(ang).to(x.dtype), torch.sin(ang).to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

@@ -312,8 +312,9 @@ GENERATOR_NAMES = {
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
     "keys", "numbers", "visible", "drop", "mask", "rope_table", "TABLES", "width", "found",
-    "table", "rest", "positions", "r", "turn", "ahead", "behind", "shift", "none", "Y",
-    "offset_rms_norm", "normed", "shape", "gamma", "eps",
+    "table", "rest", "positions", "r", "turn", "part", "partner", "Y",
+    "offset_rms_norm", "normed", "shape", "gamma", "eps", "rms_normalize", "RMS_EPS", "root",
+    "norm",
     # generate() and the token pickers it copies from cardc.runtime.logits
     "generate", "pick_token", "filter_logits", "idx", "max_new_tokens", "temperature", "top_k",
     "top_p", "generator", "context", "kth", "probs", "order", "descending",
@@ -335,9 +336,10 @@ GENERATOR_ATTRS = {
     "view", "reshape", "unsqueeze", "squeeze", "expand", "masked_fill", "logical_not", "cumsum",
     "rsqrt", "pow", "abs", "square", "randint", "bernoulli", "lerp", "norm", "embedding",
     "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls",
-    "new_ones", "new_zeros", "get", "isin", "full_like",
+    "new_ones", "new_zeros", "get", "isin", "full_like", "is_grad_enabled", "type", "linalg",
+    "vector_norm", "hypot", "addcmul_",
 }
-GENERATOR_STRINGS = {"tanh", "omega", "probabilities", "params", "weight_decay", "lr", "-inf",
+GENERATOR_STRINGS = {"tanh", "omega", "cpu", "probabilities", "params", "weight_decay", "lr", "-inf",
                      " exceeds the model's ", " positions", "sequence length "}
 FORBIDDEN = {"__import__", "eval", "exec", "compile", "open", "os", "sys", "subprocess",
              "getattr", "setattr", "globals", "locals", "vars", "breakpoint", "input",

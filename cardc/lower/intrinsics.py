@@ -148,10 +148,13 @@ class Passes:
                 if default is None:
                     return None
                 eps = body.expr(default).code
+        if which in ("rms_norm", "rms_norm_offset"):
+            body.low.program.imports.add("math")  # rms_normalize's √
         if which == "rms_norm":
-            return _call("F.rms_norm", x, ir.Seq((width,)), gamma, eps)
+            body.low.program.rms_norm = True
+            return _call("rms_normalize", x, ir.Seq((width,)), gamma, eps)
         if which == "rms_norm_offset":  # gains stored less one
-            body.low.program.offset_norm = True
+            body.low.program.rms_norm = body.low.program.offset_norm = True
             return _call("offset_rms_norm", x, ir.Seq((width,)), gamma, eps)
         beta = body.expr(call.params[ren["β"]]).code
         return _call("F.layer_norm", x, ir.Seq((width,)), gamma, beta, eps)
