@@ -7,18 +7,15 @@ one and resumes. Skipped where torch sees no GPU, as in CI; on a machine with on
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_distributed import stop_after_first_checkpoint
 from test_heads import _causal, _inputs, walked  # noqa: F401  (walked: a fixture)
-
-from cardc.runtime.resume import CHECKPOINTS, STATE_NAME
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -124,18 +121,8 @@ def test_a_stopped_sharded_run_resumes(sharded, tmp_path):
     the shards and ends as the uninterrupted one."""
     out = tmp_path / "run"
     launch = ["-m", "torch.distributed.run", "--nproc-per-node", "1", "--standalone"]
-    proc = subprocess.Popen([sys.executable, *launch, "-m", "cardc", *RUN, "--fsdp", "--out",
-                             str(out)], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    state = out / CHECKPOINTS / "step-0000010" / STATE_NAME
-    deadline = time.monotonic() + 240
-    while not state.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
-    assert not (out / "model.safetensors").exists()
+    stop_after_first_checkpoint([sys.executable, *launch, "-m", "cardc", *RUN, "--fsdp",
+                                 "--out", str(out)], out)
     r = cardc(*RUN, "--fsdp", "--out", str(out), "--resume", str(out), torchrun=True)
     assert r.returncode == 0, r.stdout + r.stderr
     a, b = records(out), records(sharded)

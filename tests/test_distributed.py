@@ -38,6 +38,24 @@ def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def stop_after_first_checkpoint(command: list[str], out: Path) -> None:
+    """Start a run that checkpoints every 10 updates, SIGTERM it once the first is written,
+    and check that it stopped unfinished."""
+    import time
+
+    proc = subprocess.Popen(command, cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    state = out / CHECKPOINTS / "step-0000010" / STATE_NAME
+    deadline = time.monotonic() + 240
+    while not state.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert not (out / "model.safetensors").exists()
+
+
 @pytest.fixture(scope="module")
 def single(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("one") / "run"
@@ -78,19 +96,7 @@ def test_a_stopped_two_process_run_resumes_exactly(double, tmp_path):
     """SIGTERM to torchrun reaches both processes; they stop at one update, rank 0 saves both
     processes' generators, and the resumed run ends as the uninterrupted one."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(torchrun(*RUN, "--out", str(out)), cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    state = out / CHECKPOINTS / "step-0000010" / STATE_NAME
-    import time
-
-    deadline = time.monotonic() + 240
-    while not state.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
-    assert not (out / "model.safetensors").exists()
+    stop_after_first_checkpoint(torchrun(*RUN, "--out", str(out)), out)
     r = subprocess.run(torchrun(*RUN, "--out", str(out), "--resume", str(out)), cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
