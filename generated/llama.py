@@ -106,10 +106,11 @@ RMS_EPS = {}  # ε → √ε as a CPU tensor, for torch.hypot
 
 def rms_normalize(X, shape, gamma, eps):
     """X/√(mean(X²) + ε) ⊙ γ over the last axis (γ None: no gains). F.rms_norm where gradients
-    flow or off the CPU; on the CPU without gradients, where a decoded token makes each call
-    a few numbers, as X/hypot(‖X‖/√D, √ε): five dispatches where F.rms_norm's composite makes
-    nine, the same number to rounding."""
-    if torch.is_grad_enabled() or X.device.type != "cpu":
+    flow, off the CPU, or in another type than float32 (F.rms_norm computes in float32); on the
+    CPU without gradients, where a decoded token makes each call a few numbers, as
+    X/hypot(‖X‖/√D, √ε): five dispatches where F.rms_norm's composite makes nine, the same
+    number to rounding."""
+    if torch.is_grad_enabled() or X.device.type != "cpu" or X.dtype != torch.float32:
         return F.rms_norm(X, shape, gamma, eps)
     root = RMS_EPS.get(eps)
     if root is None:

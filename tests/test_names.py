@@ -337,7 +337,7 @@ GENERATOR_ATTRS = {
     "rsqrt", "pow", "abs", "square", "randint", "bernoulli", "lerp", "norm", "embedding",
     "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls",
     "new_ones", "new_zeros", "get", "isin", "full_like", "is_grad_enabled", "type", "linalg",
-    "vector_norm", "hypot", "addcmul_",
+    "vector_norm", "hypot", "addcmul_", "dtype",
 }
 GENERATOR_STRINGS = {"tanh", "omega", "cpu", "probabilities", "params", "weight_decay", "lr", "-inf",
                      " exceeds the model's ", " positions", "sequence length "}
