@@ -171,7 +171,7 @@ def main() -> int:
     configs = [] if args.card else args.config or args.preset or ["tiny", "mid"]
     if not set(configs) <= {"tiny", "mid"}:
         p.error(f"--config/--preset for --model: tiny or mid, not {' '.join(configs)}")
-    for family in args.model if configs else []:
+    for family in args.model:  # none with --card: configs is empty
         for config in configs:
             runs.append(bench_one(family, config, impls, args))
             print("\n".join(report(runs[-1], args.device)), flush=True)

@@ -149,13 +149,12 @@ class Passes:
                     return None
                 eps = body.expr(default).code
         if which in ("rms_norm", "rms_norm_offset"):
-            body.low.program.imports.add("math")  # rms_normalize's √
-        if which == "rms_norm":
-            body.low.program.rms_norm = True
-            return _call("rms_normalize", x, ir.Seq((width,)), gamma, eps)
-        if which == "rms_norm_offset":  # gains stored less one
-            body.low.program.rms_norm = body.low.program.offset_norm = True
-            return _call("offset_rms_norm", x, ir.Seq((width,)), gamma, eps)
+            program = body.low.program
+            program.imports.add("math")  # rms_normalize's √
+            program.rms_norm = True
+            program.offset_norm |= which == "rms_norm_offset"  # gains stored less one
+            helper = "offset_rms_norm" if which == "rms_norm_offset" else "rms_normalize"
+            return _call(helper, x, ir.Seq((width,)), gamma, eps)
         beta = body.expr(call.params[ren["β"]]).code
         return _call("F.layer_norm", x, ir.Seq((width,)), gamma, beta, eps)
 
