@@ -256,6 +256,7 @@ class Program:
     rope: set[str] = field(default_factory=set)  # RoPE's helpers defined in the file: rotate_half…
     rms_norm: bool = False  # some RMSNorm lowered: rms_normalize defined
     offset_norm: bool = False  # an RMSNorm with gains stored less one: offset_rms_norm defined
+    joins: bool = False  # sibling products go through project (cardc.lower.joining)
 
 
 # ------------------------------------------------------------------ rewriting

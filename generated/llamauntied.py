@@ -101,7 +101,7 @@ def hold_stopped(token: torch.Tensor, held: torch.Tensor,
     return token, held
 
 
-RMS_EPS = {}  # ε → √ε as a CPU tensor, for torch.hypot
+RMS_EPS = {}  # (ε, D) → √ε and 1/√D as CPU tensors: a Python number costs a tensor each use
 
 
 def rms_normalize(X, shape, gamma, eps):
@@ -112,11 +112,12 @@ def rms_normalize(X, shape, gamma, eps):
     number to rounding."""
     if torch.is_grad_enabled() or X.device.type != "cpu" or X.dtype != torch.float32:
         return F.rms_norm(X, shape, gamma, eps)
-    root = RMS_EPS.get(eps)
-    if root is None:
-        root = RMS_EPS[eps] = torch.tensor(math.sqrt(eps))
+    key = eps, shape[-1]
+    roots = RMS_EPS.get(key)
+    if roots is None:
+        roots = RMS_EPS[key] = torch.tensor(math.sqrt(eps)), torch.tensor(shape[-1] ** -0.5)
     norm = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
-    normed = X / torch.hypot(norm * (1 / math.sqrt(shape[-1])), root)
+    normed = X / torch.hypot(norm * roots[1], roots[0])
     return normed if gamma is None else normed * gamma
 
 

@@ -103,9 +103,10 @@ TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 
 
 
 def rope_angles(pairs, X, theta_base, past, width=None):
-    """cos and sin of the angles (past + t) θ_base^{−2i/r} of X's rows: cos (T, d), its
-    columns after the first r = width (all d by default) 1, and sin (T, r), each plane's
-    first sine negated, the planes those of the convention. Sliced from a table over every
+    """RoPE's tables at X's rows, those of the angles (past + t) θ_base^{−2i/r}: cos (T, d),
+    its columns after the first r = width (all d by default) 1; sin (T, r), each plane's
+    first sine negated, the planes those of the convention; the same sine (T, d), 0 after
+    column r; and each column's partner in its plane (d,). Sliced from a table over every
     position so far: a decoded token costs no trigonometry."""
     T, d = X.shape[-2], X.shape[-1]
     key = pairs, past, T, d, width, theta_base, X.device
@@ -114,12 +115,12 @@ def rope_angles(pairs, X, theta_base, past, width=None):
         if len(ANGLES) > 64:
             ANGLES.clear()
         table = rope_table(pairs, d, d if width is None else width, theta_base, X.device, past + T)
-        found = ANGLES[key] = table[0][past:past + T], table[1][past:past + T]
+        found = ANGLES[key] = *(rows[past:past + T] for rows in table[:3]), table[3]
     return found
 
 
 def rope_table(pairs, d, r, theta_base, device, positions):
-    """rope_angles' table, for at least `positions` positions (grown by doubling)."""
+    """rope_angles' tables, for at least `positions` positions (grown by doubling)."""
     key = pairs, d, r, float(theta_base), device
     table = TABLES.get(key)
     if table is None or table[0].shape[0] < positions:
@@ -127,18 +128,25 @@ def rope_table(pairs, d, r, theta_base, device, positions):
         omega = theta_base ** -(torch.arange(0, r, 2, device=device, dtype=torch.float32) / r)
         phi = torch.arange(n, device=device, dtype=torch.float32)[:, None] * omega
         cos, sin = phi.cos(), phi.sin()  # (n, r/2)
+        columns = torch.arange(d, device=device)
+        partners = columns[:r].view(-1, 2).flip(-1).flatten() if pairs else columns[:r].roll(r // 2)
         if pairs:
             cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
         else:
             cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
-        table = TABLES[key] = torch.cat([cos, cos.new_ones(n, d - r)], -1), sin
+        table = TABLES[key] = (torch.cat([cos, cos.new_ones(n, d - r)], -1), sin,
+                               torch.cat([sin, sin.new_zeros(n, d - r)], -1),
+                               torch.cat([partners, columns[r:]]))
     return table
 
 
-def turn(X, cos, sin, pairs):
+def turn(X, cos, sin, wide_sin, partners, pairs):
     """X cos plus, in the first r columns (as many as sin has), each column's partner in its
-    plane times its sine: the halves of those columns swapped, or each pair (`pairs`). The
-    partners are rolled into place, not gathered: a copy, forward and backward."""
+    plane times its sine: the halves of those columns swapped, or each pair (`pairs`). With
+    no backward to come (decoding) the partners are gathered, one dispatch; else they are
+    rolled into place, a copy whose backward is a roll too, where a gather's is a scatter."""
+    if not X.requires_grad:
+        return (X * cos).addcmul_(X[..., partners], wide_sin)
     r = sin.shape[-1]
     part = X if r == X.shape[-1] else X[..., :r]
     partner = part.unflatten(-1, (-1, 2)).roll(1, -1).flatten(-2) if pairs else \
@@ -155,7 +163,7 @@ def rotate_half(X, theta_base, past=0, width=None):
     return turn(X, *rope_angles(False, X, theta_base, past, width), pairs=False)
 
 
-RMS_EPS = {}  # ε → √ε as a CPU tensor, for torch.hypot
+RMS_EPS = {}  # (ε, D) → √ε and 1/√D as CPU tensors: a Python number costs a tensor each use
 
 
 def rms_normalize(X, shape, gamma, eps):
@@ -166,11 +174,12 @@ def rms_normalize(X, shape, gamma, eps):
     number to rounding."""
     if torch.is_grad_enabled() or X.device.type != "cpu" or X.dtype != torch.float32:
         return F.rms_norm(X, shape, gamma, eps)
-    root = RMS_EPS.get(eps)
-    if root is None:
-        root = RMS_EPS[eps] = torch.tensor(math.sqrt(eps))
+    key = eps, shape[-1]
+    roots = RMS_EPS.get(key)
+    if roots is None:
+        roots = RMS_EPS[key] = torch.tensor(math.sqrt(eps)), torch.tensor(shape[-1] ** -0.5)
     norm = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
-    normed = X / torch.hypot(norm * (1 / math.sqrt(shape[-1])), root)
+    normed = X / torch.hypot(norm * roots[1], roots[0])
     return normed if gamma is None else normed * gamma
 
 

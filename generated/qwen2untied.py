@@ -17,17 +17,18 @@ class KVCache:
     """The keys and values of the tokens decoded so far, per attention layer, so that
     forward(x, cache=…) reads only the tokens after them."""
 
-    def __init__(self):
+    def __init__(self, joins=None):
         self.pos = 0  # tokens decoded so far
         self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
         self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
         self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
         held = 0 if self.tokens is None else self.tokens.shape[-1]
         if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
-            self.__init__()
+            self.__init__(self.joins)
             held = 0
         self.tokens = x
         return x[..., held:]
@@ -39,6 +40,20 @@ class KVCache:
             K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
         self.kv[layer] = K, V
         return K, V
+
+    def joined(self, weights):
+        """project's matrices side by side, their biases (None if none has one) and widths;
+        None where joining would copy more than JOINED_MAX weights.
+        Made once per cache: over a generation the weights stay as they are."""
+        key = tuple(id(W) for W, _ in weights)
+        found = self.joins.get(key, False)
+        if found is False:
+            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
+                else (torch.cat([W for W, _ in weights], 1),
+                      None if all(b is None for _, b in weights) else
+                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
+                      [W.shape[1] for W, _ in weights])
+        return found
 
     def mask(self, Q, K):
         """Which keys each new query sees: the cached ones, and the new ones up to itself."""
@@ -100,7 +115,22 @@ def hold_stopped(token: torch.Tensor, held: torch.Tensor,
     return token, held
 
 
-RMS_EPS = {}  # ε → √ε as a CPU tensor, for torch.hypot
+# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
+# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
+JOINED_MAX = 1 << 20
+
+
+def project(X, *weights, cache=None):
+    """X W + b for each (W, b) of weights (b None: no bias). While decoding (a cache, and no
+    gradients) one product by the matrices side by side, split; else one product each."""
+    joined = None if cache is None or torch.is_grad_enabled() else cache.joined(weights)
+    if joined is None:
+        return [X @ W if b is None else F.linear(X, W.T, b) for W, b in weights]
+    W, b, widths = joined
+    return (X @ W if b is None else X @ W + b).split_with_sizes(widths, -1)
+
+
+RMS_EPS = {}  # (ε, D) → √ε and 1/√D as CPU tensors: a Python number costs a tensor each use
 
 
 def rms_normalize(X, shape, gamma, eps):
@@ -111,11 +141,12 @@ def rms_normalize(X, shape, gamma, eps):
     number to rounding."""
     if torch.is_grad_enabled() or X.device.type != "cpu" or X.dtype != torch.float32:
         return F.rms_norm(X, shape, gamma, eps)
-    root = RMS_EPS.get(eps)
-    if root is None:
-        root = RMS_EPS[eps] = torch.tensor(math.sqrt(eps))
+    key = eps, shape[-1]
+    roots = RMS_EPS.get(key)
+    if roots is None:
+        roots = RMS_EPS[key] = torch.tensor(math.sqrt(eps)), torch.tensor(shape[-1] ** -0.5)
     norm = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
-    normed = X / torch.hypot(norm * (1 / math.sqrt(shape[-1])), root)
+    normed = X / torch.hypot(norm * roots[1], roots[0])
     return normed if gamma is None else normed * gamma
 
 
@@ -144,9 +175,10 @@ class GroupedQueryAttentionBiased(nn.Module):
         self.register_buffer("omega", (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(), persistent=False)  # (d,): −ω, then ω  [gqa.card:33]
 
     def forward(self, X, cache=None):
-        Q = F.linear(X, self.W_q.T, self.b_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:30]
-        K = F.linear(X, self.W_k.T, self.b_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
-        V = F.linear(X, self.W_v.T, self.b_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
+        XW = project(X, (self.W_q, self.b_q), (self.W_k, self.b_k), (self.W_v, self.b_v), cache=cache)
+        Q = XW[0].unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:30]
+        K = XW[1].unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
+        V = XW[2].unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
         if cache is None:
             phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()  # (T, d): the angles, the first half negated  [gqa.card:33]
             cos = phi.cos()  # (T, d)  [gqa.card:33]

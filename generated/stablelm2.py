@@ -18,17 +18,18 @@ class KVCache:
     """The keys and values of the tokens decoded so far, per attention layer, so that
     forward(x, cache=…) reads only the tokens after them."""
 
-    def __init__(self):
+    def __init__(self, joins=None):
         self.pos = 0  # tokens decoded so far
         self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
         self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
         self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
         held = 0 if self.tokens is None else self.tokens.shape[-1]
         if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
-            self.__init__()
+            self.__init__(self.joins)
             held = 0
         self.tokens = x
         return x[..., held:]
@@ -46,6 +47,20 @@ class KVCache:
         drop = 0 if keep is None else K.shape[-2] - keep
         self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
         return K, V
+
+    def joined(self, weights):
+        """project's matrices side by side, their biases (None if none has one) and widths;
+        None where joining would copy more than JOINED_MAX weights.
+        Made once per cache: over a generation the weights stay as they are."""
+        key = tuple(id(W) for W, _ in weights)
+        found = self.joins.get(key, False)
+        if found is False:
+            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
+                else (torch.cat([W for W, _ in weights], 1),
+                      None if all(b is None for _, b in weights) else
+                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
+                      [W.shape[1] for W, _ in weights])
+        return found
 
     def mask(self, Q, K):
         """Which keys each new query sees: the cached ones, and the new ones up to itself."""
@@ -96,14 +111,30 @@ def hold_stopped(token: torch.Tensor, held: torch.Tensor,
     return token, held
 
 
+# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
+# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
+JOINED_MAX = 1 << 20
+
+
+def project(X, *weights, cache=None):
+    """X W + b for each (W, b) of weights (b None: no bias). While decoding (a cache, and no
+    gradients) one product by the matrices side by side, split; else one product each."""
+    joined = None if cache is None or torch.is_grad_enabled() else cache.joined(weights)
+    if joined is None:
+        return [X @ W if b is None else F.linear(X, W.T, b) for W, b in weights]
+    W, b, widths = joined
+    return (X @ W if b is None else X @ W + b).split_with_sizes(widths, -1)
+
+
 ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos and sin
 TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 1, …, n − 1
 
 
 def rope_angles(pairs, X, theta_base, past, width=None):
-    """cos and sin of the angles (past + t) θ_base^{−2i/r} of X's rows: cos (T, d), its
-    columns after the first r = width (all d by default) 1, and sin (T, r), each plane's
-    first sine negated, the planes those of the convention. Sliced from a table over every
+    """RoPE's tables at X's rows, those of the angles (past + t) θ_base^{−2i/r}: cos (T, d),
+    its columns after the first r = width (all d by default) 1; sin (T, r), each plane's
+    first sine negated, the planes those of the convention; the same sine (T, d), 0 after
+    column r; and each column's partner in its plane (d,). Sliced from a table over every
     position so far: a decoded token costs no trigonometry."""
     T, d = X.shape[-2], X.shape[-1]
     key = pairs, past, T, d, width, theta_base, X.device
@@ -112,12 +143,12 @@ def rope_angles(pairs, X, theta_base, past, width=None):
         if len(ANGLES) > 64:
             ANGLES.clear()
         table = rope_table(pairs, d, d if width is None else width, theta_base, X.device, past + T)
-        found = ANGLES[key] = table[0][past:past + T], table[1][past:past + T]
+        found = ANGLES[key] = *(rows[past:past + T] for rows in table[:3]), table[3]
     return found
 
 
 def rope_table(pairs, d, r, theta_base, device, positions):
-    """rope_angles' table, for at least `positions` positions (grown by doubling)."""
+    """rope_angles' tables, for at least `positions` positions (grown by doubling)."""
     key = pairs, d, r, float(theta_base), device
     table = TABLES.get(key)
     if table is None or table[0].shape[0] < positions:
@@ -125,18 +156,25 @@ def rope_table(pairs, d, r, theta_base, device, positions):
         omega = theta_base ** -(torch.arange(0, r, 2, device=device, dtype=torch.float32) / r)
         phi = torch.arange(n, device=device, dtype=torch.float32)[:, None] * omega
         cos, sin = phi.cos(), phi.sin()  # (n, r/2)
+        columns = torch.arange(d, device=device)
+        partners = columns[:r].view(-1, 2).flip(-1).flatten() if pairs else columns[:r].roll(r // 2)
         if pairs:
             cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
         else:
             cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
-        table = TABLES[key] = torch.cat([cos, cos.new_ones(n, d - r)], -1), sin
+        table = TABLES[key] = (torch.cat([cos, cos.new_ones(n, d - r)], -1), sin,
+                               torch.cat([sin, sin.new_zeros(n, d - r)], -1),
+                               torch.cat([partners, columns[r:]]))
     return table
 
 
-def turn(X, cos, sin, pairs):
+def turn(X, cos, sin, wide_sin, partners, pairs):
     """X cos plus, in the first r columns (as many as sin has), each column's partner in its
-    plane times its sine: the halves of those columns swapped, or each pair (`pairs`). The
-    partners are rolled into place, not gathered: a copy, forward and backward."""
+    plane times its sine: the halves of those columns swapped, or each pair (`pairs`). With
+    no backward to come (decoding) the partners are gathered, one dispatch; else they are
+    rolled into place, a copy whose backward is a roll too, where a gather's is a scatter."""
+    if not X.requires_grad:
+        return (X * cos).addcmul_(X[..., partners], wide_sin)
     r = sin.shape[-1]
     part = X if r == X.shape[-1] else X[..., :r]
     partner = part.unflatten(-1, (-1, 2)).roll(1, -1).flatten(-2) if pairs else \
@@ -227,9 +265,7 @@ class PartialRotaryAttention(nn.Module):
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [stablelm2.card:48]
 
     def forward(self, X, cache=None):
-        Q = F.linear(X, self.W_q.T, self.b_q)  # (B, T, D)  [stablelm2.card:49]
-        K = F.linear(X, self.W_k.T, self.b_k)  # (B, T, D H_kv/H)  [stablelm2.card:50]
-        V = F.linear(X, self.W_v.T, self.b_v)  # (B, T, D H_kv/H)  [stablelm2.card:51]
+        Q, K, V = project(X, (self.W_q, self.b_q), (self.W_k, self.b_k), (self.W_v, self.b_v), cache=cache)  # (B, T, D), (B, T, D H_kv/H), (B, T, D H_kv/H)  [stablelm2.card:49]
         Y_g = PartialRotaryGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, theta_base=self.theta_base, d_r=self.d_r, cache=cache)  # every g at once, all their heads side by side on one axis  [stablelm2.card:52]
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [stablelm2.card:53]
         return Y @ self.W_o  # (B, T, D)  [stablelm2.card:54]

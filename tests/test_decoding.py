@@ -149,7 +149,7 @@ def test_rotate_half_computes_its_angle_tables_once():
     assert len(calls) == 1  # two layers, queries and keys, four steps: one table
     (pairs, d, width, base, _), = tables
     assert (pairs, d, width, base) == (False, 8, 8, model.theta_base)
-    cos, sin = angles[pairs, 0, 5, d, None, model.theta_base, torch.device("cpu")]
+    cos, sin, *_ = angles[pairs, 0, 5, d, None, model.theta_base, torch.device("cpu")]
     phi = torch.arange(5, dtype=torch.float32)[:, None] * base ** -(
         torch.arange(0, d, 2, dtype=torch.float32) / d)
     assert torch.allclose(cos, phi.cos().repeat(1, 2))

@@ -312,8 +312,10 @@ GENERATOR_NAMES = {
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
     "keys", "numbers", "visible", "drop", "mask", "rope_table", "TABLES", "width", "found",
-    "table", "rest", "positions", "r", "turn", "part", "partner", "Y",
+    "table", "rest", "positions", "r", "turn", "part", "partner", "Y", "wide_sin", "partners",
+    "columns", "rows", "id", "sum", "all", "project", "XW", "JOINED_MAX", "weights", "joined", "joins", "widths",
     "offset_rms_norm", "normed", "shape", "gamma", "eps", "rms_normalize", "RMS_EPS", "root",
+    "roots",
     "norm",
     # generate() and the token pickers it copies from cardc.runtime.logits
     "generate", "pick_token", "filter_logits", "idx", "max_new_tokens", "temperature", "top_k",
@@ -322,7 +324,7 @@ GENERATOR_NAMES = {
     "stop_tokens", "hold_stopped", "stops", "token", "stop", "tuple", "sorted", "bool",
 }
 GENERATOR_ATTRS = {
-    "Module", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
+    "Module", "joins", "joined", "split_with_sizes", "numel", "requires_grad", "flip", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
     "Generator", "Tensor", "no_grad", "scatter", "sort", "to", "values",
     "arange", "argmax", "as_tensor", "backward", "bool", "cat", "cross_entropy", "detach",
     "device", "empty", "equal", "extend", "flatten", "float", "float32", "full", "gather", "gelu",

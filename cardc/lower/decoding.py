@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 
 from .. import ir
+from .joining import join_projections
 
 SDPA = ir.Ref("F.scaled_dot_product_attention")
 ROTATE = (ir.Ref("rotate_half"), ir.Ref("rotate_pairs"))  # RoPE (cardc.lower.intrinsics): take the positions' start
@@ -28,6 +29,7 @@ def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
     """Give `top`, a language model, incremental decoding where its attention is causal."""
     if not top.language_model or program.uncached:
         return
+    join_projections(program)  # their modules take the cache, which holds the joined weights
     functions: set[str] = set()  # functions that take the cache
     for f in program.functions:  # callees first
         if _cache_function(f, functions):
