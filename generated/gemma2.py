@@ -194,16 +194,18 @@ def offset_rms_norm(X, shape, gamma, eps):
 MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
 
 
-def shared_mask(site, make, queries, keys, device, *numbers):
+def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
     """A mask site's visible positions, (queries, keys), made once per sizes, device and
     numbers, shared by every layer and every decoding step of the same sizes; None where
-    every position is visible (a decoded token that sees all the keys a window keeps)."""
-    key = site, queries, keys, device, *numbers
+    every position is visible (a decoded token that sees all the keys a window keeps). With
+    a dtype, as a bias to add to scores: 0 where visible, −∞ where hidden."""
+    key = site, queries, keys, device, dtype, *numbers
     if key not in MASKS:
         if len(MASKS) > 256:
             MASKS.clear()
         mask = make()
-        MASKS[key] = None if mask.all().item() else mask
+        MASKS[key] = None if mask.all().item() else mask if dtype is None else \
+            torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
     return MASKS[key]
 
 
@@ -215,10 +217,10 @@ def SoftCappedHead(Q, K, V, s, c_attn, w, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V, keep=w - 1)  # the cached positions come first  [gemma2.card:96]
-    S = Q @ K.transpose(-2, -1) / math.sqrt(s)  # (…, T, T)  [gemma2.card:96]
-    S = c_attn * torch.tanh(S / c_attn)  # (…, T, T)  [gemma2.card:97]
-    visible = None if cache is not None and Q.shape[-2] == 1 else shared_mask(1, lambda: ~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w), Q.shape[-2], K.shape[-2], Q.device, w)  # [gemma2.card:98]
-    S = S if visible is None else S.masked_fill(~visible, -math.inf)  # the hidden positions  [gemma2.card:98]
+    S = Q / (math.sqrt(s) * c_attn) @ K.transpose(-2, -1)  # (…, T, T)  [gemma2.card:96]
+    S = c_attn * torch.tanh(S)  # (…, T, T)  [gemma2.card:97]
+    hidden = None if cache is not None and Q.shape[-2] == 1 else shared_mask(1, lambda: ~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w), Q.shape[-2], K.shape[-2], Q.device, w, dtype=S.dtype)  # [gemma2.card:98]
+    S = S if hidden is None else S + hidden  # the hidden positions  [gemma2.card:98]
     return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [gemma2.card:100]
 
 

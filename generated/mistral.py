@@ -186,16 +186,18 @@ def rms_normalize(X, shape, gamma, eps):
 MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
 
 
-def shared_mask(site, make, queries, keys, device, *numbers):
+def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
     """A mask site's visible positions, (queries, keys), made once per sizes, device and
     numbers, shared by every layer and every decoding step of the same sizes; None where
-    every position is visible (a decoded token that sees all the keys a window keeps)."""
-    key = site, queries, keys, device, *numbers
+    every position is visible (a decoded token that sees all the keys a window keeps). With
+    a dtype, as a bias to add to scores: 0 where visible, −∞ where hidden."""
+    key = site, queries, keys, device, dtype, *numbers
     if key not in MASKS:
         if len(MASKS) > 256:
             MASKS.clear()
         mask = make()
-        MASKS[key] = None if mask.all().item() else mask
+        MASKS[key] = None if mask.all().item() else mask if dtype is None else \
+            torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
     return MASKS[key]
 
 

@@ -3,6 +3,8 @@ cache, give the logits of full recomputation; the sampling cards decode through 
 
 from __future__ import annotations
 
+import inspect
+import math
 from pathlib import Path
 from unittest import mock
 
@@ -197,17 +199,38 @@ def test_a_window_mask_is_made_once_per_sizes():
     with torch.no_grad():
         model(torch.randint(0, 97, (1, 5)), cache=cache)
         assert len(masks) == 1  # three layers, one mask
-        (site, queries, keys, _, w), = masks
-        assert (queries, keys, w) == (5, 5, 3)
+        (site, queries, keys, _, dtype, w), = masks
+        assert (queries, keys, dtype, w) == (5, 5, None, 3)  # a boolean mask: SDPA's
         t = torch.arange(5)
-        assert torch.equal(masks[site, 5, 5, torch.device("cpu"), 3],
+        assert torch.equal(masks[site, 5, 5, torch.device("cpu"), None, 3],
                            (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - 3))
         for _ in range(3):  # each step: one new query against the w − 1 kept keys and itself,
             model(torch.randint(0, 97, (1, 1)), cache=cache)  # all visible: no mask at all
         assert len(masks) == 1  # not even looked up
         model(torch.randint(0, 97, (1, 2)), cache=cache)  # two queries: the first misses one
-        assert masks[site, 2, 4, torch.device("cpu"), 3].tolist() == [[True, True, True, False],
+        assert masks[site, 2, 4, torch.device("cpu"), None, 3].tolist() == [[True, True, True, False],
                                                                        [False, True, True, True]]
+
+
+def test_a_capped_core_adds_its_mask_as_a_bias_in_the_scores_type():
+    """Soft-capped attention (Gemma 2) masks its scores by adding a bias made once per sizes
+    and type, 0 where the window shows a key and −∞ where it hides one; its queries carry the
+    scale and the cap's division, so the scores are scaled once."""
+    model = cardc.model("cards/gemma2.card", V=97, D=32, H=4, H_kv=2, d=8, D_f=48, N=2,
+                        ctx=64, w=3, s=8, c_attn=50.0, c_f=30.0).eval()
+    source = inspect.getsource(type(model).forward.__globals__["SoftCappedHead"])
+    assert "S = Q / (math.sqrt(s) * c_attn) @ K.transpose(-2, -1)" in source
+    assert "masked_fill" not in source
+    masks = type(model).forward.__globals__["MASKS"]
+    masks.clear()
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 5)))
+    biases = {key: bias for key, bias in masks.items() if bias is not None}
+    assert {key[4] for key in biases} == {torch.float32} and len(biases) == 2  # local, global
+    t = torch.arange(5)
+    window = (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - 3)
+    assert any(torch.equal(bias, torch.zeros(5, 5).masked_fill(~window, -math.inf))
+               for bias in biases.values())
 
 
 def test_cache_refuses_to_run_past_the_context():

@@ -311,7 +311,7 @@ GENERATOR_NAMES = {
     # the file's attention and RoPE helpers (cardc.lower.attention, cardc.lower.intrinsics)
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
-    "keys", "numbers", "visible", "drop", "mask", "rope_table", "TABLES", "width", "found",
+    "keys", "numbers", "visible", "hidden", "drop", "mask", "rope_table", "TABLES", "width", "found",
     "table", "rest", "positions", "r", "turn", "part", "partner", "Y", "wide_sin", "partners",
     "columns", "rows", "id", "sum", "all", "project", "XW", "JOINED_MAX", "weights", "joined", "joins", "widths",
     "offset_rms_norm", "normed", "shape", "gamma", "eps", "rms_normalize", "RMS_EPS", "root",

@@ -25,7 +25,7 @@ from .. import ir
 from .. import syntax as s
 from ..types import Ty
 from .context import Steps
-from .values import LowerError, Val
+from .values import LowerError, Val, local_name
 
 
 @dataclass
@@ -170,23 +170,7 @@ def prepare(body: Steps, core: Core) -> None:
     if cached:
         k, v = _extend(body, core, k, v, _window(core))
     if core.transforms:  # a soft cap: the exact math, with the cache's positions
-        for st in (core.score, *core.transforms):
-            body.step(st)
-        name = core.score.stmt.target.id
-        scores = body.expr(s.Name(name, span=core.score.span))
-        minus_inf = ir.Un("-", ir.Ref("math.inf"))
-        body.low.program.imports.add("math")
-        visible = _one_sees_all(core, q, _remembered(body, core, q, k,
-                                                     _visible(body, core, q, k, True)))
-        if isinstance(visible, (ir.Call, ir.Cond)):  # None where every key at hand is visible
-            name = body.fresh("visible")
-            body.emit(ir.Assign((name,), visible, body.note(core.masks[0], None)))
-            visible = ir.Ref(name)
-        masked = ir.Call(ir.Attr(scores.code, "masked_fill"), (_not(visible), minus_inf))
-        if isinstance(visible, ir.Ref):
-            masked = ir.Cond(ir.Bin("is", visible, ir.Lit("None")), scores.code, masked)
-        body.emit(ir.Assign((scores.code.id,), masked,
-                            body.note(core.masks[0], None, "the hidden positions")))
+        _capped(body, core, q, k)
         return None
     kwargs: list[tuple[str, ir.Expr]] = []
     if cached and len(core.masks) == 1:  # only causal: SDPA's own mask, the cache's after it
@@ -206,6 +190,87 @@ def prepare(body: Steps, core: Core) -> None:
     ty = body.ty(core.product)
     body.given[id(core.product)] = Val(call, Ty(ty.shape, ty.elem), True)
     return None
+
+
+def _capped(body: Steps, core: Core, q: Val, k: Val) -> None:
+    """A core with transforms of its scores (a soft cap), as its steps: the scores' scale,
+    and the first transform's division of them by a number, applied to the queries (a
+    T × d matrix, not T × T), and the masks added to the scores as a bias made once per
+    sizes (its backward passes the gradient through, where masked_fill's writes it)."""
+    start = len(body.out)
+    for st in (core.score, *core.transforms):
+        body.step(st)
+    name = core.score.stmt.target.id
+    body.out[start:] = _folded(body.out[start:], local_name(name))
+    scores = body.expr(s.Name(name, span=core.score.span))
+    body.low.program.imports.add("math")
+    made = _remembered(body, core, q, k, _visible(body, core, q, k, True))
+    bias = isinstance(made, ir.Call) and made.func == ir.Ref("shared_mask")
+    if bias:
+        made = replace(made, kwargs=(("dtype", ir.Attr(scores.code, "dtype")),))
+    mask = _one_sees_all(core, q, made)
+    if isinstance(mask, (ir.Call, ir.Cond)):  # None where every key at hand is visible
+        name = body.fresh("hidden" if bias else "visible")
+        body.emit(ir.Assign((name,), mask, body.note(core.masks[0], None)))
+        mask = ir.Ref(name)
+    masked = ir.Bin("+", scores.code, mask) if bias else ir.Call(
+        ir.Attr(scores.code, "masked_fill"), (_not(mask), ir.Un("-", ir.Ref("math.inf"))))
+    if isinstance(mask, ir.Ref):
+        masked = ir.Cond(ir.Bin("is", mask, ir.Lit("None")), scores.code, masked)
+    body.emit(ir.Assign((scores.code.id,), masked,
+                        body.note(core.masks[0], None, "the hidden positions")))
+
+
+def _folded(steps: list[ir.Stmt], name: str) -> list[ir.Stmt]:
+    """`S = A @ B / a` (or `· a`, or no scale), then `S = f(S / b)` reading S once: `S = (A
+    / (a * b)) @ B`, then `S = f(S)`. The number b may only be a number (the transforms read
+    nothing else)."""
+    score, *rest = steps
+    if not (isinstance(score, ir.Assign) and score.targets == (name,)):
+        return steps
+    product, scale = score.value, None
+    if isinstance(product, ir.Bin) and product.op in ("/", "*"):
+        product, scale = product.left, (product.op, product.right)
+    if not (isinstance(product, ir.Bin) and product.op == "@"):
+        return steps
+    first = rest[0] if rest else None
+    divisor = _divisor(first.value, name) if isinstance(first, ir.Assign) and \
+        first.targets == (name,) else None
+    if divisor is not None:
+        scale = ("/", divisor) if scale is None else \
+            ("/", ir.Bin("*", scale[1], divisor)) if scale[0] == "/" else \
+            ("*", ir.Bin("/", scale[1], divisor))
+        ref = ir.Ref(name)
+        rest[0] = replace(first, value=ir.rewrite(first.value, lambda e: ref if isinstance(
+            e, ir.Bin) and e.op == "/" and e.left == ref else None))
+    if scale is None:
+        return steps
+    queries = ir.Bin(scale[0], product.left, scale[1])
+    return [replace(score, value=replace(product, left=queries)), *rest]
+
+
+def _divisor(e: ir.Expr, name: str) -> ir.Expr | None:
+    """b where `S / b` is the one place e reads S."""
+    ref = ir.Ref(name)
+    reads, found = [], []
+
+    def visit(n):
+        if n == ref:
+            reads.append(n)
+        elif isinstance(n, ir.Bin) and n.op == "/" and n.left == ref:
+            reads.append(n)
+            found.append(n.right)
+            return n
+        return None
+
+    ir.rewrite(e, visit)
+    return found[0] if len(reads) == 1 and found and ref not in _refs(found[0]) else None
+
+
+def _refs(e: ir.Expr) -> set[ir.Ref]:
+    seen: set[ir.Ref] = set()
+    ir.rewrite(e, lambda n: seen.add(n) if isinstance(n, ir.Ref) else None)
+    return seen
 
 
 def _batched(x: Val) -> bool:
