@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from .. import ir
 
 CACHE = ir.Ref("cache")
-TEMP = "XW"
-NONE = ir.Lit("None")  # the joined products, where they sit inside larger expressions
+TEMP = "XW"  # the joined products, where they sit inside larger expressions
+NONE = ir.Lit("None")  # no bias
 
 
 @dataclass(frozen=True)
