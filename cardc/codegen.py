@@ -46,9 +46,16 @@ def _bin(e: ir.Bin) -> tuple[str, int]:
     p = _PREC[e.op]
     if e.op == "**":  # right-associative, and tighter than a unary minus on its left
         return f"{expr_py(e.left, p + 1)} ** {expr_py(e.right, _PREC['unary'])}", p
-    left = p + 1 if p == _PREC["<"] else p  # comparisons chain in Python: never nest them bare
+    left = p + 1 if p == _PREC["<"] or _mixed(e.op, e.left) else p  # comparisons chain in
+    # Python: never nest them bare; nor a product by a matrix with a scalar one (`(a * b) @ c`)
     right = p if e.op in ("and", "or") else p + 1  # associative either way
     return f"{expr_py(e.left, left)} {e.op} {expr_py(e.right, right)}", p
+
+
+def _mixed(op: str, left: ir.Expr) -> bool:
+    """`@` beside `*` or `/` on its left: one level in Python, read as two by a person."""
+    return isinstance(left, ir.Bin) and left.op != op and "@" in (op, left.op) and \
+        _PREC[left.op] == _PREC[op]
 
 
 def _un(e: ir.Un) -> tuple[str, int]:

@@ -217,7 +217,7 @@ def SoftCappedHead(Q, K, V, s, c_attn, w, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V, keep=w - 1)  # the cached positions come first  [gemma2.card:96]
-    S = Q / (math.sqrt(s) * c_attn) @ K.transpose(-2, -1)  # (…, T, T)  [gemma2.card:96]
+    S = (Q / (math.sqrt(s) * c_attn)) @ K.transpose(-2, -1)  # (…, T, T)  [gemma2.card:96]
     S = c_attn * torch.tanh(S)  # (…, T, T)  [gemma2.card:97]
     hidden = None if cache is not None and Q.shape[-2] == 1 else shared_mask(1, lambda: ~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w), Q.shape[-2], K.shape[-2], Q.device, w, dtype=S.dtype)  # [gemma2.card:98]
     S = S if hidden is None else S + hidden  # the hidden positions  [gemma2.card:98]
@@ -288,7 +288,7 @@ class GeGLU(nn.Module):
         self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [gemma2.card:58]
 
     def forward(self, X):
-        return F.gelu(X @ self.W_gate, approximate="tanh") * (X @ self.W_up) @ self.W_down  # (B, T, D)  [gemma2.card:59]
+        return (F.gelu(X @ self.W_gate, approximate="tanh") * (X @ self.W_up)) @ self.W_down  # (B, T, D)  [gemma2.card:59]
 
 
 class Gemma2Block(nn.Module):
@@ -366,7 +366,7 @@ class Gemma2(nn.Module):
             E = self.local[l](E, cache=cache)  # (B, T, D)  [gemma2.card:20]
             E = self.global_[l](E, cache=cache)  # (B, T, D)  [gemma2.card:21]
         E = offset_rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [gemma2.card:23]
-        P = self.c_f * torch.tanh(E @ self.W_e.T / self.c_f)  # (B, T, V)  [gemma2.card:24]
+        P = self.c_f * torch.tanh((E @ self.W_e.T) / self.c_f)  # (B, T, V)  [gemma2.card:24]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]
         if targets is None:

@@ -287,7 +287,7 @@ class SwiGLU(nn.Module):
         self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [swiglu.card:8]
 
     def forward(self, X):
-        return F.silu(X @ self.W_gate) * (X @ self.W_up) @ self.W_down  # (B, T, D)  [swiglu.card:9]
+        return (F.silu(X @ self.W_gate) * (X @ self.W_up)) @ self.W_down  # (B, T, D)  [swiglu.card:9]
 
 
 class StableLMBlock(nn.Module):

@@ -437,3 +437,16 @@ def test_bias_folds_into_linear_for_a_parameter_matrix_and_vector_only():
     linear = ir.Call(ir.Ref("F.linear"), (X, ir.Attr(W, "T"), b))
     assert [st.value for st in program.modules[0].body] == [
         linear, ir.Call(ir.Ref("F.linear"), (linear, ir.Attr(W, "T"), b)), *kept]
+
+
+def test_a_matrix_product_beside_a_scalar_one_is_parenthesised():
+    """`@`, `*` and `/` share one level in Python; where `@` meets another of them the code
+    shows which comes first, as a reader would otherwise guess it."""
+    from cardc.codegen import expr_py
+
+    a, b, c = (ir.Ref(n) for n in "abc")
+    assert expr_py(ir.Bin("@", ir.Bin("*", a, b), c)) == "(a * b) @ c"
+    assert expr_py(ir.Bin("/", ir.Bin("@", a, b), c)) == "(a @ b) / c"
+    assert expr_py(ir.Bin("@", a, ir.Bin("/", b, c))) == "a @ (b / c)"
+    assert expr_py(ir.Bin("*", ir.Bin("/", a, b), c)) == "a / b * c"
+    assert expr_py(ir.Bin("@", ir.Bin("@", a, b), c)) == "a @ b @ c"

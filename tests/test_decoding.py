@@ -219,7 +219,7 @@ def test_a_capped_core_adds_its_mask_as_a_bias_in_the_scores_type():
     model = cardc.model("cards/gemma2.card", V=97, D=32, H=4, H_kv=2, d=8, D_f=48, N=2,
                         ctx=64, w=3, s=8, c_attn=50.0, c_f=30.0).eval()
     source = inspect.getsource(type(model).forward.__globals__["SoftCappedHead"])
-    assert "S = Q / (math.sqrt(s) * c_attn) @ K.transpose(-2, -1)" in source
+    assert "S = (Q / (math.sqrt(s) * c_attn)) @ K.transpose(-2, -1)" in source
     assert "masked_fill" not in source
     masks = type(model).forward.__globals__["MASKS"]
     masks.clear()
