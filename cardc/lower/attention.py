@@ -223,8 +223,8 @@ def _capped(body: Steps, core: Core, q: Val, k: Val) -> None:
 
 def _folded(steps: list[ir.Stmt], name: str) -> list[ir.Stmt]:
     """`S = A @ B / a` (or `· a`, or no scale), then `S = f(S / b)` reading S once: `S = (A
-    / (a * b)) @ B`, then `S = f(S)`. The number b may only be a number (the transforms read
-    nothing else)."""
+    / (a * b)) @ B`, then `S = f(S)`: b is a number, as everything a transform reads besides
+    S is."""
     score, *rest = steps
     if not (isinstance(score, ir.Assign) and score.targets == (name,)):
         return steps
@@ -264,13 +264,8 @@ def _divisor(e: ir.Expr, name: str) -> ir.Expr | None:
         return None
 
     ir.rewrite(e, visit)
-    return found[0] if len(reads) == 1 and found and ref not in _refs(found[0]) else None
-
-
-def _refs(e: ir.Expr) -> set[ir.Ref]:
-    seen: set[ir.Ref] = set()
-    ir.rewrite(e, lambda n: seen.add(n) if isinstance(n, ir.Ref) else None)
-    return seen
+    return found[0] if len(reads) == 1 and found and name not in ir.ref_ids([found[0]]) \
+        else None
 
 
 def _batched(x: Val) -> bool:
