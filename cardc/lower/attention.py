@@ -49,7 +49,7 @@ class Core:
         return (self.score, *self.transforms, *self.masks)
 
 
-def find_cores(alg: s.Algorithm, scalars: set[str]) -> list[Core]:
+def find_cores(alg: s.Algorithm, scalars: frozenset[str]) -> list[Core]:
     """Every attention core among the top-level steps of `alg`; `scalars` are the names a
     transform of the scores may read besides them (hyperparameters)."""
     steps = list(alg.steps)
@@ -145,6 +145,32 @@ def _assigns(st, names: set[str]) -> bool:
 
 def _names(e) -> set[str]:
     return {n.id for n in s.nodes(e) if isinstance(n, s.Name)}
+
+
+# ------------------------------------------------------------------ the fusion rule (hook: step)
+WAITING = "waiting"  # a step of a core, lowered with its reader
+
+
+def find(patterns: tuple[str, ...], body: Steps, step: s.Step) -> Core | str | None:
+    """The core whose reader `step` is, or WAITING for a step of a core (a card's own steps,
+    row-major cards only)."""
+    if body.column:
+        return None
+    for core in body.low.walk(body.alg, find_cores, frozenset(body.info.sig.hypers)):
+        if any(step is w for w in core.waiting):
+            return WAITING
+        if core.reader is step:
+            return core
+    return None
+
+
+def lower(body: Steps, step: s.Step, found: Core | str) -> bool:
+    """Nothing for a step of a core; before its reader, the core (`prepare`): True when
+    `step` needs no lowering of its own."""
+    if found == WAITING:
+        return True
+    prepare(body, found)
+    return False
 
 
 # ------------------------------------------------------------------ lowering

@@ -16,10 +16,10 @@ from ..dims import Dim
 from ..namecheck import card_identifiers
 from ..spelling import display
 from ..types import BundleTy, FamilyTy, Ty, subst_dim
-from .attention import find_cores, prepare
 from .context import Lowerer
+from .gelu import literal as literal_gelu
 from .gradients import current, gradient_step, listed, norm, take_over
-from .heads import vectorise
+from .pipeline import first
 from .values import (
     Family,
     Gradient,
@@ -261,17 +261,29 @@ class Body:
 
     # ------------------------------------------------------------------ steps
     def run(self) -> list[ir.Stmt]:
-        cores = find_cores(self.alg, set(self.info.sig.hypers)) \
-            if self.low.fuse and not self.column else []
-        waiting = {id(st) for core in cores for st in core.waiting}
         for step in self.alg.steps:
-            if id(step) in waiting:
-                continue  # lowered with the step that reads softmax(S) V
-            core = next((c for c in cores if c.reader is step), None)
-            if core is not None:
-                prepare(self, core)
-            self.step(step)
+            if not self.fuse_step(step):
+                self.step(step)
         return self.out
+
+    # ------------------------------------------------------------------ fusion hooks
+    # One call per hook: the recognisers of cardc.lower.pipeline, asked in order.
+    def fuse_card(self) -> list[ir.Stmt] | None:
+        """The whole card in one piece, or None: its steps one by one."""
+        return first(self.low.pipeline.card, self)
+
+    def fuse_step(self, step: s.Step) -> bool:
+        """Whether `step` needs no lowering of its own (it was lowered with another)."""
+        return bool(first(self.low.pipeline.step, self, step))
+
+    def fuse_loop(self, st: s.For, step: s.Step) -> bool:
+        return bool(first(self.low.pipeline.loop, self, st, step))
+
+    def fuse_call(self, e: s.Call, call: CallInfo) -> ir.Expr | None:
+        return first(self.low.pipeline.call, self, e, call)
+
+    def fuse_expr(self, e: s.Expr) -> Val | None:
+        return first(self.low.pipeline.expression, self, e)
 
     def step(self, step: s.Step) -> None:
         self.at_step = step
@@ -410,8 +422,7 @@ class Body:
         if st.style == "map" or isinstance(st.over, s.Concat):
             if self.indexes_by(st.body, st.var):
                 return self.position_map(st, step)
-            if self.low.fuse and (self.low.passes.head_map(self, st, step) or
-                                  vectorise(self, st, step)):
+            if self.fuse_loop(st, step):
                 return None
             return self.map_loop(st, step)
         return self.fail(st, "code generation does not handle this loop yet")
@@ -839,6 +850,9 @@ class Body:
     def expr(self, e: s.Expr) -> Val:
         if id(e) in self.given:  # computed already, for every head at once (cardc.lower.heads)
             return self.given[id(e)]
+        fused = self.fuse_expr(e)
+        if fused is not None:
+            return fused
         method = getattr(self, "expr_" + type(e).__name__, None)
         if method is None:
             self.fail(e, "code generation does not handle this expression yet")
@@ -1310,9 +1324,6 @@ class Body:
         items = [x for x in e.items if not isinstance(x, s.Ellipsis_)]
         if self.procedure and e.sep == "," and self.ty(e).elem == "ℕ":
             return self.sequence(e, items)
-        fused = self.low.passes.partial_rotary(self, e)
-        if fused is not None:
-            return fused
         fam = self.family_of(items[0].id) if isinstance(items[0], s.Name) else None
         ty = self.ty(e)
         if fam is not None and any(isinstance(x, s.Ellipsis_) for x in e.items):
@@ -1390,7 +1401,7 @@ class Body:
         x = self.expr(e.args[0])
         ty = self.ty(e)
         if e.func in ("GELU", "GELU_tanh"):
-            return _like(x, self.low.passes.gelu(self, x.code, e.func == "GELU_tanh"), ty)
+            return _like(x, literal_gelu(self, x.code, e.func == "GELU_tanh"), ty)
         if e.func in ELEMENTWISE:
             return _like(x, _call(ELEMENTWISE[e.func], x.code), ty)
         if e.func == "softmax":  # over the first index in the paper's layout (its eq. 2)
@@ -1440,10 +1451,9 @@ class Body:
         flipped = len(ty.shape) == 2 and \
             self.low.checker.info(call.callee).sig.layout == "column"
         rows = (self.positions[1],) if self.positions else ()
-        if self.low.fuse:
-            fused = self.low.passes.call(self, e, call)
-            if fused is not None:
-                return Val(fused, ty, True, flipped, rows)
+        fused = self.fuse_call(e, call)
+        if fused is not None:
+            return Val(fused, ty, True, flipped, rows)
         args = self.call_args(e, call)
         module = self.module_for(e, call)
         if module is not None:

@@ -17,9 +17,7 @@ from ..names import number
 from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
 from .body import Body, bound_sizes
-from .decoding import add_kv_cache
-from .intrinsics import Passes
-from .peephole import fold_bias
+from .pipeline import pipeline
 from .resume import START, resumable
 from .values import (
     Family,
@@ -53,29 +51,29 @@ class Lowering:
         self.checker = checker
         self.lib = checker.lib
         self.fuse = fuse
+        self.pipeline = pipeline(fuse)  # the fusion rules and passes (cardc.lower.pipeline)
         self.decoder = False  # lowering a causal language model: attention reads a KV cache
-        self.passes = Passes(fuse)
         self.program = ir.Program(sources=[])
         self._modules: dict[int, ir.Module] = {}
         self._functions: dict[tuple[int, frozenset[str]], str] = {}
         self._ctor: dict[int, list[str]] = {}
         self._decodes: dict[int, bool] = {}
-        self._walks: dict[tuple[int, Callable], Any] = {}  # what a card's steps hold, by finder
+        self._walks: dict[tuple, Any] = {}  # what a card's steps hold, by finder
 
-    def walk(self, alg: s.Algorithm, find: Callable[[s.Algorithm], Any]) -> Any:
-        """`find(alg)`, once per card: it walks the card's steps."""
-        key = (id(alg), find)
+    def walk(self, alg: s.Algorithm, find: Callable[..., Any], *args: Any) -> Any:
+        """`find(alg, *args)`, once per card: it walks the card's steps."""
+        key = (id(alg), find, *args)
         if key not in self._walks:
-            self._walks[key] = find(alg)
+            self._walks[key] = find(alg, *args)
         return self._walks[key]
 
     # ------------------------------------------------------------------ entry point
     def model(self, alg: s.Algorithm) -> ir.Program:
-        self.decoder = self.fuse and self.is_language_model(self.checker.info(alg).sig)
+        self.decoder = self.pipeline.decodes and \
+            self.is_language_model(self.checker.info(alg).sig)
         top = self.module(alg, top=True)
-        if self.fuse:
-            fold_bias(self.program)
-            add_kv_cache(self.program, top)
+        for rewrite in self.pipeline.passes:
+            rewrite(self.program, top)
         sig = self.checker.info(alg).sig
         ctor = self.ctor_args(alg)
         for preset in alg.presets:
@@ -89,7 +87,7 @@ class Lowering:
     def decodes(self, alg: s.Algorithm) -> bool:
         """Whether the model card `alg` lowers to a forward that decodes with a KV cache."""
         if id(alg) not in self._decodes:
-            self._decodes[id(alg)] = self.fuse and \
+            self._decodes[id(alg)] = self.pipeline.decodes and \
                 Lowering(self.checker, self.fuse).model(alg).kv_cache
         return self._decodes[id(alg)]
 
@@ -155,7 +153,7 @@ class Lowering:
             scope.values[name] = Val(ir.Ref(local_name(name)), ty, False, column and ty.rank == 2)
         if sig.inputs:  # else device_expr() reports the card, where a device is needed
             body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
-        stmts = self.passes.card_body(body) or body.run()
+        stmts = body.fuse_card() or body.run()
         prologue = [ir.Assign((runtime[d][0],), runtime[d][1]) for d in runtime if d in used]
         if top:
             prologue = [*prologue, *self.length_guard(m, body, prologue)]

@@ -1,6 +1,6 @@
 """What the parts of the lowering ask of one another, as protocols, so that they import one
-another one way: values ← context ← attention, heads, intrinsics, decoding, gradients ← body ←
-cards.
+another one way: values ← context ← intrinsics ← the fusion rules (attention, sdpa_heads,
+heads, norms, rotary, gelu, grouped), decoding, gradients ← pipeline ← body ← cards.
 
 `Lowerer` is what lowering a card's steps asks of the whole lowering (cardc.lower.cards);
 `Steps` is what a fusion pass (or the lowering of gradients) asks of the lowering of one card's
@@ -22,13 +22,12 @@ from .values import Scope, Val
 
 class Lowerer(Protocol):
     checker: Checker
-    fuse: bool
     decoder: bool  # the model is a causal language model: attention reads a KV cache
-    passes: Any  # cardc.lower.intrinsics.Passes
+    pipeline: Any  # cardc.lower.pipeline.Pipeline: the fusion rules by hook, the passes
     program: ir.Program
     lib: Any
 
-    def walk(self, alg: s.Algorithm, find: Callable[[s.Algorithm], Any]) -> Any: ...
+    def walk(self, alg: s.Algorithm, find: Callable[..., Any], *args: Any) -> Any: ...
 
     def function(self, alg: s.Algorithm, merged: frozenset[str] = frozenset()) -> str: ...
 
@@ -52,6 +51,7 @@ class Steps(Protocol):
     lead: str
     merged: frozenset[str]
     column: bool
+    procedure: bool  # a training or inference card
     given: dict[int, Val]
     point: dict[str, tuple[int, int, Dim]]
     ranged: dict[str, Val]

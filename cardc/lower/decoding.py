@@ -25,11 +25,22 @@ NO_CACHE = ir.Bin("is", CACHE, ir.Lit("None"))
 HAS_CACHE = ir.Bin("is not", CACHE, ir.Lit("None"))
 
 
+def decodes(program: ir.Program, top: ir.Module) -> bool:
+    """Whether `top` is a language model whose every attention can read a KV cache."""
+    return top.language_model and not program.uncached
+
+
+def join_for_cache(program: ir.Program, top: ir.Module) -> None:
+    """Before the cache is added: sibling projections joined (cardc.lower.joining), since
+    their modules take the cache, which holds the joined weights."""
+    if decodes(program, top):
+        join_projections(program)
+
+
 def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
     """Give `top`, a language model, incremental decoding where its attention is causal."""
-    if not top.language_model or program.uncached:
+    if not decodes(program, top):
         return
-    join_projections(program)  # their modules take the cache, which holds the joined weights
     functions: set[str] = set()  # functions that take the cache
     for f in program.functions:  # callees first
         if _cache_function(f, functions):

@@ -186,6 +186,15 @@ class HeadMap:
         return out
 
 
+def find(patterns: tuple[str, ...], body: Steps, st: s.For, step: s.Step) -> s.For | None:
+    """A map over heads of one step (the rest is checked as it is lowered)."""
+    return st if len(st.body) == 1 else None
+
+
+def lower(body: Steps, st: s.For, step: s.Step, found: s.For) -> bool:
+    return vectorise(body, st, step)
+
+
 def vectorise(body: Steps, st: s.For, step: s.Step) -> bool:
     """`for h ∈ [H] : Y^h ← F(…)` as one call of F over every head; False keeps the loop."""
     if len(st.body) != 1 or not isinstance(st.over, s.Concat) or len(st.over.items) != 1:
