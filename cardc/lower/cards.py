@@ -10,28 +10,26 @@ from typing import Any
 
 from .. import ir
 from .. import syntax as s
-from ..checker import CallInfo, Checker, expr_dim, instance, split_name
+from ..checker import CallInfo, Checker, expr_dim, split_name
 from ..dims import Dim, solve
 from ..info import preset_values
 from ..names import number
 from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
-from .body import Body, bound_sizes
+from .body import bound_sizes
+from .parameters import Parameters, _ctor_dim, _ctor_value
 from .pipeline import pipeline
 from .resume import START, resumable
+from .steps import Body
 from .values import (
     Family,
     LowerError,
-    ModuleSlot,
     Scope,
-    Stacked,
     Val,
-    attr_name,
     card_names,
     ctor_type,
     dim_expr,
     local_name,
-    num_lit,
 )
 
 
@@ -44,7 +42,7 @@ def _doc(alg: s.Algorithm) -> str:
     return f"{head}: {text}" if text else head
 
 
-class Lowering:
+class Lowering(Parameters):
     """Lowers a model card and everything it calls into one `ir.Program`."""
 
     def __init__(self, checker: Checker, fuse: bool = True):
@@ -242,113 +240,6 @@ class Lowering:
                 ir.If(ir.Bin("is", ir.Ref("targets"), ir.Lit("None")), (ir.Return(ir.Ref(logits)),)),
                 ir.Assign(("loss",), loss),
                 ir.Return(ir.Seq((ir.Ref(logits), ir.Ref("loss"))))]
-
-    # ------------------------------------------------------------------ parameters
-    def store(self, alg, calls, name: str, entry: Entry, m: ir.Module, scope: Scope,
-              var: str | None) -> None:
-        if isinstance(entry, Ty):
-            attr = attr_name(name)
-            shape = tuple(_ctor_dim(d) for d in entry.shape)
-            m.params.append(ir.Param(attr, shape, _init(name, entry, shape),
-                                     ir.Note(_shape(entry.shape), self.decl_line(alg, name))))
-            scope.tensors[name] = ir.Ref(f"self.{attr}")
-        elif isinstance(entry, BundleTy) and entry.card is None:
-            for sub, e in entry.members.items():
-                self.store(alg, calls, sub, e, m, scope, var)
-        elif isinstance(entry, BundleTy):
-            self.submodule(alg, calls, name, entry, m, scope, None, None)
-        elif isinstance(entry.entry, BundleTy) and entry.entry.card is not None:
-            self.submodule(alg, calls, name, entry.entry, m, scope, entry.var, entry.over)
-        else:
-            self.stack(alg, name, entry, m, scope)
-
-    def submodule(self, alg, calls, name, bundle: BundleTy, m, scope, var, over) -> None:
-        callee = self.lib.find(bundle.card, self.lib.file_of(alg))
-        call = self.call_passing(alg, calls, name, var)
-        cls = self.module(callee)
-        attr = attr_name(name, var)
-        kwargs = tuple((local_name(a), v) for a in self.ctor_args(callee)
-                       if (v := self.ctor_kwarg(callee, call, a)) is not None)
-        count = None if over is None else _ctor_dim(over)
-        m.submodules.append(ir.Submodule(attr, cls.name, kwargs, count,
-                                         ir.Note(None, self.decl_line(alg, name))))
-        scope.modules[name] = ModuleSlot(attr, callee, var)
-
-    def call_passing(self, alg, calls: dict[int, CallInfo], name: str, var) -> CallInfo:
-        for call in calls.values():
-            for given in call.params.values():
-                if isinstance(given, s.Name) and (given.id == name or var is not None and
-                                                  instance(name, var, given.id) is not None):
-                    return call
-        raise LowerError(alg.span, f"the parameters '{name}' are never passed to a card")
-
-    def ctor_kwarg(self, callee, call: CallInfo, arg: str) -> ir.Expr | None:
-        sig = self.checker.info(callee).sig
-        if arg in call.hypers:
-            given = call.hypers[arg]
-            return _ctor_value(given.value if isinstance(given, s.Arg) else given)
-        if arg in call.bind:
-            return _ctor_dim(call.bind[arg])
-        if arg in sig.defaults:
-            return None
-        return ir.Ref(local_name(arg))
-
-    def stack(self, alg, name: str, fam: FamilyTy, m: ir.Module, scope: Scope) -> None:
-        """A family of tensors for a map: members of equal shape share one storage tensor."""
-        members = self.flat_tensors(fam.entry) if isinstance(fam.entry, BundleTy) \
-            else [(name, fam.entry)]
-        axis = "lead" if _layer_family(self.walk(alg, _do_loops), name, fam.var) else \
-            "first" if self.checker.info(alg).sig.layout == "column" else "last"
-        groups: dict[tuple, list[tuple[str, Ty]]] = {}
-        for member, ty in members:  # column-major: one nn.Linear-shaped tensor per member
-            groups.setdefault(ty.shape if axis == "last" else (member,), []).append((member, ty))
-        for group in groups.values():
-            shape = group[0][1].shape
-            if not shape:
-                raise LowerError(alg.span, f"'{name}': scalar families are not supported yet")
-            attr = _stem([g[0] for g in group], fam.var)
-            count = Dim.const(len(group))
-            if axis == "lead":
-                full = (count * fam.over, *shape) if len(group) > 1 else (fam.over, *shape)
-            elif axis == "first":
-                full = (count * fam.over * shape[0], *shape[1:])
-            else:
-                full = shape[:-1] + (count * fam.over * shape[-1],)
-            dims = tuple(_ctor_dim(d) for d in full)
-            first, ty = group[0]
-            m.params.append(ir.Param(attr, dims, _init(first, ty, dims),
-                                     ir.Note(_shape(full), self.decl_line(alg, first))))
-            for k, (member, ty) in enumerate(group):
-                scope.stacked[member] = Stacked(f"self.{attr}", k, len(group), fam.over,
-                                                ty.shape, fam.var, axis)
-
-    def flat_tensors(self, bundle: BundleTy) -> list[tuple[str, Ty]]:
-        out: list[tuple[str, Ty]] = []
-        for name, entry in bundle.members.items():
-            if isinstance(entry, Ty):
-                out.append((name, entry))
-            elif isinstance(entry, BundleTy):
-                out += self.flat_tensors(entry)
-            else:
-                raise LowerError(s.NOWHERE, f"'{name}': a family inside a bundle argument")
-        return out
-
-    def decl_line(self, alg: s.Algorithm, name: str) -> str | None:
-        file = self.lib.file_of(alg).path.rsplit("/", 1)[-1]
-
-        def find(items) -> int | None:
-            for item in items:
-                if isinstance(item, s.Decl) and name in item.names:
-                    return item.span.line
-                if isinstance(item, s.Bundle) and item.name == name:
-                    return item.span.line
-                inner = getattr(item, "items", None)
-                if inner and (line := find(inner)) is not None:
-                    return line
-            return None
-
-        line = find(alg.decls("Parameters"))
-        return f"{file}:{line}" if line else None
 
     # ------------------------------------------------------------------ constructors
     def ctor_args(self, alg: s.Algorithm) -> list[str]:
@@ -587,11 +478,6 @@ def _stored(sig, shape: tuple) -> tuple:
     return shape[::-1] if sig.layout == "column" and len(shape) == 2 else shape
 
 
-def _ctor_dim(d: Dim) -> ir.Expr:
-    """A dimension inside `__init__`, where hyperparameters are the constructor's arguments."""
-    return dim_expr(d, lambda sym: ir.Ref(local_name(sym.lstrip("?"))))
-
-
 _SIZE = "|size|"  # a placeholder symbol: the size an axis has at run time
 
 
@@ -612,16 +498,6 @@ def _names(e) -> list[s.Name]:
     return [n for n in s.nodes(e) if isinstance(n, s.Name)]
 
 
-def _ctor_value(e: s.Expr) -> ir.Expr:
-    if isinstance(e, s.Num):
-        return num_lit(e.text, e.span)
-    if isinstance(e, s.Name):
-        return ir.Ref(local_name(e.id))
-    if isinstance(e, s.Unary) and e.op == "−":
-        return ir.Un("-", _ctor_value(e.operand))
-    raise LowerError(e.span, "expected a number or a hyperparameter")
-
-
 def _number(value: float, ty: Ty, preset: s.Preset) -> ir.Expr:
     """A preset's value as a literal: ℕ whole, ℝ a float; never `inf` or `nan`."""
     try:
@@ -630,26 +506,6 @@ def _number(value: float, ty: Ty, preset: s.Preset) -> ir.Expr:
     except (ValueError, OverflowError) as err:
         raise LowerError(preset.span, f"preset '{display(preset.name)}': {err}",
                          "give every hyperparameter a finite value") from None
-
-
-def _shape(dims) -> str:
-    return "(" + ", ".join(display(str(d)).replace("?", "") for d in dims) + \
-        ("," if len(dims) == 1 else "") + ")"
-
-
-def _stem(members: list[str], var: str) -> str:
-    """W^h_q, W^h_k, W^h_v → W_qkv: the shared base and the members' joined subscripts."""
-    if len(members) == 1:
-        return attr_name(members[0], var)
-    parts = []
-    base = None
-    for m in members:
-        b, decor = split_name(m)
-        base = base or b
-        rest = [v for _, v in decor if v != var]
-        parts.append("".join(rest))
-    joined = "".join(parts) if all(len(p) == 1 for p in parts) else "_".join(parts)
-    return local_name(f"{base}_{joined}") if base else local_name(joined)
 
 
 def _member_var(quantified: set[str], name: str) -> str | None:
@@ -668,51 +524,3 @@ def _quantified(alg: s.Algorithm) -> set[str]:
     return bound
 
 
-def _layer_family(loops: tuple[tuple[str, frozenset[str]], ...], name: str, var: str) -> bool:
-    """Whether a `for … do` loop over layers indexes the family `name` by its variable."""
-    return any(instance(name, var, n) == loop_var for loop_var, names in loops for n in names)
-
-
-def _do_loops(alg: s.Algorithm) -> tuple[tuple[str, frozenset[str]], ...]:
-    """Each `for … do` loop of a card: its variable and the names in its body."""
-    return tuple((loop.var, frozenset(n.id for n in s.nodes(loop.body) if isinstance(n, s.Name)))
-                 for loop in s.nodes(alg.steps) if isinstance(loop, s.For) and loop.style == "do")
-
-
-def _init(name: str, ty: Ty, shape: tuple[ir.Expr, ...]) -> ir.Expr:
-    """Declared `= c` or `~ 𝒩(μ, σ²)`; otherwise 𝒩(0, 0.02²) for matrices, γ = 1, others 0."""
-    dims = ir.Seq(shape)
-    if ty.init is not None and isinstance(ty.init, s.Num):
-        value = ty.init.value
-        if value in (0.0, 1.0):
-            return ir.Call(ir.Ref("torch.ones" if value else "torch.zeros"), shape)
-        return ir.Call(ir.Ref("torch.full"), (dims, num_lit(ty.init.text, ty.init.span)))
-    mean, std = ir.Lit("0.0"), ir.Lit("0.02")
-    dist = ty.init_dist
-    if isinstance(dist, s.Call) and dist.func == "𝒩" and len(dist.args) == 2:
-        mean = _init_value(dist.args[0])
-        var = dist.args[1]
-        if isinstance(var, s.Power) and isinstance(var.exponent, s.Num) and var.exponent.text == "2":
-            std = _init_value(var.base)
-        else:
-            std = ir.Bin("**", _init_value(var), ir.Lit("0.5"))
-    elif len(ty.shape) < 2 and dist is None:
-        base = split_name(name)[0]
-        return ir.Call(ir.Ref("torch.ones" if base == "γ" else "torch.zeros"), shape)
-    empty = ir.Call(ir.Ref("torch.empty"), shape)
-    return ir.Call(ir.Attr(empty, "normal_"), (mean, std))
-
-
-def _init_value(e: s.Expr) -> ir.Expr:
-    """A number of an initial distribution, `𝒩(0, σ²)`: written out, or a hyperparameter of the
-    card (an argument of its constructor): a preset or a flag sets the scale."""
-    return ir.Lit(_literal(e)) if isinstance(e, s.Num) else _ctor_value(e)
-
-
-def _literal(e: s.Expr) -> str:
-    if isinstance(e, s.Num):
-        try:
-            return number(float(e.value))
-        except ValueError as err:
-            raise LowerError(e.span, f"the number {e.text} cannot be represented: {err}") from None
-    raise LowerError(e.span, "expected a number")

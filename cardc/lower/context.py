@@ -1,10 +1,12 @@
 """What the parts of the lowering ask of one another, as protocols, so that they import one
 another one way: values ← context ← intrinsics ← the fusion rules (attention, sdpa_heads,
-heads, norms, rotary, gelu, grouped), decoding, gradients ← pipeline ← body ← cards.
+heads, norms, rotary, gelu, grouped), decoding, gradients ← pipeline; context ← body (the
+vocabulary of a card's steps) ← state ← the body's parts (statements, procedures, expressions,
+indexing, calls) ← steps (`Body`); parameters, steps ← cards.
 
 `Lowerer` is what lowering a card's steps asks of the whole lowering (cardc.lower.cards);
-`Steps` is what a fusion pass (or the lowering of gradients) asks of the lowering of one card's
-steps (cardc.lower.body).
+`Steps` is what a fusion rule (or the lowering of gradients) asks of the lowering of one card's
+steps (cardc.lower.steps).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ argument says how it reaches the heads:
   broadcast over.
 
 The result holds every head on that axis, `(…, H, T, w)`, which is what `[Y^1, …, Y^H]` joins
-(cardc.lower.body). Nested maps (groups of query heads, then the heads of a group) nest the
+(cardc.lower.expressions). Nested maps (groups of query heads, then the heads of a group) nest the
 same way, since the function called by the outer map sees the outer head axis as one more
 batch axis. A map whose arguments take any other form keeps its literal loop.
 """

@@ -1,7 +1,7 @@
 """What cardc does to a card, in order: the fusion rules by the hook they serve, then the
 passes over the lowered program.
 
-Lowering walks a card once (cardc.lower.cards, cardc.lower.body). At each hook it asks that
+Lowering walks a card once (cardc.lower.cards, cardc.lower.steps). At each hook it asks that
 hook's recognisers in order; the first whose `find` matches and whose `lower` does not decline
 replaces the literal lowering of what it matched:
 

@@ -1,0 +1,213 @@
+"""Lowering of calls: builtins (elementwise functions, softmax, reductions, dropout, min/max),
+and calls of other cards, as a submodule (the card owns parameters), a model handed to a
+procedure, or a function; with the masks and hyperparameters they are given."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import ir
+from .. import syntax as s
+from ..checker import DROPOUT, FILTERS, PAIRWISE, CallInfo, instance
+from ..dims import Dim
+from ..spelling import display
+from ..types import BundleTy, FamilyTy, Ty, substitute
+from .body import (
+    ELEMENTWISE,
+    _call,
+    _int,
+    _like,
+    _method,
+)
+from .gelu import literal as literal_gelu
+from .values import (
+    LowerError,
+    Val,
+    local_name,
+)
+
+
+class Calls:
+    """Builtins and calls of other cards (part of `cardc.lower.steps.Body`)."""
+
+    def expr_Call(self, e: s.Call) -> Val:
+        if self.procedure and isinstance(self.scope.values.get(e.func), Val):
+            return self.scope.values[e.func]  # P(θ): the value P, computed from θ
+        info = self.info.calls.get(id(e))
+        if info is None:
+            return self.builtin(e)
+        return self.call_card(e, info)
+
+    def builtin(self, e: s.Call) -> Val:
+        if e.func in PAIRWISE and len(e.args) == 2:
+            return self.pairwise(e)
+        if e.func in ("cos", "sin") and len(e.args) == 1:
+            x = self.expr(e.args[0])
+            if not x.lifted and not x.ty.shape and not x.tensor:  # a number (a schedule's)
+                self.low.program.imports.add("math")
+                return Val(_call(f"math.{e.func}", x.code), Ty())
+            return _like(x, _call(f"torch.{e.func}", x.code), self.ty(e))
+        if e.func == DROPOUT:
+            return self.dropout(e)
+        if e.func in FILTERS:  # a distribution: the softmax of the filtered logits
+            logits, base, _ = self.logits(e)
+            return _like(base, _call("torch.softmax", logits, dim=_int(-1)), self.ty(e))
+        if len(e.args) != 1:
+            self.fail(e, f"'{e.func}' takes one argument")
+        x = self.expr(e.args[0])
+        ty = self.ty(e)
+        if e.func in ("GELU", "GELU_tanh"):
+            return _like(x, literal_gelu(self, x.code, e.func == "GELU_tanh"), ty)
+        if e.func in ELEMENTWISE:
+            return _like(x, _call(ELEMENTWISE[e.func], x.code), ty)
+        if e.func == "softmax":  # over the first index in the paper's layout (its eq. 2)
+            axis = x.axis(0) if self.column and x.ty.shape else -1
+            return _like(x, _call("torch.softmax", x.code, dim=_int(axis)), ty)
+        if e.func in ("mean", "var"):
+            return Val(_method(x.code, e.func, _int(-1), **(
+                {"unbiased": ir.Lit("False")} if e.func == "var" else {})), ty, x.lifted)
+        if e.func in ("max", "min"):
+            return Val(_method(x.code, "a" + e.func, _int(-1)), ty, x.lifted)
+        if e.func == "length":
+            size = self.ty(e).value
+            if size is not None and not x.rows and not self.procedure:  # lengths change in loops
+                try:
+                    return Val(self.dim(size), Ty(elem="ℕ"))
+                except LowerError:
+                    pass
+            return Val(ir.Sub(ir.Attr(x.code, "shape"), (_int(-1),)), Ty(elem="ℕ"))
+        return self.fail(e, f"code generation does not know '{e.func}' yet")
+
+    def dropout(self, e: s.Call) -> Val:
+        """dropout(X | p): F.dropout while the module trains; nothing in evaluation."""
+        if self.training is None:
+            self.fail(e, "dropout acts in a card that owns parameters (a module, which knows "
+                         "whether it is training)",
+                      hint="apply it in the card that holds the parameters, or in its caller")
+        x, p = self.expr(e.args[0]), self.expr(e.params[0])
+        return _like(x, _call("F.dropout", x.code, p.code, self.training), self.ty(e))
+
+    def pairwise(self, e: s.Call) -> Val:
+        """min(a, b), max(a, b): Python's for numbers, torch's element-wise for tensors."""
+        a, b = (self.expr(x) for x in e.args)
+        if a.lifted or b.lifted:
+            func = "torch.minimum" if e.func == "min" else "torch.maximum"
+            return Val(_call(func, a.code, b.code), Ty(), True)
+        if a.tensor or b.tensor:  # a number held on a device stays there: no wait for it
+            if a.tensor and b.tensor:
+                func = "torch.minimum" if e.func == "min" else "torch.maximum"
+                return Val(_call(func, a.code, b.code), Ty(), tensor=True)
+            x, bound = (a, b) if a.tensor else (b, a)
+            limit = {"max" if e.func == "min" else "min": bound.code}
+            return Val(_call("torch.clamp", x.code, **limit), Ty(), tensor=True)
+        return Val(_call(e.func, a.code, b.code), Ty())
+
+    def call_card(self, e: s.Call, call: CallInfo) -> Val:
+        ty = self.ty(e)
+        flipped = len(ty.shape) == 2 and \
+            self.low.checker.info(call.callee).sig.layout == "column"
+        rows = (self.positions[1],) if self.positions else ()
+        fused = self.fuse_call(e, call)
+        if fused is not None:
+            return Val(fused, ty, True, flipped, rows)
+        args = self.call_args(e, call)
+        module = self.module_for(e, call)
+        if module is not None:
+            masks = [self.hyper_value(call, n, g) for n, g in call.hypers.items()
+                     if n in self.module_inputs(call.callee)]
+            return Val(ir.Call(module, tuple(a.code for a in args) + tuple(masks)), ty, True,
+                       flipped, rows)
+        fn = self.low.function(call.callee)
+        kwargs = self.call_params(e, call)
+        return Val(ir.Call(ir.Ref(fn), tuple(a.code for a in args), tuple(kwargs)), ty, True,
+                   flipped, rows)
+
+    def module_inputs(self, callee: s.Algorithm) -> list[str]:
+        """Tensor hyperparameters (a Mask) a module takes with its inputs at call time."""
+        return self.low.tensor_hypers(callee)
+
+    def call_args(self, e: s.Call, call: CallInfo) -> list[Val]:
+        sig = self.low.checker.info(call.callee).sig
+        args = [self.expr(a) for a in e.args]
+        return args + [args[0]] * (len(sig.inputs) - len(args))  # Z = X: self-attention
+
+    def module_for(self, e: s.Call, call: CallInfo) -> ir.Expr | None:
+        for given in call.params.values():
+            if not isinstance(given, s.Name):
+                continue
+            if self.is_model(self.scope.values.get(given.id)):  # a model handed to a procedure
+                return self.scope.values[given.id].code
+            if given.id in self.scope.modules and self.scope.modules[given.id].var is None:
+                return ir.Ref(f"self.{self.scope.modules[given.id].attr}")
+            for pattern, ref in self.scope.loop_modules.items():
+                slot = self.scope.modules[pattern]
+                if instance(pattern, slot.var, given.id) is not None:
+                    return ref
+        return None
+
+    def call_params(self, e: s.Call, call: CallInfo) -> list[tuple[str, ir.Expr]]:
+        """Keyword arguments of a card lowered to a function: tensors, masks, scalars."""
+        callee = self.low.checker.info(call.callee).sig
+        out: list[tuple[str, ir.Expr]] = []
+        for name, entry in callee.params:
+            if name in callee.hypers:
+                continue
+            given = call.params.get(name)
+            if given is None:
+                self.fail(e, f"'{call.callee.name}' needs '{display(name)}'")
+            if isinstance(entry, BundleTy):
+                mine = self.bundle_members(given)
+                for (member, _), value in zip(self.low.flat_tensors(entry), mine, strict=True):
+                    out.append((local_name(member), value))
+            else:
+                out.append((local_name(name), self.expr(given).code))
+        for name, given in call.hypers.items():
+            out.append((local_name(name), self.hyper_value(call, name, given)))
+        return out
+
+    def bundle_members(self, given: s.Expr) -> list[ir.Expr]:
+        entry = self.info.types.get(id(given))
+        if isinstance(entry, FamilyTy):
+            entry = entry.entry
+        if not isinstance(entry, BundleTy) or not isinstance(given, s.Name):
+            return self.fail(given, "expected a parameter bundle")
+        out = []
+        for member, _ in self.low.flat_tensors(entry):
+            out.append(self.expr(s.Name(member, span=given.span)).code)
+        return out
+
+    def hyper_value(self, call: CallInfo, name: str, given: s.Expr) -> ir.Expr:
+        if isinstance(given, s.Arg) and isinstance(given.target, s.Index):
+            return self.mask_rule(call, name, given).code
+        value = given.value if isinstance(given, s.Arg) else given
+        if isinstance(given, s.Arg) and given.op == "≡":
+            return self.constant_mask(call, name, value).code
+        return self.expr(value).code
+
+    def mask_rule(self, call: CallInfo, name: str, rule: s.Arg) -> Val:
+        """`Mask[t, t′] = [[t′ ≤ t]]`: the boolean tensor the rule describes."""
+        shape = self.callee_shape(call, name)
+        vars_ = [i.id for i in rule.target.items if isinstance(i, s.Name)]
+        if len(vars_) != len(shape):
+            self.fail(rule, f"'{display(name)}' has {len(shape)} axes")
+        rank = len(shape)
+        flip = self.column and rank == 2  # stored flipped, like every matrix of the card
+        outer, self.point = self.point, {
+            v: (rank - 1 - k if flip else k, rank, shape[k]) for k, v in enumerate(vars_)}
+        try:
+            return replace(self.expr(rule.value), flipped=flip)
+        finally:
+            self.point = outer
+
+    def constant_mask(self, call: CallInfo, name: str, value: s.Expr) -> Val:
+        dims = self.callee_shape(call, name)
+        shape = tuple(self.dim(d) for d in dims)
+        flip = self.column and len(shape) == 2
+        fill = "True" if isinstance(value, s.Num) and value.value else "False"
+        code = _call("torch.full", ir.Seq(shape[::-1] if flip else shape), ir.Lit(fill),
+                     device=self.device_expr())
+        return Val(code, Ty(dims, "𝔹"), False, flip)
+
+    def callee_shape(self, call: CallInfo, name: str) -> tuple[Dim, ...]:
+        hyper = self.low.checker.info(call.callee).sig.hypers[name]
+        return substitute(hyper, call.bind).shape

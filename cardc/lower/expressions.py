@@ -1,0 +1,324 @@
+"""Lowering of a card's expressions: names (values, parameters, loop variables, constants),
+arithmetic and products (layout-aware: a column-major card's matrices are stored flipped),
+transposes, sums and concatenations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import ir
+from .. import syntax as s
+from ..checker import CONSTANTS, instance
+from ..dims import Dim
+from ..spelling import display
+from ..types import Ty
+from .body import (
+    COMPARE,
+    ELEMENTWISE,
+    SPECIAL_TOKENS,
+    _call,
+    _int,
+    _is_ones_row,
+    _like,
+    _linear_bias,
+    _log_of,
+    _method,
+    _mT,
+    _names_in,
+    _shift,
+    _varies,
+)
+from .gradients import listed, norm
+from .values import (
+    Family,
+    Gradient,
+    Val,
+    num_lit,
+)
+
+
+class Expressions:
+    """Names, arithmetic, products, sums and concatenations (part of `cardc.lower.steps.Body`)."""
+
+    def expr_Num(self, e: s.Num) -> Val:
+        if e.text == "∞":
+            self.low.program.imports.add("math")
+        return Val(num_lit(e.text, e.span), Ty())
+
+    def expr_Name(self, e: s.Name) -> Val:
+        name = e.id
+        if name in self.point:
+            return self.arange(name)
+        if name in self.ranged:
+            return self.ranged[name]
+        if self.positions and name == self.positions[0]:
+            size = self.positions[1]
+            code = _call("torch.arange", _int(1), ir.Bin("+", self.dim(size), _int(1)),
+                         device=self.device_expr())
+            return Val(code, Ty(elem="ℕ"), rows=(size,))
+        if self.sum_axis and name == self.sum_axis[0]:
+            self.fail(e, "a sum index can only index the last axis here")
+        if name in self.loop_index:
+            return Val(ir.Bin("+", self.loop_index[name], _int(1)), Ty(elem="ℕ"))
+        found = self.scope.values.get(name)
+        if isinstance(found, Val):
+            return found
+        if isinstance(found, Gradient):
+            return listed(self, name, e)
+        fam, index = self.member(name)  # k_t under ∀t, or k_u under Σ_u
+        current = index in self.family_vars or bool(self.positions and index == self.positions[0])
+        if fam is not None and fam.positions and current:
+            return fam.stacked
+        if isinstance(found, Family):
+            self.fail(e, f"'{display(name)}' is a family of values; concatenate it first")
+        if name in self.scope.tensors:
+            return Val(self.scope.tensors[name], self.ty(e))
+        stacked = self.stacked(name)
+        if stacked is not None:
+            return stacked
+        if name in CONSTANTS and name not in self.info.sig.hypers:
+            self.low.program.imports.add("math")
+            return Val(ir.Ref(CONSTANTS[name]), Ty())
+        if name in SPECIAL_TOKENS and name not in self.info.sig.hypers:
+            # the paper's §4: N_V − 2, N_V − 1, N_V of [N_V]; 0-based IDs are one less
+            vocab = self.ty(e).vocab or Dim.sym("N_V")
+            code = ir.Bin("-", self.dim(vocab), _int(SPECIAL_TOKENS[name]))
+            return Val(code, Ty(elem="ℕ", vocab=vocab))
+        hyper = self.info.sig.hypers.get(name)
+        if hyper is not None and hyper.value is not None:
+            return Val(self.dim(hyper.value), Ty(elem="ℕ"))
+        if hyper is not None and not hyper.shape:
+            return Val(self.dim_of(name), hyper)
+        return self.fail(e, f"cannot generate code for '{display(name)}' here")
+
+    def stacked(self, name: str) -> Val | None:
+        for pattern, st in self.scope.stacked.items():
+            idx = instance(pattern, st.var, name)
+            if idx is None or (idx == st.var and st.var not in self.loop_index):
+                continue  # the family itself, outside a loop over it
+            h = self.loop_index.get(idx) if idx in self.loop_index else _int(int(idx) - 1)
+            store = ir.Ref(st.storage)
+            if st.axis == "lead":  # a layer's own tensor: one slice of (L, …)
+                return Val(ir.Sub(store, (h,)), Ty(st.shape))
+            if st.axis == "first":  # heads stacked on the output axis: (H·d_out, d_in)
+                dims = (self.dim(st.over), self.dim(st.shape[0]))
+                view = _method(store, "unflatten", _int(0), ir.Seq(dims))
+                return Val(ir.Sub(view, (h,)), Ty(st.shape))
+            dims = (_int(st.count), self.dim(st.over), self.dim(st.shape[-1]))
+            view = _method(store, "unflatten", _int(-1), ir.Seq(dims))
+            code = ir.Sub(view, (ir.Ref("..."), _int(st.index), h, ir.SliceX(None, None)))
+            return Val(code, Ty(st.shape))
+        return None
+
+    def arange(self, var: str) -> Val:
+        axis, rank, size = self.point[var]
+        code = _call("torch.arange", self.dim(size), device=self.device_expr())
+        if rank > 1:
+            items = tuple(ir.SliceX(None, None) if k == axis else ir.Ref("None")
+                          for k in range(rank))
+            code = ir.Sub(code, items)
+        return Val(code, Ty(tuple(size if k == axis else None for k in range(rank)), "ℕ"))
+
+    def device_expr(self) -> ir.Expr:
+        if self.device is None:
+            self.fail(self.alg, "no input tensor to take the device from")
+        return self.device
+
+    def expr_BinOp(self, e: s.BinOp) -> Val:
+        if e.op == " " and _is_ones_row(e.right):
+            return self.ones_row(e)
+        if e.op == " " and isinstance(e.left, s.Name) and e.left.id in ELEMENTWISE and \
+                e.left.id not in self.scope.values:  # `log P[…]`: a function applied by juxtaposition
+            x = self.expr(e.right)
+            log = _log_of(x.code) if e.left.id == "log" else None
+            return _like(x, log or _call(ELEMENTWISE[e.left.id], x.code), self.ty(e))
+        a, b = self.expr(e.left), self.expr(e.right)
+        ty = self.ty(e)
+        if e.op in (" ", "·"):
+            op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
+            if op == "@" and self.column:
+                return self.matmul(e, a, b, ty)
+        elif e.op in COMPARE:
+            op = COMPARE[e.op]
+        else:
+            op = {"+": "+", "−": "-", "⊙": "*", "/": "/"}.get(e.op)
+            if op is None:
+                self.fail(e, f"code generation does not handle '{e.op}' yet")
+        if op == "+" and _linear_bias(a, b):  # F.linear(X, W) + b 1^⊺ → F.linear(X, W, b)
+            return replace(a, code=ir.Call(a.code.func, (*a.code.args, b.code)), ty=ty)
+        if op != "@":
+            a, b = self.align(a, b), self.align(b, a)
+            a, b = self.same_layout(a, b), self.same_layout(b, a)
+            rank = max(len(a.ty.shape), len(b.ty.shape))
+            if self.sum_axis or self.point:
+                ty = Ty((a.ty if len(a.ty.shape) == rank else b.ty).shape, ty.elem)
+        code = ir.Bin(op, a.code, b.code)
+        if op in "+-" and not (a.lifted or b.lifted or a.ty.shape or b.ty.shape):
+            code = _shift(code, 0)  # numbers: `(i + 1) − 1` is `i`
+        return Val(code, ty, a.lifted or b.lifted, a.flipped or b.flipped, a.rows or b.rows,
+                   a.tensor or b.tensor)
+
+    def ones_row(self, e: s.BinOp) -> Val:
+        """`b 1^⊺`: the column b repeated across columns, which broadcasting does for free
+        when the matrix is stored flipped."""
+        b = self.expr(e.left)
+        if len(b.ty.shape) != 1:
+            self.fail(e, "'1^⊺' broadcasts a vector into columns")
+        ty = Ty((b.ty.shape[0], None), b.ty.elem)
+        if self.column:
+            return Val(b.code, ty, b.lifted, True, b.rows)
+        return Val(ir.Sub(b.code, (ir.Ref("..."), ir.SliceX(None, None), ir.Ref("None"))),
+                   ty, b.lifted, False, b.rows)
+
+    def same_layout(self, a: Val, other: Val) -> Val:
+        """An elementwise operand stored the other way round than its partner is turned."""
+        if len(a.ty.shape) != 2 or len(other.ty.shape) != 2 or a.flipped == other.flipped:
+            return a
+        if None in a.ty.shape or a.lifted and not other.lifted:
+            return a  # the partner turns instead
+        return replace(a, code=_mT(a.code), flipped=other.flipped)
+
+    def matmul(self, e: s.BinOp, a: Val, b: Val, ty: Ty) -> Val:
+        """A · B in a column-major card. The product is stored flipped when B is, as
+        (A B)^⊺ = B^⊺ A^⊺; a parameter on the left becomes `F.linear`, nn.Linear's product."""
+        lifted, rows = a.lifted or b.lifted, a.rows or b.rows
+        plain = not a.lifted and not a.rows and not a.flipped  # a parameter in card layout
+        if len(a.ty.shape) == 1 and len(b.ty.shape) == 1:  # q^⊺ k: a dot product
+            left = a.code if a.rows or not b.rows else \
+                ir.Sub(a.code, (ir.Ref("..."), ir.Ref("None"), ir.SliceX(None, None)))
+            return Val(_method(ir.Bin("*", left, b.code), "sum", _int(-1)), ty, lifted, False, rows)
+        if len(a.ty.shape) == 2 and len(b.ty.shape) == 1:  # W e: a vector again
+            if plain:
+                return Val(_call("F.linear", b.code, a.code), ty, lifted, False, rows)
+            left = a.code if a.flipped else _mT(a.code)
+            return Val(ir.Bin("@", b.code, left), ty, lifted, False, rows)
+        if len(a.ty.shape) != 2 or len(b.ty.shape) != 2:
+            self.fail(e, "code generation multiplies matrices and matrix–vector pairs only")
+        if not b.flipped:
+            left = _mT(a.code) if a.flipped else a.code
+            return Val(ir.Bin("@", left, b.code), ty, lifted, False, rows)
+        if plain:
+            return Val(_call("F.linear", b.code, a.code), ty, lifted, True, rows)
+        right = a.code if a.flipped else _mT(a.code)
+        return Val(ir.Bin("@", b.code, right), ty, lifted, True, rows)
+
+    def align(self, a: Val, other: Val) -> Val:
+        """A batched value, or one mapped over positions, of lower card rank gains trailing
+        axes to broadcast against `other`: the batch and position axes stay in front."""
+        pad = len(other.ty.shape) - len(a.ty.shape)
+        if a.rows and pad > 0:  # (t − 1) ω over positions t: the positions axis stays in front
+            code = ir.Sub(a.code, (ir.Ref("..."), *[ir.Ref("None")] * pad))
+            return replace(a, code=code, ty=Ty(a.ty.shape + (None,) * pad, a.ty.elem))
+        if not a.lifted or pad <= 0:
+            return a
+        code = ir.Sub(a.code, (ir.Ref("..."), *[ir.Ref("None")] * pad))
+        return Val(code, Ty((None,) * pad + a.ty.shape, a.ty.elem), True)
+
+    def expr_Unary(self, e: s.Unary) -> Val:
+        x = self.expr(e.operand)
+        if e.op == "−":
+            return _like(x, ir.Un("-", x.code))
+        if e.op == "¬":
+            return _like(x, ir.Un("~", x.code))
+        if e.op == "√":
+            if x.lifted or x.rows or x.ty.shape or x.tensor or self.sum_axis:
+                return _like(x, _call("torch.sqrt", x.code))
+            self.low.program.imports.add("math")
+            return Val(_call("math.sqrt", x.code), x.ty)
+        return self.fail(e, f"code generation does not handle '{e.op}' yet")
+
+    def expr_Power(self, e: s.Power) -> Val:
+        """x^p: the shape comes from whichever side varies; θ^{−2(i − 1)/d} in a map over i
+        is a vector through its exponent alone."""
+        x, p = self.expr(e.base), self.expr(e.exponent)
+        shaped = p if _varies(p) and not _varies(x) else x
+        return replace(shaped, code=ir.Bin("**", x.code, p.code), lifted=x.lifted or p.lifted,
+                       rows=x.rows or p.rows, tensor=x.tensor or p.tensor)
+
+    def expr_Transpose(self, e: s.Transpose) -> Val:
+        x = self.expr(e.operand)
+        if len(x.ty.shape) == 1 and self.column:  # q^⊺ k: a vector stays; the product dots
+            return x
+        if len(x.ty.shape) != 2:
+            self.fail(e, "code generation transposes matrices only")
+        ty = Ty(x.ty.shape[::-1], x.ty.elem)
+        if self.column:  # the storage stays; only how its axes read changes
+            return replace(x, ty=ty, flipped=not x.flipped)
+        if x.lifted:
+            return Val(_method(x.code, "transpose", _int(-2), _int(-1)), ty, True)
+        return Val(ir.Attr(x.code, "T"), ty)
+
+    def expr_Iverson(self, e: s.Iverson) -> Val:
+        return self.expr(e.cond)
+
+    def expr_Norm(self, e: s.Norm) -> Val:
+        return norm(self, e)
+
+    def expr_Sum(self, e: s.Sum) -> Val:
+        """Σ_{i=1}^{n} f(x[i]): f on the whole last axis of x, then a sum over it."""
+        if self.procedure:
+            return self.ranged_sum(e)
+        if e.over is None and self.sums_family(e):
+            return self.family_sum(e)
+        if e.over is not None or not (isinstance(e.lo, s.Num) and e.lo.text == "1"):
+            self.fail(e, "code generation handles sums Σ_{i=1}^{n} only")
+        size = self.low.dim_value(self.alg, e.hi)
+        outer, self.sum_axis = self.sum_axis, (e.index, size)
+        try:
+            body = self.expr(e.body)
+        finally:
+            self.sum_axis = outer
+        if len(body.ty.shape) != 1:
+            self.fail(e, f"the sum over '{display(e.index)}' must index the last axis")
+        return Val(_method(body.code, "sum", _int(-1)), Ty(), body.lifted)
+
+    def sums_family(self, e: s.Sum) -> bool:
+        """Σ_u f(k_u) or Σ_{t=1}^{T} α_t v_t: the index names members of a family."""
+        members = [self.member(n) for n in _names_in(e.body)]
+        return any(fam is not None and fam.positions and index == e.index
+                   for fam, index in members)
+
+    def family_sum(self, e: s.Sum) -> Val:
+        """A sum over a family's members: its rows axis, summed."""
+        self.family_vars.add(e.index)
+        try:
+            body = self.expr(e.body)
+        finally:
+            self.family_vars.discard(e.index)
+        axis = -1 - len(body.ty.shape)
+        keep = {"keepdim": ir.Lit("True")} if not body.ty.shape else {}  # Σ_u: one per example
+        code = _method(body.code, "sum", _int(axis), **keep)
+        return Val(code, body.ty, body.lifted, False, ())
+
+    def expr_Concat(self, e: s.Concat) -> Val:
+        items = [x for x in e.items if not isinstance(x, s.Ellipsis_)]
+        if self.procedure and e.sep == "," and self.ty(e).elem == "ℕ":
+            return self.sequence(e, items)
+        fam = self.family_of(items[0].id) if isinstance(items[0], s.Name) else None
+        ty = self.ty(e)
+        if fam is not None and any(isinstance(x, s.Ellipsis_) for x in e.items):
+            if fam.merged:  # returned as it is: the caller joins every group's heads at once
+                return replace(fam.stacked, ty=Ty(fam.ty.shape, ty.elem))
+            if fam.positions:  # [e_1, …, e_ℓ]: the columns, already stored as rows
+                return replace(fam.stacked, ty=ty, rows=(), flipped=True)
+            if fam.stacked is not None:  # (…, H, T, d) → (…, T, H·d)
+                moved = _method(fam.stacked.code, "transpose", _int(-3), _int(-2))
+                return Val(_method(moved, "flatten", _int(-2)), ty, True, self.column)
+            return self.join(ir.Ref(fam.local), fam.ty, e.sep, ty, flipped=fam.flipped)
+        vals = [self.expr(x) for x in items]
+        code = ir.Seq(tuple(v.code for v in vals), "list")
+        return self.join(code, vals[0].ty, e.sep, ty, any(v.lifted for v in vals),
+                         vals[0].flipped)
+
+    def join(self, items: ir.Expr, item: Ty, sep: str, ty: Ty, lifted: bool = True,
+             flipped: bool = False) -> Val:
+        if len(item.shape) == 1:  # vectors become columns (",") or rows (";")
+            if self.column:  # a matrix of columns is stored flipped: columns are rows
+                axis, flip = (-1, False) if sep == ";" else (-2, True)
+                return Val(_call("torch.stack", items, dim=_int(axis)), ty, lifted, flip)
+            axis = -2 if sep == ";" else -1
+            return Val(_call("torch.stack", items, dim=_int(axis)), ty, lifted)
+        axis = -len(item.shape) if sep == ";" else -1
+        if flipped:  # card axis 0 of a flipped matrix is the last physical one
+            axis = -1 if sep == ";" else -2
+        return Val(_call("torch.cat", items, dim=_int(axis)), ty, lifted, flipped)

@@ -1,0 +1,196 @@
+"""Lowering of indexing: 1-based inclusive card indices and slices to 0-based Python ones,
+embeddings (columns picked by tokens), positions in maps, strided progressions, and the
+indices of training and inference cards, where tokens pick by gather."""
+
+from __future__ import annotations
+
+from .. import ir
+from .. import syntax as s
+from ..checker import expr_dim
+from ..dims import Dim
+from ..spelling import display
+from ..types import Ty
+from .body import (
+    _call,
+    _dec,
+    _int,
+    _is_all,
+    _method,
+    _mT,
+    _names_in,
+    _whole,
+)
+from .values import (
+    Val,
+)
+
+
+class Indexing:
+    """Indices, slices and progressions (part of `cardc.lower.steps.Body`)."""
+
+    def expr_Index(self, e: s.Index) -> Val:
+        if isinstance(e.base, s.Name) and e.base.id in self.decoded:
+            return self.last_row(e)
+        if self.sum_axis and len(e.items) == 1 and getattr(e.items[0], "id", None) == \
+                self.sum_axis[0]:
+            base = self.expr(e.base)  # e[i] under Σ_i: the whole last axis, summed later
+            return Val(base.code, Ty((self.sum_axis[1],)), base.lifted)
+        if self.point and all(getattr(i, "id", None) in self.point for i in e.items):
+            return self.point_index(e)
+        if self.positions and len(e.items) in (1, 2) and \
+                getattr(e.items[-1], "id", None) == self.positions[0]:
+            return self.position_index(e)
+        if self.positions and any(self.positions[0] in _names_in(i) and
+                                  not isinstance(i, (s.Name, s.Index)) for i in e.items):
+            var = display(self.positions[0])  # X[:, t − 1] would tie iterations together
+            self.fail(e, f"a map over '{var}' may read column '{var}' only, as 'X[:, {var}]'",
+                      hint="code generation vectorises a map whose iterations are independent")
+        base = self.expr(e.base)
+        if len(e.items) == 2 and len(base.ty.shape) == 2 and _is_all(e.items[0]) and \
+                not isinstance(e.items[1], s.Slice | s.Progression):
+            idx = self.expr(e.items[1])
+            if idx.lifted or idx.rows:  # W_e[:, x[t]]: the columns the tokens pick
+                if base.lifted:
+                    self.fail(e, "code generation picks columns of parameters only")
+                cols = base.code if base.flipped else _mT(base.code)
+                # token IDs are 0-based in tensors; a position (W_p[:, ℓ]) is 1-based
+                pick = idx.code if idx.ty.vocab is not None or idx.rows else _dec(idx.code)
+                pad = self.ty(e.base).pad
+                code = ir.Sub(cols, (pick,)) if pad is None else self.embedding(pick, cols, pad)
+                return Val(code, self.ty(e), idx.lifted, False, idx.rows)
+        if self.procedure:
+            return self.procedure_index(e, base)
+        items: list[ir.Expr | ir.SliceX] = [ir.Ref("...")] if base.lifted else []
+        lifted = base.lifted
+        for k, item in enumerate(e.items):
+            if isinstance(item, s.Slice):
+                items.append(self.slice(item, base, k))
+                continue
+            if isinstance(item, s.Progression):
+                items.append(self.progression(item, base, k))
+                continue
+            idx = self.expr(item)
+            pad = self.ty(e.base).pad
+            if idx.ty.shape and pad is not None and len(e.items) == 1 and not base.lifted:
+                return Val(self.embedding(idx.code, base.code, pad), self.ty(e), idx.lifted)
+            if idx.ty.shape:  # token IDs pick rows: W_e[x]
+                items.append(idx.code)
+                lifted = lifted or idx.lifted
+            else:
+                items.append(_dec(idx.code))
+        if base.lifted and not base.flipped:  # E[1] of a T×D matrix is its first row: E[..., 0, :]
+            items += [ir.SliceX(None, None)] * (len(base.ty.shape) - len(e.items))
+        return Val(ir.Sub(base.code, tuple(items)), self.ty(e), lifted)
+
+    def embedding(self, tokens: ir.Expr, table: ir.Expr, pad: str) -> ir.Expr:
+        """Rows of `table` picked by tokens, the padding row's receiving no gradient: card
+        token v_pad is row v_pad − 1, and v_pad = 0 names none."""
+        row = self.dim(Dim.sym(pad))
+        index = ir.Cond(ir.Bin(">", row, _int(0)), ir.Bin("-", row, _int(1)), ir.Ref("None"))
+        return _call("F.embedding", tokens, table, padding_idx=index)
+
+    def procedure_index(self, e: s.Index, base: Val) -> Val:
+        """Indexing in a training or inference card, where indices may be tensors: positions
+        for every t at once (x_n[t + 1]), or tokens (P(θ)[x_n[t + 1], t]). Positions are
+        1-based in the card; token IDs are 0-based in tensors, as every tokenizer makes them."""
+        ty = self.ty(e)
+        vals = [item if isinstance(item, s.Slice) else self.expr(item) for item in e.items]
+        stored = vals[::-1] if base.flipped else vals  # physical order of the card's axes
+
+        def index(v) -> ir.Expr | ir.SliceX:
+            if isinstance(v, s.Slice):
+                return self.slice(v, base, 0)
+            return v.code if v.ty.vocab is not None else _dec(v.code)
+
+        tensors = [v for v in stored if isinstance(v, Val) and (v.rows or v.lifted)]
+        rows = next((v.rows for v in tensors if v.rows), ())
+        if not tensors:
+            code = ir.Sub(base.code, (ir.Ref("..."), *map(index, stored)) if base.lifted
+                          else tuple(map(index, stored)))
+            return Val(code, ty, base.lifted, False, base.rows)
+        last = stored[-1]
+        if isinstance(last, Val) and last.lifted:  # tokens pick along the last axis: a gather
+            lead = [ir.Ref("...")] + [index(v) for v in stored[:-1]] + [ir.SliceX(None, None)]
+            picked = ir.Sub(base.code, tuple(lead)) if len(stored) > 1 else base.code
+            tok = ir.Sub(last.code, (ir.Ref("..."), ir.Ref("None")))
+            code = ir.Sub(_method(picked, "gather", _int(-1), tok), (ir.Ref("..."), _int(0)))
+            return Val(code, ty, True, False, rows)
+        code = ir.Sub(base.code, (ir.Ref("..."), *map(index, stored)))
+        return Val(code, ty, base.lifted or any(v.lifted for v in tensors), False, rows)
+
+    def position_index(self, e: s.Index) -> Val:
+        """`X[:, t]`, `x[t]` or `W_p[:, t]` in a map over positions t ∈ [ℓ]: every position."""
+        var, size = self.positions
+        base = self.expr(e.base)
+        ty = self.ty(e)
+        if len(e.items) == 2 and not _is_all(e.items[0]):
+            self.fail(e, f"a map over '{display(var)}' reads whole columns 'X[:, {display(var)}]'")
+        if base.lifted and base.rows:
+            self.fail(e, "positions of a value already mapped over positions")
+        if base.lifted:  # columns of a flipped matrix are its rows; a sequence's items, itself
+            if len(e.items) == 2 and not base.flipped:
+                self.fail(e, "code generation reads columns of flipped matrices only")
+            return Val(base.code, ty, True, False, (size,))
+        # a parameter: its first ℓ columns, as rows (W_p[:, t] for t ≤ ℓ)
+        self.max_seq_len = self.max_seq_len or self.dim(base.ty.shape[-1])
+        stored = base.code if len(e.items) == 1 or base.flipped else _mT(base.code)
+        return Val(ir.Sub(stored, (ir.SliceX(None, self.dim(size)),)), ty, False, False, (size,))
+
+    def slice(self, item: s.Slice, base: Val, axis: int) -> ir.SliceX:
+        """1-based inclusive [lo : hi] → 0-based half-open [lo − 1 : hi]."""
+        lo = None
+        if item.lo is not None and not (isinstance(item.lo, s.Num) and item.lo.text == "1"):
+            lo_val = self.expr(item.lo)
+            lo = _dec(_whole(lo_val.code))
+        hi = None if item.hi is None else _whole(self.expr(item.hi).code)
+        skip = self.runtime_offset(item)
+        if skip is not None and not base.lifted and base.ty.shape:
+            # W_p[1 : T] bounds T by the rows; W_p[3 : T + 2] (positions from row 3) by 2 fewer
+            self.max_seq_len = self.dim(base.ty.shape[axis] - Dim.const(skip))
+        return ir.SliceX(lo, hi)
+
+    def progression(self, item: s.Progression, base: Val, axis: int) -> ir.SliceX:
+        """1-based inclusive `a, b, …, c` → 0-based `a − 1 : c : b − a`; the end is left out
+        where c is the axis's last entry of the progression (`X[..., 0::2]`)."""
+        defs = self.info.sig.definitions
+        first, second, last = (expr_dim(x, defs) for x in (item.first, item.second, item.last))
+        if first is None or second is None or last is None:
+            self.fail(item, "code generation needs a progression of sizes the card declares")
+        step = (second - first).constant()
+        if step is None or step < 1 or step.denominator != 1:
+            self.fail(item.second, "code generation needs a progression with a whole step")
+        lo = None
+        if first != Dim.const(1):
+            lo = _dec(_whole(self.expr(item.first).code))
+        size = base.ty.shape[axis]
+        rest = None if size is None else (size - last).constant()
+        hi = None if rest is not None and 0 <= rest < step else _whole(self.expr(item.last).code)
+        return ir.SliceX(lo, hi, _int(int(step)))
+
+    def expr_Progression(self, e: s.Progression) -> Val:
+        self.fail(e, "code generation reads a progression 'a, b, …, c' as an index of a "
+                     "value of the card only")
+
+    def runtime_offset(self, item: s.Slice) -> int | None:
+        """k for a slice [k + 1 : T + k] of a length T read at call time, else None."""
+        hi, k = item.hi, 0
+        if isinstance(hi, s.BinOp) and hi.op == "+" and isinstance(hi.right, s.Num) and \
+                float(hi.right.value).is_integer():
+            hi, k = hi.left, int(hi.right.value)
+        if not (isinstance(hi, s.Name) and hi.id in self.runtime_used):
+            return None
+        lo = item.lo
+        if (lo is None and k == 0) or isinstance(lo, s.Num) and lo.value == k + 1:
+            return k
+        return None
+
+    def point_index(self, e: s.Index) -> Val:
+        """`Mask[t, t′]` under ∀t, t′: the whole tensor, transposed if the order differs."""
+        base = self.expr(e.base)
+        order = [self.point[i.id][0] for i in e.items]
+        stored = [self.physical(base, k) for k in range(len(e.items))]
+        if order == stored:
+            return base
+        if len(order) == 2:
+            return Val(_method(base.code, "transpose", _int(-2), _int(-1)), base.ty, base.lifted)
+        return self.fail(e, "code generation handles two quantified variables at most")

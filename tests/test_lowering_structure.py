@@ -1,0 +1,64 @@
+"""The structure of the lowering (cardc/lower): its pipeline of fusion rules and passes is
+declared in one place, the state of a card's lowering declares what nested bodies share, and
+no class is too long to read."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import fields
+from pathlib import Path
+
+from cardc.build import checked, find_card
+from cardc.library import library_roots
+from cardc.lower import Lowering
+from cardc.lower.intrinsics import patterns
+from cardc.lower.pipeline import FUSED, LITERAL, pipeline
+from cardc.lower.state import COPIED, FRESH, SHARED, BodyState
+from cardc.lower.steps import Body
+from cardc.lower.values import Scope
+
+ROOT = Path(__file__).resolve().parent.parent
+HOOKS = ("card", "step", "loop", "call", "expression")
+
+
+def _model(card: str):
+    path = str(ROOT / card)
+    lib, checker, _ = checked([path], library_roots([path], None))
+    return checker, find_card(lib, checker, path, None)
+
+
+def test_the_literal_pipeline_is_empty_and_the_fused_one_declares_its_patterns():
+    assert pipeline(False) is LITERAL and pipeline(True) is FUSED
+    assert all(getattr(LITERAL, hook) == () for hook in HOOKS) and LITERAL.passes == ()
+    for hook in HOOKS:
+        for rule in getattr(FUSED, hook):
+            assert callable(rule.find) and callable(rule.lower), rule.name
+            assert set(rule.patterns) <= set(patterns()), rule.name
+    assert [p.__name__ for p in FUSED.passes] == ["_fold_bias", "join_for_cache", "add_kv_cache"]
+
+
+def test_every_field_of_a_body_declares_what_a_nested_body_gets():
+    checker, alg = _model("cards/gpt2.card")
+    low = Lowering(checker)
+    body = Body(low, alg, checker.info(alg), Scope(), lambda sym: None, "B")
+    body.loop_index["l"] = None
+    child = body.child()
+    for f in fields(BodyState):
+        how = f.metadata["child"]
+        assert how in (SHARED, COPIED, FRESH), f.name
+        mine, theirs = getattr(body, f.name), getattr(child, f.name)
+        if how == SHARED:
+            assert theirs is mine, f.name
+        elif how == COPIED:
+            assert theirs == mine and theirs is not mine, f.name
+        elif f.init and isinstance(mine, (list, dict, set)):
+            assert theirs is not mine, f.name
+    child.loop_index["h"] = None
+    assert "h" not in body.loop_index
+
+
+def test_no_class_of_the_lowering_is_over_500_lines():
+    for path in (ROOT / "cardc" / "lower").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno - node.lineno < 500, f"{path.name}: {node.name}"
