@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import linecache
 import os
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from . import ir
 from . import syntax as s
 from .checker import Checker, check
 from .codegen import generate
@@ -189,6 +191,11 @@ def files_used(lib: Library, checker: Checker, files: set[str]) -> set[str]:
 
 def source(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> str:
     """The generated Python module for a model card."""
+    return generated(checker, alg, lowered(checker, alg, fuse))
+
+
+def lowered(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> ir.Program:
+    """A card lowered to its program; a model's carries its analysis (`ir.Analysis`)."""
     unbound = unbound_models(checker, alg)
     if unbound:
         decl = checker.info(alg).sig.models[unbound[0]].decl
@@ -206,6 +213,11 @@ def source(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> str:
         diags = Diagnostics(sources=checker.lib.diags.sources)
         diags.error(err.span, err.message, err.hint)
         raise CardError(diags) from None
+    return program
+
+
+def generated(checker: Checker, alg: s.Algorithm, program: ir.Program) -> str:
+    """The Python module of a lowered card, parsed before it is returned."""
     try:
         return generate(program)
     except SyntaxError as err:  # a compiler bug: name the card, not a generated line
@@ -250,8 +262,8 @@ def card_line(err: BaseException) -> str | None:
 
 def instantiate(checker: Checker, alg: s.Algorithm, values: dict[str, float], fuse: bool = True):
     """Generate `alg`'s module, then build its class; `values` are keyed by Python name."""
-    text = source(checker, alg, fuse)
-    module = load_module(text, identifier(alg.label).lower())
+    program = lowered(checker, alg, fuse)
+    module = load_module(generated(checker, alg, program), identifier(alg.label).lower())
     cls = getattr(module, identifier(alg.label))
     wanted = inspect.signature(cls).parameters
     kwargs = {py: int(v) if wanted[py].annotation in (int, "int") else float(v)
@@ -260,7 +272,9 @@ def instantiate(checker: Checker, alg: s.Algorithm, values: dict[str, float], fu
     if missing:
         raise ValueError(f"'{alg.label}' needs values for {', '.join(missing)}: "
                          "choose a preset or set them")
-    return cls(**kwargs), kwargs
+    model = cls(**kwargs)
+    model.analysis = program.analysis  # what its lowering found (cardc.lower.analysis)
+    return model, kwargs
 
 
 
@@ -293,7 +307,8 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
         if inside or p in used:  # the shipped library: only what the model calls
             cards[rel(p) if inside else shipped_name(p)] = lib.diags.sources[p]
     model.card_meta = {"card": rel(card), "name": alg.label, "preset": preset,
-                       "hyperparameters": kwargs, "cards": cards}
+                       "hyperparameters": kwargs, "cards": cards,
+                       "analysis": dataclasses.asdict(model.analysis)}
     return model
 
 

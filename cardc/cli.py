@@ -506,7 +506,8 @@ def _same_tokenizer(args: argparse.Namespace, bpe: int | None, tokenizer) -> Non
 
 def _require_causal(model, model_card, recipe) -> None:
     """A generic recipe's model is a causal language model: no row of its scores may change
-    with a later token (its card type states the shapes; this, the running model shows)."""
+    with a later token (its card type states the shapes; its attention's masks, the analysis
+    recorded when it was lowered)."""
     from .runtime.train import predicts_next_token
 
     if not predicts_next_token(model):

@@ -235,6 +235,15 @@ class Module:
     buffers: list[Buffer] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Analysis:
+    """What the rest of cardc asks of a lowered model, found once while lowering it
+    (cardc.lower.analysis)."""
+
+    decodes: bool = False  # forward(x, cache=…) reads a KV cache: it decodes token by token
+    causal: bool = False  # forward(x, targets), and no position's scores read a later token
+
+
 @dataclass
 class Program:
     """One generated file: the modules and functions a model card needs, callees first."""
@@ -257,6 +266,7 @@ class Program:
     rms_norm: bool = False  # some RMSNorm lowered: rms_normalize defined
     offset_norm: bool = False  # an RMSNorm with gains stored less one: offset_rms_norm defined
     joins: bool = False  # sibling products go through project (cardc.lower.joining)
+    analysis: Analysis = field(default_factory=Analysis)  # a model's, once it is lowered
 
 
 # ------------------------------------------------------------------ rewriting

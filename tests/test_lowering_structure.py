@@ -1,6 +1,6 @@
 """The structure of the lowering (cardc/lower): its pipeline of fusion rules and passes is
-declared in one place, the state of a card's lowering declares what nested bodies share, and
-no class is too long to read."""
+declared in one place, the state of a card's lowering declares what nested bodies share, no
+class is too long to read, and the analyses the rest of cardc needs are recorded once."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ast
 from dataclasses import fields
 from pathlib import Path
 
-from cardc.build import checked, find_card
+from cardc.build import build_model, checked, find_card
 from cardc.library import library_roots
 from cardc.lower import Lowering
 from cardc.lower.intrinsics import patterns
@@ -62,3 +62,24 @@ def test_no_class_of_the_lowering_is_over_500_lines():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 assert node.end_lineno - node.lineno < 500, f"{path.name}: {node.name}"
+
+
+def test_analyses_are_recorded_with_the_model_and_its_metadata():
+    gpt2 = build_model(str(ROOT / "cards/gpt2.card"), "tiny")
+    assert (gpt2.analysis.decodes, gpt2.analysis.causal) == (True, True)
+    assert gpt2.card_meta["analysis"] == {"decodes": True, "causal": True}
+    paper = build_model(str(ROOT / "cards/paper/dtransformer.card"), "tiny")
+    assert (paper.analysis.decodes, paper.analysis.causal) == (False, True)  # by its mask rule
+    encoder = build_model(str(ROOT / "cards/paper/etransformer.card"), "tiny", name="ETransformer")
+    assert not encoder.analysis.causal  # Mask ≡ 1: every position reads every other
+    literal = build_model(str(ROOT / "cards/gpt2.card"), "tiny", fuse=False)
+    assert not literal.analysis.causal and not literal.analysis.decodes  # nothing recognised
+
+
+def test_whether_a_model_decodes_is_read_from_its_lowering_not_lowered_again(monkeypatch):
+    checker, alg = _model("cards/gpt2.card")
+    assert Lowering(checker).model(alg).analysis.decodes
+    lowered = []
+    monkeypatch.setattr(Lowering, "model", lambda self, a: lowered.append(a))
+    assert Lowering(checker).decodes(alg) and not lowered
+    assert not Lowering(checker, fuse=False).decodes(alg) and not lowered

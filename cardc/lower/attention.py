@@ -184,6 +184,7 @@ def prepare(body: Steps, core: Core) -> None:
     model the keys and values that reach the product are first extended by the KV cache's."""
     q, k, v = body.expr(core.q), body.expr(core.k), body.expr(core.v)
     causal = any(_causal(m.stmt.body.cond, *m.stmt.vars) for m in core.masks)
+    body.low.masking.attention(causal, body.alg, _mask_hypers(body, core))
     cached = body.low.decoder and causal
     if body.low.decoder and not cached:  # a mask the cache cannot place: decode without one
         body.low.program.uncached = True
@@ -216,6 +217,13 @@ def prepare(body: Steps, core: Core) -> None:
     ty = body.ty(core.product)
     body.given[id(core.product)] = Val(call, Ty(ty.shape, ty.elem), True)
     return None
+
+
+def _mask_hypers(body: Steps, core: Core) -> frozenset[str]:
+    """The tensor hyperparameters the core's masks read (`¬Mask[t, t′]`)."""
+    hypers = body.info.sig.hypers
+    return frozenset(n.id for m in core.masks for n in s.nodes(m.stmt.body.cond)
+                     if isinstance(n, s.Name) and n.id in hypers and hypers[n.id].shape)
 
 
 def _capped(body: Steps, core: Core, q: Val, k: Val) -> None:

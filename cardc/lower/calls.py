@@ -12,6 +12,7 @@ from ..checker import DROPOUT, FILTERS, PAIRWISE, CallInfo, instance
 from ..dims import Dim
 from ..spelling import display
 from ..types import BundleTy, FamilyTy, Ty, substitute
+from .analysis import hides_later
 from .body import (
     ELEMENTWISE,
     _call,
@@ -177,12 +178,22 @@ class Calls:
         return out
 
     def hyper_value(self, call: CallInfo, name: str, given: s.Expr) -> ir.Expr:
+        self.low.masking.give(call.callee, name, self.mask_given(call, given))
         if isinstance(given, s.Arg) and isinstance(given.target, s.Index):
             return self.mask_rule(call, name, given).code
         value = given.value if isinstance(given, s.Arg) else given
         if isinstance(given, s.Arg) and given.op == "≡":
             return self.constant_mask(call, name, value).code
         return self.expr(value).code
+
+    def mask_given(self, call: CallInfo, given: s.Expr) -> bool | tuple[int, str]:
+        """What a call gives a hyperparameter, as a mask (cardc.lower.analysis): a rule that
+        hides later keys (True), or this card's own mask passed on, or anything else (False)."""
+        if isinstance(given, s.Arg) and isinstance(given.target, s.Index):
+            key_first = self.low.checker.info(call.callee).sig.layout == "column"
+            return hides_later(given, key_first)
+        hyper = self.info.sig.hypers.get(given.id) if isinstance(given, s.Name) else None
+        return (id(self.alg), given.id) if hyper is not None and hyper.shape else False
 
     def mask_rule(self, call: CallInfo, name: str, rule: s.Arg) -> Val:
         """`Mask[t, t′] = [[t′ ≤ t]]`: the boolean tensor the rule describes."""

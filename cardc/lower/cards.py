@@ -16,6 +16,7 @@ from ..info import preset_values
 from ..names import number
 from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
+from .analysis import Masking, analyse, record, recorded
 from .body import bound_sizes
 from .parameters import Parameters, _ctor_dim, _ctor_value
 from .pipeline import pipeline
@@ -51,11 +52,11 @@ class Lowering(Parameters):
         self.fuse = fuse
         self.pipeline = pipeline(fuse)  # the fusion rules and passes (cardc.lower.pipeline)
         self.decoder = False  # lowering a causal language model: attention reads a KV cache
+        self.masking = Masking()  # how each attention masks (cardc.lower.analysis)
         self.program = ir.Program(sources=[])
         self._modules: dict[int, ir.Module] = {}
         self._functions: dict[tuple[int, frozenset[str]], str] = {}
         self._ctor: dict[int, list[str]] = {}
-        self._decodes: dict[int, bool] = {}
         self._walks: dict[tuple, Any] = {}  # what a card's steps hold, by finder
 
     def walk(self, alg: s.Algorithm, find: Callable[..., Any], *args: Any) -> Any:
@@ -72,6 +73,8 @@ class Lowering(Parameters):
         top = self.module(alg, top=True)
         for rewrite in self.pipeline.passes:
             rewrite(self.program, top)
+        self.program.analysis = analyse(self.program, top, self.masking)
+        record(self.checker, alg, self.pipeline, self.program.analysis)
         sig = self.checker.info(alg).sig
         ctor = self.ctor_args(alg)
         for preset in alg.presets:
@@ -83,11 +86,16 @@ class Lowering(Parameters):
         return self.program
 
     def decodes(self, alg: s.Algorithm) -> bool:
-        """Whether the model card `alg` lowers to a forward that decodes with a KV cache."""
-        if id(alg) not in self._decodes:
-            self._decodes[id(alg)] = self.pipeline.decodes and \
-                Lowering(self.checker, self.fuse).model(alg).kv_cache
-        return self._decodes[id(alg)]
+        """Whether the model card `alg` lowers to a forward that decodes with a KV cache: as
+        recorded when it was lowered, which it is here if it never was."""
+        return self.pipeline.decodes and self.analysis(alg).decodes
+
+    def analysis(self, alg: s.Algorithm) -> ir.Analysis:
+        """The analysis recorded when the model card `alg` was lowered with this checker and
+        pipeline, lowering it (once) if it never was."""
+        found = recorded(self.checker, alg, self.pipeline)
+        return found if found is not None else \
+            Lowering(self.checker, self.fuse).model(alg).analysis
 
     def origin(self, alg: s.Algorithm) -> str:
         path = self.lib.file_of(alg).path

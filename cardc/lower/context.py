@@ -2,7 +2,8 @@
 another one way: values ← context ← intrinsics ← the fusion rules (attention, sdpa_heads,
 heads, norms, rotary, gelu, grouped), decoding, gradients ← pipeline; context ← body (the
 vocabulary of a card's steps) ← state ← the body's parts (statements, procedures, expressions,
-indexing, calls) ← steps (`Body`); parameters, steps ← cards.
+indexing, calls) ← steps (`Body`); parameters, steps ← cards; analysis (what is recorded with a
+model) ← sdpa_heads, calls, cards.
 
 `Lowerer` is what lowering a card's steps asks of the whole lowering (cardc.lower.cards);
 `Steps` is what a fusion rule (or the lowering of gradients) asks of the lowering of one card's
@@ -26,6 +27,7 @@ class Lowerer(Protocol):
     checker: Checker
     decoder: bool  # the model is a causal language model: attention reads a KV cache
     pipeline: Any  # cardc.lower.pipeline.Pipeline: the fusion rules by hook, the passes
+    masking: Any  # cardc.lower.analysis.Masking: how each attention masks
     program: ir.Program
     lib: Any
 

@@ -24,6 +24,7 @@ def find(names: tuple[str, ...], body: Steps) -> dict[str, str] | None:
 
 
 def lower(body: Steps, ren: dict[str, str]) -> list[ir.Stmt]:
+    body.low.masking.attention(True)  # the pattern's mask is causal
     return GroupedQuery(body, ren).lower()
 
 

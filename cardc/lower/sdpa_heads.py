@@ -10,6 +10,7 @@ from .. import syntax as s
 from ..checker import CallInfo
 from ..dims import Dim
 from ..types import BundleTy, Ty
+from .analysis import hides_later
 from .context import Steps
 from .intrinsics import make_call as _call
 from .intrinsics import make_method as _method
@@ -90,6 +91,7 @@ def _cross(body: Steps, st: s.For, step: s.Step, assign: s.Assign,
     """Row-major cross-attention heads: the fused W_qkv (columns q | k | v, heads within
     each) is split once, so X is projected to the queries and Z to keys and values in one
     matmul each, and SDPA attends with no mask."""
+    body.low.masking.attention(False)  # keys of another sequence: none hidden
     e = assign.value
     roles = stacked_roles(body, call, ren, st.var)
     if roles is None or [w.index for w in roles[0]] != [0, 1, 2]:
@@ -222,9 +224,14 @@ def sdpa_mask(body: Steps, call: CallInfo, name: str,
     given = call.hypers.get(name)
     if given is None:
         return None
+    masking = body.low.masking
     if isinstance(given, s.Arg) and given.op == "≡":
-        return {} if isinstance(given.value, s.Num) and given.value.value == 1 else None
+        if isinstance(given.value, s.Num) and given.value.value == 1:
+            masking.attention(False)  # every key seen
+            return {}
+        return None
     if not (isinstance(given, s.Arg) and isinstance(given.target, s.Index)):
+        masking.attention(False, body.alg, passed_on(body, given))
         val = body.expr(given)
         if key_first and not val.flipped:
             return {"attn_mask": ir.Attr(val.code, "mT")}
@@ -237,8 +244,16 @@ def sdpa_mask(body: Steps, call: CallInfo, name: str,
             isinstance(cond.right, s.Name):
         pair = (cond.left.id, cond.op, cond.right.id)
         if pair in ((k, "≤", q), (q, "≥", k)):
+            masking.attention(True)
             return {"is_causal": ir.Lit("True")}
+    masking.attention(hides_later(given, key_first))
     return {"attn_mask": body.mask_rule(call, name, given).code}
+
+
+def passed_on(body: Steps, given: s.Expr) -> frozenset[str]:
+    """A tensor hyperparameter of the card, given on as it is (its callers' rule decides)."""
+    hyper = body.info.sig.hypers.get(given.id) if isinstance(given, s.Name) else None
+    return frozenset((given.id,)) if hyper is not None and hyper.shape else frozenset()
 
 
 def _const(n: int) -> Dim:

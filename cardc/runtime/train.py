@@ -55,7 +55,6 @@ from cardc.runtime.plot import plot_losses
 from cardc.runtime.progress import ProgressBar, format_duration
 from cardc.runtime.resume import Snapshot, restore_optimizer, restore_rng, save_snapshot
 from cardc.runtime.runs import METRICS, TENSORBOARD, RunFolder, new_run_id, training_run
-from cardc.runtime.sample import is_language_model
 from cardc.runtime.tasks import reversal_pairs, windows
 from cardc.runtime.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer, corpus_splits
 from cardc.syntax import FORMATS
@@ -130,25 +129,12 @@ def resolve_device(name: str, world: World | None = None) -> torch.device:
     return device
 
 
-@torch.no_grad()
 def predicts_next_token(model: nn.Module) -> bool:
-    """A causal language model: forward(x, targets), and no position sees a later token (an
-    encoder such as ETransformer also scores every position, but reads the whole sequence)."""
-    if not is_language_model(model):
-        return False
-    was_training = model.training
-    model.eval()
-    try:
-        device = next(model.parameters()).device
-        vocab = model(torch.zeros(1, 1, dtype=torch.long, device=device)).shape[-1]
-        length = min(8, getattr(model, "max_seq_len", None) or 8)
-        x = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(0))
-        changed = x.clone()
-        changed[0, -1] = (changed[0, -1] + 1) % vocab
-        before, after = model(x.to(device)), model(changed.to(device))
-        return torch.allclose(before[:, :-1], after[:, :-1])
-    finally:
-        model.train(was_training)
+    """A causal language model: forward(x, targets), and no position's scores read a later
+    token (an encoder such as ETransformer also scores every position, but reads the whole
+    sequence), as lowering its card found (cardc.lower.analysis, `model.analysis`)."""
+    analysis = getattr(model, "analysis", None)
+    return bool(getattr(analysis, "causal", False))
 
 
 def dataset_inputs(recipe: Recipe, hypers: dict[str, Any]) -> int:
