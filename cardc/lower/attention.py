@@ -185,7 +185,7 @@ def prepare(body: Steps, core: Core) -> None:
         kwargs.append(("scale", scale))
     sdpa = "F.scaled_dot_product_attention"
     if body.lead == "…":  # a function: its heads may sit on any axes, its K and V be shared
-        sdpa, body.low.program.grouped = "grouped_sdpa", True
+        sdpa = "grouped_sdpa"
     call = ir.Call(ir.Ref(sdpa), (q.code, k.code, v.code), tuple(kwargs))
     ty = body.ty(core.product)
     body.given[id(core.product)] = Val(call, Ty(ty.shape, ty.elem), True)

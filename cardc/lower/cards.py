@@ -90,7 +90,7 @@ class Lowering:
         """Whether the model card `alg` lowers to a forward that decodes with a KV cache."""
         if id(alg) not in self._decodes:
             self._decodes[id(alg)] = self.fuse and \
-                Lowering(self.checker, self.fuse).model(alg).kv_cache
+                any(m.cached for m in Lowering(self.checker, self.fuse).model(alg).modules)
         return self._decodes[id(alg)]
 
     def origin(self, alg: s.Algorithm) -> str:

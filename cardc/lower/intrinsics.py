@@ -151,8 +151,6 @@ class Passes:
         if which in ("rms_norm", "rms_norm_offset"):
             program = body.low.program
             program.imports.add("math")  # rms_normalize's √
-            program.rms_norm = True
-            program.offset_norm |= which == "rms_norm_offset"  # gains stored less one
             helper = "offset_rms_norm" if which == "rms_norm_offset" else "rms_normalize"
             return _call(helper, x, ir.Seq((width,)), gamma, eps)
         beta = body.expr(call.params[ren["β"]]).code
@@ -179,7 +177,6 @@ class Passes:
             given = given.value
         if given is None:
             return None
-        body.low.program.rope.add(helper)
         return _call(helper, x.code, body.expr(given).code)
 
     def partial_rotary(self, body: Steps, e: s.Concat) -> Val | None:
