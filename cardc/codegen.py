@@ -12,6 +12,7 @@ from pathlib import Path
 import jinja2
 
 from . import ir
+from .linebreak import WIDTH, break_lines
 from .names import quote
 
 # Python operator precedence, loosest first; postfix forms (calls, subscripts) bind tightest.
@@ -104,7 +105,27 @@ def note_py(note: ir.Note) -> str:
 
 
 def stmt_lines(st: ir.Stmt, indent: str = "") -> list[str]:
-    return _STMT[type(st).__name__](st, indent)
+    lines = _STMT[type(st).__name__](st, indent)
+    if len(lines[0]) > WIDTH and isinstance(st, (ir.Assign, ir.Return)):
+        return _functions_above(st, indent) or lines
+    return lines
+
+
+def _functions_above(st: ir.Assign | ir.Return, indent: str) -> list[str]:
+    """A statement too long for a line, its lambdas (a mask's rule) defined above it as local
+    functions of their names, which it then passes; [] where it holds none."""
+    named: list[ir.Lambda] = []
+
+    def name(e):
+        if isinstance(e, ir.Lambda):
+            named.append(e)
+            return ir.Ref(e.name)
+        return None
+
+    st = ir.rewrite(st, name)
+    defs = [line for f in named
+            for line in (f"{indent}def {f.name}():", f"{indent}    return {expr_py(f.body)}")]
+    return defs + _STMT[type(st).__name__](st, indent) if named else []
 
 
 def _assign(st: ir.Assign, indent: str) -> list[str]:
@@ -303,6 +324,7 @@ def generate(program: ir.Program) -> str:
     imports = program.imports | {"math" for n in names if "math" in HELPERS[n].uses}
     text = _ENV.get_template("model.py.j2").render(p=program, imports=imports,
                                                    helpers=helpers_text(names))
+    text = break_lines(text)
     used = _names(ast.parse(text))
     for name, line in (("F", "import torch.nn.functional as F\n"), ("nn", "from torch import nn\n")):
         if name not in used:  # a file of functions alone needs neither

@@ -91,9 +91,11 @@ class Cond:
 
 @dataclass(frozen=True)
 class Lambda:
-    """`lambda: body`: a value computed only when the callee needs it (a memo's miss)."""
+    """`lambda: body`: a value computed only when the callee needs it (a memo's miss). Where
+    its statement would not fit a line, it is printed as a local function of this name."""
 
     body: Expr
+    name: str = "make"
 
 
 Expr = Ref | Lit | Call | Attr | Bin | Un | Sub | Seq | Cond | Lambda

@@ -40,7 +40,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, X):
         qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:37]
-        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:37]
+        # (B, H, T, d) each  [attention.card:37]
+        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
         Y_h = F.scaled_dot_product_attention(Q, K, V)  # (B, H, T, d)  [attention.card:37]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:38]
         return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:39]
@@ -112,10 +113,14 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, X, cache=None):
         qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:24]
-        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:24]
+        # (B, H, T, d) each  [attention.card:24]
+        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
-        Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [attention.card:24]
+        # (B, H, T, d)  [attention.card:24]
+        Y_h = F.scaled_dot_product_attention(
+            Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None
+        )
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:25]
         return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:26]
 
@@ -139,9 +144,11 @@ class CrossAttention(nn.Module):
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)  [attention.card:63]
 
     def forward(self, X, Z):
-        Q = (X @ self.W_qkv[:, :self.D] + self.b_qkv[:self.D]).unflatten(-1, (self.H, self.d)).transpose(-3, -2)  # (B, H, T, d)  [attention.card:64]
+        # (B, H, T, d)  [attention.card:64]
+        Q = (X @ self.W_qkv[:, :self.D] + self.b_qkv[:self.D]).unflatten(-1, (self.H, self.d)).transpose(-3, -2)
         kv = Z @ self.W_qkv[:, self.D:] + self.b_qkv[self.D:]  # (B, T_z, 2 D)  [attention.card:64]
-        K, V = kv.unflatten(-1, (2, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T_z, d) each  [attention.card:64]
+        # (B, H, T_z, d) each  [attention.card:64]
+        K, V = kv.unflatten(-1, (2, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
         Y_h = F.scaled_dot_product_attention(Q, K, V)  # (B, H, T, d)  [attention.card:64]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:65]
         return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:66]
@@ -172,8 +179,10 @@ class BARTDecoderBlock(nn.Module):
         self.mlp = ErfMLP(D=D, D_f=D_f)  # [bart.card:60]
 
     def forward(self, X, Z, cache=None):
-        X = F.layer_norm(X + self.attn(X, cache=cache), (self.D,), self.gamma1, self.beta1, self.eps)  # (B, T, D)  [bart.card:62]
-        X = F.layer_norm(X + self.cross(X, Z), (self.D,), self.gamma2, self.beta2, self.eps)  # (B, T, D)  [bart.card:63]
+        # (B, T, D)  [bart.card:62]
+        X = F.layer_norm(X + self.attn(X, cache=cache), (self.D,), self.gamma1, self.beta1, self.eps)
+        # (B, T, D)  [bart.card:63]
+        X = F.layer_norm(X + self.cross(X, Z), (self.D,), self.gamma2, self.beta2, self.eps)
         X = F.layer_norm(X + self.mlp(X), (self.D,), self.gamma3, self.beta3, self.eps)  # (B, T, D)  [bart.card:64]
         return X  # (B, T, D)  [bart.card:65]
 

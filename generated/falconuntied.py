@@ -18,7 +18,8 @@ def CausalHead(Q, K, V, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
-    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
+    # (…, T, d_v)  [gqa.card:54]
+    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)
 
 
 def AttentionGroup(K, V, Q, theta_base, cache=None):
@@ -31,7 +32,13 @@ def AttentionGroup(K, V, Q, theta_base, cache=None):
     D_g = Q.shape[-1]
     d = K.shape[-1]
     K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gqa.card:44]
-    Y_j = CausalHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), cache=cache)  # (…, G, T, d): every j at once  [gqa.card:45]
+    # (…, G, T, d): every j at once  [gqa.card:45]
+    Y_j = CausalHead(
+        rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past),
+        K_tilde.unsqueeze(-3),
+        V.unsqueeze(-3),
+        cache=cache,
+    )
     return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [gqa.card:46]
 
 
@@ -111,7 +118,18 @@ class FalconUntied(nn.Module):
     Card: cards/falcon.card:22
     """
 
-    def __init__(self, V: int, D: int, H: int, D_f: int, N: int, ctx: int, eps: float = 1e-05, theta_base: float = 10000, v_pad: int = 0):
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        eps: float = 1e-05,
+        theta_base: float = 10000,
+        v_pad: int = 0,
+    ):
         super().__init__()
         self.V = V
         self.D = D
@@ -131,7 +149,8 @@ class FalconUntied(nn.Module):
         )  # [falcon.card:32]
 
     def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [falcon.card:36]
+        # (B, T, D)  [falcon.card:36]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
         for block in self.block:  # [falcon.card:37]
             E = block(E, cache=cache)  # (B, T, D)  [falcon.card:38]
         E = F.layer_norm(E, (self.D,), self.gamma_f, self.beta_f, self.eps)  # (B, T, D)  [falcon.card:40]

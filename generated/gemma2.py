@@ -12,8 +12,40 @@ import torch.nn.functional as F
 from torch import nn
 
 PRESETS = {
-    "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, w=64, eps=1e-06, s=32.0, c_attn=50.0, c_f=30.0, theta_base=10000.0, v_pad=0),
-    "gemma2-2b": dict(V=256000, D=2304, H=8, H_kv=4, d=256, D_f=9216, N=26, ctx=8192, w=4096, eps=1e-06, s=256.0, c_attn=50.0, c_f=30.0, theta_base=10000.0, v_pad=0),
+    "tiny": dict(
+        V=256,
+        D=128,
+        H=4,
+        H_kv=2,
+        d=32,
+        D_f=344,
+        N=4,
+        ctx=256,
+        w=64,
+        eps=1e-06,
+        s=32.0,
+        c_attn=50.0,
+        c_f=30.0,
+        theta_base=10000.0,
+        v_pad=0,
+    ),
+    "gemma2-2b": dict(
+        V=256000,
+        D=2304,
+        H=8,
+        H_kv=4,
+        d=256,
+        D_f=9216,
+        N=26,
+        ctx=8192,
+        w=4096,
+        eps=1e-06,
+        s=256.0,
+        c_attn=50.0,
+        c_f=30.0,
+        theta_base=10000.0,
+        v_pad=0,
+    ),
 }
 
 
@@ -27,7 +59,18 @@ def SoftCappedHead(Q, K, V, s, c_attn, w, cache=None):
         K, V = cache.extend(None, K, V, keep=w - 1)  # the cached positions come first  [gemma2.card:96]
     S = (Q / (math.sqrt(s) * c_attn)) @ K.transpose(-2, -1)  # (…, T, T)  [gemma2.card:96]
     S = c_attn * torch.tanh(S)  # (…, T, T)  [gemma2.card:97]
-    hidden = None if cache is not None and Q.shape[-2] == 1 else shared_mask(1, lambda: ~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w), Q.shape[-2], K.shape[-2], Q.device, w, dtype=S.dtype)  # [gemma2.card:98]
+    def visible():
+        return ~(
+            torch.arange(K.shape[-2], device=Q.device)[None, :]
+            > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]
+        ) & ~(
+            torch.arange(K.shape[-2], device=Q.device)[None, :]
+            <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w
+        )
+    # [gemma2.card:98]
+    hidden = None if cache is not None and Q.shape[-2] == 1 else shared_mask(
+        1, visible, Q.shape[-2], K.shape[-2], Q.device, w, dtype=S.dtype
+    )
     S = S if hidden is None else S + hidden  # the hidden positions  [gemma2.card:98]
     return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [gemma2.card:100]
 
@@ -43,7 +86,16 @@ def SoftCappedGroup(K, V, Q, theta_base, s, c_attn, w, cache=None):
     D_g = Q.shape[-1]
     d = K.shape[-1]
     K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gemma2.card:86]
-    Y_j = SoftCappedHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), s=s, c_attn=c_attn, w=w, cache=cache)  # (…, G, T, d): every j at once  [gemma2.card:87]
+    # (…, G, T, d): every j at once  [gemma2.card:87]
+    Y_j = SoftCappedHead(
+        rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past),
+        K_tilde.unsqueeze(-3),
+        V.unsqueeze(-3),
+        s=s,
+        c_attn=c_attn,
+        w=w,
+        cache=cache,
+    )
     return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [gemma2.card:88]
 
 
@@ -75,7 +127,17 @@ class SoftCappedAttention(nn.Module):
         Q = X @ self.W_q  # (B, T, H d)  [gemma2.card:72]
         K = X @ self.W_k  # (B, T, H_kv d)  [gemma2.card:73]
         V = X @ self.W_v  # (B, T, H_kv d)  [gemma2.card:74]
-        Y_g = SoftCappedGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, s=self.s, c_attn=self.c_attn, w=self.w, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [gemma2.card:75]
+        # (B, H_kv, T, H d/H_kv): every g at once  [gemma2.card:75]
+        Y_g = SoftCappedGroup(
+            K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2),
+            theta_base=self.theta_base,
+            s=self.s,
+            c_attn=self.c_attn,
+            w=self.w,
+            cache=cache,
+        )
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [gemma2.card:76]
         return Y @ self.W_o  # (B, T, D)  [gemma2.card:77]
 
@@ -96,7 +158,8 @@ class GeGLU(nn.Module):
         self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [gemma2.card:58]
 
     def forward(self, X):
-        return (F.gelu(X @ self.W_gate, approximate="tanh") * (X @ self.W_up)) @ self.W_down  # (B, T, D)  [gemma2.card:59]
+        # (B, T, D)  [gemma2.card:59]
+        return (F.gelu(X @ self.W_gate, approximate="tanh") * (X @ self.W_up)) @ self.W_down
 
 
 class Gemma2Block(nn.Module):
@@ -107,7 +170,9 @@ class Gemma2Block(nn.Module):
     Card: cards/gemma2.card:26
     """
 
-    def __init__(self, D: int, w: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, s: int, c_attn: int, D_f: int):
+    def __init__(
+        self, D: int, w: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, s: int, c_attn: int, D_f: int
+    ):
         super().__init__()
         self.D = D
         self.w = w
@@ -123,12 +188,22 @@ class Gemma2Block(nn.Module):
         self.gamma2 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:34]
         self.gamma3 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:35]
         self.gamma4 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:37]
-        self.attn = SoftCappedAttention(D=D, H=H, H_kv=H_kv, d=d, w=w, s=s, c_attn=c_attn, theta_base=theta_base)  # [gemma2.card:33]
+        # [gemma2.card:33]
+        self.attn = SoftCappedAttention(D=D, H=H, H_kv=H_kv, d=d, w=w, s=s, c_attn=c_attn, theta_base=theta_base)
         self.mlp = GeGLU(D=D, D_f=D_f)  # [gemma2.card:36]
 
     def forward(self, X, cache=None):
-        X = X + offset_rms_norm(self.attn(offset_rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache), (self.D,), self.gamma2, self.eps)  # (B, T, D)  [gemma2.card:38]
-        X = X + offset_rms_norm(self.mlp(offset_rms_norm(X, (self.D,), self.gamma3, self.eps)), (self.D,), self.gamma4, self.eps)  # (B, T, D)  [gemma2.card:39]
+        # (B, T, D)  [gemma2.card:38]
+        X = X + offset_rms_norm(
+            self.attn(offset_rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache),
+            (self.D,),
+            self.gamma2,
+            self.eps,
+        )
+        # (B, T, D)  [gemma2.card:39]
+        X = X + offset_rms_norm(
+            self.mlp(offset_rms_norm(X, (self.D,), self.gamma3, self.eps)), (self.D,), self.gamma4, self.eps
+        )
         return X  # (B, T, D)  [gemma2.card:40]
 
 
@@ -142,7 +217,24 @@ class Gemma2(nn.Module):
     Card: cards/gemma2.card:1
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, w: int, s: float, c_attn: float, c_f: float, eps: float = 1e-06, theta_base: float = 10000, v_pad: int = 0):
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        d: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        w: int,
+        s: float,
+        c_attn: float,
+        c_f: float,
+        eps: float = 1e-06,
+        theta_base: float = 10000,
+        v_pad: int = 0,
+    ):
         super().__init__()
         self.V = V
         self.D = D
@@ -162,14 +254,17 @@ class Gemma2(nn.Module):
         self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [gemma2.card:11]
         self.gamma_f = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:15]
         self.local = nn.ModuleList(
-            Gemma2Block(D=D, w=w, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, s=s, c_attn=c_attn, D_f=D_f) for _ in range(N // 2)
+            Gemma2Block(D=D, w=w, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, s=s, c_attn=c_attn, D_f=D_f)
+            for _ in range(N // 2)
         )  # [gemma2.card:13]
         self.global_ = nn.ModuleList(
-            Gemma2Block(D=D, w=ctx, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, s=s, c_attn=c_attn, D_f=D_f) for _ in range(N // 2)
+            Gemma2Block(D=D, w=ctx, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, s=s, c_attn=c_attn, D_f=D_f)
+            for _ in range(N // 2)
         )  # [gemma2.card:14]
 
     def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None) * math.sqrt(self.D)  # (B, T, D)  [gemma2.card:18]
+        # (B, T, D)  [gemma2.card:18]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None) * math.sqrt(self.D)
         for l in range(self.N // 2):  # [gemma2.card:19]
             E = self.local[l](E, cache=cache)  # (B, T, D)  [gemma2.card:20]
             E = self.global_[l](E, cache=cache)  # (B, T, D)  [gemma2.card:21]

@@ -31,10 +31,14 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, X, cache=None):
         qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:24]
-        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:24]
+        # (B, H, T, d) each  [attention.card:24]
+        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
-        Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [attention.card:24]
+        # (B, H, T, d)  [attention.card:24]
+        Y_h = F.scaled_dot_product_attention(
+            Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None
+        )
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:25]
         return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:26]
 
@@ -56,7 +60,8 @@ class MLP(nn.Module):
         self.b_2 = nn.Parameter(torch.zeros(D))  # (D,)  [mlp.card:8]
 
     def forward(self, X):
-        return F.linear(F.gelu(F.linear(X, self.W_1.T, self.b_1), approximate="tanh"), self.W_2.T, self.b_2)  # (B, T, D)  [mlp.card:9]
+        # (B, T, D)  [mlp.card:9]
+        return F.linear(F.gelu(F.linear(X, self.W_1.T, self.b_1), approximate="tanh"), self.W_2.T, self.b_2)
 
 
 class GPT2Block(nn.Module):
@@ -80,7 +85,8 @@ class GPT2Block(nn.Module):
         self.mlp = MLP(D=D, D_f=D_f)  # [gpt2.card:30]
 
     def forward(self, X, cache=None):
-        X = X + self.attn(F.layer_norm(X, (self.D,), self.gamma1, self.beta1, self.eps), cache=cache)  # (B, T, D)  [gpt2.card:31]
+        # (B, T, D)  [gpt2.card:31]
+        X = X + self.attn(F.layer_norm(X, (self.D,), self.gamma1, self.beta1, self.eps), cache=cache)
         X = X + self.mlp(F.layer_norm(X, (self.D,), self.gamma2, self.beta2, self.eps))  # (B, T, D)  [gpt2.card:32]
         return X  # (B, T, D)  [gpt2.card:33]
 

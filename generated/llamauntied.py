@@ -34,23 +34,33 @@ class GroupedQueryAttention(nn.Module):
         self.W_k = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [gqa.card:10]
         self.W_v = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [gqa.card:10]
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:11]
-        self.register_buffer("omega", (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(), persistent=False)  # (d,): −ω, then ω  [gqa.card:15]
+        # (d,): −ω, then ω  [gqa.card:15]
+        self.register_buffer(
+            "omega",
+            (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(),
+            persistent=False,
+        )
 
     def forward(self, X, cache=None):
         Q = (X @ self.W_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:12]
         K = (X @ self.W_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:13]
         V = (X @ self.W_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:14]
         if cache is None:
-            phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()  # (T, d): the angles, the first half negated  [gqa.card:15]
+            # (T, d): the angles, the first half negated  [gqa.card:15]
+            phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()
             cos = phi.cos()  # (T, d)  [gqa.card:15]
             sin = phi.sin()  # (T, d)  [gqa.card:15]
         else:
-            cos, sin = cache.rotary(self.omega, (self.d, self.theta_base), X.shape[-2])  # the new positions' angles, shared by every layer
+            # the new positions' angles, shared by every layer
+            cos, sin = cache.rotary(self.omega, (self.d, self.theta_base), X.shape[-2])
         Q = torch.addcmul(Q * cos, Q.roll(self.d // 2, -1), sin)  # [gqa.card:15]
         K = torch.addcmul(K * cos, K.roll(self.d // 2, -1), sin)  # [gqa.card:15]
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
-        Y_g = F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [gqa.card:15]
+        # (B, H, T, d)  [gqa.card:15]
+        Y_g = F.scaled_dot_product_attention(
+            Q, K, V, enable_gqa=True, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None
+        )
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [gqa.card:16]
         return Y @ self.W_o  # (B, T, D)  [gqa.card:17]
 
@@ -108,7 +118,19 @@ class LlamaUntied(nn.Module):
     Card: cards/llama.card:22
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, D_f: int, N: int, ctx: int, eps: float = 1e-05, theta_base: float = 10000, v_pad: int = 0):
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        eps: float = 1e-05,
+        theta_base: float = 10000,
+        v_pad: int = 0,
+    ):
         super().__init__()
         self.V = V
         self.D = D
@@ -128,7 +150,8 @@ class LlamaUntied(nn.Module):
         )  # [llama.card:32]
 
     def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [llama.card:36]
+        # (B, T, D)  [llama.card:36]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
         for block in self.block:  # [llama.card:37]
             E = block(E, cache=cache)  # (B, T, D)  [llama.card:38]
         E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [llama.card:40]

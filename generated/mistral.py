@@ -12,7 +12,9 @@ from torch import nn
 
 PRESETS = {
     "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, eps=1e-05, w=64, theta_base=10000.0, v_pad=0),
-    "mistral-7b-v0.1": dict(V=32000, D=4096, H=32, H_kv=8, d=128, D_f=14336, N=32, ctx=32768, eps=1e-05, w=4096, theta_base=10000.0, v_pad=0),
+    "mistral-7b-v0.1": dict(
+        V=32000, D=4096, H=32, H_kv=8, d=128, D_f=14336, N=32, ctx=32768, eps=1e-05, w=4096, theta_base=10000.0, v_pad=0
+    ),
 }
 
 
@@ -24,7 +26,23 @@ def WindowHead(Q, K, V, w, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V, keep=w - 1)  # the cached positions come first  [mistral.card:71]
-    return grouped_sdpa(Q, K, V, attn_mask=None if cache is not None and Q.shape[-2] == 1 else shared_mask(1, lambda: ~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w), Q.shape[-2], K.shape[-2], Q.device, w))  # (…, T, d_v)  [mistral.card:74]
+    def visible():
+        return ~(
+            torch.arange(K.shape[-2], device=Q.device)[None, :]
+            > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]
+        ) & ~(
+            torch.arange(K.shape[-2], device=Q.device)[None, :]
+            <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w
+        )
+    # (…, T, d_v)  [mistral.card:74]
+    return grouped_sdpa(
+        Q,
+        K,
+        V,
+        attn_mask=None
+        if cache is not None and Q.shape[-2] == 1
+        else shared_mask(1, visible, Q.shape[-2], K.shape[-2], Q.device, w),
+    )
 
 
 def WindowGroup_heads(K, V, Q, theta_base, w, cache=None):
@@ -36,7 +54,10 @@ def WindowGroup_heads(K, V, Q, theta_base, w, cache=None):
     past = 0 if cache is None else cache.pos  # tokens decoded before these
     d = K.shape[-1]
     K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [mistral.card:62]
-    Y_j = WindowHead(rotate_half(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base, past=past), K_tilde, V, w=w, cache=cache)  # (…, groups·G, T, d): every j of every group at once  [mistral.card:63]
+    # (…, groups·G, T, d): every j of every group at once  [mistral.card:63]
+    Y_j = WindowHead(
+        rotate_half(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base, past=past), K_tilde, V, w=w, cache=cache
+    )
     return Y_j  # (…, T, d)  [mistral.card:64]
 
 
@@ -67,7 +88,15 @@ class SlidingWindowAttention(nn.Module):
         Q = X @ self.W_q  # (B, T, H d)  [mistral.card:48]
         K = X @ self.W_k  # (B, T, H_kv d)  [mistral.card:49]
         V = X @ self.W_v  # (B, T, H_kv d)  [mistral.card:50]
-        Y_g = WindowGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, theta_base=self.theta_base, w=self.w, cache=cache)  # every g at once, all their heads side by side on one axis  [mistral.card:51]
+        # every g at once, all their heads side by side on one axis  [mistral.card:51]
+        Y_g = WindowGroup_heads(
+            K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            Q,
+            theta_base=self.theta_base,
+            w=self.w,
+            cache=cache,
+        )
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [mistral.card:52]
         return Y @ self.W_o  # (B, T, D)  [mistral.card:53]
 
@@ -114,7 +143,8 @@ class MistralBlock(nn.Module):
         self.mlp = SwiGLU(D=D, D_f=D_f)  # [mistral.card:33]
 
     def forward(self, X, cache=None):
-        X = X + self.attn(rms_normalize(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [mistral.card:34]
+        # (B, T, D)  [mistral.card:34]
+        X = X + self.attn(rms_normalize(X, (self.D,), self.gamma1, self.eps), cache=cache)
         X = X + self.mlp(rms_normalize(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [mistral.card:35]
         return X  # (B, T, D)  [mistral.card:36]
 
@@ -127,7 +157,21 @@ class Mistral(nn.Module):
     Card: cards/mistral.card:1
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, w: int, eps: float = 1e-05, theta_base: float = 10000, v_pad: int = 0):
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        d: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        w: int,
+        eps: float = 1e-05,
+        theta_base: float = 10000,
+        v_pad: int = 0,
+    ):
         super().__init__()
         self.V = V
         self.D = D
@@ -149,7 +193,8 @@ class Mistral(nn.Module):
         )  # [mistral.card:12]
 
     def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [mistral.card:17]
+        # (B, T, D)  [mistral.card:17]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
         for block in self.block:  # [mistral.card:18]
             E = block(E, cache=cache)  # (B, T, D)  [mistral.card:19]
         E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [mistral.card:21]

@@ -11,7 +11,9 @@ from torch import nn
 
 PRESETS = {
     "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, eps=1e-06, theta_base=500000.0, v_pad=0),
-    "olmo2-1b": dict(V=100352, D=2048, H=16, H_kv=16, d=128, D_f=8192, N=16, ctx=4096, eps=1e-06, theta_base=500000.0, v_pad=0),
+    "olmo2-1b": dict(
+        V=100352, D=2048, H=16, H_kv=16, d=128, D_f=8192, N=16, ctx=4096, eps=1e-06, theta_base=500000.0, v_pad=0
+    ),
 }
 
 
@@ -22,7 +24,8 @@ def CausalHead(Q, K, V, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
-    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
+    # (…, T, d_v)  [gqa.card:54]
+    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)
 
 
 def AttentionGroup_heads(K, V, Q, theta_base, cache=None):
@@ -34,7 +37,10 @@ def AttentionGroup_heads(K, V, Q, theta_base, cache=None):
     past = 0 if cache is None else cache.pos  # tokens decoded before these
     d = K.shape[-1]
     K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gqa.card:44]
-    Y_j = CausalHead(rotate_half(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base, past=past), K_tilde, V, cache=cache)  # (…, groups·G, T, d): every j of every group at once  [gqa.card:45]
+    # (…, groups·G, T, d): every j of every group at once  [gqa.card:45]
+    Y_j = CausalHead(
+        rotate_half(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base, past=past), K_tilde, V, cache=cache
+    )
     return Y_j  # (…, T, d)  [gqa.card:46]
 
 
@@ -65,9 +71,17 @@ class QKNormedAttention(nn.Module):
 
     def forward(self, X, cache=None):
         Q = rms_normalize(X @ self.W_q, (self.H * self.d,), self.gamma_q, self.eps)  # (B, T, H d)  [olmo2.card:50]
-        K = rms_normalize(X @ self.W_k, (self.H_kv * self.d,), self.gamma_k, self.eps)  # (B, T, H_kv d)  [olmo2.card:51]
+        # (B, T, H_kv d)  [olmo2.card:51]
+        K = rms_normalize(X @ self.W_k, (self.H_kv * self.d,), self.gamma_k, self.eps)
         V = X @ self.W_v  # (B, T, H_kv d)  [olmo2.card:52]
-        Y_g = AttentionGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, theta_base=self.theta_base, cache=cache)  # every g at once, all their heads side by side on one axis  [olmo2.card:53]
+        # every g at once, all their heads side by side on one axis  [olmo2.card:53]
+        Y_g = AttentionGroup_heads(
+            K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            Q,
+            theta_base=self.theta_base,
+            cache=cache,
+        )
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [olmo2.card:54]
         return Y @ self.W_o  # (B, T, D)  [olmo2.card:55]
 
@@ -127,7 +141,20 @@ class OLMo2(nn.Module):
     Card: cards/olmo2.card:1
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 500000, v_pad: int = 0):
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        d: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        eps: float = 1e-06,
+        theta_base: float = 500000,
+        v_pad: int = 0,
+    ):
         super().__init__()
         self.V = V
         self.D = D
@@ -148,7 +175,8 @@ class OLMo2(nn.Module):
         )  # [olmo2.card:11]
 
     def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [olmo2.card:16]
+        # (B, T, D)  [olmo2.card:16]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
         for block in self.block:  # [olmo2.card:17]
             E = block(E, cache=cache)  # (B, T, D)  [olmo2.card:18]
         E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [olmo2.card:20]

@@ -35,7 +35,12 @@ class GroupedQueryAttentionBiased(nn.Module):
         self.b_k = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:28]
         self.b_v = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:28]
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:29]
-        self.register_buffer("omega", (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(), persistent=False)  # (d,): −ω, then ω  [gqa.card:33]
+        # (d,): −ω, then ω  [gqa.card:33]
+        self.register_buffer(
+            "omega",
+            (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(),
+            persistent=False,
+        )
 
     def forward(self, X, cache=None):
         XW = project(X, (self.W_q, self.b_q), (self.W_k, self.b_k), (self.W_v, self.b_v), cache=cache)
@@ -43,16 +48,21 @@ class GroupedQueryAttentionBiased(nn.Module):
         K = XW[1].unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
         V = XW[2].unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
         if cache is None:
-            phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()  # (T, d): the angles, the first half negated  [gqa.card:33]
+            # (T, d): the angles, the first half negated  [gqa.card:33]
+            phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()
             cos = phi.cos()  # (T, d)  [gqa.card:33]
             sin = phi.sin()  # (T, d)  [gqa.card:33]
         else:
-            cos, sin = cache.rotary(self.omega, (self.d, self.theta_base), X.shape[-2])  # the new positions' angles, shared by every layer
+            # the new positions' angles, shared by every layer
+            cos, sin = cache.rotary(self.omega, (self.d, self.theta_base), X.shape[-2])
         Q = torch.addcmul(Q * cos, Q.roll(self.d // 2, -1), sin)  # [gqa.card:33]
         K = torch.addcmul(K * cos, K.roll(self.d // 2, -1), sin)  # [gqa.card:33]
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
-        Y_g = F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [gqa.card:33]
+        # (B, H, T, d)  [gqa.card:33]
+        Y_g = F.scaled_dot_product_attention(
+            Q, K, V, enable_gqa=True, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None
+        )
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [gqa.card:34]
         return Y @ self.W_o  # (B, T, D)  [gqa.card:35]
 
@@ -109,7 +119,19 @@ class Qwen2Untied(nn.Module):
     Card: cards/qwen2.card:22
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 10000, v_pad: int = 0):
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        eps: float = 1e-06,
+        theta_base: float = 10000,
+        v_pad: int = 0,
+    ):
         super().__init__()
         self.V = V
         self.D = D
@@ -129,7 +151,8 @@ class Qwen2Untied(nn.Module):
         )  # [qwen2.card:32]
 
     def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [qwen2.card:36]
+        # (B, T, D)  [qwen2.card:36]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
         for block in self.block:  # [qwen2.card:37]
             E = block(E, cache=cache)  # (B, T, D)  [qwen2.card:38]
         E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen2.card:40]

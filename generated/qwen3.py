@@ -10,7 +10,9 @@ from torch import nn
 
 PRESETS = {
     "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, eps=1e-06, theta_base=1000000.0, v_pad=0),
-    "qwen3-0.6b": dict(V=151936, D=1024, H=16, H_kv=8, d=128, D_f=3072, N=28, ctx=40960, eps=1e-06, theta_base=1000000.0, v_pad=0),
+    "qwen3-0.6b": dict(
+        V=151936, D=1024, H=16, H_kv=8, d=128, D_f=3072, N=28, ctx=40960, eps=1e-06, theta_base=1000000.0, v_pad=0
+    ),
 }
 
 
@@ -21,7 +23,8 @@ def CausalHead(Q, K, V, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
-    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
+    # (…, T, d_v)  [gqa.card:54]
+    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)
 
 
 def QKNormGroup_heads(K, V, Q, gamma_q, gamma_k, eps, theta_base, cache=None):
@@ -33,7 +36,15 @@ def QKNormGroup_heads(K, V, Q, gamma_q, gamma_k, eps, theta_base, cache=None):
     past = 0 if cache is None else cache.pos  # tokens decoded before these
     d = K.shape[-1]
     K_tilde = rotate_half(rms_normalize(K, (d,), gamma_k, eps), theta_base, past=past)  # (…, T, d)  [qwen3.card:85]
-    Y_j = CausalHead(rotate_half(rms_normalize(Q.unflatten(-1, (-1, d)).transpose(-3, -2), (d,), gamma_q, eps), theta_base, past=past), K_tilde, V, cache=cache)  # (…, groups·G, T, d): every j of every group at once  [qwen3.card:86]
+    # (…, groups·G, T, d): every j of every group at once  [qwen3.card:86]
+    Y_j = CausalHead(
+        rotate_half(
+            rms_normalize(Q.unflatten(-1, (-1, d)).transpose(-3, -2), (d,), gamma_q, eps), theta_base, past=past
+        ),
+        K_tilde,
+        V,
+        cache=cache,
+    )
     return Y_j  # (…, T, d)  [qwen3.card:87]
 
 
@@ -66,7 +77,17 @@ class QKNormAttention(nn.Module):
         Q = X @ self.W_q  # (B, T, H d)  [qwen3.card:70]
         K = X @ self.W_k  # (B, T, H_kv d)  [qwen3.card:71]
         V = X @ self.W_v  # (B, T, H_kv d)  [qwen3.card:72]
-        Y_g = QKNormGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, gamma_q=self.gamma_q, gamma_k=self.gamma_k, eps=self.eps, theta_base=self.theta_base, cache=cache)  # every g at once, all their heads side by side on one axis  [qwen3.card:73]
+        # every g at once, all their heads side by side on one axis  [qwen3.card:73]
+        Y_g = QKNormGroup_heads(
+            K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            Q,
+            gamma_q=self.gamma_q,
+            gamma_k=self.gamma_k,
+            eps=self.eps,
+            theta_base=self.theta_base,
+            cache=cache,
+        )
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [qwen3.card:74]
         return Y @ self.W_o  # (B, T, D)  [qwen3.card:75]
 
@@ -124,7 +145,20 @@ class Qwen3(nn.Module):
     Card: cards/qwen3.card:1
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 1000000, v_pad: int = 0):
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        d: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        eps: float = 1e-06,
+        theta_base: float = 1000000,
+        v_pad: int = 0,
+    ):
         super().__init__()
         self.V = V
         self.D = D
@@ -144,7 +178,8 @@ class Qwen3(nn.Module):
         )  # [qwen3.card:11]
 
     def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [qwen3.card:15]
+        # (B, T, D)  [qwen3.card:15]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
         for block in self.block:  # [qwen3.card:16]
             E = block(E, cache=cache)  # (B, T, D)  [qwen3.card:17]
         E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen3.card:19]

@@ -10,7 +10,9 @@ from torch import nn
 
 PRESETS = {
     "tiny": dict(V=256, D=128, H=4, H_kv=2, D_f=344, N=4, ctx=256, eps=1e-05, d_r=8, theta_base=10000.0, v_pad=0),
-    "stablelm-2-1_6b": dict(V=100352, D=2048, H=32, H_kv=32, D_f=5632, N=24, ctx=4096, eps=1e-05, d_r=16, theta_base=10000.0, v_pad=0),
+    "stablelm-2-1_6b": dict(
+        V=100352, D=2048, H=32, H_kv=32, D_f=5632, N=24, ctx=4096, eps=1e-05, d_r=16, theta_base=10000.0, v_pad=0
+    ),
 }
 
 
@@ -21,7 +23,8 @@ def CausalHead(Q, K, V, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
-    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
+    # (…, T, d_v)  [gqa.card:54]
+    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)
 
 
 def PartialRoPE(X, d_r, theta_base, cache=None):
@@ -42,7 +45,13 @@ def PartialRotaryGroup_heads(K, V, Q, d_r, theta_base, cache=None):
     """
     d = K.shape[-1]
     K_tilde = PartialRoPE(K, theta_base=theta_base, d_r=d_r, cache=cache)  # (…, T, d)  [stablelm2.card:63]
-    Y_j = CausalHead(PartialRoPE(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base=theta_base, d_r=d_r, cache=cache), K_tilde, V, cache=cache)  # (…, groups·G, T, d): every j of every group at once  [stablelm2.card:64]
+    # (…, groups·G, T, d): every j of every group at once  [stablelm2.card:64]
+    Y_j = CausalHead(
+        PartialRoPE(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base=theta_base, d_r=d_r, cache=cache),
+        K_tilde,
+        V,
+        cache=cache,
+    )
     return Y_j  # (…, T, d)  [stablelm2.card:65]
 
 
@@ -73,8 +82,17 @@ class PartialRotaryAttention(nn.Module):
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [stablelm2.card:48]
 
     def forward(self, X, cache=None):
-        Q, K, V = project(X, (self.W_q, self.b_q), (self.W_k, self.b_k), (self.W_v, self.b_v), cache=cache)  # (B, T, D), (B, T, D H_kv/H), (B, T, D H_kv/H)  [stablelm2.card:49]
-        Y_g = PartialRotaryGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, theta_base=self.theta_base, d_r=self.d_r, cache=cache)  # every g at once, all their heads side by side on one axis  [stablelm2.card:52]
+        # (B, T, D), (B, T, D H_kv/H), (B, T, D H_kv/H)  [stablelm2.card:49]
+        Q, K, V = project(X, (self.W_q, self.b_q), (self.W_k, self.b_k), (self.W_v, self.b_v), cache=cache)
+        # every g at once, all their heads side by side on one axis  [stablelm2.card:52]
+        Y_g = PartialRotaryGroup_heads(
+            K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            Q,
+            theta_base=self.theta_base,
+            d_r=self.d_r,
+            cache=cache,
+        )
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [stablelm2.card:53]
         return Y @ self.W_o  # (B, T, D)  [stablelm2.card:54]
 
@@ -122,8 +140,10 @@ class StableLMBlock(nn.Module):
         self.mlp = SwiGLU(D=D, D_f=D_f)  # [stablelm2.card:33]
 
     def forward(self, X, cache=None):
-        X = X + self.attn(F.layer_norm(X, (self.D,), self.gamma1, self.beta1, self.eps), cache=cache)  # (B, T, D)  [stablelm2.card:34]
-        X = X + self.mlp(F.layer_norm(X, (self.D,), self.gamma2, self.beta2, self.eps))  # (B, T, D)  [stablelm2.card:35]
+        # (B, T, D)  [stablelm2.card:34]
+        X = X + self.attn(F.layer_norm(X, (self.D,), self.gamma1, self.beta1, self.eps), cache=cache)
+        # (B, T, D)  [stablelm2.card:35]
+        X = X + self.mlp(F.layer_norm(X, (self.D,), self.gamma2, self.beta2, self.eps))
         return X  # (B, T, D)  [stablelm2.card:36]
 
 
@@ -136,7 +156,20 @@ class StableLM2(nn.Module):
     Card: cards/stablelm2.card:1
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, D_f: int, N: int, ctx: int, d_r: int, eps: float = 1e-05, theta_base: float = 10000, v_pad: int = 0):
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        d_r: int,
+        eps: float = 1e-05,
+        theta_base: float = 10000,
+        v_pad: int = 0,
+    ):
         super().__init__()
         self.V = V
         self.D = D
@@ -158,7 +191,8 @@ class StableLM2(nn.Module):
         )  # [stablelm2.card:12]
 
     def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [stablelm2.card:17]
+        # (B, T, D)  [stablelm2.card:17]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
         for block in self.block:  # [stablelm2.card:18]
             E = block(E, cache=cache)  # (B, T, D)  [stablelm2.card:19]
         E = F.layer_norm(E, (self.D,), self.gamma_f, self.beta_f, self.eps)  # (B, T, D)  [stablelm2.card:21]

@@ -399,8 +399,9 @@ def _remembered(body: Steps, core: Core, q: Val, k: Val, visible: ir.Expr) -> ir
             numbers.append(val.code)
     body.low.program.masks += 1
     site = ir.Lit(str(body.low.program.masks))
+    rule = ir.Lambda(visible, body.fresh("visible"))  # a local function where a line is too short
     return ir.Call(ir.Ref("shared_mask"), (
-        site, ir.Lambda(visible), _count(q), _count(k), ir.Attr(q.code, "device"), *numbers))
+        site, rule, _count(q), _count(k), ir.Attr(q.code, "device"), *numbers))
 
 
 def _count(x: Val) -> ir.Expr:
