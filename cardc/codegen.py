@@ -1,15 +1,18 @@
-"""Print an IR program as a Python module: expressions by precedence, files by template."""
+"""Print an IR program as a Python module: expressions by precedence, files by template, and
+the helpers the program names copied after it from cardc/runtime/modelkit.py (and logits.py)."""
 
 from __future__ import annotations
 
 import ast
 import re
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
 from . import ir
+from .linebreak import WIDTH, break_lines
 from .names import quote
 
 # Python operator precedence, loosest first; postfix forms (calls, subscripts) bind tightest.
@@ -102,7 +105,27 @@ def note_py(note: ir.Note) -> str:
 
 
 def stmt_lines(st: ir.Stmt, indent: str = "") -> list[str]:
-    return _STMT[type(st).__name__](st, indent)
+    lines = _STMT[type(st).__name__](st, indent)
+    if len(lines[0]) > WIDTH and isinstance(st, (ir.Assign, ir.Return)):
+        return _functions_above(st, indent) or lines
+    return lines
+
+
+def _functions_above(st: ir.Assign | ir.Return, indent: str) -> list[str]:
+    """A statement too long for a line, its lambdas (a mask's rule) defined above it as local
+    functions of their names, which it then passes; [] where it holds none."""
+    named: list[ir.Lambda] = []
+
+    def name(e):
+        if isinstance(e, ir.Lambda):
+            named.append(e)
+            return ir.Ref(e.name)
+        return None
+
+    st = ir.rewrite(st, name)
+    defs = [line for f in named
+            for line in (f"{indent}def {f.name}():", f"{indent}    return {expr_py(f.body)}")]
+    return defs + _STMT[type(st).__name__](st, indent) if named else []
 
 
 def _assign(st: ir.Assign, indent: str) -> list[str]:
@@ -194,26 +217,114 @@ def doc_py(text: str, indent: int) -> str:
 _ENV.filters.update(arg=arg_py, doc=doc_py, line=one_line, quote=quote)
 
 
-def _functions_of(path: Path, names: set[str] | None = None) -> str:
-    """The source of a module's top-level functions (those in `names`: all by default), as
-    they are written there."""
+# ------------------------------------------------------------------ helpers
+
+
+@dataclass(frozen=True)
+class Helper:
+    """A module-level name of a helper module (a function, a class, a constant), as written
+    there: the comment lines right above it and its own lines, trailing comments included."""
+
+    name: str
+    text: str
+    uses: frozenset[str]  # the module-level names it reads: other helpers, math
+    origin: Path
+
+
+_RUNTIME = Path(__file__).parent / "runtime"
+# Where generated code finds its helpers, and the banner over those it copies from each. The
+# token choice of generate() and the filter of top_k/top_p steps are cardc's sampler's: one
+# definition serves both (read as text, not imported: codegen loads no torch).
+HELPER_SOURCES = {
+    _RUNTIME / "modelkit.py": "# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.",
+    _RUNTIME / "logits.py": "# How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.",
+}
+# What the methods the template writes itself call: new_cache() and generate().
+METHOD_HELPERS = {"cached": ("KVCache",), "generates": ("pick_token", "hold_stopped")}
+
+
+def helpers_in(path: Path) -> dict[str, Helper]:
+    """Every module-level function, class and assignment of the module at `path`, in order."""
     text = path.read_text(encoding="utf-8")
-    return "\n\n\n".join(ast.get_source_segment(text, node) or "" for node in ast.parse(text).body
-                         if isinstance(node, ast.FunctionDef) and (names is None or node.name in names))
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    defined = {_defined(node) for node in tree.body} - {None}
+    found = {}
+    for node in tree.body:
+        name = _defined(node)
+        if name is None:
+            continue
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
+        while first > 0 and lines[first - 1].startswith("#"):
+            first -= 1  # the comment that introduces it
+        reads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        found[name] = Helper(name, "\n".join(lines[first:node.end_lineno]),
+                             frozenset(reads & (defined | {"math"}) - {name}), path)
+    return found
 
 
-# generate()'s token choice is the runtime sampler's, copied as text: a generated module
-# imports torch alone, and one definition serves both (read, not imported: no torch here).
-_ENV.globals["pick_token_source"] = _functions_of(Path(__file__).parent / "runtime" / "logits.py")
-# a card's top_k and top_p steps filter as filter_logits does: its source alone, copied alike
-_ENV.globals["filter_source"] = _functions_of(Path(__file__).parent / "runtime" / "logits.py",
-                                              {"filter_logits"})
+def _defined(node: ast.stmt) -> str | None:
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        return node.name
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+            isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    return None
+
+
+HELPERS = {name: h for path in HELPER_SOURCES for name, h in helpers_in(path).items()}
+
+
+def helpers_of(program: ir.Program) -> list[str]:
+    """The helpers `program` needs, in their modules' order: those its code names, and
+    theirs in turn."""
+    wanted = _refs(program) & HELPERS.keys()
+    for m in program.modules:
+        for flag, names in METHOD_HELPERS.items():
+            if getattr(m, flag):
+                wanted |= set(names)
+    todo = list(wanted)
+    while todo:
+        for name in HELPERS[todo.pop()].uses & HELPERS.keys() - wanted:
+            wanted.add(name)
+            todo.append(name)
+    return [name for name in HELPERS if name in wanted]
+
+
+def _refs(program: ir.Program) -> set[str]:
+    """Every name the program's functions and modules refer to."""
+    nodes: list = []
+    for f in program.functions:
+        nodes += [*f.body, *(a.default for a in f.args if a.default is not None)]
+    for m in program.modules:
+        nodes += [*m.body, *(a.default for a in [*m.hypers, *m.inputs] if a.default is not None)]
+        nodes += [*(v for _, v in m.derived), *(q.init for q in m.params)]
+        nodes += [*(b.value for b in m.buffers), *(v for s in m.submodules for _, v in s.kwargs)]
+    return ir.ref_ids(nodes)
+
+
+def helpers_text(names: list[str]) -> str:
+    """The helpers' source, after a banner per module they come from."""
+    parts, origin = [], None
+    for name in names:
+        helper = HELPERS[name]
+        if helper.origin != origin:
+            origin = helper.origin
+            parts.append(HELPER_SOURCES[origin])
+        parts.append(helper.text)
+    # two blank lines before each part; the model's text ends with a line break already
+    return "".join(f"\n\n{part}\n" for part in parts)
 
 
 def generate(program: ir.Program) -> str:
-    """The source text of `program`; it is parsed before anyone gets to write it (dropping a
-    whole import line from the top of a module that parses leaves one that parses)."""
-    text = _ENV.get_template("model.py.j2").render(p=program)
+    """The source text of `program`, its helpers after it; it is parsed before anyone gets to
+    write it (dropping a whole import line from the top of a module that parses leaves one
+    that parses)."""
+    names = helpers_of(program)
+    imports = program.imports | {"math" for n in names if "math" in HELPERS[n].uses}
+    text = _ENV.get_template("model.py.j2").render(p=program, imports=imports,
+                                                   helpers=helpers_text(names))
+    text = break_lines(text)
     used = _names(ast.parse(text))
     for name, line in (("F", "import torch.nn.functional as F\n"), ("nn", "from torch import nn\n")):
         if name not in used:  # a file of functions alone needs neither

@@ -91,9 +91,11 @@ class Cond:
 
 @dataclass(frozen=True)
 class Lambda:
-    """`lambda: body`: a value computed only when the callee needs it (a memo's miss)."""
+    """`lambda: body`: a value computed only when the callee needs it (a memo's miss). Where
+    its statement would not fit a line, it is printed as a local function of this name."""
 
     body: Expr
+    name: str = "make"
 
 
 Expr = Ref | Lit | Call | Attr | Bin | Un | Sub | Seq | Cond | Lambda
@@ -254,18 +256,8 @@ class Program:
     modules: list[Module] = field(default_factory=list)
     presets: dict[str, dict[str, Expr]] = field(default_factory=dict)
     imports: set[str] = field(default_factory=set)  # "math"
-    kv_cache: bool = False  # some module decodes with a KVCache, defined in the file
-    generates: bool = False  # some module has generate(): pick_token, filter_logits defined
-    filters: bool = False  # top_k(w | k) or top_p(w | p) lowered: filter_logits defined
-    rotary: bool = False  # and shares RoPE's angles through it (KVCache.rotary)
-    ordered: bool = False  # some attention keys its cache by call order (KVCache.extend(None…))
     uncached: bool = False  # some causal attention cannot read a cache: no KV cache at all
-    grouped: bool = False  # a function attends through grouped_sdpa, defined in the file
     masks: int = 0  # attention masks made once each through shared_mask, numbered from 1
-    rope: set[str] = field(default_factory=set)  # RoPE's helpers defined in the file: rotate_half…
-    rms_norm: bool = False  # some RMSNorm lowered: rms_normalize defined
-    offset_norm: bool = False  # an RMSNorm with gains stored less one: offset_rms_norm defined
-    joins: bool = False  # sibling products go through project (cardc.lower.joining)
     analysis: Analysis = field(default_factory=Analysis)  # a model's, once it is lowered
 
 

@@ -21,40 +21,6 @@ PRESETS = {
 }
 
 
-class KVCache:
-    """The keys and values of the tokens decoded so far, per attention layer, so that
-    forward(x, cache=…) reads only the tokens after them."""
-
-    def __init__(self):
-        self.pos = 0  # tokens decoded so far
-        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
-        self.tokens = None  # those tokens, (B, pos), when they came through new()
-
-    def new(self, x):
-        """The tokens of x after the cached ones; if x does not start with them, start over."""
-        held = 0 if self.tokens is None else self.tokens.shape[-1]
-        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
-            self.__init__()
-            held = 0
-        self.tokens = x
-        return x[..., held:]
-
-    def extend(self, layer, K, V):
-        """The layer's cached keys and values followed by these, which it keeps."""
-        if layer in self.kv:
-            K_past, V_past = self.kv[layer]
-            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
-        self.kv[layer] = K, V
-        return K, V
-
-    def mask(self, Q, K):
-        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
-        q, k = Q.shape[-2], K.shape[-2]
-        if q == 1:
-            return None  # the newest token sees every position
-        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
-
-
 class SelfAttention(nn.Module):
     """Y ← SelfAttention(X | W): Multi-head bidirectional self-attention, as BERT's encoder uses:
     every head attends to every position; the heads' outputs are concatenated and projected.
@@ -74,7 +40,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, X):
         qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:37]
-        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:37]
+        # (B, H, T, d) each  [attention.card:37]
+        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
         Y_h = F.scaled_dot_product_attention(Q, K, V)  # (B, H, T, d)  [attention.card:37]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:38]
         return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:39]
@@ -146,10 +113,14 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, X, cache=None):
         qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:24]
-        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:24]
+        # (B, H, T, d) each  [attention.card:24]
+        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
-        Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [attention.card:24]
+        # (B, H, T, d)  [attention.card:24]
+        Y_h = F.scaled_dot_product_attention(
+            Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None
+        )
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:25]
         return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:26]
 
@@ -173,9 +144,11 @@ class CrossAttention(nn.Module):
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)  [attention.card:63]
 
     def forward(self, X, Z):
-        Q = (X @ self.W_qkv[:, :self.D] + self.b_qkv[:self.D]).unflatten(-1, (self.H, self.d)).transpose(-3, -2)  # (B, H, T, d)  [attention.card:64]
+        # (B, H, T, d)  [attention.card:64]
+        Q = (X @ self.W_qkv[:, :self.D] + self.b_qkv[:self.D]).unflatten(-1, (self.H, self.d)).transpose(-3, -2)
         kv = Z @ self.W_qkv[:, self.D:] + self.b_qkv[self.D:]  # (B, T_z, 2 D)  [attention.card:64]
-        K, V = kv.unflatten(-1, (2, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T_z, d) each  [attention.card:64]
+        # (B, H, T_z, d) each  [attention.card:64]
+        K, V = kv.unflatten(-1, (2, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
         Y_h = F.scaled_dot_product_attention(Q, K, V)  # (B, H, T, d)  [attention.card:64]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:65]
         return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:66]
@@ -206,8 +179,10 @@ class BARTDecoderBlock(nn.Module):
         self.mlp = ErfMLP(D=D, D_f=D_f)  # [bart.card:60]
 
     def forward(self, X, Z, cache=None):
-        X = F.layer_norm(X + self.attn(X, cache=cache), (self.D,), self.gamma1, self.beta1, self.eps)  # (B, T, D)  [bart.card:62]
-        X = F.layer_norm(X + self.cross(X, Z), (self.D,), self.gamma2, self.beta2, self.eps)  # (B, T, D)  [bart.card:63]
+        # (B, T, D)  [bart.card:62]
+        X = F.layer_norm(X + self.attn(X, cache=cache), (self.D,), self.gamma1, self.beta1, self.eps)
+        # (B, T, D)  [bart.card:63]
+        X = F.layer_norm(X + self.cross(X, Z), (self.D,), self.gamma2, self.beta2, self.eps)
         X = F.layer_norm(X + self.mlp(X), (self.D,), self.gamma3, self.beta3, self.eps)  # (B, T, D)  [bart.card:64]
         return X  # (B, T, D)  [bart.card:65]
 
@@ -279,6 +254,82 @@ class BART(nn.Module):
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self) -> "KVCache":
         """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
         return KVCache()
+
+
+# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
+
+
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self, joins=None):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
+        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__(self.joins)
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V, keep=None):
+        """The layer's cached keys and values followed by these, which it keeps (the last
+        `keep` positions only, under a sliding window). A layer of None is the next attention
+        call of this forward: calls are keyed by their order."""
+        if layer is None:
+            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
+            layer, self.calls = n, (at, n + 1)
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        drop = 0 if keep is None else K.shape[-2] - keep
+        self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
+        return K, V
+
+    def joined(self, weights):
+        """project's matrices side by side, their biases (None if none has one) and widths;
+        None where joining would copy more than JOINED_MAX weights.
+        Made once per cache: over a generation the weights stay as they are."""
+        key = tuple(id(W) for W, _ in weights)
+        found = self.joins.get(key, False)
+        if found is False:
+            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
+                else (torch.cat([W for W, _ in weights], 1),
+                      None if all(b is None for _, b in weights) else
+                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
+                      [W.shape[1] for W, _ in weights])
+        return found
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+    def rotary(self, omega, source, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others
+        whose omega comes from the same hyperparameters (source)."""
+        key = self.pos, T, source
+        if self.angles is None or self.angles[0] != key:
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            self.angles = key, phi.cos(), phi.sin()
+        return self.angles[1:]
+
+
+# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
+# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
+JOINED_MAX = 1 << 20

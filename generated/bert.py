@@ -31,7 +31,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, X):
         qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:37]
-        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:37]
+        # (B, H, T, d) each  [attention.card:37]
+        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
         Y_h = F.scaled_dot_product_attention(Q, K, V)  # (B, H, T, d)  [attention.card:37]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:38]
         return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:39]

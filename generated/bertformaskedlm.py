@@ -32,7 +32,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, X):
         qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:37]
-        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:37]
+        # (B, H, T, d) each  [attention.card:37]
+        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
         Y_h = F.scaled_dot_product_attention(Q, K, V)  # (B, H, T, d)  [attention.card:37]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:38]
         return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:39]
@@ -125,7 +126,8 @@ class BERTForMaskedLM(nn.Module):
         E = F.layer_norm(E, (self.D,), self.gamma_e, self.beta_e, self.eps)  # (B, T, D)  [bert.card:52]
         for block in self.block:  # [bert.card:53]
             E = block(E)  # (B, T, D)  [bert.card:54]
-        E = F.layer_norm(F.gelu(F.linear(E, self.W_t.T, self.b_t)), (self.D,), self.gamma_t, self.beta_t, self.eps)  # (B, T, D)  [bert.card:56]
+        # (B, T, D)  [bert.card:56]
+        E = F.layer_norm(F.gelu(F.linear(E, self.W_t.T, self.b_t)), (self.D,), self.gamma_t, self.beta_t, self.eps)
         P = E @ self.W_e.T + self.b_u  # (B, T, V)  [bert.card:57]
         if targets is None:
             return P

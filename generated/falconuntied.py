@@ -11,168 +11,6 @@ PRESETS = {
 }
 
 
-class KVCache:
-    """The keys and values of the tokens decoded so far, per attention layer, so that
-    forward(x, cache=…) reads only the tokens after them."""
-
-    def __init__(self):
-        self.pos = 0  # tokens decoded so far
-        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
-        self.tokens = None  # those tokens, (B, pos), when they came through new()
-        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
-
-    def new(self, x):
-        """The tokens of x after the cached ones; if x does not start with them, start over."""
-        held = 0 if self.tokens is None else self.tokens.shape[-1]
-        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
-            self.__init__()
-            held = 0
-        self.tokens = x
-        return x[..., held:]
-
-    def extend(self, layer, K, V, keep=None):
-        """The layer's cached keys and values followed by these, which it keeps (the last
-        `keep` positions only, under a sliding window). A layer of None is the next attention
-        call of this forward: calls are keyed by their order."""
-        if layer is None:
-            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
-            layer, self.calls = n, (at, n + 1)
-        if layer in self.kv:
-            K_past, V_past = self.kv[layer]
-            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
-        drop = 0 if keep is None else K.shape[-2] - keep
-        self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
-        return K, V
-
-    def mask(self, Q, K):
-        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
-        q, k = Q.shape[-2], K.shape[-2]
-        if q == 1:
-            return None  # the newest token sees every position
-        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
-
-
-# How generate() picks each token: the functions of cardc/runtime/logits.py, cardc's sampler's.
-
-
-def filter_logits(logits: torch.Tensor, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
-    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
-    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
-        # a token is dropped when the tokens more probable than it already reach top_p
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
-    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-    if generator is not None:
-        probs = probs.to(generator.device)  # multinomial draws on its generator's device
-    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
-
-
-def hold_stopped(token: torch.Tensor, held: torch.Tensor,
-                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
-    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
-    token = torch.where(held >= 0, held, token)
-    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
-    return token, held
-
-
-ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos and sin
-TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 1, …, n − 1
-
-
-def rope_angles(pairs, X, theta_base, past, width=None):
-    """RoPE's tables at X's rows, those of the angles (past + t) θ_base^{−2i/r}: cos (T, d),
-    its columns after the first r = width (all d by default) 1; sin (T, r), each plane's
-    first sine negated, the planes those of the convention; the same sine (T, d), 0 after
-    column r; and each column's partner in its plane (d,). Sliced from a table over every
-    position so far: a decoded token costs no trigonometry."""
-    T, d = X.shape[-2], X.shape[-1]
-    key = pairs, past, T, d, width, theta_base, X.device
-    found = ANGLES.get(key)
-    if found is None:
-        if len(ANGLES) > 64:
-            ANGLES.clear()
-        table = rope_table(pairs, d, d if width is None else width, theta_base, X.device, past + T)
-        found = ANGLES[key] = *(rows[past:past + T] for rows in table[:3]), table[3]
-    return found
-
-
-def rope_table(pairs, d, r, theta_base, device, positions):
-    """rope_angles' tables, for at least `positions` positions (grown by doubling)."""
-    key = pairs, d, r, float(theta_base), device
-    table = TABLES.get(key)
-    if table is None or table[0].shape[0] < positions:
-        n = max(positions, 64 if table is None else 2 * table[0].shape[0])
-        omega = theta_base ** -(torch.arange(0, r, 2, device=device, dtype=torch.float32) / r)
-        phi = torch.arange(n, device=device, dtype=torch.float32)[:, None] * omega
-        cos, sin = phi.cos(), phi.sin()  # (n, r/2)
-        columns = torch.arange(d, device=device)
-        partners = columns[:r].view(-1, 2).flip(-1).flatten() if pairs else columns[:r].roll(r // 2)
-        if pairs:
-            cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
-        else:
-            cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
-        table = TABLES[key] = (torch.cat([cos, cos.new_ones(n, d - r)], -1), sin,
-                               torch.cat([sin, sin.new_zeros(n, d - r)], -1),
-                               torch.cat([partners, columns[r:]]))
-    return table
-
-
-def turn(X, cos, sin, wide_sin, partners, pairs):
-    """X cos plus, in the first r columns (as many as sin has), each column's partner in its
-    plane times its sine: the halves of those columns swapped, or each pair (`pairs`). With
-    no backward to come (decoding) the partners are gathered, one dispatch; else they are
-    rolled into place, a copy whose backward is a roll too, where a gather's is a scatter."""
-    if not X.requires_grad:
-        return (X * cos).addcmul_(X[..., partners], wide_sin)
-    r = sin.shape[-1]
-    part = X if r == X.shape[-1] else X[..., :r]
-    partner = part.unflatten(-1, (-1, 2)).roll(1, -1).flatten(-2) if pairs else \
-        part.roll(r // 2, -1)
-    Y = X * cos
-    (Y if part is X else Y[..., :r]).addcmul_(partner, sin)
-    return Y
-
-
-def rotate_half(X, theta_base, past=0, width=None):
-    """RoPE in the rotate-half convention on the first `width` columns of X (all by default),
-    row t at position past + t (from 0), turned in the planes (X[t, i], X[t, r/2 + i]); the
-    rest pass through."""
-    return turn(X, *rope_angles(False, X, theta_base, past, width), pairs=False)
-
-
-def grouped_sdpa(Q, K, V, **options):
-    """F.scaled_dot_product_attention over heads on any leading axes. Keys and values shared
-    by groups of query heads come in fewer heads, (…, H_kv, T, d) against (…, H, T, d) with
-    each group's heads side by side, or with a size-1 axis where the queries hold a group
-    ((…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
-    if K.shape[-3] == Q.shape[-3]:
-        return F.scaled_dot_product_attention(Q, K, V, **options)
-    if K.shape[-3] != 1 or Q.dim() == 4:
-        return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, **options)
-    groups = Q.shape[-4:-2]  # (key/value heads, query heads of each)
-    Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),
-                                       enable_gqa=True, **options)
-    return Y.unflatten(-3, groups)
-
-
 def CausalHead(Q, K, V, cache=None):
     """Y ← CausalHead(Q, K, V): Softmax attention of one head, row t seeing positions t′ ≤ t only.
 
@@ -180,7 +18,8 @@ def CausalHead(Q, K, V, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
-    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
+    # (…, T, d_v)  [gqa.card:54]
+    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)
 
 
 def AttentionGroup(K, V, Q, theta_base, cache=None):
@@ -193,7 +32,13 @@ def AttentionGroup(K, V, Q, theta_base, cache=None):
     D_g = Q.shape[-1]
     d = K.shape[-1]
     K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gqa.card:44]
-    Y_j = CausalHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), cache=cache)  # (…, G, T, d): every j at once  [gqa.card:45]
+    # (…, G, T, d): every j at once  [gqa.card:45]
+    Y_j = CausalHead(
+        rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past),
+        K_tilde.unsqueeze(-3),
+        V.unsqueeze(-3),
+        cache=cache,
+    )
     return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [gqa.card:46]
 
 
@@ -273,7 +118,18 @@ class FalconUntied(nn.Module):
     Card: cards/falcon.card:22
     """
 
-    def __init__(self, V: int, D: int, H: int, D_f: int, N: int, ctx: int, eps: float = 1e-05, theta_base: float = 10000, v_pad: int = 0):
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        eps: float = 1e-05,
+        theta_base: float = 10000,
+        v_pad: int = 0,
+    ):
         super().__init__()
         self.V = V
         self.D = D
@@ -293,7 +149,8 @@ class FalconUntied(nn.Module):
         )  # [falcon.card:32]
 
     def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [falcon.card:36]
+        # (B, T, D)  [falcon.card:36]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
         for block in self.block:  # [falcon.card:37]
             E = block(E, cache=cache)  # (B, T, D)  [falcon.card:38]
         E = F.layer_norm(E, (self.D,), self.gamma_f, self.beta_f, self.eps)  # (B, T, D)  [falcon.card:40]
@@ -305,7 +162,7 @@ class FalconUntied(nn.Module):
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self) -> "KVCache":
         """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
         return KVCache()
 
@@ -331,3 +188,202 @@ class FalconUntied(nn.Module):
             if len(stops) and bool((held >= 0).all()):
                 break
         return idx
+
+
+# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
+
+
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self, joins=None):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
+        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__(self.joins)
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V, keep=None):
+        """The layer's cached keys and values followed by these, which it keeps (the last
+        `keep` positions only, under a sliding window). A layer of None is the next attention
+        call of this forward: calls are keyed by their order."""
+        if layer is None:
+            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
+            layer, self.calls = n, (at, n + 1)
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        drop = 0 if keep is None else K.shape[-2] - keep
+        self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
+        return K, V
+
+    def joined(self, weights):
+        """project's matrices side by side, their biases (None if none has one) and widths;
+        None where joining would copy more than JOINED_MAX weights.
+        Made once per cache: over a generation the weights stay as they are."""
+        key = tuple(id(W) for W, _ in weights)
+        found = self.joins.get(key, False)
+        if found is False:
+            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
+                else (torch.cat([W for W, _ in weights], 1),
+                      None if all(b is None for _, b in weights) else
+                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
+                      [W.shape[1] for W, _ in weights])
+        return found
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+    def rotary(self, omega, source, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others
+        whose omega comes from the same hyperparameters (source)."""
+        key = self.pos, T, source
+        if self.angles is None or self.angles[0] != key:
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            self.angles = key, phi.cos(), phi.sin()
+        return self.angles[1:]
+
+
+# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
+# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
+JOINED_MAX = 1 << 20
+
+
+ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos and sin
+
+
+TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 1, …, n − 1
+
+
+def rope_angles(pairs, X, theta_base, past, width=None):
+    """RoPE's tables at X's rows, those of the angles (past + t) θ_base^{−2i/r}: cos (T, d),
+    its columns after the first r = width (all d by default) 1; sin (T, r), each plane's
+    first sine negated, the planes those of the convention; the same sine (T, d), 0 after
+    column r; and each column's partner in its plane (d,). Sliced from a table over every
+    position so far: a decoded token costs no trigonometry."""
+    T, d = X.shape[-2], X.shape[-1]
+    key = pairs, past, T, d, width, theta_base, X.device
+    found = ANGLES.get(key)
+    if found is None:
+        if len(ANGLES) > 64:
+            ANGLES.clear()
+        table = rope_table(pairs, d, d if width is None else width, theta_base, X.device, past + T)
+        found = ANGLES[key] = *(rows[past:past + T] for rows in table[:3]), table[3]
+    return found
+
+
+def rope_table(pairs, d, r, theta_base, device, positions):
+    """rope_angles' tables, for at least `positions` positions (grown by doubling)."""
+    key = pairs, d, r, float(theta_base), device
+    table = TABLES.get(key)
+    if table is None or table[0].shape[0] < positions:
+        n = max(positions, 64 if table is None else 2 * table[0].shape[0])
+        omega = theta_base ** -(torch.arange(0, r, 2, device=device, dtype=torch.float32) / r)
+        phi = torch.arange(n, device=device, dtype=torch.float32)[:, None] * omega
+        cos, sin = phi.cos(), phi.sin()  # (n, r/2)
+        columns = torch.arange(d, device=device)
+        partners = columns[:r].view(-1, 2).flip(-1).flatten() if pairs else columns[:r].roll(r // 2)
+        if pairs:
+            cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
+        else:
+            cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
+        table = TABLES[key] = (torch.cat([cos, cos.new_ones(n, d - r)], -1), sin,
+                               torch.cat([sin, sin.new_zeros(n, d - r)], -1),
+                               torch.cat([partners, columns[r:]]))
+    return table
+
+
+def turn(X, cos, sin, wide_sin, partners, pairs):
+    """X cos plus, in the first r columns (as many as sin has), each column's partner in its
+    plane times its sine: the halves of those columns swapped, or each pair (`pairs`). With
+    no backward to come (decoding) the partners are gathered, one dispatch; else they are
+    rolled into place, a copy whose backward is a roll too, where a gather's is a scatter."""
+    if not X.requires_grad:
+        return (X * cos).addcmul_(X[..., partners], wide_sin)
+    r = sin.shape[-1]
+    part = X if r == X.shape[-1] else X[..., :r]
+    partner = part.unflatten(-1, (-1, 2)).roll(1, -1).flatten(-2) if pairs else \
+        part.roll(r // 2, -1)
+    Y = X * cos
+    (Y if part is X else Y[..., :r]).addcmul_(partner, sin)
+    return Y
+
+
+def rotate_half(X, theta_base, past=0, width=None):
+    """RoPE in the rotate-half convention on the first `width` columns of X (all by default),
+    row t at position past + t (from 0), turned in the planes (X[t, i], X[t, r/2 + i]); the
+    rest pass through."""
+    return turn(X, *rope_angles(False, X, theta_base, past, width), pairs=False)
+
+
+def grouped_sdpa(Q, K, V, **options):
+    """F.scaled_dot_product_attention over heads on any leading axes. Keys and values shared
+    by groups of query heads come in fewer heads, (…, H_kv, T, d) against (…, H, T, d) with
+    each group's heads side by side, or with a size-1 axis where the queries hold a group
+    ((…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
+    if K.shape[-3] == Q.shape[-3]:
+        return F.scaled_dot_product_attention(Q, K, V, **options)
+    if K.shape[-3] != 1 or Q.dim() == 4:
+        return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, **options)
+    groups = Q.shape[-4:-2]  # (key/value heads, query heads of each)
+    Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),
+                                       enable_gqa=True, **options)
+    return Y.unflatten(-3, groups)
+
+
+# How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
+    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        # a token is dropped when the tokens more probable than it already reach top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
+    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    if generator is not None:
+        probs = probs.to(generator.device)  # multinomial draws on its generator's device
+    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
+
+
+def hold_stopped(token: torch.Tensor, held: torch.Tensor,
+                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
+    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
+    token = torch.where(held >= 0, held, token)
+    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
+    return token, held

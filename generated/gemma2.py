@@ -12,26 +12,319 @@ import torch.nn.functional as F
 from torch import nn
 
 PRESETS = {
-    "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, w=64, eps=1e-06, s=32.0, c_attn=50.0, c_f=30.0, theta_base=10000.0, v_pad=0),
-    "gemma2-2b": dict(V=256000, D=2304, H=8, H_kv=4, d=256, D_f=9216, N=26, ctx=8192, w=4096, eps=1e-06, s=256.0, c_attn=50.0, c_f=30.0, theta_base=10000.0, v_pad=0),
+    "tiny": dict(
+        V=256,
+        D=128,
+        H=4,
+        H_kv=2,
+        d=32,
+        D_f=344,
+        N=4,
+        ctx=256,
+        w=64,
+        eps=1e-06,
+        s=32.0,
+        c_attn=50.0,
+        c_f=30.0,
+        theta_base=10000.0,
+        v_pad=0,
+    ),
+    "gemma2-2b": dict(
+        V=256000,
+        D=2304,
+        H=8,
+        H_kv=4,
+        d=256,
+        D_f=9216,
+        N=26,
+        ctx=8192,
+        w=4096,
+        eps=1e-06,
+        s=256.0,
+        c_attn=50.0,
+        c_f=30.0,
+        theta_base=10000.0,
+        v_pad=0,
+    ),
 }
+
+
+def SoftCappedHead(Q, K, V, s, c_attn, w, cache=None):
+    """Y ← SoftCappedHead(Q, K, V | s, c_attn, w): Softmax attention of one head over scores scaled
+    by 1/√s and soft-capped at ±c_attn, row t seeing the positions t′ with t − w < t′ ≤ t.
+
+    Card: cards/gemma2.card:90
+    """
+    if cache is not None:
+        K, V = cache.extend(None, K, V, keep=w - 1)  # the cached positions come first  [gemma2.card:96]
+    S = (Q / (math.sqrt(s) * c_attn)) @ K.transpose(-2, -1)  # (…, T, T)  [gemma2.card:96]
+    S = c_attn * torch.tanh(S)  # (…, T, T)  [gemma2.card:97]
+    def visible():
+        return ~(
+            torch.arange(K.shape[-2], device=Q.device)[None, :]
+            > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]
+        ) & ~(
+            torch.arange(K.shape[-2], device=Q.device)[None, :]
+            <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w
+        )
+    # [gemma2.card:98]
+    hidden = None if cache is not None and Q.shape[-2] == 1 else shared_mask(
+        1, visible, Q.shape[-2], K.shape[-2], Q.device, w, dtype=S.dtype
+    )
+    S = S if hidden is None else S + hidden  # the hidden positions  [gemma2.card:98]
+    return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [gemma2.card:100]
+
+
+def SoftCappedGroup(K, V, Q, theta_base, s, c_attn, w, cache=None):
+    """Y ← SoftCappedGroup(K, V, Q | θ_base, s, c_attn, w): G soft-capped heads that share one key
+    and one value head, row t of each seeing the positions t′ with t − w < t′ ≤ t; queries
+    and keys are turned by RoPE first.
+
+    Card: cards/gemma2.card:79
+    """
+    past = 0 if cache is None else cache.pos  # tokens decoded before these
+    D_g = Q.shape[-1]
+    d = K.shape[-1]
+    K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gemma2.card:86]
+    # (…, G, T, d): every j at once  [gemma2.card:87]
+    Y_j = SoftCappedHead(
+        rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past),
+        K_tilde.unsqueeze(-3),
+        V.unsqueeze(-3),
+        s=s,
+        c_attn=c_attn,
+        w=w,
+        cache=cache,
+    )
+    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [gemma2.card:88]
+
+
+class SoftCappedAttention(nn.Module):
+    """Y ← SoftCappedAttention(X | W): Grouped-query causal self-attention with rotary positions
+    over a window of w positions, its scores Q K^⊺/√s soft-capped at ±c_attn: H query heads
+    of width d, H_kv key/value heads each shared by G = H/H_kv consecutive query heads.
+
+    Card: cards/gemma2.card:61
+    """
+
+    def __init__(self, D: int, H: int, H_kv: int, d: int, w: int, s: float, c_attn: float, theta_base: float = 10000):
+        super().__init__()
+        self.D = D
+        self.H = H
+        self.H_kv = H_kv
+        self.d = d
+        self.w = w
+        self.s = s
+        self.c_attn = c_attn
+        self.theta_base = theta_base
+        self.G = H // H_kv
+        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [gemma2.card:69]
+        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [gemma2.card:70]
+        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [gemma2.card:70]
+        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [gemma2.card:71]
+
+    def forward(self, X, cache=None):
+        Q = X @ self.W_q  # (B, T, H d)  [gemma2.card:72]
+        K = X @ self.W_k  # (B, T, H_kv d)  [gemma2.card:73]
+        V = X @ self.W_v  # (B, T, H_kv d)  [gemma2.card:74]
+        # (B, H_kv, T, H d/H_kv): every g at once  [gemma2.card:75]
+        Y_g = SoftCappedGroup(
+            K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2),
+            theta_base=self.theta_base,
+            s=self.s,
+            c_attn=self.c_attn,
+            w=self.w,
+            cache=cache,
+        )
+        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [gemma2.card:76]
+        return Y @ self.W_o  # (B, T, D)  [gemma2.card:77]
+
+
+class GeGLU(nn.Module):
+    """Y ← GeGLU(X | W): Position-wise feed-forward network with a GELU-gated linear unit (GELU's
+    tanh approximation), no biases.
+
+    Card: cards/gemma2.card:51
+    """
+
+    def __init__(self, D: int, D_f: int):
+        super().__init__()
+        self.D = D
+        self.D_f = D_f
+        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [gemma2.card:57]
+        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [gemma2.card:57]
+        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [gemma2.card:58]
+
+    def forward(self, X):
+        # (B, T, D)  [gemma2.card:59]
+        return (F.gelu(X @ self.W_gate, approximate="tanh") * (X @ self.W_up)) @ self.W_down
+
+
+class Gemma2Block(nn.Module):
+    """X ← Gemma2Block(X | θ): A Gemma 2 block: attention over a window of w positions, then a
+    GeGLU MLP, each between two RMSNorms (of its input and of its output) and added to the
+    residual stream.
+
+    Card: cards/gemma2.card:26
+    """
+
+    def __init__(
+        self, D: int, w: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, s: int, c_attn: int, D_f: int
+    ):
+        super().__init__()
+        self.D = D
+        self.w = w
+        self.eps = eps
+        self.theta_base = theta_base
+        self.H = H
+        self.H_kv = H_kv
+        self.d = d
+        self.s = s
+        self.c_attn = c_attn
+        self.D_f = D_f
+        self.gamma1 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:32]
+        self.gamma2 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:34]
+        self.gamma3 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:35]
+        self.gamma4 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:37]
+        # [gemma2.card:33]
+        self.attn = SoftCappedAttention(D=D, H=H, H_kv=H_kv, d=d, w=w, s=s, c_attn=c_attn, theta_base=theta_base)
+        self.mlp = GeGLU(D=D, D_f=D_f)  # [gemma2.card:36]
+
+    def forward(self, X, cache=None):
+        # (B, T, D)  [gemma2.card:38]
+        X = X + offset_rms_norm(
+            self.attn(offset_rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache),
+            (self.D,),
+            self.gamma2,
+            self.eps,
+        )
+        # (B, T, D)  [gemma2.card:39]
+        X = X + offset_rms_norm(
+            self.mlp(offset_rms_norm(X, (self.D,), self.gamma3, self.eps)), (self.D,), self.gamma4, self.eps
+        )
+        return X  # (B, T, D)  [gemma2.card:40]
+
+
+class Gemma2(nn.Module):
+    """P ← Gemma2(x | θ): Gemma 2: token embeddings scaled by √D; blocks that alternate a local
+    layer (attention over a sliding window of w positions) and a global one (over the whole
+    context), each normalising its sub-layers' inputs and outputs; grouped-query attention
+    with soft-capped scores; a GeGLU MLP; and soft-capped logits through the tied
+    unembedding.
+
+    Card: cards/gemma2.card:1
+    """
+
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        d: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        w: int,
+        s: float,
+        c_attn: float,
+        c_f: float,
+        eps: float = 1e-06,
+        theta_base: float = 10000,
+        v_pad: int = 0,
+    ):
+        super().__init__()
+        self.V = V
+        self.D = D
+        self.H = H
+        self.H_kv = H_kv
+        self.d = d
+        self.D_f = D_f
+        self.N = N
+        self.ctx = ctx
+        self.w = w
+        self.s = s
+        self.c_attn = c_attn
+        self.c_f = c_f
+        self.eps = eps
+        self.theta_base = theta_base
+        self.v_pad = v_pad
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [gemma2.card:11]
+        self.gamma_f = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:15]
+        self.local = nn.ModuleList(
+            Gemma2Block(D=D, w=w, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, s=s, c_attn=c_attn, D_f=D_f)
+            for _ in range(N // 2)
+        )  # [gemma2.card:13]
+        self.global_ = nn.ModuleList(
+            Gemma2Block(D=D, w=ctx, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, s=s, c_attn=c_attn, D_f=D_f)
+            for _ in range(N // 2)
+        )  # [gemma2.card:14]
+
+    def forward(self, x, targets=None, cache=None):
+        # (B, T, D)  [gemma2.card:18]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None) * math.sqrt(self.D)
+        for l in range(self.N // 2):  # [gemma2.card:19]
+            E = self.local[l](E, cache=cache)  # (B, T, D)  [gemma2.card:20]
+            E = self.global_[l](E, cache=cache)  # (B, T, D)  [gemma2.card:21]
+        E = offset_rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [gemma2.card:23]
+        P = self.c_f * torch.tanh((E @ self.W_e.T) / self.c_f)  # (B, T, V)  [gemma2.card:24]
+        if cache is not None:
+            cache.pos = cache.pos + x.shape[-1]
+        if targets is None:
+            return P
+        loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
+        return P, loss
+
+    def new_cache(self) -> "KVCache":
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
+        return KVCache()
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                 generator=None, stop_tokens=None):
+        """idx (B, T) followed by max_new_tokens tokens, each the most probable (temperature 0)
+        or drawn from softmax(logits / temperature) within the top_k most probable and the
+        fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
+        set of token IDs) repeats it from then on, and generation ends once every row has: the
+        result may be shorter. Each step feeds the model only the newest
+        token, through a KV cache. Call eval() first."""
+        stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
+        held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
+        cache = self.new_cache()
+        for _ in range(max_new_tokens):
+            context = idx  # no fixed context: every token so far
+            logits = self(cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
+            token = pick_token(logits, temperature, top_k, top_p, generator)
+            if len(stops):
+                token, held = hold_stopped(token, held, stops)
+            idx = torch.cat([idx, token], dim=1)
+            if len(stops) and bool((held >= 0).all()):
+                break
+        return idx
+
+
+# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
 
 
 class KVCache:
     """The keys and values of the tokens decoded so far, per attention layer, so that
     forward(x, cache=…) reads only the tokens after them."""
 
-    def __init__(self):
+    def __init__(self, joins=None):
         self.pos = 0  # tokens decoded so far
         self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
         self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
         self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
         held = 0 if self.tokens is None else self.tokens.shape[-1]
         if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
-            self.__init__()
+            self.__init__(self.joins)
             held = 0
         self.tokens = x
         return x[..., held:]
@@ -50,6 +343,20 @@ class KVCache:
         self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
         return K, V
 
+    def joined(self, weights):
+        """project's matrices side by side, their biases (None if none has one) and widths;
+        None where joining would copy more than JOINED_MAX weights.
+        Made once per cache: over a generation the weights stay as they are."""
+        key = tuple(id(W) for W, _ in weights)
+        found = self.joins.get(key, False)
+        if found is False:
+            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
+                else (torch.cat([W for W, _ in weights], 1),
+                      None if all(b is None for _, b in weights) else
+                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
+                      [W.shape[1] for W, _ in weights])
+        return found
+
     def mask(self, Q, K):
         """Which keys each new query sees: the cached ones, and the new ones up to itself."""
         q, k = Q.shape[-2], K.shape[-2]
@@ -57,49 +364,26 @@ class KVCache:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
 
-
-# How generate() picks each token: the functions of cardc/runtime/logits.py, cardc's sampler's.
-
-
-def filter_logits(logits: torch.Tensor, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
-    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
-    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
-        # a token is dropped when the tokens more probable than it already reach top_p
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+    def rotary(self, omega, source, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others
+        whose omega comes from the same hyperparameters (source)."""
+        key = self.pos, T, source
+        if self.angles is None or self.angles[0] != key:
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            self.angles = key, phi.cos(), phi.sin()
+        return self.angles[1:]
 
 
-def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
-    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-    if generator is not None:
-        probs = probs.to(generator.device)  # multinomial draws on its generator's device
-    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
-
-
-def hold_stopped(token: torch.Tensor, held: torch.Tensor,
-                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
-    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
-    token = torch.where(held >= 0, held, token)
-    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
-    return token, held
+# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
+# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
+JOINED_MAX = 1 << 20
 
 
 ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos and sin
+
+
 TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 1, …, n − 1
 
 
@@ -209,194 +493,42 @@ def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
     return MASKS[key]
 
 
-def SoftCappedHead(Q, K, V, s, c_attn, w, cache=None):
-    """Y ← SoftCappedHead(Q, K, V | s, c_attn, w): Softmax attention of one head over scores scaled
-    by 1/√s and soft-capped at ±c_attn, row t seeing the positions t′ with t − w < t′ ≤ t.
-
-    Card: cards/gemma2.card:90
-    """
-    if cache is not None:
-        K, V = cache.extend(None, K, V, keep=w - 1)  # the cached positions come first  [gemma2.card:96]
-    S = (Q / (math.sqrt(s) * c_attn)) @ K.transpose(-2, -1)  # (…, T, T)  [gemma2.card:96]
-    S = c_attn * torch.tanh(S)  # (…, T, T)  [gemma2.card:97]
-    hidden = None if cache is not None and Q.shape[-2] == 1 else shared_mask(1, lambda: ~(torch.arange(K.shape[-2], device=Q.device)[None, :] > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]) & ~(torch.arange(K.shape[-2], device=Q.device)[None, :] <= torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None] - w), Q.shape[-2], K.shape[-2], Q.device, w, dtype=S.dtype)  # [gemma2.card:98]
-    S = S if hidden is None else S + hidden  # the hidden positions  [gemma2.card:98]
-    return torch.softmax(S, dim=-1) @ V  # (…, T, d_v)  [gemma2.card:100]
+# How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.
 
 
-def SoftCappedGroup(K, V, Q, theta_base, s, c_attn, w, cache=None):
-    """Y ← SoftCappedGroup(K, V, Q | θ_base, s, c_attn, w): G soft-capped heads that share one key
-    and one value head, row t of each seeing the positions t′ with t − w < t′ ≤ t; queries
-    and keys are turned by RoPE first.
-
-    Card: cards/gemma2.card:79
-    """
-    past = 0 if cache is None else cache.pos  # tokens decoded before these
-    D_g = Q.shape[-1]
-    d = K.shape[-1]
-    K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gemma2.card:86]
-    Y_j = SoftCappedHead(rotate_half(Q.unflatten(-1, (D_g // d, d)).transpose(-3, -2), theta_base, past=past), K_tilde.unsqueeze(-3), V.unsqueeze(-3), s=s, c_attn=c_attn, w=w, cache=cache)  # (…, G, T, d): every j at once  [gemma2.card:87]
-    return Y_j.transpose(-3, -2).flatten(-2)  # (…, T, D_g)  [gemma2.card:88]
-
-
-class SoftCappedAttention(nn.Module):
-    """Y ← SoftCappedAttention(X | W): Grouped-query causal self-attention with rotary positions
-    over a window of w positions, its scores Q K^⊺/√s soft-capped at ±c_attn: H query heads
-    of width d, H_kv key/value heads each shared by G = H/H_kv consecutive query heads.
-
-    Card: cards/gemma2.card:61
-    """
-
-    def __init__(self, D: int, H: int, H_kv: int, d: int, w: int, s: float, c_attn: float, theta_base: float = 10000):
-        super().__init__()
-        self.D = D
-        self.H = H
-        self.H_kv = H_kv
-        self.d = d
-        self.w = w
-        self.s = s
-        self.c_attn = c_attn
-        self.theta_base = theta_base
-        self.G = H // H_kv
-        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [gemma2.card:69]
-        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [gemma2.card:70]
-        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [gemma2.card:70]
-        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [gemma2.card:71]
-
-    def forward(self, X, cache=None):
-        Q = X @ self.W_q  # (B, T, H d)  [gemma2.card:72]
-        K = X @ self.W_k  # (B, T, H_kv d)  [gemma2.card:73]
-        V = X @ self.W_v  # (B, T, H_kv d)  [gemma2.card:74]
-        Y_g = SoftCappedGroup(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q.unflatten(-1, (self.H_kv, self.H * self.d // self.H_kv)).transpose(-3, -2), theta_base=self.theta_base, s=self.s, c_attn=self.c_attn, w=self.w, cache=cache)  # (B, H_kv, T, H d/H_kv): every g at once  [gemma2.card:75]
-        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [gemma2.card:76]
-        return Y @ self.W_o  # (B, T, D)  [gemma2.card:77]
+def filter_logits(logits: torch.Tensor, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
+    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        # a token is dropped when the tokens more probable than it already reach top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
 
 
-class GeGLU(nn.Module):
-    """Y ← GeGLU(X | W): Position-wise feed-forward network with a GELU-gated linear unit (GELU's
-    tanh approximation), no biases.
-
-    Card: cards/gemma2.card:51
-    """
-
-    def __init__(self, D: int, D_f: int):
-        super().__init__()
-        self.D = D
-        self.D_f = D_f
-        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [gemma2.card:57]
-        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [gemma2.card:57]
-        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [gemma2.card:58]
-
-    def forward(self, X):
-        return (F.gelu(X @ self.W_gate, approximate="tanh") * (X @ self.W_up)) @ self.W_down  # (B, T, D)  [gemma2.card:59]
+def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
+    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    if generator is not None:
+        probs = probs.to(generator.device)  # multinomial draws on its generator's device
+    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
 
 
-class Gemma2Block(nn.Module):
-    """X ← Gemma2Block(X | θ): A Gemma 2 block: attention over a window of w positions, then a
-    GeGLU MLP, each between two RMSNorms (of its input and of its output) and added to the
-    residual stream.
-
-    Card: cards/gemma2.card:26
-    """
-
-    def __init__(self, D: int, w: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, s: int, c_attn: int, D_f: int):
-        super().__init__()
-        self.D = D
-        self.w = w
-        self.eps = eps
-        self.theta_base = theta_base
-        self.H = H
-        self.H_kv = H_kv
-        self.d = d
-        self.s = s
-        self.c_attn = c_attn
-        self.D_f = D_f
-        self.gamma1 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:32]
-        self.gamma2 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:34]
-        self.gamma3 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:35]
-        self.gamma4 = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:37]
-        self.attn = SoftCappedAttention(D=D, H=H, H_kv=H_kv, d=d, w=w, s=s, c_attn=c_attn, theta_base=theta_base)  # [gemma2.card:33]
-        self.mlp = GeGLU(D=D, D_f=D_f)  # [gemma2.card:36]
-
-    def forward(self, X, cache=None):
-        X = X + offset_rms_norm(self.attn(offset_rms_norm(X, (self.D,), self.gamma1, self.eps), cache=cache), (self.D,), self.gamma2, self.eps)  # (B, T, D)  [gemma2.card:38]
-        X = X + offset_rms_norm(self.mlp(offset_rms_norm(X, (self.D,), self.gamma3, self.eps)), (self.D,), self.gamma4, self.eps)  # (B, T, D)  [gemma2.card:39]
-        return X  # (B, T, D)  [gemma2.card:40]
-
-
-class Gemma2(nn.Module):
-    """P ← Gemma2(x | θ): Gemma 2: token embeddings scaled by √D; blocks that alternate a local
-    layer (attention over a sliding window of w positions) and a global one (over the whole
-    context), each normalising its sub-layers' inputs and outputs; grouped-query attention
-    with soft-capped scores; a GeGLU MLP; and soft-capped logits through the tied
-    unembedding.
-
-    Card: cards/gemma2.card:1
-    """
-
-    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, w: int, s: float, c_attn: float, c_f: float, eps: float = 1e-06, theta_base: float = 10000, v_pad: int = 0):
-        super().__init__()
-        self.V = V
-        self.D = D
-        self.H = H
-        self.H_kv = H_kv
-        self.d = d
-        self.D_f = D_f
-        self.N = N
-        self.ctx = ctx
-        self.w = w
-        self.s = s
-        self.c_attn = c_attn
-        self.c_f = c_f
-        self.eps = eps
-        self.theta_base = theta_base
-        self.v_pad = v_pad
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [gemma2.card:11]
-        self.gamma_f = nn.Parameter(torch.zeros(D))  # (D,)  [gemma2.card:15]
-        self.local = nn.ModuleList(
-            Gemma2Block(D=D, w=w, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, s=s, c_attn=c_attn, D_f=D_f) for _ in range(N // 2)
-        )  # [gemma2.card:13]
-        self.global_ = nn.ModuleList(
-            Gemma2Block(D=D, w=ctx, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, s=s, c_attn=c_attn, D_f=D_f) for _ in range(N // 2)
-        )  # [gemma2.card:14]
-
-    def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None) * math.sqrt(self.D)  # (B, T, D)  [gemma2.card:18]
-        for l in range(self.N // 2):  # [gemma2.card:19]
-            E = self.local[l](E, cache=cache)  # (B, T, D)  [gemma2.card:20]
-            E = self.global_[l](E, cache=cache)  # (B, T, D)  [gemma2.card:21]
-        E = offset_rms_norm(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [gemma2.card:23]
-        P = self.c_f * torch.tanh((E @ self.W_e.T) / self.c_f)  # (B, T, V)  [gemma2.card:24]
-        if cache is not None:
-            cache.pos = cache.pos + x.shape[-1]
-        if targets is None:
-            return P
-        loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
-        return P, loss
-
-    def new_cache(self) -> KVCache:
-        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
-        return KVCache()
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 generator=None, stop_tokens=None):
-        """idx (B, T) followed by max_new_tokens tokens, each the most probable (temperature 0)
-        or drawn from softmax(logits / temperature) within the top_k most probable and the
-        fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
-        set of token IDs) repeats it from then on, and generation ends once every row has: the
-        result may be shorter. Each step feeds the model only the newest
-        token, through a KV cache. Call eval() first."""
-        stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
-        held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
-        cache = self.new_cache()
-        for _ in range(max_new_tokens):
-            context = idx  # no fixed context: every token so far
-            logits = self(cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
-            token = pick_token(logits, temperature, top_k, top_p, generator)
-            if len(stops):
-                token, held = hold_stopped(token, held, stops)
-            idx = torch.cat([idx, token], dim=1)
-            if len(stops) and bool((held >= 0).all()):
-                break
-        return idx
+def hold_stopped(token: torch.Tensor, held: torch.Tensor,
+                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
+    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
+    token = torch.where(held >= 0, held, token)
+    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
+    return token, held

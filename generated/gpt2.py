@@ -12,81 +12,6 @@ PRESETS = {
 }
 
 
-class KVCache:
-    """The keys and values of the tokens decoded so far, per attention layer, so that
-    forward(x, cache=…) reads only the tokens after them."""
-
-    def __init__(self):
-        self.pos = 0  # tokens decoded so far
-        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
-        self.tokens = None  # those tokens, (B, pos), when they came through new()
-
-    def new(self, x):
-        """The tokens of x after the cached ones; if x does not start with them, start over."""
-        held = 0 if self.tokens is None else self.tokens.shape[-1]
-        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
-            self.__init__()
-            held = 0
-        self.tokens = x
-        return x[..., held:]
-
-    def extend(self, layer, K, V):
-        """The layer's cached keys and values followed by these, which it keeps."""
-        if layer in self.kv:
-            K_past, V_past = self.kv[layer]
-            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
-        self.kv[layer] = K, V
-        return K, V
-
-    def mask(self, Q, K):
-        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
-        q, k = Q.shape[-2], K.shape[-2]
-        if q == 1:
-            return None  # the newest token sees every position
-        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
-
-
-# How generate() picks each token: the functions of cardc/runtime/logits.py, cardc's sampler's.
-
-
-def filter_logits(logits: torch.Tensor, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
-    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
-    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
-        # a token is dropped when the tokens more probable than it already reach top_p
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
-    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-    if generator is not None:
-        probs = probs.to(generator.device)  # multinomial draws on its generator's device
-    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
-
-
-def hold_stopped(token: torch.Tensor, held: torch.Tensor,
-                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
-    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
-    token = torch.where(held >= 0, held, token)
-    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
-    return token, held
-
-
 class CausalSelfAttention(nn.Module):
     """Y ← CausalSelfAttention(X | W): Multi-head causal self-attention: H heads each attend to
     earlier positions; their outputs are concatenated and projected.
@@ -106,10 +31,14 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, X, cache=None):
         qkv = F.linear(X, self.W_qkv.T, self.b_qkv)  # (B, T, 3 D)  [attention.card:24]
-        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)  # (B, H, T, d) each  [attention.card:24]
+        # (B, H, T, d) each  [attention.card:24]
+        Q, K, V = qkv.unflatten(-1, (3, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
-        Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [attention.card:24]
+        # (B, H, T, d)  [attention.card:24]
+        Y_h = F.scaled_dot_product_attention(
+            Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None
+        )
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:25]
         return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:26]
 
@@ -131,7 +60,8 @@ class MLP(nn.Module):
         self.b_2 = nn.Parameter(torch.zeros(D))  # (D,)  [mlp.card:8]
 
     def forward(self, X):
-        return F.linear(F.gelu(F.linear(X, self.W_1.T, self.b_1), approximate="tanh"), self.W_2.T, self.b_2)  # (B, T, D)  [mlp.card:9]
+        # (B, T, D)  [mlp.card:9]
+        return F.linear(F.gelu(F.linear(X, self.W_1.T, self.b_1), approximate="tanh"), self.W_2.T, self.b_2)
 
 
 class GPT2Block(nn.Module):
@@ -155,7 +85,8 @@ class GPT2Block(nn.Module):
         self.mlp = MLP(D=D, D_f=D_f)  # [gpt2.card:30]
 
     def forward(self, X, cache=None):
-        X = X + self.attn(F.layer_norm(X, (self.D,), self.gamma1, self.beta1, self.eps), cache=cache)  # (B, T, D)  [gpt2.card:31]
+        # (B, T, D)  [gpt2.card:31]
+        X = X + self.attn(F.layer_norm(X, (self.D,), self.gamma1, self.beta1, self.eps), cache=cache)
         X = X + self.mlp(F.layer_norm(X, (self.D,), self.gamma2, self.beta2, self.eps))  # (B, T, D)  [gpt2.card:32]
         return X  # (B, T, D)  [gpt2.card:33]
 
@@ -202,7 +133,7 @@ class GPT2(nn.Module):
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self) -> "KVCache":
         """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
         return KVCache()
 
@@ -229,3 +160,120 @@ class GPT2(nn.Module):
             if len(stops) and bool((held >= 0).all()):
                 break
         return idx
+
+
+# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
+
+
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self, joins=None):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
+        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__(self.joins)
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V, keep=None):
+        """The layer's cached keys and values followed by these, which it keeps (the last
+        `keep` positions only, under a sliding window). A layer of None is the next attention
+        call of this forward: calls are keyed by their order."""
+        if layer is None:
+            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
+            layer, self.calls = n, (at, n + 1)
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        drop = 0 if keep is None else K.shape[-2] - keep
+        self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
+        return K, V
+
+    def joined(self, weights):
+        """project's matrices side by side, their biases (None if none has one) and widths;
+        None where joining would copy more than JOINED_MAX weights.
+        Made once per cache: over a generation the weights stay as they are."""
+        key = tuple(id(W) for W, _ in weights)
+        found = self.joins.get(key, False)
+        if found is False:
+            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
+                else (torch.cat([W for W, _ in weights], 1),
+                      None if all(b is None for _, b in weights) else
+                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
+                      [W.shape[1] for W, _ in weights])
+        return found
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+    def rotary(self, omega, source, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others
+        whose omega comes from the same hyperparameters (source)."""
+        key = self.pos, T, source
+        if self.angles is None or self.angles[0] != key:
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            self.angles = key, phi.cos(), phi.sin()
+        return self.angles[1:]
+
+
+# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
+# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
+JOINED_MAX = 1 << 20
+
+
+# How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
+    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        # a token is dropped when the tokens more probable than it already reach top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
+    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    if generator is not None:
+        probs = probs.to(generator.device)  # multinomial draws on its generator's device
+    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
+
+
+def hold_stopped(token: torch.Tensor, held: torch.Tensor,
+                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
+    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
+    token = torch.where(held >= 0, held, token)
+    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
+    return token, held

@@ -11,25 +11,231 @@ from torch import nn
 
 PRESETS = {
     "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, eps=1e-06, theta_base=500000.0, v_pad=0),
-    "olmo2-1b": dict(V=100352, D=2048, H=16, H_kv=16, d=128, D_f=8192, N=16, ctx=4096, eps=1e-06, theta_base=500000.0, v_pad=0),
+    "olmo2-1b": dict(
+        V=100352, D=2048, H=16, H_kv=16, d=128, D_f=8192, N=16, ctx=4096, eps=1e-06, theta_base=500000.0, v_pad=0
+    ),
 }
+
+
+def CausalHead(Q, K, V, cache=None):
+    """Y ← CausalHead(Q, K, V): Softmax attention of one head, row t seeing positions t′ ≤ t only.
+
+    Card: cards/nn/gqa.card:48
+    """
+    if cache is not None:
+        K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
+    # (…, T, d_v)  [gqa.card:54]
+    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)
+
+
+def AttentionGroup_heads(K, V, Q, theta_base, cache=None):
+    """Y ← AttentionGroup(K, V, Q | θ_base): G causal heads that share one key and one value head;
+    queries and keys are turned by RoPE first.
+
+    Card: cards/nn/gqa.card:37
+    """
+    past = 0 if cache is None else cache.pos  # tokens decoded before these
+    d = K.shape[-1]
+    K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gqa.card:44]
+    # (…, groups·G, T, d): every j of every group at once  [gqa.card:45]
+    Y_j = CausalHead(
+        rotate_half(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base, past=past), K_tilde, V, cache=cache
+    )
+    return Y_j  # (…, T, d)  [gqa.card:46]
+
+
+class QKNormedAttention(nn.Module):
+    """Y ← QKNormedAttention(X | W): Grouped-query causal self-attention with rotary positions
+    whose query projection (all H heads together) and key projection (all H_kv heads
+    together) are each normalised by one RMSNorm before the heads split: H query heads of
+    width d, H_kv key/value heads each shared by G = H/H_kv consecutive query heads.
+
+    Card: cards/olmo2.card:37
+    """
+
+    def __init__(self, D: int, H: int, H_kv: int, d: int, eps: float, theta_base: float = 500000):
+        super().__init__()
+        self.D = D
+        self.H = H
+        self.H_kv = H_kv
+        self.d = d
+        self.eps = eps
+        self.theta_base = theta_base
+        self.G = H // H_kv
+        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [olmo2.card:45]
+        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [olmo2.card:46]
+        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [olmo2.card:46]
+        self.gamma_q = nn.Parameter(torch.ones(H * d))  # (H d,)  [olmo2.card:47]
+        self.gamma_k = nn.Parameter(torch.ones(H_kv * d))  # (H_kv d,)  [olmo2.card:48]
+        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [olmo2.card:49]
+
+    def forward(self, X, cache=None):
+        Q = rms_normalize(X @ self.W_q, (self.H * self.d,), self.gamma_q, self.eps)  # (B, T, H d)  [olmo2.card:50]
+        # (B, T, H_kv d)  [olmo2.card:51]
+        K = rms_normalize(X @ self.W_k, (self.H_kv * self.d,), self.gamma_k, self.eps)
+        V = X @ self.W_v  # (B, T, H_kv d)  [olmo2.card:52]
+        # every g at once, all their heads side by side on one axis  [olmo2.card:53]
+        Y_g = AttentionGroup_heads(
+            K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            Q,
+            theta_base=self.theta_base,
+            cache=cache,
+        )
+        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [olmo2.card:54]
+        return Y @ self.W_o  # (B, T, D)  [olmo2.card:55]
+
+
+class SwiGLU(nn.Module):
+    """Y ← SwiGLU(X | W): Position-wise feed-forward network with a SiLU-gated linear unit, as
+    Llama uses; no biases.
+
+    Card: cards/nn/swiglu.card:1
+    """
+
+    def __init__(self, D: int, D_f: int):
+        super().__init__()
+        self.D = D
+        self.D_f = D_f
+        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
+        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
+        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [swiglu.card:8]
+
+    def forward(self, X):
+        return (F.silu(X @ self.W_gate) * (X @ self.W_up)) @ self.W_down  # (B, T, D)  [swiglu.card:9]
+
+
+class OLMo2Block(nn.Module):
+    """X ← OLMo2Block(X | θ): A post-norm OLMo 2 block: attention, then a SwiGLU MLP, each
+    normalised by an RMSNorm and then added to the residual stream, which itself is never
+    normalised.
+
+    Card: cards/olmo2.card:23
+    """
+
+    def __init__(self, D: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, D_f: int):
+        super().__init__()
+        self.D = D
+        self.eps = eps
+        self.theta_base = theta_base
+        self.H = H
+        self.H_kv = H_kv
+        self.d = d
+        self.D_f = D_f
+        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:30]
+        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:32]
+        self.attn = QKNormedAttention(D=D, H=H, H_kv=H_kv, d=d, eps=eps, theta_base=theta_base)  # [olmo2.card:29]
+        self.mlp = SwiGLU(D=D, D_f=D_f)  # [olmo2.card:31]
+
+    def forward(self, X, cache=None):
+        X = X + rms_normalize(self.attn(X, cache=cache), (self.D,), self.gamma1, self.eps)  # (B, T, D)  [olmo2.card:33]
+        X = X + rms_normalize(self.mlp(X), (self.D,), self.gamma2, self.eps)  # (B, T, D)  [olmo2.card:34]
+        return X  # (B, T, D)  [olmo2.card:35]
+
+
+class OLMo2(nn.Module):
+    """P ← OLMo2(x | θ): OLMo 2: a decoder whose blocks normalise each sub-layer's output rather
+    than its input (X ← X + RMSNorm(f(X))), whose attention normalises the whole query and
+    key projections by an RMSNorm before RoPE, and whose unembedding is its own.
+
+    Card: cards/olmo2.card:1
+    """
+
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        d: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        eps: float = 1e-06,
+        theta_base: float = 500000,
+        v_pad: int = 0,
+    ):
+        super().__init__()
+        self.V = V
+        self.D = D
+        self.H = H
+        self.H_kv = H_kv
+        self.d = d
+        self.D_f = D_f
+        self.N = N
+        self.ctx = ctx
+        self.eps = eps
+        self.theta_base = theta_base
+        self.v_pad = v_pad
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [olmo2.card:9]
+        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:12]
+        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [olmo2.card:13]
+        self.block = nn.ModuleList(
+            OLMo2Block(D=D, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, D_f=D_f) for _ in range(N)
+        )  # [olmo2.card:11]
+
+    def forward(self, x, targets=None, cache=None):
+        # (B, T, D)  [olmo2.card:16]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
+        for block in self.block:  # [olmo2.card:17]
+            E = block(E, cache=cache)  # (B, T, D)  [olmo2.card:18]
+        E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [olmo2.card:20]
+        P = E @ self.W_u  # (B, T, V)  [olmo2.card:21]
+        if cache is not None:
+            cache.pos = cache.pos + x.shape[-1]
+        if targets is None:
+            return P
+        loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
+        return P, loss
+
+    def new_cache(self) -> "KVCache":
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
+        return KVCache()
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                 generator=None, stop_tokens=None):
+        """idx (B, T) followed by max_new_tokens tokens, each the most probable (temperature 0)
+        or drawn from softmax(logits / temperature) within the top_k most probable and the
+        fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
+        set of token IDs) repeats it from then on, and generation ends once every row has: the
+        result may be shorter. Each step feeds the model only the newest
+        token, through a KV cache. Call eval() first."""
+        stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
+        held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
+        cache = self.new_cache()
+        for _ in range(max_new_tokens):
+            context = idx  # no fixed context: every token so far
+            logits = self(cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
+            token = pick_token(logits, temperature, top_k, top_p, generator)
+            if len(stops):
+                token, held = hold_stopped(token, held, stops)
+            idx = torch.cat([idx, token], dim=1)
+            if len(stops) and bool((held >= 0).all()):
+                break
+        return idx
+
+
+# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
 
 
 class KVCache:
     """The keys and values of the tokens decoded so far, per attention layer, so that
     forward(x, cache=…) reads only the tokens after them."""
 
-    def __init__(self):
+    def __init__(self, joins=None):
         self.pos = 0  # tokens decoded so far
         self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
         self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
         self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
         held = 0 if self.tokens is None else self.tokens.shape[-1]
         if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
-            self.__init__()
+            self.__init__(self.joins)
             held = 0
         self.tokens = x
         return x[..., held:]
@@ -48,6 +254,20 @@ class KVCache:
         self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
         return K, V
 
+    def joined(self, weights):
+        """project's matrices side by side, their biases (None if none has one) and widths;
+        None where joining would copy more than JOINED_MAX weights.
+        Made once per cache: over a generation the weights stay as they are."""
+        key = tuple(id(W) for W, _ in weights)
+        found = self.joins.get(key, False)
+        if found is False:
+            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
+                else (torch.cat([W for W, _ in weights], 1),
+                      None if all(b is None for _, b in weights) else
+                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
+                      [W.shape[1] for W, _ in weights])
+        return found
+
     def mask(self, Q, K):
         """Which keys each new query sees: the cached ones, and the new ones up to itself."""
         q, k = Q.shape[-2], K.shape[-2]
@@ -55,49 +275,26 @@ class KVCache:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
 
-
-# How generate() picks each token: the functions of cardc/runtime/logits.py, cardc's sampler's.
-
-
-def filter_logits(logits: torch.Tensor, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
-    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
-    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
-        # a token is dropped when the tokens more probable than it already reach top_p
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+    def rotary(self, omega, source, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others
+        whose omega comes from the same hyperparameters (source)."""
+        key = self.pos, T, source
+        if self.angles is None or self.angles[0] != key:
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            self.angles = key, phi.cos(), phi.sin()
+        return self.angles[1:]
 
 
-def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
-    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-    if generator is not None:
-        probs = probs.to(generator.device)  # multinomial draws on its generator's device
-    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
-
-
-def hold_stopped(token: torch.Tensor, held: torch.Tensor,
-                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
-    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
-    token = torch.where(held >= 0, held, token)
-    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
-    return token, held
+# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
+# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
+JOINED_MAX = 1 << 20
 
 
 ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos and sin
+
+
 TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 1, …, n − 1
 
 
@@ -197,174 +394,42 @@ def grouped_sdpa(Q, K, V, **options):
     return Y.unflatten(-3, groups)
 
 
-def CausalHead(Q, K, V, cache=None):
-    """Y ← CausalHead(Q, K, V): Softmax attention of one head, row t seeing positions t′ ≤ t only.
-
-    Card: cards/nn/gqa.card:48
-    """
-    if cache is not None:
-        K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
-    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
+# How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.
 
 
-def AttentionGroup_heads(K, V, Q, theta_base, cache=None):
-    """Y ← AttentionGroup(K, V, Q | θ_base): G causal heads that share one key and one value head;
-    queries and keys are turned by RoPE first.
-
-    Card: cards/nn/gqa.card:37
-    """
-    past = 0 if cache is None else cache.pos  # tokens decoded before these
-    d = K.shape[-1]
-    K_tilde = rotate_half(K, theta_base, past=past)  # (…, T, d)  [gqa.card:44]
-    Y_j = CausalHead(rotate_half(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base, past=past), K_tilde, V, cache=cache)  # (…, groups·G, T, d): every j of every group at once  [gqa.card:45]
-    return Y_j  # (…, T, d)  [gqa.card:46]
-
-
-class QKNormedAttention(nn.Module):
-    """Y ← QKNormedAttention(X | W): Grouped-query causal self-attention with rotary positions
-    whose query projection (all H heads together) and key projection (all H_kv heads
-    together) are each normalised by one RMSNorm before the heads split: H query heads of
-    width d, H_kv key/value heads each shared by G = H/H_kv consecutive query heads.
-
-    Card: cards/olmo2.card:37
-    """
-
-    def __init__(self, D: int, H: int, H_kv: int, d: int, eps: float, theta_base: float = 500000):
-        super().__init__()
-        self.D = D
-        self.H = H
-        self.H_kv = H_kv
-        self.d = d
-        self.eps = eps
-        self.theta_base = theta_base
-        self.G = H // H_kv
-        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [olmo2.card:45]
-        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [olmo2.card:46]
-        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [olmo2.card:46]
-        self.gamma_q = nn.Parameter(torch.ones(H * d))  # (H d,)  [olmo2.card:47]
-        self.gamma_k = nn.Parameter(torch.ones(H_kv * d))  # (H_kv d,)  [olmo2.card:48]
-        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [olmo2.card:49]
-
-    def forward(self, X, cache=None):
-        Q = rms_normalize(X @ self.W_q, (self.H * self.d,), self.gamma_q, self.eps)  # (B, T, H d)  [olmo2.card:50]
-        K = rms_normalize(X @ self.W_k, (self.H_kv * self.d,), self.gamma_k, self.eps)  # (B, T, H_kv d)  [olmo2.card:51]
-        V = X @ self.W_v  # (B, T, H_kv d)  [olmo2.card:52]
-        Y_g = AttentionGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, theta_base=self.theta_base, cache=cache)  # every g at once, all their heads side by side on one axis  [olmo2.card:53]
-        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [olmo2.card:54]
-        return Y @ self.W_o  # (B, T, D)  [olmo2.card:55]
+def filter_logits(logits: torch.Tensor, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
+    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        # a token is dropped when the tokens more probable than it already reach top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
 
 
-class SwiGLU(nn.Module):
-    """Y ← SwiGLU(X | W): Position-wise feed-forward network with a SiLU-gated linear unit, as
-    Llama uses; no biases.
-
-    Card: cards/nn/swiglu.card:1
-    """
-
-    def __init__(self, D: int, D_f: int):
-        super().__init__()
-        self.D = D
-        self.D_f = D_f
-        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
-        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
-        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [swiglu.card:8]
-
-    def forward(self, X):
-        return (F.silu(X @ self.W_gate) * (X @ self.W_up)) @ self.W_down  # (B, T, D)  [swiglu.card:9]
+def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
+    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    if generator is not None:
+        probs = probs.to(generator.device)  # multinomial draws on its generator's device
+    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
 
 
-class OLMo2Block(nn.Module):
-    """X ← OLMo2Block(X | θ): A post-norm OLMo 2 block: attention, then a SwiGLU MLP, each
-    normalised by an RMSNorm and then added to the residual stream, which itself is never
-    normalised.
-
-    Card: cards/olmo2.card:23
-    """
-
-    def __init__(self, D: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, D_f: int):
-        super().__init__()
-        self.D = D
-        self.eps = eps
-        self.theta_base = theta_base
-        self.H = H
-        self.H_kv = H_kv
-        self.d = d
-        self.D_f = D_f
-        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:30]
-        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:32]
-        self.attn = QKNormedAttention(D=D, H=H, H_kv=H_kv, d=d, eps=eps, theta_base=theta_base)  # [olmo2.card:29]
-        self.mlp = SwiGLU(D=D, D_f=D_f)  # [olmo2.card:31]
-
-    def forward(self, X, cache=None):
-        X = X + rms_normalize(self.attn(X, cache=cache), (self.D,), self.gamma1, self.eps)  # (B, T, D)  [olmo2.card:33]
-        X = X + rms_normalize(self.mlp(X), (self.D,), self.gamma2, self.eps)  # (B, T, D)  [olmo2.card:34]
-        return X  # (B, T, D)  [olmo2.card:35]
-
-
-class OLMo2(nn.Module):
-    """P ← OLMo2(x | θ): OLMo 2: a decoder whose blocks normalise each sub-layer's output rather
-    than its input (X ← X + RMSNorm(f(X))), whose attention normalises the whole query and
-    key projections by an RMSNorm before RoPE, and whose unembedding is its own.
-
-    Card: cards/olmo2.card:1
-    """
-
-    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 500000, v_pad: int = 0):
-        super().__init__()
-        self.V = V
-        self.D = D
-        self.H = H
-        self.H_kv = H_kv
-        self.d = d
-        self.D_f = D_f
-        self.N = N
-        self.ctx = ctx
-        self.eps = eps
-        self.theta_base = theta_base
-        self.v_pad = v_pad
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [olmo2.card:9]
-        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [olmo2.card:12]
-        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [olmo2.card:13]
-        self.block = nn.ModuleList(
-            OLMo2Block(D=D, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, D_f=D_f) for _ in range(N)
-        )  # [olmo2.card:11]
-
-    def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [olmo2.card:16]
-        for block in self.block:  # [olmo2.card:17]
-            E = block(E, cache=cache)  # (B, T, D)  [olmo2.card:18]
-        E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [olmo2.card:20]
-        P = E @ self.W_u  # (B, T, V)  [olmo2.card:21]
-        if cache is not None:
-            cache.pos = cache.pos + x.shape[-1]
-        if targets is None:
-            return P
-        loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
-        return P, loss
-
-    def new_cache(self) -> KVCache:
-        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
-        return KVCache()
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 generator=None, stop_tokens=None):
-        """idx (B, T) followed by max_new_tokens tokens, each the most probable (temperature 0)
-        or drawn from softmax(logits / temperature) within the top_k most probable and the
-        fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
-        set of token IDs) repeats it from then on, and generation ends once every row has: the
-        result may be shorter. Each step feeds the model only the newest
-        token, through a KV cache. Call eval() first."""
-        stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
-        held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
-        cache = self.new_cache()
-        for _ in range(max_new_tokens):
-            context = idx  # no fixed context: every token so far
-            logits = self(cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
-            token = pick_token(logits, temperature, top_k, top_p, generator)
-            if len(stops):
-                token, held = hold_stopped(token, held, stops)
-            idx = torch.cat([idx, token], dim=1)
-            if len(stops) and bool((held >= 0).all()):
-                break
-        return idx
+def hold_stopped(token: torch.Tensor, held: torch.Tensor,
+                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
+    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
+    token = torch.where(held >= 0, held, token)
+    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
+    return token, held

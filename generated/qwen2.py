@@ -10,145 +10,10 @@ from torch import nn
 
 PRESETS = {
     "tiny": dict(V=256, D=128, H=4, H_kv=2, D_f=344, N=4, ctx=256, eps=1e-06, theta_base=10000.0, v_pad=0),
-    "qwen2-0.5b": dict(V=151936, D=896, H=14, H_kv=2, D_f=4864, N=24, ctx=131072, eps=1e-06, theta_base=1000000.0, v_pad=0),
+    "qwen2-0.5b": dict(
+        V=151936, D=896, H=14, H_kv=2, D_f=4864, N=24, ctx=131072, eps=1e-06, theta_base=1000000.0, v_pad=0
+    ),
 }
-
-
-class KVCache:
-    """The keys and values of the tokens decoded so far, per attention layer, so that
-    forward(x, cache=…) reads only the tokens after them."""
-
-    def __init__(self, joins=None):
-        self.pos = 0  # tokens decoded so far
-        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
-        self.tokens = None  # those tokens, (B, pos), when they came through new()
-        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
-        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
-
-    def new(self, x):
-        """The tokens of x after the cached ones; if x does not start with them, start over."""
-        held = 0 if self.tokens is None else self.tokens.shape[-1]
-        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
-            self.__init__(self.joins)
-            held = 0
-        self.tokens = x
-        return x[..., held:]
-
-    def extend(self, layer, K, V):
-        """The layer's cached keys and values followed by these, which it keeps."""
-        if layer in self.kv:
-            K_past, V_past = self.kv[layer]
-            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
-        self.kv[layer] = K, V
-        return K, V
-
-    def joined(self, weights):
-        """project's matrices side by side, their biases (None if none has one) and widths;
-        None where joining would copy more than JOINED_MAX weights.
-        Made once per cache: over a generation the weights stay as they are."""
-        key = tuple(id(W) for W, _ in weights)
-        found = self.joins.get(key, False)
-        if found is False:
-            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
-                else (torch.cat([W for W, _ in weights], 1),
-                      None if all(b is None for _, b in weights) else
-                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
-                      [W.shape[1] for W, _ in weights])
-        return found
-
-    def mask(self, Q, K):
-        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
-        q, k = Q.shape[-2], K.shape[-2]
-        if q == 1:
-            return None  # the newest token sees every position
-        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
-
-    def rotary(self, omega, source, T):
-        """cos and sin of the angles of the T new positions by the signed frequencies omega,
-        (T, d) each: computed by the first attention layer that asks, shared by the others
-        whose omega comes from the same hyperparameters (source)."""
-        key = self.pos, T, source
-        if self.angles is None or self.angles[0] != key:
-            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
-            phi = t[:, None] * omega.float()  # (T, d)
-            self.angles = key, phi.cos(), phi.sin()
-        return self.angles[1:]
-
-
-# How generate() picks each token: the functions of cardc/runtime/logits.py, cardc's sampler's.
-
-
-def filter_logits(logits: torch.Tensor, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
-    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
-    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
-        # a token is dropped when the tokens more probable than it already reach top_p
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
-    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-    if generator is not None:
-        probs = probs.to(generator.device)  # multinomial draws on its generator's device
-    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
-
-
-def hold_stopped(token: torch.Tensor, held: torch.Tensor,
-                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
-    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
-    token = torch.where(held >= 0, held, token)
-    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
-    return token, held
-
-
-# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
-# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
-JOINED_MAX = 1 << 20
-
-
-def project(X, *weights, cache=None):
-    """X W + b for each (W, b) of weights (b None: no bias). While decoding (a cache, and no
-    gradients) one product by the matrices side by side, split; else one product each."""
-    joined = None if cache is None or torch.is_grad_enabled() else cache.joined(weights)
-    if joined is None:
-        return [X @ W if b is None else F.linear(X, W.T, b) for W, b in weights]
-    W, b, widths = joined
-    return (X @ W if b is None else X @ W + b).split_with_sizes(widths, -1)
-
-
-RMS_EPS = {}  # (ε, D) → √ε and 1/√D as CPU tensors: a Python number costs a tensor each use
-
-
-def rms_normalize(X, shape, gamma, eps):
-    """X/√(mean(X²) + ε) ⊙ γ over the last axis (γ None: no gains). F.rms_norm where gradients
-    flow, off the CPU, or in another type than float32 (F.rms_norm computes in float32); on the
-    CPU without gradients, where a decoded token makes each call a few numbers, as
-    X/hypot(‖X‖/√D, √ε): five dispatches where F.rms_norm's composite makes nine, the same
-    number to rounding."""
-    if torch.is_grad_enabled() or X.device.type != "cpu" or X.dtype != torch.float32:
-        return F.rms_norm(X, shape, gamma, eps)
-    key = eps, shape[-1]
-    roots = RMS_EPS.get(key)
-    if roots is None:
-        roots = RMS_EPS[key] = torch.tensor(math.sqrt(eps)), torch.tensor(shape[-1] ** -0.5)
-    norm = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
-    normed = X / torch.hypot(norm * roots[1], roots[0])
-    return normed if gamma is None else normed * gamma
 
 
 class GroupedQueryAttentionBiased(nn.Module):
@@ -173,7 +38,12 @@ class GroupedQueryAttentionBiased(nn.Module):
         self.b_k = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:28]
         self.b_v = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [gqa.card:28]
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:29]
-        self.register_buffer("omega", (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(), persistent=False)  # (d,): −ω, then ω  [gqa.card:33]
+        # (d,): −ω, then ω  [gqa.card:33]
+        self.register_buffer(
+            "omega",
+            (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(),
+            persistent=False,
+        )
 
     def forward(self, X, cache=None):
         XW = project(X, (self.W_q, self.b_q), (self.W_k, self.b_k), (self.W_v, self.b_v), cache=cache)
@@ -181,16 +51,21 @@ class GroupedQueryAttentionBiased(nn.Module):
         K = XW[1].unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:31]
         V = XW[2].unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:32]
         if cache is None:
-            phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()  # (T, d): the angles, the first half negated  [gqa.card:33]
+            # (T, d): the angles, the first half negated  [gqa.card:33]
+            phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()
             cos = phi.cos()  # (T, d)  [gqa.card:33]
             sin = phi.sin()  # (T, d)  [gqa.card:33]
         else:
-            cos, sin = cache.rotary(self.omega, (self.d, self.theta_base), X.shape[-2])  # the new positions' angles, shared by every layer
+            # the new positions' angles, shared by every layer
+            cos, sin = cache.rotary(self.omega, (self.d, self.theta_base), X.shape[-2])
         Q = torch.addcmul(Q * cos, Q.roll(self.d // 2, -1), sin)  # [gqa.card:33]
         K = torch.addcmul(K * cos, K.roll(self.d // 2, -1), sin)  # [gqa.card:33]
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
-        Y_g = F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (B, H, T, d)  [gqa.card:33]
+        # (B, H, T, d)  [gqa.card:33]
+        Y_g = F.scaled_dot_product_attention(
+            Q, K, V, enable_gqa=True, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None
+        )
         Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [gqa.card:34]
         return Y @ self.W_o  # (B, T, D)  [gqa.card:35]
 
@@ -247,7 +122,19 @@ class Qwen2(nn.Module):
     Card: cards/qwen2.card:1
     """
 
-    def __init__(self, V: int, D: int, H: int, H_kv: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 10000, v_pad: int = 0):
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        eps: float = 1e-06,
+        theta_base: float = 10000,
+        v_pad: int = 0,
+    ):
         super().__init__()
         self.V = V
         self.D = D
@@ -266,7 +153,8 @@ class Qwen2(nn.Module):
         )  # [qwen2.card:11]
 
     def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [qwen2.card:15]
+        # (B, T, D)  [qwen2.card:15]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
         for block in self.block:  # [qwen2.card:16]
             E = block(E, cache=cache)  # (B, T, D)  [qwen2.card:17]
         E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen2.card:19]
@@ -278,7 +166,7 @@ class Qwen2(nn.Module):
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self) -> "KVCache":
         """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
         return KVCache()
 
@@ -304,3 +192,150 @@ class Qwen2(nn.Module):
             if len(stops) and bool((held >= 0).all()):
                 break
         return idx
+
+
+# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
+
+
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self, joins=None):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
+        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__(self.joins)
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V, keep=None):
+        """The layer's cached keys and values followed by these, which it keeps (the last
+        `keep` positions only, under a sliding window). A layer of None is the next attention
+        call of this forward: calls are keyed by their order."""
+        if layer is None:
+            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
+            layer, self.calls = n, (at, n + 1)
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        drop = 0 if keep is None else K.shape[-2] - keep
+        self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
+        return K, V
+
+    def joined(self, weights):
+        """project's matrices side by side, their biases (None if none has one) and widths;
+        None where joining would copy more than JOINED_MAX weights.
+        Made once per cache: over a generation the weights stay as they are."""
+        key = tuple(id(W) for W, _ in weights)
+        found = self.joins.get(key, False)
+        if found is False:
+            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
+                else (torch.cat([W for W, _ in weights], 1),
+                      None if all(b is None for _, b in weights) else
+                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
+                      [W.shape[1] for W, _ in weights])
+        return found
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+    def rotary(self, omega, source, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others
+        whose omega comes from the same hyperparameters (source)."""
+        key = self.pos, T, source
+        if self.angles is None or self.angles[0] != key:
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            self.angles = key, phi.cos(), phi.sin()
+        return self.angles[1:]
+
+
+# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
+# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
+JOINED_MAX = 1 << 20
+
+
+def project(X, *weights, cache=None):
+    """X W + b for each (W, b) of weights (b None: no bias). While decoding (a cache, and no
+    gradients) one product by the matrices side by side, split; else one product each."""
+    joined = None if cache is None or torch.is_grad_enabled() else cache.joined(weights)
+    if joined is None:
+        return [X @ W if b is None else F.linear(X, W.T, b) for W, b in weights]
+    W, b, widths = joined
+    return (X @ W if b is None else X @ W + b).split_with_sizes(widths, -1)
+
+
+RMS_EPS = {}  # (ε, D) → √ε and 1/√D as CPU tensors: a Python number costs a tensor each use
+
+
+def rms_normalize(X, shape, gamma, eps):
+    """X/√(mean(X²) + ε) ⊙ γ over the last axis (γ None: no gains). F.rms_norm where gradients
+    flow, off the CPU, or in another type than float32 (F.rms_norm computes in float32); on the
+    CPU without gradients, where a decoded token makes each call a few numbers, as
+    X/hypot(‖X‖/√D, √ε): five dispatches where F.rms_norm's composite makes nine, the same
+    number to rounding."""
+    if torch.is_grad_enabled() or X.device.type != "cpu" or X.dtype != torch.float32:
+        return F.rms_norm(X, shape, gamma, eps)
+    key = eps, shape[-1]
+    roots = RMS_EPS.get(key)
+    if roots is None:
+        roots = RMS_EPS[key] = torch.tensor(math.sqrt(eps)), torch.tensor(shape[-1] ** -0.5)
+    norm = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
+    normed = X / torch.hypot(norm * roots[1], roots[0])
+    return normed if gamma is None else normed * gamma
+
+
+# How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
+    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        # a token is dropped when the tokens more probable than it already reach top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
+    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    if generator is not None:
+        probs = probs.to(generator.device)  # multinomial draws on its generator's device
+    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
+
+
+def hold_stopped(token: torch.Tensor, held: torch.Tensor,
+                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
+    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
+    token = torch.where(held >= 0, held, token)
+    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
+    return token, held

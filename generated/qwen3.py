@@ -10,25 +10,235 @@ from torch import nn
 
 PRESETS = {
     "tiny": dict(V=256, D=128, H=4, H_kv=2, d=32, D_f=344, N=4, ctx=256, eps=1e-06, theta_base=1000000.0, v_pad=0),
-    "qwen3-0.6b": dict(V=151936, D=1024, H=16, H_kv=8, d=128, D_f=3072, N=28, ctx=40960, eps=1e-06, theta_base=1000000.0, v_pad=0),
+    "qwen3-0.6b": dict(
+        V=151936, D=1024, H=16, H_kv=8, d=128, D_f=3072, N=28, ctx=40960, eps=1e-06, theta_base=1000000.0, v_pad=0
+    ),
 }
+
+
+def CausalHead(Q, K, V, cache=None):
+    """Y ← CausalHead(Q, K, V): Softmax attention of one head, row t seeing positions t′ ≤ t only.
+
+    Card: cards/nn/gqa.card:48
+    """
+    if cache is not None:
+        K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
+    # (…, T, d_v)  [gqa.card:54]
+    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)
+
+
+def QKNormGroup_heads(K, V, Q, gamma_q, gamma_k, eps, theta_base, cache=None):
+    """Y ← QKNormGroup(K, V, Q | γ_q, γ_k): G causal heads that share one key and one value head;
+    queries and keys are normalised by an RMSNorm, then turned by RoPE.
+
+    Card: cards/qwen3.card:77
+    """
+    past = 0 if cache is None else cache.pos  # tokens decoded before these
+    d = K.shape[-1]
+    K_tilde = rotate_half(rms_normalize(K, (d,), gamma_k, eps), theta_base, past=past)  # (…, T, d)  [qwen3.card:85]
+    # (…, groups·G, T, d): every j of every group at once  [qwen3.card:86]
+    Y_j = CausalHead(
+        rotate_half(
+            rms_normalize(Q.unflatten(-1, (-1, d)).transpose(-3, -2), (d,), gamma_q, eps), theta_base, past=past
+        ),
+        K_tilde,
+        V,
+        cache=cache,
+    )
+    return Y_j  # (…, T, d)  [qwen3.card:87]
+
+
+class QKNormAttention(nn.Module):
+    """Y ← QKNormAttention(X | W): Grouped-query causal self-attention with rotary positions, each
+    query head and each key head first normalised by an RMSNorm whose gains all heads share:
+    H query heads of width d (not necessarily D/H), and H_kv key/value heads, each shared by
+    G = H/H_kv consecutive query heads.
+
+    Card: cards/qwen3.card:58
+    """
+
+    def __init__(self, D: int, H: int, H_kv: int, d: int, eps: float, theta_base: float = 1000000):
+        super().__init__()
+        self.D = D
+        self.H = H
+        self.H_kv = H_kv
+        self.d = d
+        self.eps = eps
+        self.theta_base = theta_base
+        self.G = H // H_kv
+        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [qwen3.card:66]
+        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [qwen3.card:67]
+        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [qwen3.card:67]
+        self.gamma_q = nn.Parameter(torch.ones(d))  # (d,)  [qwen3.card:68]
+        self.gamma_k = nn.Parameter(torch.ones(d))  # (d,)  [qwen3.card:68]
+        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [qwen3.card:69]
+
+    def forward(self, X, cache=None):
+        Q = X @ self.W_q  # (B, T, H d)  [qwen3.card:70]
+        K = X @ self.W_k  # (B, T, H_kv d)  [qwen3.card:71]
+        V = X @ self.W_v  # (B, T, H_kv d)  [qwen3.card:72]
+        # every g at once, all their heads side by side on one axis  [qwen3.card:73]
+        Y_g = QKNormGroup_heads(
+            K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            Q,
+            gamma_q=self.gamma_q,
+            gamma_k=self.gamma_k,
+            eps=self.eps,
+            theta_base=self.theta_base,
+            cache=cache,
+        )
+        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [qwen3.card:74]
+        return Y @ self.W_o  # (B, T, D)  [qwen3.card:75]
+
+
+class SwiGLU(nn.Module):
+    """Y ← SwiGLU(X | W): Position-wise feed-forward network with a SiLU-gated linear unit, as
+    Llama uses; no biases.
+
+    Card: cards/nn/swiglu.card:1
+    """
+
+    def __init__(self, D: int, D_f: int):
+        super().__init__()
+        self.D = D
+        self.D_f = D_f
+        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
+        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
+        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [swiglu.card:8]
+
+    def forward(self, X):
+        return (F.silu(X @ self.W_gate) * (X @ self.W_up)) @ self.W_down  # (B, T, D)  [swiglu.card:9]
+
+
+class Qwen3Block(nn.Module):
+    """X ← Qwen3Block(X | θ): A pre-norm Qwen3 block: grouped-query attention with RMSNorm on each
+    query and key head, then a SwiGLU MLP, each added to the residual stream.
+
+    Card: cards/qwen3.card:44
+    """
+
+    def __init__(self, D: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, D_f: int):
+        super().__init__()
+        self.D = D
+        self.eps = eps
+        self.theta_base = theta_base
+        self.H = H
+        self.H_kv = H_kv
+        self.d = d
+        self.D_f = D_f
+        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:50]
+        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:52]
+        self.attn = QKNormAttention(D=D, H=H, H_kv=H_kv, d=d, eps=eps, theta_base=theta_base)  # [qwen3.card:51]
+        self.mlp = SwiGLU(D=D, D_f=D_f)  # [qwen3.card:53]
+
+    def forward(self, X, cache=None):
+        X = X + self.attn(rms_normalize(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [qwen3.card:54]
+        X = X + self.mlp(rms_normalize(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [qwen3.card:55]
+        return X  # (B, T, D)  [qwen3.card:56]
+
+
+class Qwen3(nn.Module):
+    """P ← Qwen3(x | θ): Qwen3 with the unembedding tied to the token embeddings (Qwen3-0.6B,
+    Qwen3-1.7B, Qwen3-4B).
+
+    Card: cards/qwen3.card:1
+    """
+
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        d: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        eps: float = 1e-06,
+        theta_base: float = 1000000,
+        v_pad: int = 0,
+    ):
+        super().__init__()
+        self.V = V
+        self.D = D
+        self.H = H
+        self.H_kv = H_kv
+        self.d = d
+        self.D_f = D_f
+        self.N = N
+        self.ctx = ctx
+        self.eps = eps
+        self.theta_base = theta_base
+        self.v_pad = v_pad
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [qwen3.card:9]
+        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:12]
+        self.block = nn.ModuleList(
+            Qwen3Block(D=D, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, D_f=D_f) for _ in range(N)
+        )  # [qwen3.card:11]
+
+    def forward(self, x, targets=None, cache=None):
+        # (B, T, D)  [qwen3.card:15]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
+        for block in self.block:  # [qwen3.card:16]
+            E = block(E, cache=cache)  # (B, T, D)  [qwen3.card:17]
+        E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen3.card:19]
+        P = E @ self.W_e.T  # (B, T, V)  [qwen3.card:20]
+        if cache is not None:
+            cache.pos = cache.pos + x.shape[-1]
+        if targets is None:
+            return P
+        loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
+        return P, loss
+
+    def new_cache(self) -> "KVCache":
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
+        return KVCache()
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                 generator=None, stop_tokens=None):
+        """idx (B, T) followed by max_new_tokens tokens, each the most probable (temperature 0)
+        or drawn from softmax(logits / temperature) within the top_k most probable and the
+        fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
+        set of token IDs) repeats it from then on, and generation ends once every row has: the
+        result may be shorter. Each step feeds the model only the newest
+        token, through a KV cache. Call eval() first."""
+        stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
+        held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
+        cache = self.new_cache()
+        for _ in range(max_new_tokens):
+            context = idx  # no fixed context: every token so far
+            logits = self(cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
+            token = pick_token(logits, temperature, top_k, top_p, generator)
+            if len(stops):
+                token, held = hold_stopped(token, held, stops)
+            idx = torch.cat([idx, token], dim=1)
+            if len(stops) and bool((held >= 0).all()):
+                break
+        return idx
+
+
+# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
 
 
 class KVCache:
     """The keys and values of the tokens decoded so far, per attention layer, so that
     forward(x, cache=…) reads only the tokens after them."""
 
-    def __init__(self):
+    def __init__(self, joins=None):
         self.pos = 0  # tokens decoded so far
         self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
         self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
         self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
         held = 0 if self.tokens is None else self.tokens.shape[-1]
         if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
-            self.__init__()
+            self.__init__(self.joins)
             held = 0
         self.tokens = x
         return x[..., held:]
@@ -47,6 +257,20 @@ class KVCache:
         self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
         return K, V
 
+    def joined(self, weights):
+        """project's matrices side by side, their biases (None if none has one) and widths;
+        None where joining would copy more than JOINED_MAX weights.
+        Made once per cache: over a generation the weights stay as they are."""
+        key = tuple(id(W) for W, _ in weights)
+        found = self.joins.get(key, False)
+        if found is False:
+            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
+                else (torch.cat([W for W, _ in weights], 1),
+                      None if all(b is None for _, b in weights) else
+                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
+                      [W.shape[1] for W, _ in weights])
+        return found
+
     def mask(self, Q, K):
         """Which keys each new query sees: the cached ones, and the new ones up to itself."""
         q, k = Q.shape[-2], K.shape[-2]
@@ -54,49 +278,26 @@ class KVCache:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
 
-
-# How generate() picks each token: the functions of cardc/runtime/logits.py, cardc's sampler's.
-
-
-def filter_logits(logits: torch.Tensor, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
-    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
-    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
-        # a token is dropped when the tokens more probable than it already reach top_p
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+    def rotary(self, omega, source, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others
+        whose omega comes from the same hyperparameters (source)."""
+        key = self.pos, T, source
+        if self.angles is None or self.angles[0] != key:
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            self.angles = key, phi.cos(), phi.sin()
+        return self.angles[1:]
 
 
-def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
-    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-    if generator is not None:
-        probs = probs.to(generator.device)  # multinomial draws on its generator's device
-    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
-
-
-def hold_stopped(token: torch.Tensor, held: torch.Tensor,
-                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
-    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
-    token = torch.where(held >= 0, held, token)
-    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
-    return token, held
+# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
+# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
+JOINED_MAX = 1 << 20
 
 
 ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos and sin
+
+
 TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 1, …, n − 1
 
 
@@ -196,171 +397,42 @@ def grouped_sdpa(Q, K, V, **options):
     return Y.unflatten(-3, groups)
 
 
-def CausalHead(Q, K, V, cache=None):
-    """Y ← CausalHead(Q, K, V): Softmax attention of one head, row t seeing positions t′ ≤ t only.
-
-    Card: cards/nn/gqa.card:48
-    """
-    if cache is not None:
-        K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
-    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
+# How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.
 
 
-def QKNormGroup_heads(K, V, Q, gamma_q, gamma_k, eps, theta_base, cache=None):
-    """Y ← QKNormGroup(K, V, Q | γ_q, γ_k): G causal heads that share one key and one value head;
-    queries and keys are normalised by an RMSNorm, then turned by RoPE.
-
-    Card: cards/qwen3.card:77
-    """
-    past = 0 if cache is None else cache.pos  # tokens decoded before these
-    d = K.shape[-1]
-    K_tilde = rotate_half(rms_normalize(K, (d,), gamma_k, eps), theta_base, past=past)  # (…, T, d)  [qwen3.card:85]
-    Y_j = CausalHead(rotate_half(rms_normalize(Q.unflatten(-1, (-1, d)).transpose(-3, -2), (d,), gamma_q, eps), theta_base, past=past), K_tilde, V, cache=cache)  # (…, groups·G, T, d): every j of every group at once  [qwen3.card:86]
-    return Y_j  # (…, T, d)  [qwen3.card:87]
-
-
-class QKNormAttention(nn.Module):
-    """Y ← QKNormAttention(X | W): Grouped-query causal self-attention with rotary positions, each
-    query head and each key head first normalised by an RMSNorm whose gains all heads share:
-    H query heads of width d (not necessarily D/H), and H_kv key/value heads, each shared by
-    G = H/H_kv consecutive query heads.
-
-    Card: cards/qwen3.card:58
-    """
-
-    def __init__(self, D: int, H: int, H_kv: int, d: int, eps: float, theta_base: float = 1000000):
-        super().__init__()
-        self.D = D
-        self.H = H
-        self.H_kv = H_kv
-        self.d = d
-        self.eps = eps
-        self.theta_base = theta_base
-        self.G = H // H_kv
-        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [qwen3.card:66]
-        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [qwen3.card:67]
-        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [qwen3.card:67]
-        self.gamma_q = nn.Parameter(torch.ones(d))  # (d,)  [qwen3.card:68]
-        self.gamma_k = nn.Parameter(torch.ones(d))  # (d,)  [qwen3.card:68]
-        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [qwen3.card:69]
-
-    def forward(self, X, cache=None):
-        Q = X @ self.W_q  # (B, T, H d)  [qwen3.card:70]
-        K = X @ self.W_k  # (B, T, H_kv d)  [qwen3.card:71]
-        V = X @ self.W_v  # (B, T, H_kv d)  [qwen3.card:72]
-        Y_g = QKNormGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, gamma_q=self.gamma_q, gamma_k=self.gamma_k, eps=self.eps, theta_base=self.theta_base, cache=cache)  # every g at once, all their heads side by side on one axis  [qwen3.card:73]
-        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [qwen3.card:74]
-        return Y @ self.W_o  # (B, T, D)  [qwen3.card:75]
+def filter_logits(logits: torch.Tensor, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
+    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        # a token is dropped when the tokens more probable than it already reach top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
 
 
-class SwiGLU(nn.Module):
-    """Y ← SwiGLU(X | W): Position-wise feed-forward network with a SiLU-gated linear unit, as
-    Llama uses; no biases.
-
-    Card: cards/nn/swiglu.card:1
-    """
-
-    def __init__(self, D: int, D_f: int):
-        super().__init__()
-        self.D = D
-        self.D_f = D_f
-        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
-        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
-        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [swiglu.card:8]
-
-    def forward(self, X):
-        return (F.silu(X @ self.W_gate) * (X @ self.W_up)) @ self.W_down  # (B, T, D)  [swiglu.card:9]
+def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
+    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    if generator is not None:
+        probs = probs.to(generator.device)  # multinomial draws on its generator's device
+    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
 
 
-class Qwen3Block(nn.Module):
-    """X ← Qwen3Block(X | θ): A pre-norm Qwen3 block: grouped-query attention with RMSNorm on each
-    query and key head, then a SwiGLU MLP, each added to the residual stream.
-
-    Card: cards/qwen3.card:44
-    """
-
-    def __init__(self, D: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, D_f: int):
-        super().__init__()
-        self.D = D
-        self.eps = eps
-        self.theta_base = theta_base
-        self.H = H
-        self.H_kv = H_kv
-        self.d = d
-        self.D_f = D_f
-        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:50]
-        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:52]
-        self.attn = QKNormAttention(D=D, H=H, H_kv=H_kv, d=d, eps=eps, theta_base=theta_base)  # [qwen3.card:51]
-        self.mlp = SwiGLU(D=D, D_f=D_f)  # [qwen3.card:53]
-
-    def forward(self, X, cache=None):
-        X = X + self.attn(rms_normalize(X, (self.D,), self.gamma1, self.eps), cache=cache)  # (B, T, D)  [qwen3.card:54]
-        X = X + self.mlp(rms_normalize(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [qwen3.card:55]
-        return X  # (B, T, D)  [qwen3.card:56]
-
-
-class Qwen3(nn.Module):
-    """P ← Qwen3(x | θ): Qwen3 with the unembedding tied to the token embeddings (Qwen3-0.6B,
-    Qwen3-1.7B, Qwen3-4B).
-
-    Card: cards/qwen3.card:1
-    """
-
-    def __init__(self, V: int, D: int, H: int, H_kv: int, d: int, D_f: int, N: int, ctx: int, eps: float = 1e-06, theta_base: float = 1000000, v_pad: int = 0):
-        super().__init__()
-        self.V = V
-        self.D = D
-        self.H = H
-        self.H_kv = H_kv
-        self.d = d
-        self.D_f = D_f
-        self.N = N
-        self.ctx = ctx
-        self.eps = eps
-        self.theta_base = theta_base
-        self.v_pad = v_pad
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [qwen3.card:9]
-        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [qwen3.card:12]
-        self.block = nn.ModuleList(
-            Qwen3Block(D=D, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, d=d, D_f=D_f) for _ in range(N)
-        )  # [qwen3.card:11]
-
-    def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [qwen3.card:15]
-        for block in self.block:  # [qwen3.card:16]
-            E = block(E, cache=cache)  # (B, T, D)  [qwen3.card:17]
-        E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen3.card:19]
-        P = E @ self.W_e.T  # (B, T, V)  [qwen3.card:20]
-        if cache is not None:
-            cache.pos = cache.pos + x.shape[-1]
-        if targets is None:
-            return P
-        loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
-        return P, loss
-
-    def new_cache(self) -> KVCache:
-        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
-        return KVCache()
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 generator=None, stop_tokens=None):
-        """idx (B, T) followed by max_new_tokens tokens, each the most probable (temperature 0)
-        or drawn from softmax(logits / temperature) within the top_k most probable and the
-        fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
-        set of token IDs) repeats it from then on, and generation ends once every row has: the
-        result may be shorter. Each step feeds the model only the newest
-        token, through a KV cache. Call eval() first."""
-        stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
-        held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
-        cache = self.new_cache()
-        for _ in range(max_new_tokens):
-            context = idx  # no fixed context: every token so far
-            logits = self(cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
-            token = pick_token(logits, temperature, top_k, top_p, generator)
-            if len(stops):
-                token, held = hold_stopped(token, held, stops)
-            idx = torch.cat([idx, token], dim=1)
-            if len(stops) and bool((held >= 0).all()):
-                break
-        return idx
+def hold_stopped(token: torch.Tensor, held: torch.Tensor,
+                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
+    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
+    token = torch.where(held >= 0, held, token)
+    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
+    return token, held

@@ -10,8 +10,229 @@ from torch import nn
 
 PRESETS = {
     "tiny": dict(V=256, D=128, H=4, H_kv=2, D_f=344, N=4, ctx=256, eps=1e-05, d_r=8, theta_base=10000.0, v_pad=0),
-    "stablelm-2-1_6b": dict(V=100352, D=2048, H=32, H_kv=32, D_f=5632, N=24, ctx=4096, eps=1e-05, d_r=16, theta_base=10000.0, v_pad=0),
+    "stablelm-2-1_6b": dict(
+        V=100352, D=2048, H=32, H_kv=32, D_f=5632, N=24, ctx=4096, eps=1e-05, d_r=16, theta_base=10000.0, v_pad=0
+    ),
 }
+
+
+def CausalHead(Q, K, V, cache=None):
+    """Y ← CausalHead(Q, K, V): Softmax attention of one head, row t seeing positions t′ ≤ t only.
+
+    Card: cards/nn/gqa.card:48
+    """
+    if cache is not None:
+        K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
+    # (…, T, d_v)  [gqa.card:54]
+    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)
+
+
+def PartialRoPE(X, d_r, theta_base, cache=None):
+    """Y ← PartialRoPE(X | θ_base, d_r): RoPE (rotate-half, frequencies from the width d_r) on the
+    first d_r columns; the rest pass through.
+
+    Card: cards/stablelm2.card:67
+    """
+    past = 0 if cache is None else cache.pos  # tokens decoded before these
+    return rotate_half(X, theta_base, width=d_r, past=past)  # (…, T, d)  [stablelm2.card:72]
+
+
+def PartialRotaryGroup_heads(K, V, Q, d_r, theta_base, cache=None):
+    """Y ← PartialRotaryGroup(K, V, Q | θ_base, d_r): G causal heads that share one key and one
+    value head; the first d_r columns of queries and keys are turned by RoPE first.
+
+    Card: cards/stablelm2.card:56
+    """
+    d = K.shape[-1]
+    K_tilde = PartialRoPE(K, theta_base=theta_base, d_r=d_r, cache=cache)  # (…, T, d)  [stablelm2.card:63]
+    # (…, groups·G, T, d): every j of every group at once  [stablelm2.card:64]
+    Y_j = CausalHead(
+        PartialRoPE(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base=theta_base, d_r=d_r, cache=cache),
+        K_tilde,
+        V,
+        cache=cache,
+    )
+    return Y_j  # (…, T, d)  [stablelm2.card:65]
+
+
+class PartialRotaryAttention(nn.Module):
+    """Y ← PartialRotaryAttention(X | W): Grouped-query causal self-attention with biased query,
+    key and value projections: H query heads of width d = D/H, H_kv key/value heads each
+    shared by G = H/H_kv consecutive query heads, rotary on the first d_r columns of each
+    head.
+
+    Card: cards/stablelm2.card:38
+    """
+
+    def __init__(self, D: int, H: int, H_kv: int, d_r: int, theta_base: float = 10000):
+        super().__init__()
+        self.D = D
+        self.H = H
+        self.H_kv = H_kv
+        self.d_r = d_r
+        self.theta_base = theta_base
+        self.d = D // H
+        self.G = H // H_kv
+        self.W_q = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [stablelm2.card:46]
+        self.b_q = nn.Parameter(torch.zeros(D))  # (D,)  [stablelm2.card:46]
+        self.W_k = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [stablelm2.card:47]
+        self.W_v = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [stablelm2.card:47]
+        self.b_k = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [stablelm2.card:47]
+        self.b_v = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [stablelm2.card:47]
+        self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [stablelm2.card:48]
+
+    def forward(self, X, cache=None):
+        # (B, T, D), (B, T, D H_kv/H), (B, T, D H_kv/H)  [stablelm2.card:49]
+        Q, K, V = project(X, (self.W_q, self.b_q), (self.W_k, self.b_k), (self.W_v, self.b_v), cache=cache)
+        # every g at once, all their heads side by side on one axis  [stablelm2.card:52]
+        Y_g = PartialRotaryGroup_heads(
+            K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
+            Q,
+            theta_base=self.theta_base,
+            d_r=self.d_r,
+            cache=cache,
+        )
+        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [stablelm2.card:53]
+        return Y @ self.W_o  # (B, T, D)  [stablelm2.card:54]
+
+
+class SwiGLU(nn.Module):
+    """Y ← SwiGLU(X | W): Position-wise feed-forward network with a SiLU-gated linear unit, as
+    Llama uses; no biases.
+
+    Card: cards/nn/swiglu.card:1
+    """
+
+    def __init__(self, D: int, D_f: int):
+        super().__init__()
+        self.D = D
+        self.D_f = D_f
+        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
+        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
+        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [swiglu.card:8]
+
+    def forward(self, X):
+        return (F.silu(X @ self.W_gate) * (X @ self.W_up)) @ self.W_down  # (B, T, D)  [swiglu.card:9]
+
+
+class StableLMBlock(nn.Module):
+    """X ← StableLMBlock(X | θ): A pre-norm block: attention, then a SwiGLU MLP, each reading its
+    own LayerNorm of the residual stream and added to it.
+
+    Card: cards/stablelm2.card:24
+    """
+
+    def __init__(self, D: int, d_r: int, eps: float, theta_base: float, H: int, H_kv: int, D_f: int):
+        super().__init__()
+        self.D = D
+        self.d_r = d_r
+        self.eps = eps
+        self.theta_base = theta_base
+        self.H = H
+        self.H_kv = H_kv
+        self.D_f = D_f
+        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [stablelm2.card:30]
+        self.beta1 = nn.Parameter(torch.zeros(D))  # (D,)  [stablelm2.card:30]
+        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [stablelm2.card:32]
+        self.beta2 = nn.Parameter(torch.zeros(D))  # (D,)  [stablelm2.card:32]
+        self.attn = PartialRotaryAttention(D=D, H=H, H_kv=H_kv, d_r=d_r, theta_base=theta_base)  # [stablelm2.card:31]
+        self.mlp = SwiGLU(D=D, D_f=D_f)  # [stablelm2.card:33]
+
+    def forward(self, X, cache=None):
+        # (B, T, D)  [stablelm2.card:34]
+        X = X + self.attn(F.layer_norm(X, (self.D,), self.gamma1, self.beta1, self.eps), cache=cache)
+        # (B, T, D)  [stablelm2.card:35]
+        X = X + self.mlp(F.layer_norm(X, (self.D,), self.gamma2, self.beta2, self.eps))
+        return X  # (B, T, D)  [stablelm2.card:36]
+
+
+class StableLM2(nn.Module):
+    """P ← StableLM2(x | θ): StableLM 2: a decoder-only transformer with pre-LayerNorm blocks (gain
+    and bias), grouped-query attention with biased query, key and value projections and
+    rotary positions on the first d_r columns of each head, a SwiGLU MLP, and an unembedding
+    of its own (StableLM 2 1.6B).
+
+    Card: cards/stablelm2.card:1
+    """
+
+    def __init__(
+        self,
+        V: int,
+        D: int,
+        H: int,
+        H_kv: int,
+        D_f: int,
+        N: int,
+        ctx: int,
+        d_r: int,
+        eps: float = 1e-05,
+        theta_base: float = 10000,
+        v_pad: int = 0,
+    ):
+        super().__init__()
+        self.V = V
+        self.D = D
+        self.H = H
+        self.H_kv = H_kv
+        self.D_f = D_f
+        self.N = N
+        self.ctx = ctx
+        self.d_r = d_r
+        self.eps = eps
+        self.theta_base = theta_base
+        self.v_pad = v_pad
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [stablelm2.card:10]
+        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [stablelm2.card:13]
+        self.beta_f = nn.Parameter(torch.zeros(D))  # (D,)  [stablelm2.card:13]
+        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [stablelm2.card:14]
+        self.block = nn.ModuleList(
+            StableLMBlock(D=D, d_r=d_r, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, D_f=D_f) for _ in range(N)
+        )  # [stablelm2.card:12]
+
+    def forward(self, x, targets=None, cache=None):
+        # (B, T, D)  [stablelm2.card:17]
+        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
+        for block in self.block:  # [stablelm2.card:18]
+            E = block(E, cache=cache)  # (B, T, D)  [stablelm2.card:19]
+        E = F.layer_norm(E, (self.D,), self.gamma_f, self.beta_f, self.eps)  # (B, T, D)  [stablelm2.card:21]
+        P = E @ self.W_u  # (B, T, V)  [stablelm2.card:22]
+        if cache is not None:
+            cache.pos = cache.pos + x.shape[-1]
+        if targets is None:
+            return P
+        loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
+        return P, loss
+
+    def new_cache(self) -> "KVCache":
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
+        return KVCache()
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                 generator=None, stop_tokens=None):
+        """idx (B, T) followed by max_new_tokens tokens, each the most probable (temperature 0)
+        or drawn from softmax(logits / temperature) within the top_k most probable and the
+        fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
+        set of token IDs) repeats it from then on, and generation ends once every row has: the
+        result may be shorter. Each step feeds the model only the newest
+        token, through a KV cache. Call eval() first."""
+        stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
+        held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
+        cache = self.new_cache()
+        for _ in range(max_new_tokens):
+            context = idx  # no fixed context: every token so far
+            logits = self(cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
+            token = pick_token(logits, temperature, top_k, top_p, generator)
+            if len(stops):
+                token, held = hold_stopped(token, held, stops)
+            idx = torch.cat([idx, token], dim=1)
+            if len(stops) and bool((held >= 0).all()):
+                break
+        return idx
+
+
+# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
 
 
 class KVCache:
@@ -24,6 +245,7 @@ class KVCache:
         self.tokens = None  # those tokens, (B, pos), when they came through new()
         self.joins = {} if joins is None else joins  # project's joined weights, by their ids
         self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
@@ -69,46 +291,16 @@ class KVCache:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
 
-
-# How generate() picks each token: the functions of cardc/runtime/logits.py, cardc's sampler's.
-
-
-def filter_logits(logits: torch.Tensor, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
-    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
-    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
-        # a token is dropped when the tokens more probable than it already reach top_p
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
-    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-    if generator is not None:
-        probs = probs.to(generator.device)  # multinomial draws on its generator's device
-    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
-
-
-def hold_stopped(token: torch.Tensor, held: torch.Tensor,
-                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
-    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
-    token = torch.where(held >= 0, held, token)
-    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
-    return token, held
+    def rotary(self, omega, source, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others
+        whose omega comes from the same hyperparameters (source)."""
+        key = self.pos, T, source
+        if self.angles is None or self.angles[0] != key:
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            self.angles = key, phi.cos(), phi.sin()
+        return self.angles[1:]
 
 
 # Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
@@ -127,6 +319,8 @@ def project(X, *weights, cache=None):
 
 
 ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos and sin
+
+
 TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 1, …, n − 1
 
 
@@ -206,185 +400,42 @@ def grouped_sdpa(Q, K, V, **options):
     return Y.unflatten(-3, groups)
 
 
-def CausalHead(Q, K, V, cache=None):
-    """Y ← CausalHead(Q, K, V): Softmax attention of one head, row t seeing positions t′ ≤ t only.
-
-    Card: cards/nn/gqa.card:48
-    """
-    if cache is not None:
-        K, V = cache.extend(None, K, V)  # the cached positions come first  [gqa.card:52]
-    return grouped_sdpa(Q, K, V, attn_mask=None if cache is None else cache.mask(Q, K), is_causal=cache is None)  # (…, T, d_v)  [gqa.card:54]
+# How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.
 
 
-def PartialRoPE(X, d_r, theta_base, cache=None):
-    """Y ← PartialRoPE(X | θ_base, d_r): RoPE (rotate-half, frequencies from the width d_r) on the
-    first d_r columns; the rest pass through.
-
-    Card: cards/stablelm2.card:67
-    """
-    past = 0 if cache is None else cache.pos  # tokens decoded before these
-    return rotate_half(X, theta_base, width=d_r, past=past)  # (…, T, d)  [stablelm2.card:72]
-
-
-def PartialRotaryGroup_heads(K, V, Q, d_r, theta_base, cache=None):
-    """Y ← PartialRotaryGroup(K, V, Q | θ_base, d_r): G causal heads that share one key and one
-    value head; the first d_r columns of queries and keys are turned by RoPE first.
-
-    Card: cards/stablelm2.card:56
-    """
-    d = K.shape[-1]
-    K_tilde = PartialRoPE(K, theta_base=theta_base, d_r=d_r, cache=cache)  # (…, T, d)  [stablelm2.card:63]
-    Y_j = CausalHead(PartialRoPE(Q.unflatten(-1, (-1, d)).transpose(-3, -2), theta_base=theta_base, d_r=d_r, cache=cache), K_tilde, V, cache=cache)  # (…, groups·G, T, d): every j of every group at once  [stablelm2.card:64]
-    return Y_j  # (…, T, d)  [stablelm2.card:65]
+def filter_logits(logits: torch.Tensor, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
+    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        # a token is dropped when the tokens more probable than it already reach top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
 
 
-class PartialRotaryAttention(nn.Module):
-    """Y ← PartialRotaryAttention(X | W): Grouped-query causal self-attention with biased query,
-    key and value projections: H query heads of width d = D/H, H_kv key/value heads each
-    shared by G = H/H_kv consecutive query heads, rotary on the first d_r columns of each
-    head.
-
-    Card: cards/stablelm2.card:38
-    """
-
-    def __init__(self, D: int, H: int, H_kv: int, d_r: int, theta_base: float = 10000):
-        super().__init__()
-        self.D = D
-        self.H = H
-        self.H_kv = H_kv
-        self.d_r = d_r
-        self.theta_base = theta_base
-        self.d = D // H
-        self.G = H // H_kv
-        self.W_q = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [stablelm2.card:46]
-        self.b_q = nn.Parameter(torch.zeros(D))  # (D,)  [stablelm2.card:46]
-        self.W_k = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [stablelm2.card:47]
-        self.W_v = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [stablelm2.card:47]
-        self.b_k = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [stablelm2.card:47]
-        self.b_v = nn.Parameter(torch.zeros(D * H_kv // H))  # (D H_kv/H,)  [stablelm2.card:47]
-        self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [stablelm2.card:48]
-
-    def forward(self, X, cache=None):
-        Q, K, V = project(X, (self.W_q, self.b_q), (self.W_k, self.b_k), (self.W_v, self.b_v), cache=cache)  # (B, T, D), (B, T, D H_kv/H), (B, T, D H_kv/H)  [stablelm2.card:49]
-        Y_g = PartialRotaryGroup_heads(K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2), Q, theta_base=self.theta_base, d_r=self.d_r, cache=cache)  # every g at once, all their heads side by side on one axis  [stablelm2.card:52]
-        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, D)  [stablelm2.card:53]
-        return Y @ self.W_o  # (B, T, D)  [stablelm2.card:54]
+def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
+    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    if generator is not None:
+        probs = probs.to(generator.device)  # multinomial draws on its generator's device
+    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
 
 
-class SwiGLU(nn.Module):
-    """Y ← SwiGLU(X | W): Position-wise feed-forward network with a SiLU-gated linear unit, as
-    Llama uses; no biases.
-
-    Card: cards/nn/swiglu.card:1
-    """
-
-    def __init__(self, D: int, D_f: int):
-        super().__init__()
-        self.D = D
-        self.D_f = D_f
-        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
-        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [swiglu.card:7]
-        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [swiglu.card:8]
-
-    def forward(self, X):
-        return (F.silu(X @ self.W_gate) * (X @ self.W_up)) @ self.W_down  # (B, T, D)  [swiglu.card:9]
-
-
-class StableLMBlock(nn.Module):
-    """X ← StableLMBlock(X | θ): A pre-norm block: attention, then a SwiGLU MLP, each reading its
-    own LayerNorm of the residual stream and added to it.
-
-    Card: cards/stablelm2.card:24
-    """
-
-    def __init__(self, D: int, d_r: int, eps: float, theta_base: float, H: int, H_kv: int, D_f: int):
-        super().__init__()
-        self.D = D
-        self.d_r = d_r
-        self.eps = eps
-        self.theta_base = theta_base
-        self.H = H
-        self.H_kv = H_kv
-        self.D_f = D_f
-        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [stablelm2.card:30]
-        self.beta1 = nn.Parameter(torch.zeros(D))  # (D,)  [stablelm2.card:30]
-        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [stablelm2.card:32]
-        self.beta2 = nn.Parameter(torch.zeros(D))  # (D,)  [stablelm2.card:32]
-        self.attn = PartialRotaryAttention(D=D, H=H, H_kv=H_kv, d_r=d_r, theta_base=theta_base)  # [stablelm2.card:31]
-        self.mlp = SwiGLU(D=D, D_f=D_f)  # [stablelm2.card:33]
-
-    def forward(self, X, cache=None):
-        X = X + self.attn(F.layer_norm(X, (self.D,), self.gamma1, self.beta1, self.eps), cache=cache)  # (B, T, D)  [stablelm2.card:34]
-        X = X + self.mlp(F.layer_norm(X, (self.D,), self.gamma2, self.beta2, self.eps))  # (B, T, D)  [stablelm2.card:35]
-        return X  # (B, T, D)  [stablelm2.card:36]
-
-
-class StableLM2(nn.Module):
-    """P ← StableLM2(x | θ): StableLM 2: a decoder-only transformer with pre-LayerNorm blocks (gain
-    and bias), grouped-query attention with biased query, key and value projections and
-    rotary positions on the first d_r columns of each head, a SwiGLU MLP, and an unembedding
-    of its own (StableLM 2 1.6B).
-
-    Card: cards/stablelm2.card:1
-    """
-
-    def __init__(self, V: int, D: int, H: int, H_kv: int, D_f: int, N: int, ctx: int, d_r: int, eps: float = 1e-05, theta_base: float = 10000, v_pad: int = 0):
-        super().__init__()
-        self.V = V
-        self.D = D
-        self.H = H
-        self.H_kv = H_kv
-        self.D_f = D_f
-        self.N = N
-        self.ctx = ctx
-        self.d_r = d_r
-        self.eps = eps
-        self.theta_base = theta_base
-        self.v_pad = v_pad
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [stablelm2.card:10]
-        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [stablelm2.card:13]
-        self.beta_f = nn.Parameter(torch.zeros(D))  # (D,)  [stablelm2.card:13]
-        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [stablelm2.card:14]
-        self.block = nn.ModuleList(
-            StableLMBlock(D=D, d_r=d_r, eps=eps, theta_base=theta_base, H=H, H_kv=H_kv, D_f=D_f) for _ in range(N)
-        )  # [stablelm2.card:12]
-
-    def forward(self, x, targets=None, cache=None):
-        E = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)  # (B, T, D)  [stablelm2.card:17]
-        for block in self.block:  # [stablelm2.card:18]
-            E = block(E, cache=cache)  # (B, T, D)  [stablelm2.card:19]
-        E = F.layer_norm(E, (self.D,), self.gamma_f, self.beta_f, self.eps)  # (B, T, D)  [stablelm2.card:21]
-        P = E @ self.W_u  # (B, T, V)  [stablelm2.card:22]
-        if cache is not None:
-            cache.pos = cache.pos + x.shape[-1]
-        if targets is None:
-            return P
-        loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
-        return P, loss
-
-    def new_cache(self) -> KVCache:
-        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
-        return KVCache()
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 generator=None, stop_tokens=None):
-        """idx (B, T) followed by max_new_tokens tokens, each the most probable (temperature 0)
-        or drawn from softmax(logits / temperature) within the top_k most probable and the
-        fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
-        set of token IDs) repeats it from then on, and generation ends once every row has: the
-        result may be shorter. Each step feeds the model only the newest
-        token, through a KV cache. Call eval() first."""
-        stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
-        held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
-        cache = self.new_cache()
-        for _ in range(max_new_tokens):
-            context = idx  # no fixed context: every token so far
-            logits = self(cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
-            token = pick_token(logits, temperature, top_k, top_p, generator)
-            if len(stops):
-                token, held = hold_stopped(token, held, stops)
-            idx = torch.cat([idx, token], dim=1)
-            if len(stops) and bool((held >= 0).all()):
-                break
-        return idx
+def hold_stopped(token: torch.Tensor, held: torch.Tensor,
+                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
+    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
+    token = torch.where(held >= 0, held, token)
+    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
+    return token, held

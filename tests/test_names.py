@@ -342,7 +342,8 @@ GENERATOR_ATTRS = {
     "vector_norm", "hypot", "addcmul_", "dtype",
 }
 GENERATOR_STRINGS = {"tanh", "omega", "cpu", "probabilities", "params", "weight_decay", "lr", "-inf",
-                     " exceeds the model's ", " positions", "sequence length "}
+                     " exceeds the model's ", " positions", "sequence length ",
+                     "KVCache"}  # new_cache()'s annotation: the class stands after the model
 FORBIDDEN = {"__import__", "eval", "exec", "compile", "open", "os", "sys", "subprocess",
              "getattr", "setattr", "globals", "locals", "vars", "breakpoint", "input",
              "__builtins__", "importlib", "system"}

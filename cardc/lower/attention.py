@@ -212,7 +212,7 @@ def prepare(body: Steps, core: Core) -> None:
         kwargs.append(("scale", scale))
     sdpa = "F.scaled_dot_product_attention"
     if body.lead == "…":  # a function: its heads may sit on any axes, its K and V be shared
-        sdpa, body.low.program.grouped = "grouped_sdpa", True
+        sdpa = "grouped_sdpa"
     call = ir.Call(ir.Ref(sdpa), (q.code, k.code, v.code), tuple(kwargs))
     ty = body.ty(core.product)
     body.given[id(core.product)] = Val(call, Ty(ty.shape, ty.elem), True)
@@ -433,8 +433,9 @@ def _remembered(body: Steps, core: Core, q: Val, k: Val, visible: ir.Expr) -> ir
             numbers.append(val.code)
     body.low.program.masks += 1
     site = ir.Lit(str(body.low.program.masks))
+    rule = ir.Lambda(visible, body.fresh("visible"))  # a local function where a line is too short
     return ir.Call(ir.Ref("shared_mask"), (
-        site, ir.Lambda(visible), _count(q), _count(k), ir.Attr(q.code, "device"), *numbers))
+        site, rule, _count(q), _count(k), ir.Attr(q.code, "device"), *numbers))
 
 
 def _count(x: Val) -> ir.Expr:

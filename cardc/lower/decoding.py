@@ -45,12 +45,11 @@ def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
     for f in program.functions:  # callees first
         if _cache_function(f, functions):
             functions.add(f.name)
-    program.ordered = bool(functions)
     cached: set[str] = set()  # classes whose forward takes the cache
     for m in program.modules:  # callees first
         attends = _cache_attention(m)
-        program.rotary |= attends and _share_rotary(m)
         if attends:
+            _share_rotary(m)
             m.body = _offset_positions(m, m.body)
         calls = _pass_cache(m, cached, functions)
         if attends or calls or _reads_cache(m.body):
@@ -59,9 +58,9 @@ def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
             cached.add(m.name)
     if top.name in cached:
         _count_positions(top)
-        top.cached = program.kv_cache = True
+        top.cached = True
         # tokens alone in, as runtime.sample.is_language_model reads it: no encoder's input
-        top.generates = program.generates = [a.name for a in top.inputs[1:2]] == ["targets"]
+        top.generates = [a.name for a in top.inputs[1:2]] == ["targets"]
 
 
 # ------------------------------------------------------------------ functions

@@ -44,7 +44,6 @@ def join_projections(program: ir.Program) -> None:
         body = _join(m, list(m.body))
         if body is not None:
             m.body = body
-            program.joins = True
 
 
 def _products(m: ir.Module):

@@ -40,8 +40,6 @@ def lower(body: Steps, e: s.Call, call: CallInfo, found: Found) -> ir.Expr | Non
     if which in ("rms_norm", "rms_norm_offset"):
         program = body.low.program
         program.imports.add("math")  # rms_normalize's √
-        program.rms_norm = True
-        program.offset_norm |= which == "rms_norm_offset"  # gains stored less one
         helper = "offset_rms_norm" if which == "rms_norm_offset" else "rms_normalize"
         return _call(helper, x, ir.Seq((width,)), gamma, eps)
     beta = body.expr(call.params[ren["β"]]).code

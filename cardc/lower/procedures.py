@@ -218,7 +218,6 @@ class Procedures:
         """`logits` with −∞ where top_k or top_p drops an entry: cardc.runtime.logits's
         filter_logits, copied into the module; top_p after top_k joins its call, which applies
         them in that order."""
-        self.low.program.filters = True
         bound = self.expr(f.params[0]).code
         if f.func == "top_p" and isinstance(logits, ir.Call) and \
                 logits.func == ir.Ref("filter_logits") and [k for k, _ in logits.kwargs] == ["top_k"]:

@@ -43,7 +43,6 @@ def lower_call(body: Steps, e: s.Call, call: CallInfo, found: Found) -> ir.Expr 
     if given is None:
         return None
     helper = HELPERS[which]
-    body.low.program.rope.add(helper)
     return _call(helper, x.code, body.expr(given).code)
 
 

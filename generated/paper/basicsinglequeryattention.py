@@ -19,16 +19,22 @@ class BasicSingleQueryAttention(nn.Module):
         self.d_attn = d_attn
         self.d_in = d_in
         self.d_out = d_out
-        self.W_q = nn.Parameter(torch.empty(d_attn, d_in).normal_(0.0, 0.02))  # (d_attn, d_in)  [single_query_attention.card:5]
-        self.W_k = nn.Parameter(torch.empty(d_attn, d_in).normal_(0.0, 0.02))  # (d_attn, d_in)  [single_query_attention.card:5]
+        # (d_attn, d_in)  [single_query_attention.card:5]
+        self.W_q = nn.Parameter(torch.empty(d_attn, d_in).normal_(0.0, 0.02))
+        # (d_attn, d_in)  [single_query_attention.card:5]
+        self.W_k = nn.Parameter(torch.empty(d_attn, d_in).normal_(0.0, 0.02))
         self.b_q = nn.Parameter(torch.zeros(d_attn))  # (d_attn,)  [single_query_attention.card:5]
         self.b_k = nn.Parameter(torch.zeros(d_attn))  # (d_attn,)  [single_query_attention.card:5]
-        self.W_v = nn.Parameter(torch.empty(d_out, d_in).normal_(0.0, 0.02))  # (d_out, d_in)  [single_query_attention.card:6]
+        # (d_out, d_in)  [single_query_attention.card:6]
+        self.W_v = nn.Parameter(torch.empty(d_out, d_in).normal_(0.0, 0.02))
         self.b_v = nn.Parameter(torch.zeros(d_out))  # (d_out,)  [single_query_attention.card:6]
 
     def forward(self, e, e_t):
         q = F.linear(e, self.W_q) + self.b_q  # (B, d_attn)  [single_query_attention.card:7]
         k = F.linear(e_t, self.W_k) + self.b_k  # (B, T, d_attn)  [single_query_attention.card:8]
         v = F.linear(e_t, self.W_v) + self.b_v  # (B, T, d_out)  [single_query_attention.card:9]
-        alpha = torch.exp((q[..., None, :] * k).sum(-1) / math.sqrt(self.d_attn)) / torch.exp((q[..., None, :] * k).sum(-1) / math.sqrt(self.d_attn)).sum(-1, keepdim=True)  # (B, T)  [single_query_attention.card:10]
+        # (B, T)  [single_query_attention.card:10]
+        alpha = torch.exp((q[..., None, :] * k).sum(-1) / math.sqrt(self.d_attn)) / torch.exp(
+            (q[..., None, :] * k).sum(-1) / math.sqrt(self.d_attn)
+        ).sum(-1, keepdim=True)
         return (alpha[..., None] * v).sum(-2)  # (B, d_out)  [single_query_attention.card:11]

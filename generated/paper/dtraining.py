@@ -15,7 +15,8 @@ def DTraining(x, theta, N_epochs, eta, report=None, start=None):
     Card: cards/paper/dtraining.card:1
     """
     optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # [dtraining.card:13]
-    skip = start(optimizer) if start is not None else 0  # updates made before a resume; the caller keeps the optimizer and restores its state
+    # updates made before a resume; the caller keeps the optimizer and restores its state
+    skip = start(optimizer) if start is not None else 0
     for i in range(N_epochs):  # [dtraining.card:8]
         for n in range(len(x)):  # [dtraining.card:9]
             if skip:
@@ -25,7 +26,8 @@ def DTraining(x, theta, N_epochs, eta, report=None, start=None):
             l = x_n.shape[-1]  # [dtraining.card:10]
             P = theta(x_n)  # (B, ℓ, N_V)  [dtraining.card:11]
             t = torch.arange(1, l, device=x_n.device)  # every t  [dtraining.card:12]
-            loss_ = -torch.log(P[..., t - 1, :].gather(-1, x_n[..., t][..., None])[..., 0]).sum(-1)  # (B,)  [dtraining.card:12]
+            # (B,)  [dtraining.card:12]
+            loss_ = -torch.log(P[..., t - 1, :].gather(-1, x_n[..., t][..., None])[..., 0]).sum(-1)
             optimizer.zero_grad()  # [dtraining.card:13]
             loss_.sum().backward()
             optimizer.step()

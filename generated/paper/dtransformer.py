@@ -26,19 +26,25 @@ class MHAttention(nn.Module):
         self.d_z = d_z
         self.d_mid = d_mid
         self.d_out = d_out
-        self.W_q = nn.Parameter(torch.empty(H * d_attn, d_x).normal_(0.0, 0.02))  # (H d_attn, d_x)  [mhattention.card:9]
+        # (H d_attn, d_x)  [mhattention.card:9]
+        self.W_q = nn.Parameter(torch.empty(H * d_attn, d_x).normal_(0.0, 0.02))
         self.b_q = nn.Parameter(torch.zeros(H * d_attn))  # (H d_attn,)  [mhattention.card:9]
-        self.W_k = nn.Parameter(torch.empty(H * d_attn, d_z).normal_(0.0, 0.02))  # (H d_attn, d_z)  [mhattention.card:10]
+        # (H d_attn, d_z)  [mhattention.card:10]
+        self.W_k = nn.Parameter(torch.empty(H * d_attn, d_z).normal_(0.0, 0.02))
         self.b_k = nn.Parameter(torch.zeros(H * d_attn))  # (H d_attn,)  [mhattention.card:10]
         self.W_v = nn.Parameter(torch.empty(H * d_mid, d_z).normal_(0.0, 0.02))  # (H d_mid, d_z)  [mhattention.card:11]
         self.b_v = nn.Parameter(torch.zeros(H * d_mid))  # (H d_mid,)  [mhattention.card:11]
-        self.W_o = nn.Parameter(torch.empty(d_out, H * d_mid).normal_(0.0, 0.02))  # (d_out, H d_mid)  [mhattention.card:12]
+        # (d_out, H d_mid)  [mhattention.card:12]
+        self.W_o = nn.Parameter(torch.empty(d_out, H * d_mid).normal_(0.0, 0.02))
         self.b_o = nn.Parameter(torch.zeros(d_out))  # (d_out,)  [mhattention.card:12]
 
     def forward(self, X, Z, Mask):
-        Q = F.linear(X, self.W_q, self.b_q).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)  # (B, H, ℓ_x, d_attn)  [mhattention.card:13]
-        K = F.linear(Z, self.W_k, self.b_k).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)  # (B, H, ℓ_z, d_attn)  [mhattention.card:13]
-        V = F.linear(Z, self.W_v, self.b_v).unflatten(-1, (self.H, self.d_mid)).transpose(-3, -2)  # (B, H, ℓ_z, d_mid)  [mhattention.card:13]
+        # (B, H, ℓ_x, d_attn)  [mhattention.card:13]
+        Q = F.linear(X, self.W_q, self.b_q).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)
+        # (B, H, ℓ_z, d_attn)  [mhattention.card:13]
+        K = F.linear(Z, self.W_k, self.b_k).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)
+        # (B, H, ℓ_z, d_mid)  [mhattention.card:13]
+        V = F.linear(Z, self.W_v, self.b_v).unflatten(-1, (self.H, self.d_mid)).transpose(-3, -2)
         Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=Mask)  # (B, H, ℓ_x, d_mid)  [mhattention.card:13]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, ℓ_x, H d_mid)  [mhattention.card:15]
         return F.linear(Y, self.W_o, self.b_o)  # (B, ℓ_x, d_out)  [mhattention.card:16]
@@ -68,9 +74,11 @@ class DTransformer(nn.Module):
         self.beta1 = nn.Parameter(torch.zeros(L, d_e))  # (L, d_e)  [dtransformer.card:10]
         self.gamma2 = nn.Parameter(torch.ones(L, d_e))  # (L, d_e)  [dtransformer.card:10]
         self.beta2 = nn.Parameter(torch.zeros(L, d_e))  # (L, d_e)  [dtransformer.card:10]
-        self.W_mlp1 = nn.Parameter(torch.empty(L, d_mlp, d_e).normal_(0.0, 0.02))  # (L, d_mlp, d_e)  [dtransformer.card:11]
+        # (L, d_mlp, d_e)  [dtransformer.card:11]
+        self.W_mlp1 = nn.Parameter(torch.empty(L, d_mlp, d_e).normal_(0.0, 0.02))
         self.b_mlp1 = nn.Parameter(torch.zeros(L, d_mlp))  # (L, d_mlp)  [dtransformer.card:11]
-        self.W_mlp2 = nn.Parameter(torch.empty(L, d_e, d_mlp).normal_(0.0, 0.02))  # (L, d_e, d_mlp)  [dtransformer.card:11]
+        # (L, d_e, d_mlp)  [dtransformer.card:11]
+        self.W_mlp2 = nn.Parameter(torch.empty(L, d_e, d_mlp).normal_(0.0, 0.02))
         self.b_mlp2 = nn.Parameter(torch.zeros(L, d_e))  # (L, d_e)  [dtransformer.card:12]
         self.gamma = nn.Parameter(torch.ones(d_e))  # (d_e,)  [dtransformer.card:13]
         self.beta = nn.Parameter(torch.zeros(d_e))  # (d_e,)  [dtransformer.card:13]
@@ -86,10 +94,18 @@ class DTransformer(nn.Module):
         e = self.W_e.mT[x] + self.W_p.mT[:l]  # (B, ℓ, d_e)  [dtransformer.card:17]
         X = e  # (B, ℓ, d_e)  [dtransformer.card:18]
         for l_ in range(self.L):  # [dtransformer.card:19]
-            X_tilde = F.layer_norm(X, (self.d_e,), self.gamma1[l_], self.beta1[l_], 0.0)  # (B, ℓ, d_e)  [dtransformer.card:20]
-            X = X + self.W[l_](X_tilde, X_tilde, torch.arange(l, device=x.device)[None, :] <= torch.arange(l, device=x.device)[:, None])  # (B, ℓ, d_e)  [dtransformer.card:21]
-            X_tilde = F.layer_norm(X, (self.d_e,), self.gamma2[l_], self.beta2[l_], 0.0)  # (B, ℓ, d_e)  [dtransformer.card:22]
-            X = X + F.linear(F.gelu(F.linear(X_tilde, self.W_mlp1[l_], self.b_mlp1[l_])), self.W_mlp2[l_]) + self.b_mlp2[l_]  # (B, ℓ, d_e)  [dtransformer.card:23]
+            # (B, ℓ, d_e)  [dtransformer.card:20]
+            X_tilde = F.layer_norm(X, (self.d_e,), self.gamma1[l_], self.beta1[l_], 0.0)
+            # (B, ℓ, d_e)  [dtransformer.card:21]
+            X = X + self.W[l_](
+                X_tilde, X_tilde, torch.arange(l, device=x.device)[None, :] <= torch.arange(l, device=x.device)[:, None]
+            )
+            # (B, ℓ, d_e)  [dtransformer.card:22]
+            X_tilde = F.layer_norm(X, (self.d_e,), self.gamma2[l_], self.beta2[l_], 0.0)
+            # (B, ℓ, d_e)  [dtransformer.card:23]
+            X = X + F.linear(
+                F.gelu(F.linear(X_tilde, self.W_mlp1[l_], self.b_mlp1[l_])), self.W_mlp2[l_]
+            ) + self.b_mlp2[l_]
         X = F.layer_norm(X, (self.d_e,), self.gamma, self.beta, 0.0)  # (B, ℓ, d_e)  [dtransformer.card:25]
         logits = F.linear(X, self.W_u)  # (B, ℓ, N_V)  [dtransformer.card:26]
         P = torch.softmax(logits, dim=-1)  # (B, ℓ, N_V)  [dtransformer.card:26]

@@ -15,7 +15,8 @@ def EDTraining(z, x, theta, N_epochs, eta, report=None, start=None):
     Card: cards/paper/edtraining.card:1
     """
     optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # [edtraining.card:13]
-    skip = start(optimizer) if start is not None else 0  # updates made before a resume; the caller keeps the optimizer and restores its state
+    # updates made before a resume; the caller keeps the optimizer and restores its state
+    skip = start(optimizer) if start is not None else 0
     for i in range(N_epochs):  # [edtraining.card:8]
         for n in range(len(z)):  # [edtraining.card:9]
             if skip:
@@ -26,7 +27,8 @@ def EDTraining(z, x, theta, N_epochs, eta, report=None, start=None):
             l = x_n.shape[-1]  # [edtraining.card:10]
             P = theta(z_n, x_n)  # (B, ℓ, N_V)  [edtraining.card:11]
             t = torch.arange(1, l, device=z_n.device)  # every t  [edtraining.card:12]
-            loss_ = -torch.log(P[..., t - 1, :].gather(-1, x_n[..., t][..., None])[..., 0]).sum(-1)  # (B,)  [edtraining.card:12]
+            # (B,)  [edtraining.card:12]
+            loss_ = -torch.log(P[..., t - 1, :].gather(-1, x_n[..., t][..., None])[..., 0]).sum(-1)
             optimizer.zero_grad()  # [edtraining.card:13]
             loss_.sum().backward()
             optimizer.step()

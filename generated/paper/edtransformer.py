@@ -27,19 +27,25 @@ class MHAttention(nn.Module):
         self.d_z = d_z
         self.d_mid = d_mid
         self.d_out = d_out
-        self.W_q = nn.Parameter(torch.empty(H * d_attn, d_x).normal_(0.0, 0.02))  # (H d_attn, d_x)  [mhattention.card:9]
+        # (H d_attn, d_x)  [mhattention.card:9]
+        self.W_q = nn.Parameter(torch.empty(H * d_attn, d_x).normal_(0.0, 0.02))
         self.b_q = nn.Parameter(torch.zeros(H * d_attn))  # (H d_attn,)  [mhattention.card:9]
-        self.W_k = nn.Parameter(torch.empty(H * d_attn, d_z).normal_(0.0, 0.02))  # (H d_attn, d_z)  [mhattention.card:10]
+        # (H d_attn, d_z)  [mhattention.card:10]
+        self.W_k = nn.Parameter(torch.empty(H * d_attn, d_z).normal_(0.0, 0.02))
         self.b_k = nn.Parameter(torch.zeros(H * d_attn))  # (H d_attn,)  [mhattention.card:10]
         self.W_v = nn.Parameter(torch.empty(H * d_mid, d_z).normal_(0.0, 0.02))  # (H d_mid, d_z)  [mhattention.card:11]
         self.b_v = nn.Parameter(torch.zeros(H * d_mid))  # (H d_mid,)  [mhattention.card:11]
-        self.W_o = nn.Parameter(torch.empty(d_out, H * d_mid).normal_(0.0, 0.02))  # (d_out, H d_mid)  [mhattention.card:12]
+        # (d_out, H d_mid)  [mhattention.card:12]
+        self.W_o = nn.Parameter(torch.empty(d_out, H * d_mid).normal_(0.0, 0.02))
         self.b_o = nn.Parameter(torch.zeros(d_out))  # (d_out,)  [mhattention.card:12]
 
     def forward(self, X, Z, Mask):
-        Q = F.linear(X, self.W_q, self.b_q).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)  # (B, H, ℓ_x, d_attn)  [mhattention.card:13]
-        K = F.linear(Z, self.W_k, self.b_k).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)  # (B, H, ℓ_z, d_attn)  [mhattention.card:13]
-        V = F.linear(Z, self.W_v, self.b_v).unflatten(-1, (self.H, self.d_mid)).transpose(-3, -2)  # (B, H, ℓ_z, d_mid)  [mhattention.card:13]
+        # (B, H, ℓ_x, d_attn)  [mhattention.card:13]
+        Q = F.linear(X, self.W_q, self.b_q).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)
+        # (B, H, ℓ_z, d_attn)  [mhattention.card:13]
+        K = F.linear(Z, self.W_k, self.b_k).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)
+        # (B, H, ℓ_z, d_mid)  [mhattention.card:13]
+        V = F.linear(Z, self.W_v, self.b_v).unflatten(-1, (self.H, self.d_mid)).transpose(-3, -2)
         Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=Mask)  # (B, H, ℓ_x, d_mid)  [mhattention.card:13]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, ℓ_x, H d_mid)  [mhattention.card:15]
         return F.linear(Y, self.W_o, self.b_o)  # (B, ℓ_x, d_out)  [mhattention.card:16]
@@ -52,7 +58,9 @@ class EDTransformer(nn.Module):
     Card: cards/paper/edtransformer.card:1
     """
 
-    def __init__(self, l_max: int, L_enc: int, L_dec: int, H: int, d_e: int, d_mlp: int, N_V: int, d_attn: int, d_mid: int):
+    def __init__(
+        self, l_max: int, L_enc: int, L_dec: int, H: int, d_e: int, d_mlp: int, N_V: int, d_attn: int, d_mid: int
+    ):
         super().__init__()
         self.l_max = l_max
         self.L_enc = L_enc
@@ -71,9 +79,11 @@ class EDTransformer(nn.Module):
         self.beta1 = nn.Parameter(torch.zeros(L_enc, d_e))  # (L_enc, d_e)  [edtransformer.card:11]
         self.gamma2 = nn.Parameter(torch.ones(L_enc, d_e))  # (L_enc, d_e)  [edtransformer.card:11]
         self.beta2 = nn.Parameter(torch.zeros(L_enc, d_e))  # (L_enc, d_e)  [edtransformer.card:11]
-        self.W_mlp1 = nn.Parameter(torch.empty(L_enc, d_mlp, d_e).normal_(0.0, 0.02))  # (L_enc, d_mlp, d_e)  [edtransformer.card:12]
+        # (L_enc, d_mlp, d_e)  [edtransformer.card:12]
+        self.W_mlp1 = nn.Parameter(torch.empty(L_enc, d_mlp, d_e).normal_(0.0, 0.02))
         self.b_mlp1 = nn.Parameter(torch.zeros(L_enc, d_mlp))  # (L_enc, d_mlp)  [edtransformer.card:12]
-        self.W_mlp2 = nn.Parameter(torch.empty(L_enc, d_e, d_mlp).normal_(0.0, 0.02))  # (L_enc, d_e, d_mlp)  [edtransformer.card:12]
+        # (L_enc, d_e, d_mlp)  [edtransformer.card:12]
+        self.W_mlp2 = nn.Parameter(torch.empty(L_enc, d_e, d_mlp).normal_(0.0, 0.02))
         self.b_mlp2 = nn.Parameter(torch.zeros(L_enc, d_e))  # (L_enc, d_e)  [edtransformer.card:13]
         self.gamma3 = nn.Parameter(torch.ones(L_dec, d_e))  # (L_dec, d_e)  [edtransformer.card:17]
         self.beta3 = nn.Parameter(torch.zeros(L_dec, d_e))  # (L_dec, d_e)  [edtransformer.card:17]
@@ -81,9 +91,11 @@ class EDTransformer(nn.Module):
         self.beta4 = nn.Parameter(torch.zeros(L_dec, d_e))  # (L_dec, d_e)  [edtransformer.card:17]
         self.gamma5 = nn.Parameter(torch.ones(L_dec, d_e))  # (L_dec, d_e)  [edtransformer.card:17]
         self.beta5 = nn.Parameter(torch.zeros(L_dec, d_e))  # (L_dec, d_e)  [edtransformer.card:17]
-        self.W_mlp3 = nn.Parameter(torch.empty(L_dec, d_mlp, d_e).normal_(0.0, 0.02))  # (L_dec, d_mlp, d_e)  [edtransformer.card:18]
+        # (L_dec, d_mlp, d_e)  [edtransformer.card:18]
+        self.W_mlp3 = nn.Parameter(torch.empty(L_dec, d_mlp, d_e).normal_(0.0, 0.02))
         self.b_mlp3 = nn.Parameter(torch.zeros(L_dec, d_mlp))  # (L_dec, d_mlp)  [edtransformer.card:18]
-        self.W_mlp4 = nn.Parameter(torch.empty(L_dec, d_e, d_mlp).normal_(0.0, 0.02))  # (L_dec, d_e, d_mlp)  [edtransformer.card:18]
+        # (L_dec, d_e, d_mlp)  [edtransformer.card:18]
+        self.W_mlp4 = nn.Parameter(torch.empty(L_dec, d_e, d_mlp).normal_(0.0, 0.02))
         self.b_mlp4 = nn.Parameter(torch.zeros(L_dec, d_e))  # (L_dec, d_e)  [edtransformer.card:19]
         self.W_u = nn.Parameter(torch.empty(N_V, d_e).normal_(0.0, 0.02))  # (N_V, d_e)  [edtransformer.card:20]
         self.W_enc = nn.ModuleList(
@@ -107,20 +119,32 @@ class EDTransformer(nn.Module):
         e = self.W_e.mT[z] + self.W_p.mT[:l_z]  # (B, ℓ_z, d_e)  [edtransformer.card:24]
         Z = e  # (B, ℓ_z, d_e)  [edtransformer.card:25]
         for l in range(self.L_enc):  # [edtransformer.card:26]
-            Z = Z + self.W_enc[l](Z, Z, torch.full((l_z, l_z), True, device=z.device))  # (B, ℓ_z, d_e)  [edtransformer.card:27]
-            Z = F.layer_norm(Z, (self.d_e,), self.gamma1[l], self.beta1[l], 0.0)  # (B, ℓ_z, d_e)  [edtransformer.card:28]
-            Z = Z + F.linear(torch.relu(F.linear(Z, self.W_mlp1[l], self.b_mlp1[l])), self.W_mlp2[l]) + self.b_mlp2[l]  # (B, ℓ_z, d_e)  [edtransformer.card:29]
-            Z = F.layer_norm(Z, (self.d_e,), self.gamma2[l], self.beta2[l], 0.0)  # (B, ℓ_z, d_e)  [edtransformer.card:30]
+            # (B, ℓ_z, d_e)  [edtransformer.card:27]
+            Z = Z + self.W_enc[l](Z, Z, torch.full((l_z, l_z), True, device=z.device))
+            # (B, ℓ_z, d_e)  [edtransformer.card:28]
+            Z = F.layer_norm(Z, (self.d_e,), self.gamma1[l], self.beta1[l], 0.0)
+            # (B, ℓ_z, d_e)  [edtransformer.card:29]
+            Z = Z + F.linear(torch.relu(F.linear(Z, self.W_mlp1[l], self.b_mlp1[l])), self.W_mlp2[l]) + self.b_mlp2[l]
+            # (B, ℓ_z, d_e)  [edtransformer.card:30]
+            Z = F.layer_norm(Z, (self.d_e,), self.gamma2[l], self.beta2[l], 0.0)
         # Decode the primary sequence, conditioning on the context:
         e_ = self.W_e.mT[x] + self.W_p.mT[:l_x]  # (B, ℓ_x, d_e)  [edtransformer.card:34]
         X = e_  # (B, ℓ_x, d_e)  [edtransformer.card:35]
         for l in range(self.L_dec):  # [edtransformer.card:36]
-            X = X + self.W_dec[l](X, X, torch.arange(l_x, device=z.device)[None, :] <= torch.arange(l_x, device=z.device)[:, None])  # (B, ℓ_x, d_e)  [edtransformer.card:37]
-            X = F.layer_norm(X, (self.d_e,), self.gamma3[l], self.beta3[l], 0.0)  # (B, ℓ_x, d_e)  [edtransformer.card:38]
-            X = X + self.W_e_d[l](X, Z, torch.full((l_x, l_z), True, device=z.device))  # (B, ℓ_x, d_e)  [edtransformer.card:39]
-            X = F.layer_norm(X, (self.d_e,), self.gamma4[l], self.beta4[l], 0.0)  # (B, ℓ_x, d_e)  [edtransformer.card:40]
-            X = X + F.linear(torch.relu(F.linear(X, self.W_mlp3[l], self.b_mlp3[l])), self.W_mlp4[l]) + self.b_mlp4[l]  # (B, ℓ_x, d_e)  [edtransformer.card:41]
-            X = F.layer_norm(X, (self.d_e,), self.gamma5[l], self.beta5[l], 0.0)  # (B, ℓ_x, d_e)  [edtransformer.card:42]
+            # (B, ℓ_x, d_e)  [edtransformer.card:37]
+            X = X + self.W_dec[l](
+                X, X, torch.arange(l_x, device=z.device)[None, :] <= torch.arange(l_x, device=z.device)[:, None]
+            )
+            # (B, ℓ_x, d_e)  [edtransformer.card:38]
+            X = F.layer_norm(X, (self.d_e,), self.gamma3[l], self.beta3[l], 0.0)
+            # (B, ℓ_x, d_e)  [edtransformer.card:39]
+            X = X + self.W_e_d[l](X, Z, torch.full((l_x, l_z), True, device=z.device))
+            # (B, ℓ_x, d_e)  [edtransformer.card:40]
+            X = F.layer_norm(X, (self.d_e,), self.gamma4[l], self.beta4[l], 0.0)
+            # (B, ℓ_x, d_e)  [edtransformer.card:41]
+            X = X + F.linear(torch.relu(F.linear(X, self.W_mlp3[l], self.b_mlp3[l])), self.W_mlp4[l]) + self.b_mlp4[l]
+            # (B, ℓ_x, d_e)  [edtransformer.card:42]
+            X = F.layer_norm(X, (self.d_e,), self.gamma5[l], self.beta5[l], 0.0)
         # Derive conditional probabilities and return:
         logits = F.linear(X, self.W_u)  # (B, ℓ_x, N_V)  [edtransformer.card:45]
         P = torch.softmax(logits, dim=-1)  # (B, ℓ_x, N_V)  [edtransformer.card:45]

@@ -15,7 +15,8 @@ def ETraining(x, theta, N_epochs, eta, p_mask, report=None, start=None):
     Card: cards/paper/etraining.card:1
     """
     optimizer = torch.optim.SGD(theta.parameters(), lr=eta)  # [etraining.card:17]
-    skip = start(optimizer) if start is not None else 0  # updates made before a resume; the caller keeps the optimizer and restores its state
+    # updates made before a resume; the caller keeps the optimizer and restores its state
+    skip = start(optimizer) if start is not None else 0
     for i in range(N_epochs):  # [etraining.card:8]
         for n in range(len(x)):  # [etraining.card:9]
             if skip:
@@ -24,11 +25,17 @@ def ETraining(x, theta, N_epochs, eta, p_mask, report=None, start=None):
             x_n = x[n][None]  # a batch of one example  [etraining.card:9]
             l = x_n.shape[-1]  # [etraining.card:10]
             t = torch.arange(1, l + 1, device=x_n.device)  # every t  [etraining.card:11]
-            x_tilde_n = torch.where(torch.rand_like(x_n[..., t - 1], dtype=torch.float) < p_mask, theta.N_V - 3, x_n[..., t - 1])  # (B, ℓ)  [etraining.card:12]
+            # (B, ℓ)  [etraining.card:12]
+            x_tilde_n = torch.where(
+                torch.rand_like(x_n[..., t - 1], dtype=torch.float) < p_mask, theta.N_V - 3, x_n[..., t - 1]
+            )
             t_ = torch.arange(1, l + 1, device=x_n.device)  # every t  [etraining.card:14]
             T_tilde = x_tilde_n[..., t_ - 1] == theta.N_V - 3  # (B, ℓ)  [etraining.card:14]
             P = theta(x_tilde_n)  # (B, ℓ, N_V)  [etraining.card:15]
-            loss_ = -torch.where(T_tilde, torch.log(P[..., t_ - 1, :].gather(-1, x_n[..., t_ - 1][..., None])[..., 0]), 0.0).sum(-1)  # (B,)  [etraining.card:16]
+            # (B,)  [etraining.card:16]
+            loss_ = -torch.where(
+                T_tilde, torch.log(P[..., t_ - 1, :].gather(-1, x_n[..., t_ - 1][..., None])[..., 0]), 0.0
+            ).sum(-1)
             optimizer.zero_grad()  # [etraining.card:17]
             loss_.sum().backward()
             optimizer.step()

@@ -27,19 +27,25 @@ class MHAttention(nn.Module):
         self.d_z = d_z
         self.d_mid = d_mid
         self.d_out = d_out
-        self.W_q = nn.Parameter(torch.empty(H * d_attn, d_x).normal_(0.0, 0.02))  # (H d_attn, d_x)  [mhattention.card:9]
+        # (H d_attn, d_x)  [mhattention.card:9]
+        self.W_q = nn.Parameter(torch.empty(H * d_attn, d_x).normal_(0.0, 0.02))
         self.b_q = nn.Parameter(torch.zeros(H * d_attn))  # (H d_attn,)  [mhattention.card:9]
-        self.W_k = nn.Parameter(torch.empty(H * d_attn, d_z).normal_(0.0, 0.02))  # (H d_attn, d_z)  [mhattention.card:10]
+        # (H d_attn, d_z)  [mhattention.card:10]
+        self.W_k = nn.Parameter(torch.empty(H * d_attn, d_z).normal_(0.0, 0.02))
         self.b_k = nn.Parameter(torch.zeros(H * d_attn))  # (H d_attn,)  [mhattention.card:10]
         self.W_v = nn.Parameter(torch.empty(H * d_mid, d_z).normal_(0.0, 0.02))  # (H d_mid, d_z)  [mhattention.card:11]
         self.b_v = nn.Parameter(torch.zeros(H * d_mid))  # (H d_mid,)  [mhattention.card:11]
-        self.W_o = nn.Parameter(torch.empty(d_out, H * d_mid).normal_(0.0, 0.02))  # (d_out, H d_mid)  [mhattention.card:12]
+        # (d_out, H d_mid)  [mhattention.card:12]
+        self.W_o = nn.Parameter(torch.empty(d_out, H * d_mid).normal_(0.0, 0.02))
         self.b_o = nn.Parameter(torch.zeros(d_out))  # (d_out,)  [mhattention.card:12]
 
     def forward(self, X, Z, Mask):
-        Q = F.linear(X, self.W_q, self.b_q).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)  # (B, H, ℓ_x, d_attn)  [mhattention.card:13]
-        K = F.linear(Z, self.W_k, self.b_k).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)  # (B, H, ℓ_z, d_attn)  [mhattention.card:13]
-        V = F.linear(Z, self.W_v, self.b_v).unflatten(-1, (self.H, self.d_mid)).transpose(-3, -2)  # (B, H, ℓ_z, d_mid)  [mhattention.card:13]
+        # (B, H, ℓ_x, d_attn)  [mhattention.card:13]
+        Q = F.linear(X, self.W_q, self.b_q).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)
+        # (B, H, ℓ_z, d_attn)  [mhattention.card:13]
+        K = F.linear(Z, self.W_k, self.b_k).unflatten(-1, (self.H, self.d_attn)).transpose(-3, -2)
+        # (B, H, ℓ_z, d_mid)  [mhattention.card:13]
+        V = F.linear(Z, self.W_v, self.b_v).unflatten(-1, (self.H, self.d_mid)).transpose(-3, -2)
         Y_h = F.scaled_dot_product_attention(Q, K, V, attn_mask=Mask)  # (B, H, ℓ_x, d_mid)  [mhattention.card:13]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, ℓ_x, H d_mid)  [mhattention.card:15]
         return F.linear(Y, self.W_o, self.b_o)  # (B, ℓ_x, d_out)  [mhattention.card:16]
@@ -72,9 +78,11 @@ class ETransformer(nn.Module):
         self.beta1 = nn.Parameter(torch.zeros(L, d_e))  # (L, d_e)  [etransformer.card:11]
         self.gamma2 = nn.Parameter(torch.ones(L, d_e))  # (L, d_e)  [etransformer.card:11]
         self.beta2 = nn.Parameter(torch.zeros(L, d_e))  # (L, d_e)  [etransformer.card:11]
-        self.W_mlp1 = nn.Parameter(torch.empty(L, d_mlp, d_e).normal_(0.0, 0.02))  # (L, d_mlp, d_e)  [etransformer.card:12]
+        # (L, d_mlp, d_e)  [etransformer.card:12]
+        self.W_mlp1 = nn.Parameter(torch.empty(L, d_mlp, d_e).normal_(0.0, 0.02))
         self.b_mlp1 = nn.Parameter(torch.zeros(L, d_mlp))  # (L, d_mlp)  [etransformer.card:12]
-        self.W_mlp2 = nn.Parameter(torch.empty(L, d_e, d_mlp).normal_(0.0, 0.02))  # (L, d_e, d_mlp)  [etransformer.card:12]
+        # (L, d_e, d_mlp)  [etransformer.card:12]
+        self.W_mlp2 = nn.Parameter(torch.empty(L, d_e, d_mlp).normal_(0.0, 0.02))
         self.b_mlp2 = nn.Parameter(torch.zeros(L, d_e))  # (L, d_e)  [etransformer.card:13]
         self.W_f = nn.Parameter(torch.empty(d_f, d_e).normal_(0.0, 0.02))  # (d_f, d_e)  [etransformer.card:14]
         self.b_f = nn.Parameter(torch.zeros(d_f))  # (d_f,)  [etransformer.card:14]
@@ -93,9 +101,12 @@ class ETransformer(nn.Module):
         X = e  # (B, ℓ, d_e)  [etransformer.card:20]
         for l_ in range(self.L):  # [etransformer.card:21]
             X = X + self.W[l_](X, X, torch.full((l, l), True, device=x.device))  # (B, ℓ, d_e)  [etransformer.card:22]
-            X = F.layer_norm(X, (self.d_e,), self.gamma1[l_], self.beta1[l_], 0.0)  # (B, ℓ, d_e)  [etransformer.card:23]
-            X = X + F.linear(F.gelu(F.linear(X, self.W_mlp1[l_], self.b_mlp1[l_])), self.W_mlp2[l_]) + self.b_mlp2[l_]  # (B, ℓ, d_e)  [etransformer.card:24]
-            X = F.layer_norm(X, (self.d_e,), self.gamma2[l_], self.beta2[l_], 0.0)  # (B, ℓ, d_e)  [etransformer.card:25]
+            # (B, ℓ, d_e)  [etransformer.card:23]
+            X = F.layer_norm(X, (self.d_e,), self.gamma1[l_], self.beta1[l_], 0.0)
+            # (B, ℓ, d_e)  [etransformer.card:24]
+            X = X + F.linear(F.gelu(F.linear(X, self.W_mlp1[l_], self.b_mlp1[l_])), self.W_mlp2[l_]) + self.b_mlp2[l_]
+            # (B, ℓ, d_e)  [etransformer.card:25]
+            X = F.layer_norm(X, (self.d_e,), self.gamma2[l_], self.beta2[l_], 0.0)
         X = F.gelu(F.linear(X, self.W_f, self.b_f))  # (B, ℓ, d_f)  [etransformer.card:27]
         X = F.layer_norm(X, (self.d_f,), self.gamma, self.beta, 0.0)  # (B, ℓ, d_f)  [etransformer.card:28]
         logits = F.linear(X, self.W_u)  # (B, ℓ, N_V)  [etransformer.card:29]

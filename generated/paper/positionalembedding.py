@@ -15,7 +15,8 @@ class PositionalEmbedding(nn.Module):
         super().__init__()
         self.d_e = d_e
         self.l_max = l_max
-        self.W_p = nn.Parameter(torch.empty(d_e, l_max).normal_(0.0, 0.02))  # (d_e, ℓ_max)  [positional_embedding.card:4]
+        # (d_e, ℓ_max)  [positional_embedding.card:4]
+        self.W_p = nn.Parameter(torch.empty(d_e, l_max).normal_(0.0, 0.02))
 
     def forward(self, l):
         return self.W_p.mT[l - 1]  # (B, d_e)  [positional_embedding.card:5]

@@ -1,0 +1,228 @@
+"""The helpers of generated models: the KV cache, joined projections, RoPE's tables and
+rotations, RMSNorm, masks made once per sizes, and grouped-query SDPA.
+
+`cardc build` copies the ones a model uses into its generated file, by name and as written
+here (cardc.codegen reads this file as text, never imports it), after the model's classes:
+Python resolves their names when the model runs. So each uses torch, F, math and the other
+helpers of this module, and nothing else; a module-level name here is one helper.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self, joins=None):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
+        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__(self.joins)
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V, keep=None):
+        """The layer's cached keys and values followed by these, which it keeps (the last
+        `keep` positions only, under a sliding window). A layer of None is the next attention
+        call of this forward: calls are keyed by their order."""
+        if layer is None:
+            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
+            layer, self.calls = n, (at, n + 1)
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        drop = 0 if keep is None else K.shape[-2] - keep
+        self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
+        return K, V
+
+    def joined(self, weights):
+        """project's matrices side by side, their biases (None if none has one) and widths;
+        None where joining would copy more than JOINED_MAX weights.
+        Made once per cache: over a generation the weights stay as they are."""
+        key = tuple(id(W) for W, _ in weights)
+        found = self.joins.get(key, False)
+        if found is False:
+            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
+                else (torch.cat([W for W, _ in weights], 1),
+                      None if all(b is None for _, b in weights) else
+                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
+                      [W.shape[1] for W, _ in weights])
+        return found
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+    def rotary(self, omega, source, T):
+        """cos and sin of the angles of the T new positions by the signed frequencies omega,
+        (T, d) each: computed by the first attention layer that asks, shared by the others
+        whose omega comes from the same hyperparameters (source)."""
+        key = self.pos, T, source
+        if self.angles is None or self.angles[0] != key:
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
+            phi = t[:, None] * omega.float()  # (T, d)
+            self.angles = key, phi.cos(), phi.sin()
+        return self.angles[1:]
+
+
+# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
+# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
+JOINED_MAX = 1 << 20
+
+
+def project(X, *weights, cache=None):
+    """X W + b for each (W, b) of weights (b None: no bias). While decoding (a cache, and no
+    gradients) one product by the matrices side by side, split; else one product each."""
+    joined = None if cache is None or torch.is_grad_enabled() else cache.joined(weights)
+    if joined is None:
+        return [X @ W if b is None else F.linear(X, W.T, b) for W, b in weights]
+    W, b, widths = joined
+    return (X @ W if b is None else X @ W + b).split_with_sizes(widths, -1)
+
+
+ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos and sin
+TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 1, …, n − 1
+
+
+def rope_angles(pairs, X, theta_base, past, width=None):
+    """RoPE's tables at X's rows, those of the angles (past + t) θ_base^{−2i/r}: cos (T, d),
+    its columns after the first r = width (all d by default) 1; sin (T, r), each plane's
+    first sine negated, the planes those of the convention; the same sine (T, d), 0 after
+    column r; and each column's partner in its plane (d,). Sliced from a table over every
+    position so far: a decoded token costs no trigonometry."""
+    T, d = X.shape[-2], X.shape[-1]
+    key = pairs, past, T, d, width, theta_base, X.device
+    found = ANGLES.get(key)
+    if found is None:
+        if len(ANGLES) > 64:
+            ANGLES.clear()
+        table = rope_table(pairs, d, d if width is None else width, theta_base, X.device, past + T)
+        found = ANGLES[key] = *(rows[past:past + T] for rows in table[:3]), table[3]
+    return found
+
+
+def rope_table(pairs, d, r, theta_base, device, positions):
+    """rope_angles' tables, for at least `positions` positions (grown by doubling)."""
+    key = pairs, d, r, float(theta_base), device
+    table = TABLES.get(key)
+    if table is None or table[0].shape[0] < positions:
+        n = max(positions, 64 if table is None else 2 * table[0].shape[0])
+        omega = theta_base ** -(torch.arange(0, r, 2, device=device, dtype=torch.float32) / r)
+        phi = torch.arange(n, device=device, dtype=torch.float32)[:, None] * omega
+        cos, sin = phi.cos(), phi.sin()  # (n, r/2)
+        columns = torch.arange(d, device=device)
+        partners = columns[:r].view(-1, 2).flip(-1).flatten() if pairs else columns[:r].roll(r // 2)
+        if pairs:
+            cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
+        else:
+            cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
+        table = TABLES[key] = (torch.cat([cos, cos.new_ones(n, d - r)], -1), sin,
+                               torch.cat([sin, sin.new_zeros(n, d - r)], -1),
+                               torch.cat([partners, columns[r:]]))
+    return table
+
+
+def turn(X, cos, sin, wide_sin, partners, pairs):
+    """X cos plus, in the first r columns (as many as sin has), each column's partner in its
+    plane times its sine: the halves of those columns swapped, or each pair (`pairs`). With
+    no backward to come (decoding) the partners are gathered, one dispatch; else they are
+    rolled into place, a copy whose backward is a roll too, where a gather's is a scatter."""
+    if not X.requires_grad:
+        return (X * cos).addcmul_(X[..., partners], wide_sin)
+    r = sin.shape[-1]
+    part = X if r == X.shape[-1] else X[..., :r]
+    partner = part.unflatten(-1, (-1, 2)).roll(1, -1).flatten(-2) if pairs else \
+        part.roll(r // 2, -1)
+    Y = X * cos
+    (Y if part is X else Y[..., :r]).addcmul_(partner, sin)
+    return Y
+
+
+def rotate_half(X, theta_base, past=0, width=None):
+    """RoPE in the rotate-half convention on the first `width` columns of X (all by default),
+    row t at position past + t (from 0), turned in the planes (X[t, i], X[t, r/2 + i]); the
+    rest pass through."""
+    return turn(X, *rope_angles(False, X, theta_base, past, width), pairs=False)
+
+
+def rotate_pairs(X, theta_base, past=0, width=None):
+    """RoPE on interleaved pairs of the first `width` columns of X (all by default), row t at
+    position past + t (from 0), turned in the planes (X[t, 2i], X[t, 2i + 1]); the rest pass
+    through."""
+    return turn(X, *rope_angles(True, X, theta_base, past, width), pairs=True)
+
+
+RMS_EPS = {}  # (ε, D) → √ε and 1/√D as CPU tensors: a Python number costs a tensor each use
+
+
+def rms_normalize(X, shape, gamma, eps):
+    """X/√(mean(X²) + ε) ⊙ γ over the last axis (γ None: no gains). F.rms_norm where gradients
+    flow, off the CPU, or in another type than float32 (F.rms_norm computes in float32); on the
+    CPU without gradients, where a decoded token makes each call a few numbers, as
+    X/hypot(‖X‖/√D, √ε): five dispatches where F.rms_norm's composite makes nine, the same
+    number to rounding."""
+    if torch.is_grad_enabled() or X.device.type != "cpu" or X.dtype != torch.float32:
+        return F.rms_norm(X, shape, gamma, eps)
+    key = eps, shape[-1]
+    roots = RMS_EPS.get(key)
+    if roots is None:
+        roots = RMS_EPS[key] = torch.tensor(math.sqrt(eps)), torch.tensor(shape[-1] ** -0.5)
+    norm = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
+    normed = X / torch.hypot(norm * roots[1], roots[0])
+    return normed if gamma is None else normed * gamma
+
+
+def offset_rms_norm(X, shape, gamma, eps):
+    """RMSNorm whose gains are stored less one: X̂ + X̂ γ, X̂ normalised with no gains, for
+    X̂ (1 + γ) without forming 1 + γ (one step fewer, and γ's low digits kept)."""
+    normed = rms_normalize(X, shape, None, eps)
+    return torch.addcmul(normed, normed, gamma)
+
+
+MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
+
+
+def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
+    """A mask site's visible positions, (queries, keys), made once per sizes, device and
+    numbers, shared by every layer and every decoding step of the same sizes; None where
+    every position is visible (a decoded token that sees all the keys a window keeps). With
+    a dtype, as a bias to add to scores: 0 where visible, −∞ where hidden."""
+    key = site, queries, keys, device, dtype, *numbers
+    if key not in MASKS:
+        if len(MASKS) > 256:
+            MASKS.clear()
+        mask = make()
+        MASKS[key] = None if mask.all().item() else mask if dtype is None else \
+            torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
+    return MASKS[key]
+
+
+def grouped_sdpa(Q, K, V, **options):
+    """F.scaled_dot_product_attention over heads on any leading axes. Keys and values shared
+    by groups of query heads come in fewer heads, (…, H_kv, T, d) against (…, H, T, d) with
+    each group's heads side by side, or with a size-1 axis where the queries hold a group
+    ((…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
+    if K.shape[-3] == Q.shape[-3]:
+        return F.scaled_dot_product_attention(Q, K, V, **options)
+    if K.shape[-3] != 1 or Q.dim() == 4:
+        return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, **options)
+    groups = Q.shape[-4:-2]  # (key/value heads, query heads of each)
+    Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),
+                                       enable_gqa=True, **options)
+    return Y.unflatten(-3, groups)

@@ -1,0 +1,144 @@
+"""The helpers generated models copy (cardc/runtime/modelkit.py), each against a plain
+reference: the cache's bookkeeping, joined products, RoPE by its formula, RMSNorm by
+F.rms_norm, masks made once, and grouped-query SDPA by repeated heads."""
+
+import torch
+import torch.nn.functional as F
+
+from cardc.codegen import HELPERS
+from cardc.names import GENERATED
+from cardc.runtime import modelkit as mk
+
+torch.manual_seed(0)
+
+
+def test_kvcache_extends_each_layer_with_its_own_keys_and_values():
+    cache = mk.KVCache()
+    K1, V1, K2, V2 = (torch.randn(1, 2, n, 4) for n in (3, 3, 1, 1))
+    assert cache.extend("a", K1, V1)[0] is K1
+    K, V = cache.extend("a", K2, V2)
+    assert torch.equal(K, torch.cat([K1, K2], -2)) and torch.equal(V, torch.cat([V1, V2], -2))
+    assert cache.extend("b", K2, V2)[0] is K2  # another layer starts empty
+
+
+def test_kvcache_keeps_only_a_window_when_asked():
+    cache = mk.KVCache()
+    K, V = torch.randn(1, 1, 5, 2), torch.randn(1, 1, 5, 2)
+    full, _ = cache.extend(0, K, V, keep=3)
+    assert torch.equal(full, K)  # this call reads every key it was given
+    held, _ = cache.kv[0]
+    assert torch.equal(held, K[..., 2:, :])
+
+
+def test_kvcache_keys_unnamed_calls_by_their_order_within_a_forward():
+    cache = mk.KVCache()
+    first, second = torch.zeros(1, 1, 1, 2), torch.ones(1, 1, 1, 2)
+    cache.extend(None, first, first)
+    cache.extend(None, second, second)
+    assert set(cache.kv) == {0, 1}
+    cache.pos += 1  # the next forward: its calls count from 0 again
+    K, _ = cache.extend(None, second, second)
+    assert torch.equal(K, torch.cat([first, second], -2))
+
+
+def test_kvcache_new_returns_the_tokens_after_the_cached_ones_or_starts_over():
+    cache = mk.KVCache()
+    x = torch.tensor([[1, 2, 3]])
+    assert torch.equal(cache.new(x), x)
+    cache.kv["a"] = "held"
+    longer = torch.tensor([[1, 2, 3, 4]])
+    assert torch.equal(cache.new(longer), torch.tensor([[4]])) and cache.kv == {"a": "held"}
+    assert torch.equal(cache.new(torch.tensor([[9, 2]])), torch.tensor([[9, 2]]))
+    assert cache.kv == {} and cache.pos == 0
+
+
+def test_kvcache_mask_sees_the_cached_keys_and_the_new_ones_up_to_each_query():
+    cache = mk.KVCache()
+    Q, K = torch.zeros(1, 2, 4), torch.zeros(1, 5, 4)
+    expected = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(cache.mask(Q, K), expected)
+    assert cache.mask(Q[:, :1], K) is None
+
+
+def test_project_joined_equals_one_product_each():
+    X = torch.randn(2, 3, 8)
+    weights = [(torch.randn(8, 4), torch.randn(4)), (torch.randn(8, 6), None)]
+    apart = mk.project(X, *weights)
+    with torch.no_grad():
+        cache = mk.KVCache()
+        joined = mk.project(X, *weights, cache=cache)
+        assert cache.joined(weights) is not None  # made once, then kept
+    for a, b in zip(apart, joined, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def _rope_reference(X, base, past, r, pairs):
+    """x_a cos φ − x_b sin φ, x_b cos φ + x_a sin φ for each plane (a, b) of the first r
+    columns, φ = (past + t) base^(−2i/r)."""
+    T = X.shape[-2]
+    phi = torch.arange(past, past + T, dtype=torch.float32)[:, None] * \
+        base ** -(torch.arange(0, r, 2, dtype=torch.float32) / r)
+    cos, sin = phi.cos(), phi.sin()
+    a, b = (X[..., 0:r:2], X[..., 1:r:2]) if pairs else (X[..., : r // 2], X[..., r // 2: r])
+    ya, yb = a * cos - b * sin, b * cos + a * sin
+    turned = torch.stack([ya, yb], -1).flatten(-2) if pairs else torch.cat([ya, yb], -1)
+    return torch.cat([turned, X[..., r:]], -1)
+
+
+def test_rotate_half_and_rotate_pairs_follow_the_formula_with_and_without_gradients():
+    for grad in (False, True):
+        X = torch.randn(2, 5, 8, requires_grad=grad)
+        for width in (None, 4):
+            r = 8 if width is None else width
+            torch.testing.assert_close(mk.rotate_half(X, 100.0, past=3, width=width),
+                                       _rope_reference(X, 100.0, 3, r, pairs=False))
+            torch.testing.assert_close(mk.rotate_pairs(X, 100.0, past=3, width=width),
+                                       _rope_reference(X, 100.0, 3, r, pairs=True))
+
+
+def test_rms_normalize_equals_rms_norm():
+    X, gamma = torch.randn(2, 3, 16), torch.randn(16)
+    for g in (gamma, None):
+        expected = F.rms_norm(X, (16,), g, 1e-6)
+        with torch.no_grad():  # the CPU path a decoded token takes
+            torch.testing.assert_close(mk.rms_normalize(X, (16,), g, 1e-6), expected)
+        torch.testing.assert_close(mk.rms_normalize(X, (16,), g, 1e-6), expected)
+
+
+def test_offset_rms_norm_scales_by_one_plus_its_gains():
+    X, gamma = torch.randn(2, 3, 16), torch.randn(16)
+    torch.testing.assert_close(mk.offset_rms_norm(X, (16,), gamma, 1e-6),
+                               F.rms_norm(X, (16,), 1 + gamma, 1e-6))
+
+
+def test_shared_mask_is_made_once_per_key_and_none_where_all_is_visible():
+    made = []
+
+    def causal():
+        made.append(1)
+        return torch.ones(3, 3, dtype=torch.bool).tril()
+
+    first = mk.shared_mask(901, causal, 3, 3, "cpu", 2)
+    assert mk.shared_mask(901, causal, 3, 3, "cpu", 2) is first and len(made) == 1
+    assert torch.equal(first, torch.ones(3, 3, dtype=torch.bool).tril())
+    bias = mk.shared_mask(901, causal, 3, 3, "cpu", 2, dtype=torch.float32)
+    assert torch.equal(bias, torch.zeros(3, 3).masked_fill(~first, float("-inf")))
+    assert mk.shared_mask(902, lambda: torch.ones(1, 3, dtype=torch.bool), 1, 3, "cpu") is None
+
+
+def test_grouped_sdpa_equals_sdpa_over_repeated_key_and_value_heads():
+    Q, K, V = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    expected = F.scaled_dot_product_attention(Q, K.repeat_interleave(2, 1),
+                                              V.repeat_interleave(2, 1), is_causal=True)
+    torch.testing.assert_close(mk.grouped_sdpa(Q, K, V, is_causal=True), expected)
+    torch.testing.assert_close(mk.grouped_sdpa(Q, Q, Q), F.scaled_dot_product_attention(Q, Q, Q))
+    # a group of query heads on their own axis against its one key/value head
+    Qg = Q.unflatten(1, (2, 2))
+    grouped = mk.grouped_sdpa(Qg, K[:, :, None], V[:, :, None], is_causal=True)
+    torch.testing.assert_close(grouped, expected.unflatten(1, (2, 2)))
+
+
+def test_every_helper_name_is_reserved_from_cards():
+    """A card name never shadows a helper its model may copy (cardc.names.GENERATED)."""
+    assert set(HELPERS) <= GENERATED
+    assert {"math"} | set(HELPERS) >= {n for h in HELPERS.values() for n in h.uses}
