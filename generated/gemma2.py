@@ -299,7 +299,7 @@ class Gemma2Block(nn.Module):
     Card: cards/gemma2.card:26
     """
 
-    def __init__(self, D: int, w: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, s: int, c_attn: int, D_f: int):
+    def __init__(self, D: int, w: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, s: float, c_attn: float, D_f: int):
         super().__init__()
         self.D = D
         self.w = w

@@ -1,5 +1,6 @@
 """The checker: every card in cards/ is clean; bad cards get exact, golden diagnostics."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,17 @@ def _sig(name):
     checker, diags = check(lib)
     assert not diags.errors
     return checker.infos[id(lib.find(name))].sig
+
+
+def test_a_scalar_a_call_leaves_unset_keeps_its_declared_type():
+    """Gemma2Block gives its attention no scale and no soft cap: s and c_attn become its own
+    hyperparameters, numbers in (0, ∞) as SoftCappedAttention declares them, not sizes, and
+    its generated module takes them as floats."""
+    sig = _sig("Gemma2Block")
+    assert sig.hypers["s"] == sig.hypers["c_attn"] == Ty(elem="ℝ")
+    code = (ROOT / "generated" / "gemma2.py").read_text(encoding="utf-8")
+    init = re.search(r"class Gemma2Block\b.*?def __init__\(self,([^)]*)\)", code, re.S)
+    assert init and "s: float" in init.group(1) and "c_attn: float" in init.group(1)
 
 
 def test_gpt2_parameter_count_from_the_card():

@@ -8,8 +8,8 @@ from ..diagnostics import Diagnostics
 from ..library import Library
 from ..spelling import display
 from .declarations import DeclEnv, _decls, _layout
-from .results import SCALAR, CardInfo, CheckError, Signature
-from .shapes import fits_model
+from .results import MAX_CALL_DEPTH, SCALAR, CardInfo, CheckError, Signature
+from .shapes import _flat_names, fits_model
 from .steps import StepChecker
 
 
@@ -49,12 +49,38 @@ class Checker:
         self.active.add(key)
         try:
             sig = self.signature(alg)
+            self.adopt_scalars(alg, sig)
             info = CardInfo(sig)
             self.infos[key] = info
             StepChecker(self, alg, info).run()
             return info
         finally:
             self.active.discard(key)
+
+    def adopt_scalars(self, alg: s.Algorithm, sig: Signature) -> None:
+        """A scalar hyperparameter that a call to a card leaves unset (no argument, no default)
+        is the caller's own, of the type its callee declares (`s ∈ (0, ∞)` stays a number,
+        not a size): the signature says so before any step of the caller is checked."""
+        own = {*sig.hypers, *sig.models, *sig.run, *_flat_names(sig.tree), *alg.outputs,
+               *(name for name, _ in sig.inputs)}
+        functions = {n.target.func for n in s.nodes(alg.steps)
+                     if isinstance(n, s.Assign) and isinstance(n.target, s.Call)}
+        file = self.lib.file_of(alg)
+        for call in (n for n in s.nodes(alg.steps) if isinstance(n, s.Call)):
+            if call.func in own or call.func in functions:
+                continue
+            callee = self.lib.find(call.func, file)
+            if callee is None or id(callee) in self.active or len(self.active) >= MAX_CALL_DEPTH:
+                continue  # a builtin, or a call the steps report
+            try:
+                theirs = self.info(callee).sig
+            except CheckError:
+                continue
+            given = _given_hypers(call, theirs)
+            for name, ty in theirs.hypers.items():
+                if ty.value is None and not ty.shape and name not in theirs.defaults \
+                        and name not in given and name not in own:
+                    sig.hypers.setdefault(name, ty)
 
     def bind_model(self, alg: s.Algorithm, name: str, model: s.Algorithm) -> bool:
         """Let the card-valued hyperparameter `name` of `alg` stand for the card `model`, whose
@@ -107,3 +133,16 @@ class Checker:
         return Signature(alg, inputs, outs[0] if outs else None, params, env.hypers,
                          env.defaults, env.definitions, env.params, _layout(alg, env),
                          env.elements, env.model_types(), env.run)
+
+
+def _given_hypers(call: s.Call, sig: Signature) -> set[str]:
+    """The callee's hyperparameters a call sets, by position after '|' or by name."""
+    positional = [p for p in call.params if not isinstance(p, s.Arg)]
+    given = {name for _, (name, _) in zip(positional, sig.params, strict=False)
+             if name in sig.hypers}
+    for p in call.params:
+        if isinstance(p, s.Arg):
+            target = p.target.base if isinstance(p.target, s.Index) else p.target
+            if isinstance(target, s.Name):
+                given.add(target.id)
+    return given
