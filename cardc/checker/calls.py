@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import syntax as s
-from ..builtins import BUILTINS, DROPOUT, FILTERS, OPTIMIZERS, PAIRWISE, REDUCING
+from ..builtins import BUILTINS, BY_NAME, FILTERS, OPTIMIZERS, TABLE
 from ..dims import ONE, Dim, solve
 from ..library import shown_folders
 from ..spelling import display
@@ -26,9 +26,9 @@ from .results import MAX_CALL_DEPTH, CallInfo, CheckError, ModelTy, Signature
 from .scope import BodyState, Expressions, Part
 from .shapes import _d, _same_entry, dims_equal
 
-# a builtin's kind of rule; a filter or an optimizer is also in BUILTINS, and its own rule wins
-_KINDS = {**dict.fromkeys(BUILTINS, "builtin"), DROPOUT: "dropout",
-          **dict.fromkeys(FILTERS, "filter"), **dict.fromkeys(OPTIMIZERS, "optimizer")}
+# the rule that checks a call to a builtin: its own for a filter, dropout or an optimizer
+_KINDS = {b.name: b.rule if b.rule in ("filter", "dropout", "optimizer") else "builtin"
+          for b in TABLE}
 
 
 class CallChecker(Part):
@@ -178,7 +178,10 @@ class CallChecker(Part):
         self.error(given.span, f"the {bound} of {func} {problem}", hint=f"{bound} is {what}")
 
     def apply_builtin(self, name: str, args: list[Ty], e: s.Expr) -> Ty:
-        if name in PAIRWISE and len(args) == 2:
+        """An element-wise builtin keeps its argument's shape, a reducing one drops the last
+        axis (min and max of two numbers compare them), length is a whole number."""
+        builtin = BY_NAME[name]
+        if len(args) == 2 and 2 in builtin.args:
             if any(a.shape for a in args):
                 self.error(e.span, f"{name}(a, b) compares two numbers, given {args[0]} and "
                                    f"{args[1]}", hint=f"{name}(x) takes the {name} of a vector")
@@ -188,9 +191,9 @@ class CallChecker(Part):
             self.error(e.span, f"{name} takes one argument")
             raise CheckError
         (x,) = args
-        if name == "length":
+        if builtin.rule == "length":
             return Ty(elem="ℕ", value=x.shape[0] if x.shape else ONE)
-        if name in REDUCING:
+        if builtin.rule == "reducing":
             return Ty(x.shape[:-1])
         return Ty(x.shape)
 

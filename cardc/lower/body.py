@@ -11,6 +11,8 @@ from dataclasses import replace
 
 from .. import ir
 from .. import syntax as s
+from ..builtins import SPECIAL_TOKENS as TOKENS_AFTER
+from ..builtins import TORCH
 from ..checker import CONSTANTS, DROPOUT, FILTERS, PAIRWISE, CallInfo, CardInfo, expr_dim, instance
 from ..dims import Dim
 from ..namecheck import card_identifiers
@@ -34,9 +36,8 @@ from .values import (
     shape_text,
 )
 
-ELEMENTWISE = {"ReLU": "torch.relu", "SiLU": "F.silu", "σ": "torch.sigmoid", "exp": "torch.exp",
-               "log": "torch.log", "tanh": "torch.tanh"}
-SPECIAL_TOKENS = {"mask_token": 3, "bos_token": 2, "eos_token": 1}  # 0-based: N_V − k
+ELEMENTWISE = TORCH  # builtin → the torch function it lowers to
+SPECIAL_TOKENS = {name: after + 1 for name, after in TOKENS_AFTER.items()}  # 0-based: N_V − k
 COMPARE = {"≤": "<=", "<": "<", "≥": ">=", ">": ">", "=": "==", "≠": "!=", "∧": "&"}
 
 
