@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cardc import syntax as s
 from cardc.checker import check
 from cardc.cli import main
 from cardc.dims import Dim
@@ -367,3 +368,16 @@ def test_two_bundles_on_one_line_get_a_hint(tmp_path):
     assert error.message == "unknown name 'θ^mlp'"
     assert error.hint == ("'θ^attn, θ^mlp' declares θ^attn and describes it as 'θ^mlp': "
                           "declare each parameter bundle on its own line")
+
+
+def test_a_node_kind_a_visitor_does_not_handle_is_named():
+    """Visitors dispatch on the node's class name (expr_Name); a kind without a method is the
+    compiler's fault, reported by its name, not an AttributeError."""
+
+    class Names:
+        def expr_Name(self, e: s.Name) -> str:
+            return e.id
+
+    assert s.dispatch(Names(), "expr_", s.Name("x")) == "x"
+    with pytest.raises(NotImplementedError, match="Names handles no Num node"):
+        s.dispatch(Names(), "expr_", s.Num("1"))
