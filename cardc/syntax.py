@@ -562,3 +562,15 @@ def depth(tree: object) -> int:
             deepest = max(deepest, d + 1)
             stack += [(getattr(x, n), d + 1) for n in child_fields(type(x))]
     return deepest
+
+
+def dispatch(visitor: object, prefix: str, node: object):
+    """Call the visitor's method for the kind of `node`: `prefix` and the node's class name, as
+    `stmt_Assign` or `expr_BinOp`. A kind the visitor has no method for is a fault of the
+    compiler, not of the card: the error names the kind and the visitor."""
+    kind = type(node).__name__
+    method = getattr(visitor, prefix + kind, None)
+    if method is None:
+        raise NotImplementedError(f"{type(visitor).__name__} handles no {kind} node "
+                                  f"(no method {prefix}{kind})")
+    return method(node)

@@ -171,7 +171,17 @@ class Gemma2Block(nn.Module):
     """
 
     def __init__(
-        self, D: int, w: int, eps: float, theta_base: float, H: int, H_kv: int, d: int, s: int, c_attn: int, D_f: int
+        self,
+        D: int,
+        w: int,
+        eps: float,
+        theta_base: float,
+        H: int,
+        H_kv: int,
+        d: int,
+        s: float,
+        c_attn: float,
+        D_f: int,
     ):
         super().__init__()
         self.D = D

@@ -1,11 +1,13 @@
 """The checker: every card in cards/ is clean; bad cards get exact, golden diagnostics."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from cardc import syntax as s
 from cardc.checker import check
 from cardc.cli import main
 from cardc.dims import Dim
@@ -51,6 +53,17 @@ def _sig(name):
     checker, diags = check(lib)
     assert not diags.errors
     return checker.infos[id(lib.find(name))].sig
+
+
+def test_a_scalar_a_call_leaves_unset_keeps_its_declared_type():
+    """Gemma2Block gives its attention no scale and no soft cap: s and c_attn become its own
+    hyperparameters, numbers in (0, ∞) as SoftCappedAttention declares them, not sizes, and
+    its generated module takes them as floats."""
+    sig = _sig("Gemma2Block")
+    assert sig.hypers["s"] == sig.hypers["c_attn"] == Ty(elem="ℝ")
+    code = (ROOT / "generated" / "gemma2.py").read_text(encoding="utf-8")
+    init = re.search(r"class Gemma2Block\b.*?def __init__\(self,([^)]*)\)", code, re.S)
+    assert init and "s: float" in init.group(1) and "c_attn: float" in init.group(1)
 
 
 def test_gpt2_parameter_count_from_the_card():
@@ -355,3 +368,16 @@ def test_two_bundles_on_one_line_get_a_hint(tmp_path):
     assert error.message == "unknown name 'θ^mlp'"
     assert error.hint == ("'θ^attn, θ^mlp' declares θ^attn and describes it as 'θ^mlp': "
                           "declare each parameter bundle on its own line")
+
+
+def test_a_node_kind_a_visitor_does_not_handle_is_named():
+    """Visitors dispatch on the node's class name (expr_Name); a kind without a method is the
+    compiler's fault, reported by its name, not an AttributeError."""
+
+    class Names:
+        def expr_Name(self, e: s.Name) -> str:
+            return e.id
+
+    assert s.dispatch(Names(), "expr_", s.Name("x")) == "x"
+    with pytest.raises(NotImplementedError, match="Names handles no Num node"):
+        s.dispatch(Names(), "expr_", s.Num("1"))

@@ -9,14 +9,15 @@ from dataclasses import replace
 
 from .. import ir
 from .. import syntax as s
+from ..builtins import SPECIAL_TOKENS as TOKENS_AFTER
+from ..builtins import TORCH
 from ..checker import CardInfo
 from ..dims import Dim
 from ..types import Ty
 from .values import Val
 
-ELEMENTWISE = {"ReLU": "torch.relu", "SiLU": "F.silu", "σ": "torch.sigmoid", "exp": "torch.exp",
-               "log": "torch.log", "tanh": "torch.tanh"}
-SPECIAL_TOKENS = {"mask_token": 3, "bos_token": 2, "eos_token": 1}  # 0-based: N_V − k
+ELEMENTWISE = TORCH  # builtin → the torch function it lowers to
+SPECIAL_TOKENS = {name: after + 1 for name, after in TOKENS_AFTER.items()}  # 0-based: N_V − k
 COMPARE = {"≤": "<=", "<": "<", "≥": ">=", ">": ">", "=": "==", "≠": "!=", "∧": "&"}
 
 

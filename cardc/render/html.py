@@ -31,10 +31,11 @@ from collections.abc import Callable
 from html import escape
 
 from .. import syntax as s
+from ..builtins import UPRIGHT
 from ..checker import Checker
 from ..spelling import display
 from ..types import BundleTy, Ty
-from .latex import _FUNCTIONS, _WORD, LatexRenderer, typography
+from .latex import _WORD, LatexRenderer, typography
 from .mathml import (
     ELLIPSIS,
     REL,
@@ -148,7 +149,7 @@ class HtmlRenderer(LatexRenderer):
     # ------------------------------------------------------------------ expressions
 
     def name_text(self, node: s.Name, tail: bool) -> str:
-        if node.id in _FUNCTIONS and node.id not in self.bold:  # log, exp: upright
+        if node.id in UPRIGHT and node.id not in self.bold:  # log, exp: upright
             return self.function(node.id)
         return self.symbol(node.id, node.id in self.bold, node)
 

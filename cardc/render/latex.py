@@ -24,6 +24,7 @@ import re
 import unicodedata
 
 from .. import syntax as s
+from ..builtins import UPRIGHT
 from ..checker import Checker, split_name
 from ..types import Ty
 from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TEXT, TIGHT, Renderer
@@ -76,8 +77,6 @@ _OPS = {"+": "+", "−": "-", "·": r"\cdot", "⊙": r"\odot", "/": "/", " ": r"
 _WORD = re.compile(r"[A-Za-z]{2,}")
 SCRIPT_WORD = re.compile(r"[A-Za-z]{2,}[0-9]*")  # a subscript set upright: attn, mlp1
 LINE = 64  # characters of card text a line of the rendered blocks holds
-_FUNCTIONS = {"softmax", "exp", "log", "max", "min", "tanh", "cos", "sin", "length", "mean",
-              "var", "erf", "GELU", "GELU_tanh", "ReLU", "SiLU", "sigmoid", "σ"}
 
 
 def text(prose: str) -> str:
@@ -208,7 +207,7 @@ class LatexRenderer(Renderer):
     # ------------------------------------------------------------------ expressions
 
     def name_text(self, node: s.Name, tail: bool) -> str:
-        if node.id in _FUNCTIONS and node.id not in self.bold:  # log, exp: upright
+        if node.id in UPRIGHT and node.id not in self.bold:  # log, exp: upright
             return self.function(node.id)
         return symbol(node.id, node.id in self.bold)
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import torch
 
+from cardc.builtins import SPECIAL_TOKENS, special_token_id
 from cardc.runtime.errors import RuntimeInputError
 
 
 def special_tokens(vocab: int) -> dict[str, int]:
     """0-based IDs of the paper's special tokens for a vocabulary of `vocab` tokens."""
-    return {"mask_token": vocab - 3, "bos_token": vocab - 2, "eos_token": vocab - 1}
+    return {name: special_token_id(name, vocab) for name in SPECIAL_TOKENS}
 
 
 def windows(data: torch.Tensor, count: int, length: int, seed: int) -> list[torch.Tensor]:

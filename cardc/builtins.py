@@ -1,0 +1,91 @@
+"""The functions, constants and special tokens a card may name without declaring them: one
+table, read by the checker (what a name means and how a call to it types), the lowering (the
+torch function an element-wise builtin becomes) and the renderers (which names LaTeX and
+MathML set upright, as functions). It imports nothing heavier than the syntax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import syntax as s
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A function a card may call, or apply by juxtaposition (`log p`), undeclared.
+
+    `rule` is how the checker types it: "elementwise" (the argument's shape), "reducing" (the
+    last axis summed away; with two numbers, the pairwise min or max), "length" (a whole
+    number), "filter" (a distribution of the weights' shape), "dropout" (its tensor's shape),
+    "optimizer" (parameters and their gradient in, parameters out)."""
+
+    name: str
+    rule: str
+    args: tuple[int, ...] = (1,)  # how many arguments it takes
+    params: int = 0  # how many numbers after '|' (at most, for an optimizer)
+    torch: str | None = None  # the torch function it lowers to, where that is all it is
+    upright: bool = True  # set upright, as a function, by LaTeX and MathML
+
+
+TABLE = (
+    Builtin("GELU", "elementwise"),  # exact (erf) form; GELU_tanh its tanh approximation
+    Builtin("GELU_tanh", "elementwise"),
+    Builtin("ReLU", "elementwise", torch="torch.relu"),
+    Builtin("SiLU", "elementwise", torch="F.silu"),
+    Builtin("σ", "elementwise", torch="torch.sigmoid"),
+    Builtin("exp", "elementwise", torch="torch.exp"),
+    Builtin("log", "elementwise", torch="torch.log"),
+    Builtin("tanh", "elementwise", torch="torch.tanh"),
+    Builtin("cos", "elementwise"),
+    Builtin("sin", "elementwise"),
+    Builtin("softmax", "elementwise"),  # over the first index, eq. 2 of the paper
+    Builtin("mean", "reducing"),
+    Builtin("var", "reducing"),
+    # max(x), min(x) of a vector; max(a, b), min(a, b) of two numbers, as a learning-rate
+    # schedule writes them
+    Builtin("max", "reducing", args=(1, 2)),
+    Builtin("min", "reducing", args=(1, 2)),
+    Builtin("length", "length"),
+    # top_k(w | k), top_p(w | p): the distribution ∝ w on its k largest entries (ties with the
+    # k-th kept), or on the fewest largest whose share of Σ w reaches p; k ≥ the entries or
+    # p = 1 keeps every entry
+    Builtin("top_k", "filter", params=1, upright=False),
+    Builtin("top_p", "filter", params=1, upright=False),
+    # dropout(X | p): while a model trains, each entry of X zeroed with probability p and the
+    # others scaled by 1/(1 − p); in evaluation (and sampling) X itself
+    Builtin("dropout", "dropout", params=1, upright=False),
+    # θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ): an update a training card may name instead of
+    # writing θ − η · ∇loss(θ); its hyperparameters are the learning rate, the two decay rates
+    # of the moment estimates and the weight decay (Loshchilov & Hutter), trailing ones omitted
+    Builtin("AdamW", "optimizer", args=(2,), params=4, upright=False),
+)
+BY_NAME = {b.name: b for b in TABLE}
+
+# the views each reader needs, all from the table
+ELEMENTWISE = {b.name for b in TABLE if b.rule == "elementwise"} - {"softmax"}
+REDUCING = {b.name for b in TABLE if b.rule == "reducing"}
+PAIRWISE = {b.name for b in TABLE if b.rule == "reducing" and 2 in b.args}
+# the filters, in the order the grammar lists them: name → (the bound's name in messages, what
+# it is)
+FILTERS = dict(zip(s.FILTERS, (("k", "how many of the largest entries it keeps"),
+                               ("p", "the share of the weights its largest entries must reach")),
+                   strict=True))
+BUILTINS = {b.name for b in TABLE if b.rule in ("elementwise", "reducing", "length", "filter")}
+DROPOUT = "dropout"
+OPTIMIZERS = {b.name: b.params for b in TABLE if b.rule == "optimizer"}
+TORCH = {b.name: b.torch for b in TABLE if b.torch is not None}
+# names set upright: the builtins', and words the paper's prose uses as functions
+UPRIGHT = {b.name for b in TABLE if b.upright} | {"erf", "sigmoid"}
+
+CONSTANTS = {"π": "math.pi"}  # a constant → its Python spelling
+
+# The paper's special tokens (§4) are the last IDs of the vocabulary V ≅ [N_V]: mask_token,
+# bos_token and eos_token are N_V − 2, N_V − 1 and N_V, counted from 1 as the paper counts
+# (N_V − 3, N_V − 2 and N_V − 1 counted from 0, as tensors are). Name → IDs after it.
+SPECIAL_TOKENS = {"mask_token": 2, "bos_token": 1, "eos_token": 0}
+
+
+def special_token_id(name: str, vocab: int) -> int:
+    """The 0-based ID of a special token in a vocabulary of `vocab` tokens."""
+    return vocab - 1 - SPECIAL_TOKENS[name]
