@@ -1,6 +1,6 @@
 """The checker: every card in cards/ is clean; bad cards get exact, golden diagnostics."""
 
-import re
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -61,9 +61,11 @@ def test_a_scalar_a_call_leaves_unset_keeps_its_declared_type():
     its generated module takes them as floats."""
     sig = _sig("Gemma2Block")
     assert sig.hypers["s"] == sig.hypers["c_attn"] == Ty(elem="ℝ")
-    code = (ROOT / "generated" / "gemma2.py").read_text(encoding="utf-8")
-    init = re.search(r"class Gemma2Block\b.*?def __init__\(self,([^)]*)\)", code, re.S)
-    assert init and "s: float" in init.group(1) and "c_attn: float" in init.group(1)
+    tree = ast.parse((ROOT / "generated" / "gemma2.py").read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Gemma2Block")
+    init = next(n for n in block.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    types = {a.arg: ast.unparse(a.annotation) for a in init.args.args if a.annotation}
+    assert types["s"] == types["c_attn"] == "float"
 
 
 def test_gpt2_parameter_count_from_the_card():
