@@ -168,7 +168,7 @@ def cmd_fmt(args: argparse.Namespace) -> int:
 
 def _write(path: Path, text: str) -> None:
     """Write a file atomically, or end in one line saying why it cannot be written."""
-    from .runtime.atomic import write_text_atomic
+    from .atomic import write_text_atomic
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
+from cardc.atomic import write_text_atomic
 from cardc.runtime.data import split
 from cardc.runtime.errors import RuntimeInputError
 
@@ -134,8 +135,6 @@ class HFTokenizer:
             yield from (e.ids for e in encoded)
 
     def save(self, folder: str | os.PathLike[str]) -> None:
-        from cardc.runtime.atomic import write_text_atomic
-
         write_text_atomic(Path(folder) / TOKENIZER_FILE, self.text)
 
     def record(self) -> dict[str, Any]:

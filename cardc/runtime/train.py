@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cardc.atomic import write_text_atomic
 from cardc.runtime.checkpoint import CHECKPOINT_NAME, save_checkpoint
 from cardc.runtime.data import (
     DataFolder,
@@ -446,8 +447,6 @@ def _records_until(path: str, update: int, run_id: str, cut: bool = True
                    ) -> list[dict[str, Any]]:
     """metrics.jsonl's records of `run_id` up to `update`; with `cut`, the file is cut to
     them."""
-    from cardc.runtime.atomic import write_text_atomic
-
     kept = []
     with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as f:
         for line in f:
