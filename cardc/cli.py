@@ -578,8 +578,8 @@ def _new_tokenizer(args: argparse.Namespace, size: int | None, checker, recipe, 
     """Bytes, or for `--tokenizer bpe:N` a byte-level BPE trained on the corpus's training
     split (the text the model trains on; the held-out text stays unseen)."""
     from .build import procedure_function
-    from .runtime.data import load_corpus
-    from .runtime.tokenizer import ByteTokenizer, text_splits, train_bpe
+    from .runtime.data import load_corpus, text_splits
+    from .runtime.tokenizer import ByteTokenizer, train_bpe
     from .runtime.train import dataset_inputs
 
     if size is None:

@@ -32,6 +32,7 @@ from cardc.runtime.data import (
     DataFolder,
     TokenArray,
     TokenWindows,
+    corpus_splits,
     get_batch,
     is_data_folder,
     load_corpus,
@@ -58,7 +59,7 @@ from cardc.runtime.resume import Snapshot, restore_optimizer, restore_rng, save_
 from cardc.runtime.runs import METRICS, TENSORBOARD, RunFolder, new_run_id, training_run
 from cardc.runtime.sample import is_language_model
 from cardc.runtime.tasks import reversal_pairs, windows
-from cardc.runtime.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer, corpus_splits
+from cardc.runtime.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer
 from cardc.syntax import FORMATS
 
 BAR_EVERY = 10  # updates between progress-bar redraws; each one costs a device sync
