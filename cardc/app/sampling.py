@@ -82,8 +82,10 @@ def sample(run: str | os.PathLike[str], *, prompt: str | Sequence[str] | None = 
     Bad arguments raise `UsageError`, bad cards `CardError`, bad files `RuntimeInputError`."""
     prompts = [prompt] if isinstance(prompt, str) else list(prompt or [])
     return sample_with(SampleOptions(
-        str(run), tuple(prompts), tokens, temperature, top_k, top_p, tuple(stop), seed, device,
-        card, tuple(set_pairs(overrides)), tuple(library) if library is not None else None))
+        dir=str(run), prompt=tuple(prompts), tokens=tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, stop=tuple(stop), seed=seed, device=device, card=card,
+        overrides=tuple(set_pairs(overrides)),
+        library=tuple(library) if library is not None else None))
 
 
 def sample_with(o: SampleOptions) -> list[str]:

@@ -115,10 +115,13 @@ def train(card: str | os.PathLike[str], *, preset: str | None = None, name: str 
     `RuntimeInputError`; a run stopped by SIGINT or SIGTERM raises the runtime's `Stopped`
     after saving the checkpoint it resumes from."""
     return train_with(TrainOptions(
-        str(card), preset, name, tuple(set_pairs(overrides)), recipe, steps, examples, out,
-        device, data, batch_size, block_size, lr, eval_every, seed, compile, tensorboard,
-        pad_vocab, tokenizer, resume, finetune, save_every, fsdp, keep_checkpoints,
-        tuple(library) if library is not None else None))
+        card=str(card), preset=preset, name=name, overrides=tuple(set_pairs(overrides)),
+        recipe=recipe, steps=steps, examples=examples, out=out, device=device, data=data,
+        batch_size=batch_size, block_size=block_size, lr=lr, eval_every=eval_every, seed=seed,
+        compile=compile, tensorboard=tensorboard, pad_vocab=pad_vocab, tokenizer=tokenizer,
+        resume=resume, finetune=finetune, save_every=save_every, fsdp=fsdp,
+        keep_checkpoints=keep_checkpoints,
+        library=tuple(library) if library is not None else None))
 
 
 def train_with(o: TrainOptions, checked: Callable[[], object] = lambda: None) -> TrainedRun:

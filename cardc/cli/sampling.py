@@ -16,9 +16,11 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from ..app.sampling import SampleOptions, sample_with
 
     shown = sample_with(SampleOptions(
-        args.dir, tuple(args.prompt or ()), args.tokens, args.temperature, args.top_k,
-        args.top_p, tuple(args.stop), args.seed, args.device, args.card, tuple(args.set),
-        tuple(args.library) if args.library is not None else None))
+        dir=args.dir, prompt=tuple(args.prompt or ()), tokens=args.tokens,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        stop=tuple(args.stop), seed=args.seed, device=args.device, card=args.card,
+        overrides=tuple(args.set),
+        library=tuple(args.library) if args.library is not None else None))
     for n, text in enumerate(shown, 1):
         if len(shown) > 1:
             print(("\n" if n > 1 else "") + f"==> prompt {n} <==")

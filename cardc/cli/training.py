@@ -13,6 +13,11 @@ import sys
 from ..app.inputs import UsageError
 from .common import EXIT_OK
 
+# train's flags that are TrainOptions fields of the same name
+FLAGS = ("preset", "name", "recipe", "steps", "examples", "out", "device", "data", "batch_size",
+         "block_size", "lr", "eval_every", "seed", "compile", "tensorboard", "pad_vocab",
+         "tokenizer", "resume", "finetune", "save_every", "fsdp", "keep_checkpoints")
+
 
 def cmd_train(args: argparse.Namespace) -> int:
     """`cardc train MODEL.card` runs the training card that trains the model (its recipe);
@@ -23,12 +28,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if not world_from_env().main:  # rank 0 alone speaks; every process reports its errors
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
+    flags = {f: getattr(args, f) for f in FLAGS}
     options = TrainOptions(
-        args.card, args.preset, args.name, tuple(args.set), args.recipe, args.steps,
-        args.examples, args.out, args.device, args.data, args.batch_size, args.block_size,
-        args.lr, args.eval_every, args.seed, args.compile, args.tensorboard, args.pad_vocab,
-        args.tokenizer, args.resume, args.finetune, args.save_every, args.fsdp,
-        args.keep_checkpoints, tuple(args.library) if args.library is not None else None)
+        card=args.card, overrides=tuple(args.set), **flags,
+        library=tuple(args.library) if args.library is not None else None)
     try:
         train_with(options, _exit_on_sigterm)
     except Stopped as stop:
