@@ -1,13 +1,20 @@
 """cardc: algorithm cards in the notation of Phuong & Hutter (arXiv:2207.09238), compiled.
 
-`check`, `render` and `fmt` never import torch; `model()` does, when called.
+`check`, `render` and `fmt` never import torch; `model()`, `train()` and `sample()` do, when
+called (`train` and `sample` are `cardc.app`'s, loaded on first use).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .app.sampling import sample
+    from .app.training import train
 
 __version__ = "0.1.0"
+
+__all__ = ["model", "sample", "train"]
 
 
 def model(card: str, preset: str | None = None, library: list[str] | None = None,
@@ -21,3 +28,16 @@ def model(card: str, preset: str | None = None, library: list[str] | None = None
     if isinstance(library, str):
         library = [library]
     return build_model(card, preset, overrides, library)
+
+
+def __getattr__(name: str) -> Any:
+    """`cardc.train` and `cardc.sample`, imported when first asked for: they import torch."""
+    if name == "train":
+        from .app.training import train
+
+        return train
+    if name == "sample":
+        from .app.sampling import sample
+
+        return sample
+    raise AttributeError(f"module 'cardc' has no attribute {name!r}")

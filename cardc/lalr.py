@@ -159,7 +159,7 @@ def tables() -> Tables:
                 return loaded
     built = _build(grammar)
     if path is not None:
-        from .runtime.atomic import atomic_path
+        from .atomic import atomic_path  # tempfile: a cost only a rebuild pays
 
         with contextlib.suppress(OSError), atomic_path(path) as tmp, open(tmp, "wb") as f:
             pickle.dump(built, f, protocol=pickle.HIGHEST_PROTOCOL)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from cardc.atomic import write_text_atomic
 from cardc.cli import main
-from cardc.runtime.atomic import write_text_atomic
 from cardc.runtime.errors import RuntimeInputError
 from cardc.runtime.runs import check_one_run, publish, staged_run
 

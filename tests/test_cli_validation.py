@@ -168,7 +168,7 @@ def test_build_into_a_read_only_folder(capsys, tmp_path):
 
 def _unwritable(monkeypatch):
     """Make every atomic write fail as in a read-only folder (root ignores permissions)."""
-    import cardc.runtime.atomic as atomic
+    import cardc.atomic as atomic
 
     def refuse(*args, dir=None, **kwargs):
         raise PermissionError(13, "Permission denied", dir)

@@ -17,9 +17,9 @@ import torch
 
 from cardc.cli import main
 from cardc.runtime.checkpoint import read_checkpoint
-from cardc.runtime.data import DataFolder, TokenArray, TokenWindows
+from cardc.runtime.data import DataFolder, TokenArray, TokenWindows, text_splits
 from cardc.runtime.prepare import SEPARATOR
-from cardc.runtime.tokenizer import TOKENIZER_FILE, from_file, text_splits, train_bpe
+from cardc.runtime.tokenizer import TOKENIZER_FILE, from_file, train_bpe
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--set", "D=32", "--set", "H=2", "--set", "D_f=64", "--set", "N=1", "--set", "ctx=32"]

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from cardc.runtime.atomic import atomic_path
+from cardc.atomic import atomic_path
 from cardc.runtime.checkpoint import load_state, read_checkpoint, save_checkpoint
 from cardc.runtime.data import (
     decode,

@@ -21,16 +21,14 @@ from hypothesis import strategies as st
 
 from cardc.cli import main
 from cardc.runtime.checkpoint import read_checkpoint
-from cardc.runtime.data import decode, encode, split
+from cardc.runtime.data import corpus_splits, decode, encode, split, text_splits
 from cardc.runtime.errors import RuntimeInputError
 from cardc.runtime.tokenizer import (
     TOKENIZER_FILE,
     ByteTokenizer,
-    corpus_splits,
     from_file,
     hf_tokenizer,
     parse_spec,
-    text_splits,
     train_bpe,
 )
 

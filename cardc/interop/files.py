@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..runtime.atomic import atomic_path, write_text_atomic
+from ..atomic import atomic_path, write_text_atomic
 from ..runtime.errors import RuntimeInputError
 
 HF_WEIGHTS, HF_INDEX, HF_CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"

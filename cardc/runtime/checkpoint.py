@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from cardc.runtime.atomic import atomic_path
+from cardc.atomic import atomic_path
 from cardc.runtime.errors import RuntimeInputError
 
 CHECKPOINT_NAME = "model.safetensors"

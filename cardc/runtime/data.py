@@ -16,15 +16,13 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from cardc.runtime.errors import RuntimeInputError
-
-if TYPE_CHECKING:
-    from cardc.runtime.tokenizer import Tokenizer
+from cardc.runtime.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer, from_file
 
 Tokens = bytes | bytearray | torch.Tensor
 
@@ -78,6 +76,25 @@ def split(tokens: Tokens, val_fraction: float = 0.1) -> tuple[torch.Tensor, torc
     data = to_tensor(tokens)
     n_train = len(data) - int(len(data) * val_fraction)
     return data[:n_train], data[n_train:]
+
+
+def text_splits(data: bytes, val_fraction: float = 0.1) -> tuple[str, str]:
+    """The corpus as training and held-out text: the last `val_fraction` held out, as `split`
+    holds out bytes, the cut moved back to the start of a character."""
+    cut = len(data) - int(len(data) * val_fraction)
+    while 0 < cut < len(data) and data[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+        cut -= 1
+    return (data[:cut].decode("utf-8", errors="replace"),
+            data[cut:].decode("utf-8", errors="replace"))
+
+
+def corpus_splits(data: bytes, tokenizer: Tokenizer,
+                  val_fraction: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The corpus's training and held-out token streams."""
+    if isinstance(tokenizer, ByteTokenizer):  # the bytes are the tokens: cut where split cuts
+        return split(data, val_fraction)
+    train_text, val_text = text_splits(data, val_fraction)
+    return tokenizer.corpus(train_text), tokenizer.corpus(val_text)
 
 
 def get_batch(
@@ -254,8 +271,6 @@ class DataFolder:
     def tokenizer(self) -> Tokenizer:
         """The tokenizer the tokens were made with: bytes, or the folder's tokenizer.json,
         which must be the file meta.json records."""
-        from cardc.runtime.tokenizer import TOKENIZER_FILE, ByteTokenizer, from_file
-
         recorded = self.meta["tokenizer"]
         file = self.path / TOKENIZER_FILE
         if recorded["kind"] == ByteTokenizer.kind:

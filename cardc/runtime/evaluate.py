@@ -7,9 +7,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from cardc.runtime.data import DataFolder, TokenArray, is_data_folder, load_corpus
+from cardc.runtime.data import (
+    DataFolder,
+    TokenArray,
+    corpus_splits,
+    is_data_folder,
+    load_corpus,
+)
 from cardc.runtime.errors import RuntimeInputError
-from cardc.runtime.tokenizer import Tokenizer, corpus_splits, run_tokenizer
+from cardc.runtime.tokenizer import Tokenizer, run_tokenizer
 from cardc.runtime.train import Split, next_token_loss
 
 # Where a checkpoint records none of its training's settings (one `cardc import` made).

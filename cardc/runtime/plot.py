@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from cardc.runtime.atomic import atomic_path
+from cardc.atomic import atomic_path
 
 
 def plot_losses(

@@ -27,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from cardc.runtime.atomic import fsync_path, pid_alive
+from cardc.atomic import fsync_path, pid_alive
 from cardc.runtime.checkpoint import read_checkpoint, save_checkpoint
 from cardc.runtime.errors import RuntimeInputError
 

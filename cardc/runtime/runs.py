@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cardc.runtime.atomic import pid_alive
+from cardc.atomic import pid_alive
 from cardc.runtime.errors import RuntimeInputError
 
 METRICS = "metrics.jsonl"

@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
-from cardc.runtime.data import split
+from cardc.atomic import write_text_atomic
 from cardc.runtime.errors import RuntimeInputError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -134,8 +134,6 @@ class HFTokenizer:
             yield from (e.ids for e in encoded)
 
     def save(self, folder: str | os.PathLike[str]) -> None:
-        from cardc.runtime.atomic import write_text_atomic
-
         write_text_atomic(Path(folder) / TOKENIZER_FILE, self.text)
 
     def record(self) -> dict[str, Any]:
@@ -263,25 +261,6 @@ def _train_bpe(chunks: Iterable[str], size: int) -> HFTokenizer:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(chunks, trainer)
     return HFTokenizer(tok, kind="bpe")
-
-
-def text_splits(data: bytes, val_fraction: float = 0.1) -> tuple[str, str]:
-    """The corpus as training and held-out text: the last `val_fraction` held out, as `split`
-    holds out bytes, the cut moved back to the start of a character."""
-    cut = len(data) - int(len(data) * val_fraction)
-    while 0 < cut < len(data) and data[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte
-        cut -= 1
-    return (data[:cut].decode("utf-8", errors="replace"),
-            data[cut:].decode("utf-8", errors="replace"))
-
-
-def corpus_splits(data: bytes, tokenizer: Tokenizer,
-                  val_fraction: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
-    """The corpus's training and held-out token streams."""
-    if isinstance(tokenizer, ByteTokenizer):  # the bytes are the tokens: cut where split cuts
-        return split(data, val_fraction)
-    train_text, val_text = text_splits(data, val_fraction)
-    return tokenizer.corpus(train_text), tokenizer.corpus(val_text)
 
 
 # ------------------------------------------------------------------ loading

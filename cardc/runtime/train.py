@@ -26,11 +26,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from cardc.atomic import write_text_atomic
 from cardc.runtime.checkpoint import CHECKPOINT_NAME, save_checkpoint
 from cardc.runtime.data import (
     DataFolder,
     TokenArray,
     TokenWindows,
+    corpus_splits,
     get_batch,
     is_data_folder,
     load_corpus,
@@ -56,7 +58,7 @@ from cardc.runtime.progress import ProgressBar, format_duration
 from cardc.runtime.resume import Snapshot, restore_optimizer, restore_rng, save_snapshot
 from cardc.runtime.runs import METRICS, TENSORBOARD, RunFolder, new_run_id, training_run
 from cardc.runtime.tasks import reversal_pairs, windows
-from cardc.runtime.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer, corpus_splits
+from cardc.runtime.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer
 from cardc.syntax import FORMATS
 
 BAR_EVERY = 10  # updates between progress-bar redraws; each one costs a device sync
@@ -432,8 +434,6 @@ def _records_until(path: str, update: int, run_id: str, cut: bool = True
                    ) -> list[dict[str, Any]]:
     """metrics.jsonl's records of `run_id` up to `update`; with `cut`, the file is cut to
     them."""
-    from cardc.runtime.atomic import write_text_atomic
-
     kept = []
     with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as f:
         for line in f:
