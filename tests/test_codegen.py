@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from codetext import unbroken
 
 from cardc import ir
 from cardc.build import (
@@ -127,17 +127,8 @@ def test_generated_module_imports_and_runs_alone():
         model(torch.zeros(1, 257, dtype=torch.long))
 
 
-def _unbroken(src: str) -> str:
-    """Generated text with the lines cardc.linebreak broke at brackets, commas and operators
-    joined back, as the printer writes each statement."""
-    src = re.sub(r"([(\[{])\n\s+", r"\1", src)
-    src = re.sub(r",?\n\s+([)\]}])", r"\1", src)
-    src = re.sub(r",\n\s+", ", ", src)
-    return re.sub(r"\n\s+(?=(?:if|else|for|and|or|[-+*/@&|<>=!]+) )", " ", src)
-
-
 def test_fused_gpt2_is_vectorised():
-    src = _unbroken((ROOT / "generated" / "gpt2.py").read_text(encoding="utf-8"))
+    src = unbroken((ROOT / "generated" / "gpt2.py").read_text(encoding="utf-8"))
     # causal when the whole sequence is in; with a KV cache, masked past the cached positions
     assert ("F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else "
             "cache.mask(Q, K), is_causal=cache is None)") in src
@@ -212,7 +203,7 @@ def bart():
 
 def test_fused_bart_is_vectorised():
     """Self-, causal and cross-attention all become SDPA; no loop over heads is left."""
-    src = _unbroken((ROOT / "generated" / "bart.py").read_text(encoding="utf-8"))
+    src = unbroken((ROOT / "generated" / "bart.py").read_text(encoding="utf-8"))
     assert "F.scaled_dot_product_attention(Q, K, V, attn_mask=None if cache is None else " \
         "cache.mask(Q, K), is_causal=cache is None)" in src  # the decoder's, KV-cached
     assert src.count("F.scaled_dot_product_attention(Q, K, V)") == 2  # encoder and cross

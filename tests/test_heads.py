@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from codetext import unbroken
 
 from cardc.build import checked, instantiate, load_module, model_cards, source
 from cardc.info import preset_values
@@ -31,8 +32,8 @@ def _compile(path: Path) -> list[tuple[str, str, str, bool]]:
         lib, checker, _ = checked([str(path.relative_to(ROOT))], "cards")
         out = []
         for alg in model_cards(lib, checker, [str(path.relative_to(ROOT))]):
-            out.append((alg.name, source(checker, alg, fuse=True),
-                        source(checker, alg, fuse=False),
+            out.append((alg.name, unbroken(source(checker, alg, fuse=True)),
+                        unbroken(source(checker, alg, fuse=False)),
                         Lowering.is_language_model(checker.info(alg).sig)))
         return out
 
