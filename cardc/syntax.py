@@ -8,8 +8,9 @@ Identifiers are stored in canonical (Unicode) spelling.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -564,13 +565,18 @@ def depth(tree: object) -> int:
     return deepest
 
 
-def dispatch(visitor: object, prefix: str, node: object):
-    """Call the visitor's method for the kind of `node`: `prefix` and the node's class name, as
-    `stmt_Assign` or `expr_BinOp`. A kind the visitor has no method for is a fault of the
-    compiler, not of the card: the error names the kind and the visitor."""
-    kind = type(node).__name__
-    method = getattr(visitor, prefix + kind, None)
-    if method is None:
-        raise NotImplementedError(f"{type(visitor).__name__} handles no {kind} node "
-                                  f"(no method {prefix}{kind})")
-    return method(node)
+def dispatch(visitor: object, prefix: str, node: object, *args: Any,
+             missing: Callable[[Any], Any] | None = None) -> Any:
+    """Call `visitor.<prefix>_<kind>(node, *args)`, the kind being the node's class name less a
+    trailing underscore (`Ellipsis_` only avoids Python's builtin): `stmt_Assign`, `expr_BinOp`,
+    `text_Name`. A kind the visitor has no method for goes to `missing(node)` where given (the
+    lowering refuses the card construct there, at its place); else it is a fault of the compiler,
+    not of the card, and the error names the kind and the visitor."""
+    kind = type(node).__name__.rstrip("_")
+    method = getattr(visitor, f"{prefix}_{kind}", None)
+    if method is not None:
+        return method(node, *args)
+    if missing is not None:
+        return missing(node)
+    raise NotImplementedError(f"{type(visitor).__name__} handles no {kind} node "
+                              f"(no method {prefix}_{kind})")

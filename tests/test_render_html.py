@@ -242,7 +242,8 @@ def test_names_cannot_inject_markup():
 
 def test_every_latex_method_has_a_mathml_one():
     """HtmlRenderer inherits the LaTeX renderer's layout, never its math."""
-    latex = {n for n, f in vars(LatexRenderer).items() if n.endswith("_text") and callable(f)}
+    latex = {n for n, f in vars(LatexRenderer).items()
+             if (n.startswith("text_") or n.endswith("_text")) and callable(f)}
     latex.discard("weights_text")  # it dispatches to self.text, whose methods are these
     assert latex and all(n in vars(HtmlRenderer) for n in latex), latex - set(vars(HtmlRenderer))
     assert isinstance(HtmlRenderer(), LatexRenderer)

@@ -13,7 +13,17 @@ from hypothesis import strategies as st
 from cardc import syntax as s
 from cardc.diagnostics import Diagnostics
 from cardc.parser import parse
-from cardc.render.text import format_source, render_algorithm, render_card, render_expr
+from cardc.render.html import HtmlRenderer
+from cardc.render.latex import LatexRenderer
+from cardc.render.markdown import MarkdownRenderer
+from cardc.render.text import (
+    Renderer,
+    ValueRenderer,
+    format_source,
+    render_algorithm,
+    render_card,
+    render_expr,
+)
 from cardc.spelling import canonical_name, display
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -864,3 +874,19 @@ def test_comments_between_steps_stay_with_the_step_they_introduce():
     assert steps[-1].comments == ("Derive conditional probabilities and return:",)
     lines = render_card(card).splitlines()
     assert lines[lines.index(" 1 ℓ_z ← length(z)") - 1] == "/* Encode the context sequence: */"
+
+
+class Mystery:
+    """A node kind no renderer knows."""
+
+
+@pytest.mark.parametrize("renderer", [Renderer, ValueRenderer, LatexRenderer, HtmlRenderer,
+                                      MarkdownRenderer])
+def test_an_unknown_node_kind_is_named(renderer):
+    """Renderers dispatch as every visitor does (cardc.syntax.dispatch: `text_BinOp`); a kind
+    without a method is the compiler's fault, reported by its name and the renderer's."""
+    with pytest.raises(NotImplementedError, match=f"{renderer.__name__} handles no Mystery node "
+                                                  r"\(no method text_Mystery\)"):
+        renderer().text(Mystery())
+    with pytest.raises(NotImplementedError, match=r"handles no Name node \(no method lines_Name\)"):
+        renderer().lines(s.Name("x"))

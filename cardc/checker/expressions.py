@@ -45,7 +45,7 @@ class ExprChecker(Part):
         raise CheckError
 
     def expr(self, e: s.Expr) -> Ty:
-        ty = s.dispatch(self, "expr_", e)
+        ty = s.dispatch(self, "expr", e)
         self.info.types[id(e)] = ty
         return ty
 

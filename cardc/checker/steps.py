@@ -80,7 +80,7 @@ class StepChecker(Part):
                            f"annotation says {declared} but the value is {ty}")
 
     def stmt(self, st: s.Stmt) -> Ty | None:
-        return s.dispatch(self, "stmt_", st)
+        return s.dispatch(self, "stmt", st)
 
     def stmt_Assign(self, st: s.Assign) -> Ty | None:
         value = self.exprs.expr(st.value)

@@ -11,7 +11,7 @@ the checked card: shapes come from the checker's types, never re-derived here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import ir
 from .. import syntax as s
@@ -101,13 +101,14 @@ class Body(Statements, Procedures, Expressions, Indexing, Calls, BodyState):
     # ------------------------------------------------------------------ dispatch
     def dispatch(self, prefix: str, node: Any, what: str, *args: Any) -> Any:
         """`self.<prefix>_<node's class>(node, *args)`; a kind no part handles is an error
-        at `args[0]` (the step) or the node, naming the kind."""
-        kind = type(node).__name__
-        method = getattr(self, f"{prefix}_{kind}", None)
-        if method is None:
+        at `args[0]` (the step) or the node, naming the kind: a refusal of the card, located."""
+
+        def missing(node: Any) -> NoReturn:
+            kind = type(node).__name__.lower()
             self.fail(args[0] if args else node,
-                      f"code generation does not handle '{kind.lower()}' {what} yet")
-        return method(node, *args)
+                      f"code generation does not handle '{kind}' {what} yet")
+
+        return s.dispatch(self, prefix, node, *args, missing=missing)
 
     def run(self) -> list[ir.Stmt]:
         for step in self.alg.steps:

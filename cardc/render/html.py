@@ -9,7 +9,7 @@ rule along the body, annotations and notes right-aligned after ▷. Each step is
 link to a line.
 
 The math mirrors the LaTeX typography: HtmlRenderer subclasses LatexRenderer, keeping its
-precedence, its bold sets (`typography`) and its block layout, and answers every `<kind>_text`
+precedence, its bold sets (`typography`) and its block layout, and answers every `text_<Kind>`
 with one MathML element (built from cardc.render.mathml) instead of LaTeX. Every fenced group is an `<mrow>` of its own, so that MathML's
 operator forms (prefix, infix, postfix) come out as TeX's spacing does.
 
@@ -148,15 +148,15 @@ class HtmlRenderer(LatexRenderer):
 
     # ------------------------------------------------------------------ expressions
 
-    def name_text(self, node: s.Name, tail: bool) -> str:
+    def text_Name(self, node: s.Name, tail: bool) -> str:
         if node.id in UPRIGHT and node.id not in self.bold:  # log, exp: upright
             return self.function(node.id)
         return self.symbol(node.id, node.id in self.bold, node)
 
-    def num_text(self, node: s.Num, tail: bool) -> str:
+    def text_Num(self, node: s.Num, tail: bool) -> str:
         return number(node.text, id(node) in self.vectors)
 
-    def binop_text(self, node: s.BinOp, tail: bool) -> str:
+    def text_BinOp(self, node: s.BinOp, tail: bool) -> str:
         prec = self.precedence(node)
         if prec == CONJ:
             return row(self.sub(node.left, CONJ), mo("∧"), self.sub(node.right, COND, tail))
@@ -168,7 +168,7 @@ class HtmlRenderer(LatexRenderer):
             return row(left, mo("/", lspace="0", rspace="0"), right)
         return row(left, THIN if node.op == " " else mo(node.op), right)
 
-    def unary_text(self, node: s.Unary, tail: bool) -> str:
+    def text_Unary(self, node: s.Unary, tail: bool) -> str:
         if node.op == "−":
             return row(mo("−"), self.sub(node.operand, self.negand_min(), tail))
         if node.op == "¬":
@@ -177,32 +177,32 @@ class HtmlRenderer(LatexRenderer):
             return tag("msqrt", self.text(node.operand))
         return row(mo(node.op), self.sub(node.operand, TIGHT, tail))
 
-    def power_text(self, node: s.Power, tail: bool) -> str:
+    def text_Power(self, node: s.Power, tail: bool) -> str:
         return tag("msup", corrected(self.sub(node.base, POSTFIX)), self.text(node.exponent))
 
-    def transpose_text(self, node: s.Transpose, tail: bool) -> str:
+    def text_Transpose(self, node: s.Transpose, tail: bool) -> str:
         return tag("msup", corrected(self.sub(node.operand, POSTFIX)), mo("⊺"))
 
-    def index_text(self, node: s.Index, tail: bool) -> str:
+    def text_Index(self, node: s.Index, tail: bool) -> str:
         items = joined(self.sub(i, SUM) for i in node.items)
         base = corrected(self.sub(node.base, POSTFIX))
         return row(base, fenced(items, "[", "]", stretchy=False))
 
-    def slice_text(self, node: s.Slice, tail: bool) -> str:
+    def text_Slice(self, node: s.Slice, tail: bool) -> str:
         lo = "" if node.lo is None else self.sub(node.lo, SUM)
         hi = "" if node.hi is None else self.sub(node.hi, SUM)
         if lo and hi:  # TeX's relation spacing
             return row(lo, mo(":", lspace=REL, rspace=REL), hi)
         return row(lo, mo(":", lspace="0", rspace="0"), hi)  # TeX's {:}, an ordinary colon
 
-    def progression_text(self, node: s.Progression, tail: bool) -> str:
+    def text_Progression(self, node: s.Progression, tail: bool) -> str:
         return joined([self.sub(node.first, SUM), self.sub(node.second, SUM), ELLIPSIS,
                        self.sub(node.last, SUM)])
 
-    def arg_text(self, node: s.Arg, tail: bool) -> str:
+    def text_Arg(self, node: s.Arg, tail: bool) -> str:
         return row(self.sub(node.target, POSTFIX), mo(node.op), self.text(node.value))
 
-    def call_text(self, node: s.Call, tail: bool) -> str:
+    def text_Call(self, node: s.Call, tail: bool) -> str:
         args = [self.text(a) for a in node.args]
         inner = joined(args)
         if node.params or node.bar:
@@ -215,19 +215,19 @@ class HtmlRenderer(LatexRenderer):
     def function(self, name: str, href: str | None = None) -> str:
         return function(name, href)
 
-    def ellipsis_text(self, node: s.Ellipsis_, tail: bool) -> str:
+    def text_Ellipsis(self, node: s.Ellipsis_, tail: bool) -> str:
         return ELLIPSIS
 
-    def concat_text(self, node: s.Concat, tail: bool) -> str:
+    def text_Concat(self, node: s.Concat, tail: bool) -> str:
         return fenced(joined((self.sub(i, SUM) for i in node.items), node.sep), "[", "]")
 
-    def iverson_text(self, node: s.Iverson, tail: bool) -> str:
+    def text_Iverson(self, node: s.Iverson, tail: bool) -> str:
         return fenced(self.text(node.cond), "⟦", "⟧", stretchy=False)
 
-    def norm_text(self, node: s.Norm, tail: bool) -> str:
+    def text_Norm(self, node: s.Norm, tail: bool) -> str:
         return fenced(self.text(node.operand), "‖", "‖")
 
-    def sum_text(self, node: s.Sum, tail: bool) -> str:
+    def text_Sum(self, node: s.Sum, tail: bool) -> str:
         index = self.symbol(node.index)
         if node.over is not None:
             head = tag("munder", mo("∑"), row(index, mo("∈"), self.sub(node.over, SUM)))
@@ -239,54 +239,54 @@ class HtmlRenderer(LatexRenderer):
             head = tag("munderover", mo("∑"), row(index, mo("="), lo), row(hi) or tag("mrow"))
         return row(head, self.sub(node.body, PRODUCT, tail))
 
-    def choice_text(self, node: s.Choice, tail: bool) -> str:
+    def text_Choice(self, node: s.Choice, tail: bool) -> str:
         options = [self.sub(x, SUM) for x in node.options]
         probs = [self.sub(x, SUM) for x in node.probs]
         return row(joined(options, mtext("or")), mtext("randomly with probability"),
                    joined(probs, mtext("or")))
 
-    def setbuilder_text(self, node: s.SetBuilder, tail: bool) -> str:
+    def text_SetBuilder(self, node: s.SetBuilder, tail: bool) -> str:
         inner = row(self.symbol(node.var), mo("∈"), self.sub(node.domain, SUM),
                     mo(":", lspace=REL, rspace=REL),
                     self.sub(node.cond, COND))
         return fenced(inner, "{", "}", stretchy=False)
 
-    def range_text(self, node: s.Range, tail: bool) -> str:
+    def text_Range(self, node: s.Range, tail: bool) -> str:
         return joined([*(self.text(x) for x in node.first), ELLIPSIS, self.text(node.last)])
 
     # ------------------------------------------------------------------ types
 
-    def scalar_text(self, node: s.Scalar, tail: bool) -> str:
+    def text_Scalar(self, node: s.Scalar, tail: bool) -> str:
         return mi(node.set)
 
-    def interval_text(self, node: s.Interval, tail: bool) -> str:
+    def text_Interval(self, node: s.Interval, tail: bool) -> str:
         lo, hi = "[" if node.lo_closed else "(", "]" if node.hi_closed else ")"
         return fenced(joined([self.text(node.lo), self.text(node.hi)]), lo, hi, stretchy=False)
 
-    def bits_text(self, node: s.Bits, tail: bool) -> str:
+    def text_Bits(self, node: s.Bits, tail: bool) -> str:
         return fenced(joined([tag("mn", "0"), tag("mn", "1")]), "{", "}", stretchy=False)
 
-    def intrange_text(self, node: s.IntRange, tail: bool) -> str:
+    def text_IntRange(self, node: s.IntRange, tail: bool) -> str:
         return fenced(joined([self.text(node.lo), ELLIPSIS, self.text(node.hi)]), "{", "}",
                       stretchy=False)
 
-    def formats_text(self, node: s.Formats, tail: bool) -> str:
+    def text_Formats(self, node: s.Formats, tail: bool) -> str:
         return fenced(joined(mi(n, mathvariant="monospace") for n in node.names), "{", "}",
                       stretchy=False)
 
-    def finite_text(self, node: s.Finite, tail: bool) -> str:
+    def text_Finite(self, node: s.Finite, tail: bool) -> str:
         return fenced(self.text(node.size), "[", "]", stretchy=False)
 
-    def sequences_text(self, node: s.Sequences, tail: bool) -> str:
+    def text_Sequences(self, node: s.Sequences, tail: bool) -> str:
         return tag("msup", self.symbol(node.of), mo("*"))
 
-    def iso_text(self, node: s.Iso, tail: bool) -> str:
+    def text_Iso(self, node: s.Iso, tail: bool) -> str:
         return row(self.symbol(node.name), mo("≅"), self.text(node.of))
 
-    def simplex_text(self, node: s.Simplex, tail: bool) -> str:
+    def text_Simplex(self, node: s.Simplex, tail: bool) -> str:
         return row(mi("Δ", mathvariant="normal"), fenced(self.symbol(node.over)))
 
-    def tensor_text(self, node: s.Tensor, tail: bool) -> str:
+    def text_Tensor(self, node: s.Tensor, tail: bool) -> str:
         dims = joined((self.dim_text(node, d) for d in node.dims), "×")
         return tag("msup", self.text(node.elem), dims)
 
@@ -294,7 +294,7 @@ class HtmlRenderer(LatexRenderer):
         sum_ = isinstance(d, s.BinOp) and d.op in ("+", "−") and len(node.dims) > 1
         return fenced(self.text(d)) if sum_ else self.text(d)
 
-    def cardtype_text(self, node: s.CardType, tail: bool) -> str:
+    def text_CardType(self, node: s.CardType, tail: bool) -> str:
         window = []
         if node.window:
             window = [mtext("for"), self.symbol(node.length or ""), mo("≤"),

@@ -14,7 +14,7 @@ every symbol becomes a macro, and prose from comments and declarations is escape
 card text can break the document. `--standalone` wraps it in a document; a snippet needs
 `PREAMBLE` in the including document's preamble.
 
-Expressions dispatch on the node's class as the text renderer's do (`<kind>_text`), sharing
+Expressions dispatch on the node's class as the text renderer's do (`text_<Kind>`), sharing
 its precedence table; they return math-mode LaTeX.
 """
 
@@ -206,12 +206,12 @@ class LatexRenderer(Renderer):
 
     # ------------------------------------------------------------------ expressions
 
-    def name_text(self, node: s.Name, tail: bool) -> str:
+    def text_Name(self, node: s.Name, tail: bool) -> str:
         if node.id in UPRIGHT and node.id not in self.bold:  # log, exp: upright
             return self.function(node.id)
         return symbol(node.id, node.id in self.bold)
 
-    def num_text(self, node: s.Num, tail: bool) -> str:
+    def text_Num(self, node: s.Num, tail: bool) -> str:
         t = node.text
         if id(node) in self.vectors:
             return rf"\mathbf{{{t}}}"
@@ -224,7 +224,7 @@ class LatexRenderer(Renderer):
             return power if mant in ("1", "1.0") else rf"{mant} \cdot {power}"
         return "".join(_math_char(c) for c in t)
 
-    def binop_text(self, node: s.BinOp, tail: bool) -> str:
+    def text_BinOp(self, node: s.BinOp, tail: bool) -> str:
         prec = self.precedence(node)
         op = _OPS.get(node.op, "".join(_math_char(c) for c in node.op))
         if prec == CONJ:
@@ -237,7 +237,7 @@ class LatexRenderer(Renderer):
             return f"{left}/{right}"
         return f"{left} {op} {right}"
 
-    def unary_text(self, node: s.Unary, tail: bool) -> str:
+    def text_Unary(self, node: s.Unary, tail: bool) -> str:
         if node.op == "−":
             return "-" + self.sub(node.operand, self.negand_min(), tail)
         if node.op == "¬":
@@ -246,30 +246,30 @@ class LatexRenderer(Renderer):
             return rf"\sqrt{{{self.text(node.operand)}}}"
         return MATH.get(node.op, r"\text{?}") + " " + self.sub(node.operand, TIGHT, tail)
 
-    def power_text(self, node: s.Power, tail: bool) -> str:
+    def text_Power(self, node: s.Power, tail: bool) -> str:
         return f"{{{self.sub(node.base, POSTFIX)}}}^{{{self.text(node.exponent)}}}"
 
-    def transpose_text(self, node: s.Transpose, tail: bool) -> str:
+    def text_Transpose(self, node: s.Transpose, tail: bool) -> str:
         return f"{{{self.sub(node.operand, POSTFIX)}}}^{{\\intercal}}"
 
-    def index_text(self, node: s.Index, tail: bool) -> str:
+    def text_Index(self, node: s.Index, tail: bool) -> str:
         items = ", ".join(self.sub(i, SUM) for i in node.items)
         return f"{self.sub(node.base, POSTFIX)}[{items}]"
 
-    def slice_text(self, node: s.Slice, tail: bool) -> str:
+    def text_Slice(self, node: s.Slice, tail: bool) -> str:
         lo = "" if node.lo is None else self.sub(node.lo, SUM)
         hi = "" if node.hi is None else self.sub(node.hi, SUM)
         return f"{lo} : {hi}" if lo and hi else f"{lo}{{:}}{hi}"
 
-    def progression_text(self, node: s.Progression, tail: bool) -> str:
+    def text_Progression(self, node: s.Progression, tail: bool) -> str:
         return f"{self.sub(node.first, SUM)}, {self.sub(node.second, SUM)}, \\ldots, " \
                f"{self.sub(node.last, SUM)}"
 
-    def arg_text(self, node: s.Arg, tail: bool) -> str:
+    def text_Arg(self, node: s.Arg, tail: bool) -> str:
         op = _OPS.get(node.op) or "".join(_math_char(c) for c in node.op)
         return f"{self.sub(node.target, POSTFIX)} {op} {self.text(node.value)}"
 
-    def call_text(self, node: s.Call, tail: bool) -> str:
+    def text_Call(self, node: s.Call, tail: bool) -> str:
         args = ", ".join(self.text(a) for a in node.args)
         if node.params or node.bar:
             params = ", ".join(self.text(p) for p in node.params)
@@ -288,20 +288,20 @@ class LatexRenderer(Renderer):
             c if c.isascii() and c.isalnum() else _math_char(c) for c in base) + "}"
         return _decorated(out, decor)
 
-    def ellipsis_text(self, node: s.Ellipsis_, tail: bool) -> str:
+    def text_Ellipsis(self, node: s.Ellipsis_, tail: bool) -> str:
         return r"\ldots"
 
-    def concat_text(self, node: s.Concat, tail: bool) -> str:
+    def text_Concat(self, node: s.Concat, tail: bool) -> str:
         sep = ";" if node.sep == ";" else ","
         return r"\left[" + f"{sep} ".join(self.sub(i, SUM) for i in node.items) + r"\right]"
 
-    def iverson_text(self, node: s.Iverson, tail: bool) -> str:
+    def text_Iverson(self, node: s.Iverson, tail: bool) -> str:
         return rf"[\![{self.text(node.cond)}]\!]"
 
-    def norm_text(self, node: s.Norm, tail: bool) -> str:
+    def text_Norm(self, node: s.Norm, tail: bool) -> str:
         return rf"\lVert {self.text(node.operand)} \rVert"
 
-    def sum_text(self, node: s.Sum, tail: bool) -> str:
+    def text_Sum(self, node: s.Sum, tail: bool) -> str:
         index = symbol(node.index)
         if node.over is not None:
             head = rf"\sum_{{{index} \in {self.sub(node.over, SUM)}}}"
@@ -313,50 +313,50 @@ class LatexRenderer(Renderer):
             head = rf"\sum_{{{index}={lo}}}^{{{hi}}}"
         return f"{head} {self.sub(node.body, PRODUCT, tail)}"
 
-    def choice_text(self, node: s.Choice, tail: bool) -> str:
+    def text_Choice(self, node: s.Choice, tail: bool) -> str:
         options = r" \text{ or } ".join(self.sub(x, SUM) for x in node.options)
         probs = r" \text{ or } ".join(self.sub(x, SUM) for x in node.probs)
         return rf"{options} \text{{ randomly with probability }} {probs}"
 
-    def setbuilder_text(self, node: s.SetBuilder, tail: bool) -> str:
+    def text_SetBuilder(self, node: s.SetBuilder, tail: bool) -> str:
         return rf"\{{{symbol(node.var)} \in {self.sub(node.domain, SUM)} : " \
                rf"{self.sub(node.cond, COND)}\}}"
 
-    def range_text(self, node: s.Range, tail: bool) -> str:
+    def text_Range(self, node: s.Range, tail: bool) -> str:
         return ", ".join([*(self.text(x) for x in node.first), r"\ldots", self.text(node.last)])
 
     # ------------------------------------------------------------------ types
 
-    def scalar_text(self, node: s.Scalar, tail: bool) -> str:
+    def text_Scalar(self, node: s.Scalar, tail: bool) -> str:
         return MATH.get(node.set, r"\text{?}")
 
-    def interval_text(self, node: s.Interval, tail: bool) -> str:
+    def text_Interval(self, node: s.Interval, tail: bool) -> str:
         lo, hi = "[" if node.lo_closed else "(", "]" if node.hi_closed else ")"
         return f"{lo}{self.text(node.lo)}, {self.text(node.hi)}{hi}"
 
-    def bits_text(self, node: s.Bits, tail: bool) -> str:
+    def text_Bits(self, node: s.Bits, tail: bool) -> str:
         return r"\{0, 1\}"
 
-    def intrange_text(self, node: s.IntRange, tail: bool) -> str:
+    def text_IntRange(self, node: s.IntRange, tail: bool) -> str:
         return rf"\{{{self.text(node.lo)}, \ldots, {self.text(node.hi)}\}}"
 
-    def formats_text(self, node: s.Formats, tail: bool) -> str:
+    def text_Formats(self, node: s.Formats, tail: bool) -> str:
         names = ", ".join(r"\mathtt{" + n + "}" for n in node.names)
         return rf"\{{{names}\}}"
 
-    def finite_text(self, node: s.Finite, tail: bool) -> str:
+    def text_Finite(self, node: s.Finite, tail: bool) -> str:
         return f"[{self.text(node.size)}]"
 
-    def sequences_text(self, node: s.Sequences, tail: bool) -> str:
+    def text_Sequences(self, node: s.Sequences, tail: bool) -> str:
         return f"{symbol(node.of)}^{{*}}"
 
-    def iso_text(self, node: s.Iso, tail: bool) -> str:
+    def text_Iso(self, node: s.Iso, tail: bool) -> str:
         return rf"{symbol(node.name)} \cong {self.text(node.of)}"
 
-    def simplex_text(self, node: s.Simplex, tail: bool) -> str:
+    def text_Simplex(self, node: s.Simplex, tail: bool) -> str:
         return rf"\Delta\left({symbol(node.over)}\right)"
 
-    def tensor_text(self, node: s.Tensor, tail: bool) -> str:
+    def text_Tensor(self, node: s.Tensor, tail: bool) -> str:
         dims = r" \times ".join(self.dim_text(node, d) for d in node.dims)
         return f"{self.text(node.elem)}^{{{dims}}}"
 
@@ -364,7 +364,7 @@ class LatexRenderer(Renderer):
         sum_ = isinstance(d, s.BinOp) and d.op in ("+", "−") and len(node.dims) > 1
         return rf"\left({self.text(d)}\right)" if sum_ else self.text(d)
 
-    def cardtype_text(self, node: s.CardType, tail: bool) -> str:
+    def text_CardType(self, node: s.CardType, tail: bool) -> str:
         window = ""
         if node.window:
             window = rf" \text{{ for }} {symbol(node.length)} \le {symbol(node.window)}"
@@ -425,7 +425,7 @@ class LatexRenderer(Renderer):
                 flush()
                 out += self.item_tex(item, depth)
                 continue
-            size = len(TEXT.decl_text(item, True))  # prose runs on: it wraps
+            size = len(TEXT.text_Decl(item, True))  # prose runs on: it wraps
             if run and width + size > LINE - 4 * depth:
                 flush()
             if run:

@@ -3,10 +3,10 @@
 ``parse(render_card(parse(src))) == parse(src)`` for every card, and rendering is idempotent,
 so ``cardc fmt`` can rewrite files in place. Output is composed Unicode (NFC) for display.
 
-Rendering dispatches on the node's class, sqlglot-style: ``Renderer.text(node)`` calls the method
-``<kind>_text`` (one line of text: expressions, types, statement heads) and ``Renderer.lines``
-calls ``<kind>_lines`` (constructs that span lines: algorithms, blocks, bundles, steps), where
-``<kind>`` is the class name in lower case.
+Rendering dispatches on the node's class with ``cardc.syntax.dispatch``, as every visitor does:
+``Renderer.text(node)`` calls the method ``text_<Kind>`` (one line of text: expressions, types,
+statement heads) and ``Renderer.lines`` calls ``lines_<Kind>`` (constructs that span lines:
+algorithms, blocks, bundles, steps), where ``<Kind>`` is the class name (``text_BinOp``).
 
 Expressions get the fewest parentheses the grammar allows, from a precedence table that mirrors
 ``grammar.lark`` (``?cond``, ``?sum``, ``?product``, ``?unary``, ``?tight``, ``?postfix``, ``?atom``).
@@ -55,11 +55,6 @@ INDENT = "    "
 WIDTH = 100
 
 
-def kind(node: object) -> str:
-    """The dispatch key of a node: ``BinOp`` → ``binop``, ``Ellipsis_`` → ``ellipsis``."""
-    return type(node).__name__.lower().rstrip("_")
-
-
 class Renderer:
     """Card AST → canonical text."""
 
@@ -71,16 +66,10 @@ class Renderer:
         ``tail`` says whether the text may end the enclosing product: a Σ's body runs as far
         right as a product does, so a Σ that something product-level follows needs parentheses.
         """
-        method = getattr(self, f"{kind(node)}_text", None)
-        if method is None:
-            raise TypeError(f"cannot render {type(node).__name__} as text")
-        return method(node, tail)
+        return s.dispatch(self, "text", node, tail)
 
     def lines(self, node: object, depth: int = 0) -> list[str]:
-        method = getattr(self, f"{kind(node)}_lines", None)
-        if method is None:
-            raise TypeError(f"cannot render {type(node).__name__} as lines")
-        return method(node, depth)
+        return s.dispatch(self, "lines", node, depth)
 
     # ------------------------------------------------------------------ precedence
 
@@ -116,13 +105,13 @@ class Renderer:
 
     # ------------------------------------------------------------------ expressions
 
-    def name_text(self, node: s.Name, tail: bool) -> str:
+    def text_Name(self, node: s.Name, tail: bool) -> str:
         return node.id
 
-    def num_text(self, node: s.Num, tail: bool) -> str:
+    def text_Num(self, node: s.Num, tail: bool) -> str:
         return node.text
 
-    def binop_text(self, node: s.BinOp, tail: bool) -> str:
+    def text_BinOp(self, node: s.BinOp, tail: bool) -> str:
         prec = self.precedence(node)
         if prec == CONJ:  # c ∧ c′, grouping to the left
             return f"{self.sub(node.left, CONJ)} ∧ {self.sub(node.right, COND, tail)}"
@@ -134,14 +123,14 @@ class Renderer:
             return f"{left}/{right}"
         return f"{left} {right}" if node.op == " " else f"{left} {node.op} {right}"
 
-    def unary_text(self, node: s.Unary, tail: bool) -> str:
+    def text_Unary(self, node: s.Unary, tail: bool) -> str:
         if node.op == "−":
             return "−" + self.sub(node.operand, self.negand_min(), tail)
         if node.op == "¬":
             return "¬" + self.sub(node.operand, COND, tail)
         return node.op + self.sub(node.operand, TIGHT, tail)  # √, ∇
 
-    def power_text(self, node: s.Power, tail: bool) -> str:
+    def text_Power(self, node: s.Power, tail: bool) -> str:
         base = self.sub(node.base, POSTFIX)
         if node.exponent == s.Num("2"):
             return base + "²"
@@ -149,30 +138,30 @@ class Renderer:
             base = f"({base})"
         return f"{base}^{{{self.sub(node.exponent, SUM)}}}"
 
-    def transpose_text(self, node: s.Transpose, tail: bool) -> str:
+    def text_Transpose(self, node: s.Transpose, tail: bool) -> str:
         return self.sub(node.operand, POSTFIX) + "^⊺"
 
-    def index_text(self, node: s.Index, tail: bool) -> str:
+    def text_Index(self, node: s.Index, tail: bool) -> str:
         base = self.sub(node.base, POSTFIX)
         if not _INDEXABLE_END.search(unicodedata.normalize("NFD", base)):  # ∞[i]
             base = f"({base})"
         return f"{base}[{', '.join(self.sub(i, SUM) for i in node.items)}]"
 
-    def slice_text(self, node: s.Slice, tail: bool) -> str:
+    def text_Slice(self, node: s.Slice, tail: bool) -> str:
         lo = "" if node.lo is None else self.sub(node.lo, SUM)
         hi = "" if node.hi is None else self.sub(node.hi, SUM)
         if lo and hi:
             return f"{lo} : {hi}"
         return f"{lo}:{hi}"
 
-    def progression_text(self, node: s.Progression, tail: bool) -> str:
+    def text_Progression(self, node: s.Progression, tail: bool) -> str:
         return f"{self.sub(node.first, SUM)}, {self.sub(node.second, SUM)}, …, " \
                f"{self.sub(node.last, SUM)}"
 
-    def arg_text(self, node: s.Arg, tail: bool) -> str:
+    def text_Arg(self, node: s.Arg, tail: bool) -> str:
         return f"{self.sub(node.target, POSTFIX)} {node.op} {self.text(node.value)}"
 
-    def call_text(self, node: s.Call, tail: bool) -> str:
+    def text_Call(self, node: s.Call, tail: bool) -> str:
         return self.called(node, ", ".join(self.text(a) for a in node.args))
 
     def called(self, node: s.Call, args: str) -> str:
@@ -182,19 +171,19 @@ class Renderer:
             args = f"{args} | {params}" if args else f"| {params}"
         return f"{node.func}({args})"
 
-    def ellipsis_text(self, node: s.Ellipsis_, tail: bool) -> str:
+    def text_Ellipsis(self, node: s.Ellipsis_, tail: bool) -> str:
         return "…"
 
-    def concat_text(self, node: s.Concat, tail: bool) -> str:
+    def text_Concat(self, node: s.Concat, tail: bool) -> str:
         return "[" + f"{node.sep} ".join(self.sub(i, SUM) for i in node.items) + "]"
 
-    def iverson_text(self, node: s.Iverson, tail: bool) -> str:
+    def text_Iverson(self, node: s.Iverson, tail: bool) -> str:
         return f"[[{self.text(node.cond)}]]"
 
-    def norm_text(self, node: s.Norm, tail: bool) -> str:
+    def text_Norm(self, node: s.Norm, tail: bool) -> str:
         return f"‖{self.text(node.operand)}‖"
 
-    def sum_text(self, node: s.Sum, tail: bool) -> str:
+    def text_Sum(self, node: s.Sum, tail: bool) -> str:
         if node.over is not None:
             head = f"Σ_{{{node.index}∈{self.sub(node.over, SUM)}}}"
         elif node.lo is None and node.hi is None:  # Σ_u: braces only where the index needs them
@@ -205,12 +194,12 @@ class Renderer:
             head = f"Σ_{{{node.index}={lo}}}^{{{hi}}}"
         return f"{head} {self.sub(node.body, PRODUCT, tail)}"
 
-    def choice_text(self, node: s.Choice, tail: bool) -> str:
+    def text_Choice(self, node: s.Choice, tail: bool) -> str:
         options = " or ".join(self.sub(x, SUM) for x in node.options)
         probs = " or ".join(self.sub(x, SUM) for x in node.probs)
         return f"{options} randomly with probability {probs}"
 
-    def setbuilder_text(self, node: s.SetBuilder, tail: bool) -> str:
+    def text_SetBuilder(self, node: s.SetBuilder, tail: bool) -> str:
         cond = node.cond
         if isinstance(cond, s.BinOp) and cond.op == "=":
             text = f"{self.sub(cond.left, SUM)} = {self.sub(cond.right, SUM)}"
@@ -218,43 +207,43 @@ class Renderer:
             text = self.sub(cond, COND)
         return f"{{{node.var} ∈ {self.sub(node.domain, SUM)} : {text}}}"
 
-    def range_text(self, node: s.Range, tail: bool) -> str:
+    def text_Range(self, node: s.Range, tail: bool) -> str:
         return ", ".join([*(self.text(x) for x in node.first), "…", self.text(node.last)])
 
     # ------------------------------------------------------------------ types
 
-    def scalar_text(self, node: s.Scalar, tail: bool) -> str:
+    def text_Scalar(self, node: s.Scalar, tail: bool) -> str:
         return node.set
 
-    def interval_text(self, node: s.Interval, tail: bool) -> str:
+    def text_Interval(self, node: s.Interval, tail: bool) -> str:
         lo, hi = "[" if node.lo_closed else "(", "]" if node.hi_closed else ")"
         return f"{lo}{self.text(node.lo)}, {self.text(node.hi)}{hi}"
 
-    def bits_text(self, node: s.Bits, tail: bool) -> str:
+    def text_Bits(self, node: s.Bits, tail: bool) -> str:
         return "{0,1}"
 
-    def intrange_text(self, node: s.IntRange, tail: bool) -> str:
+    def text_IntRange(self, node: s.IntRange, tail: bool) -> str:
         return f"{{{self.text(node.lo)}..{self.text(node.hi)}}}"
 
-    def formats_text(self, node: s.Formats, tail: bool) -> str:
+    def text_Formats(self, node: s.Formats, tail: bool) -> str:
         return f"{{{', '.join(node.names)}}}"
 
-    def finite_text(self, node: s.Finite, tail: bool) -> str:
+    def text_Finite(self, node: s.Finite, tail: bool) -> str:
         return f"[{self.text(node.size)}]"
 
-    def sequences_text(self, node: s.Sequences, tail: bool) -> str:
+    def text_Sequences(self, node: s.Sequences, tail: bool) -> str:
         return f"{node.of}*"
 
-    def iso_text(self, node: s.Iso, tail: bool) -> str:
+    def text_Iso(self, node: s.Iso, tail: bool) -> str:
         return f"{node.name} ≅ {self.text(node.of)}"
 
-    def simplex_text(self, node: s.Simplex, tail: bool) -> str:
+    def text_Simplex(self, node: s.Simplex, tail: bool) -> str:
         return f"Δ({node.over})"
 
-    def tensor_text(self, node: s.Tensor, tail: bool) -> str:
+    def text_Tensor(self, node: s.Tensor, tail: bool) -> str:
         return f"{self.text(node.elem)}^{{{'×'.join(self.dim_text(node, d) for d in node.dims)}}}"
 
-    def cardtype_text(self, node: s.CardType, tail: bool) -> str:
+    def text_CardType(self, node: s.CardType, tail: bool) -> str:
         window = f" for {node.length} ≤ {node.window}" if node.window else ""
         return f"{self.text(node.input)} → {self.text(node.output)}{window}"
 
@@ -266,7 +255,7 @@ class Renderer:
 
     # ------------------------------------------------------------------ declarations
 
-    def decl_text(self, node: s.Decl, tail: bool) -> str:
+    def text_Decl(self, node: s.Decl, tail: bool) -> str:
         """A declaration without its prose, which the line that holds it adds."""
         out = ", ".join(node.names)
         if node.type is not None:
@@ -288,7 +277,7 @@ class Renderer:
         return out
 
     def decl_line_text(self, node: s.Decl) -> str:
-        text = self.decl_text(node, True)
+        text = self.text_Decl(node, True)
         if node.prose is None:
             return text
         return text + prose_suffix(node.prose, needs_prose=node.type is None and node.value is None)
@@ -324,13 +313,13 @@ class Renderer:
             out.append(pad + "".join(line))
         return out
 
-    def bundle_lines(self, node: s.Bundle, depth: int) -> list[str]:
+    def lines_Bundle(self, node: s.Bundle, depth: int) -> list[str]:
         head = f"{node.name} {node.intro}:"
         if node.prose is not None:
             head += prose_suffix(node.prose)
         return [INDENT * depth + head, *self.item_lines(node.items, depth + 1)]
 
-    def family_lines(self, node: s.Family, depth: int) -> list[str]:
+    def lines_Family(self, node: s.Family, depth: int) -> list[str]:
         over = self.text(node.over)
         binder = "=" if isinstance(node.over, s.Range) else "∈"
         head = f"For {node.index} {binder} {over}"
@@ -345,17 +334,17 @@ class Renderer:
             head += ":"
         return [INDENT * depth + head, *self.item_lines(items, depth + 1)]
 
-    def dataset_lines(self, node: s.Dataset, depth: int) -> list[str]:
+    def lines_Dataset(self, node: s.Dataset, depth: int) -> list[str]:
         elems = node.elems[0] if len(node.elems) == 1 else f"({', '.join(node.elems)})"
         text = f"{{{elems}}}_{{{node.index}={self.text(node.lo)}}}^{{{self.text(node.hi)}}}"
         if node.prose is not None:
             text += prose_suffix(node.prose)
         return [INDENT * depth + text]
 
-    def sentence_lines(self, node: s.Sentence, depth: int) -> list[str]:
+    def lines_Sentence(self, node: s.Sentence, depth: int) -> list[str]:
         return [INDENT * depth + node.text]  # reads back only as the first item of a block
 
-    def block_lines(self, node: s.Block, depth: int) -> list[str]:
+    def lines_Block(self, node: s.Block, depth: int) -> list[str]:
         head = f"{node.kind}:"
         items = node.items
         if not items:
@@ -370,21 +359,21 @@ class Renderer:
             return [f"{head} {body[0].lstrip()}", *body[1:]]
         return [head, *body]
 
-    def preset_lines(self, node: s.Preset, depth: int) -> list[str]:
+    def lines_Preset(self, node: s.Preset, depth: int) -> list[str]:
         values = ", ".join(f"{name} = {self.text(v)}" for name, v in node.values)
         line = f"Preset {node.name}: {values}"
         return [line + (f"  ▷ {node.prose}" if node.prose is not None else "")]
 
     # ------------------------------------------------------------------ statements
 
-    def assign_text(self, node: s.Assign, tail: bool) -> str:
+    def text_Assign(self, node: s.Assign, tail: bool) -> str:
         return f"{self.sub(node.target, POSTFIX)} {node.op} {self.text(node.value)}"
 
-    def return_text(self, node: s.Return, tail: bool) -> str:
+    def text_Return(self, node: s.Return, tail: bool) -> str:
         name = f"{node.name} = " if node.name is not None else ""
         return f"return {name}{self.text(node.value)}"
 
-    def sample_text(self, node: s.Sample, tail: bool) -> str:
+    def text_Sample(self, node: s.Sample, tail: bool) -> str:
         return f"sample a token {node.var} from {node.dist} ∝ {self.weights_text(node.weights)}"
 
     def weights_text(self, node: s.Expr) -> str:
@@ -400,7 +389,7 @@ class Renderer:
                                                 *(self.text(a) for a in node.args[1:])]))
         return self.text(node)
 
-    def for_text(self, node: s.For, tail: bool) -> str:
+    def text_For(self, node: s.For, tail: bool) -> str:
         over = self.text(node.over)
         if node.style == "block":
             return f"For {node.var} {node.binder} {over}:"
@@ -410,21 +399,21 @@ class Renderer:
             return f"{head} : {body}"
         return f"{head} do"
 
-    def while_text(self, node: s.While, tail: bool) -> str:
+    def text_While(self, node: s.While, tail: bool) -> str:
         return f"while {self.sub(node.cond, CONJ)} do"
 
-    def forall_text(self, node: s.ForAll, tail: bool) -> str:
+    def text_ForAll(self, node: s.ForAll, tail: bool) -> str:
         names = ", ".join(node.vars)
         if isinstance(node.body, s.If):  # ∀t_z, t_x, if … then …
             return f"∀{names}, {self.text(node.body)}"
         return f"∀{names}: {self.text(node.body)}"
 
-    def if_text(self, node: s.If, tail: bool) -> str:
+    def text_If(self, node: s.If, tail: bool) -> str:
         return f"if {self.sub(node.cond, CONJ)} then {self.text(node.then)}"
 
     # ------------------------------------------------------------------ steps and algorithms
 
-    def step_lines(self, node: s.Step, depth: int, width: int = 0) -> list[str]:
+    def lines_Step(self, node: s.Step, depth: int, width: int = 0) -> list[str]:
         """A step, its body and its ``end``; ``width`` is the algorithm's widest step number."""
 
         def margin(number: str | None) -> str:
@@ -444,12 +433,12 @@ class Renderer:
         opens = isinstance(stmt, s.While) or isinstance(stmt, s.For) and stmt.style != "map"
         if opens:
             for step in stmt.body:
-                out += self.step_lines(step, depth + 1, width)
+                out += self.lines_Step(step, depth + 1, width)
             if isinstance(stmt, s.While) or stmt.style == "do":
                 out.append(margin(stmt.end_number) + INDENT * depth + "end")
         return out
 
-    def algorithm_lines(self, node: s.Algorithm, depth: int = 0) -> list[str]:
+    def lines_Algorithm(self, node: s.Algorithm, depth: int = 0) -> list[str]:
         number = f" {node.number}" if node.number is not None else ""
         if node.name is None:
             head = f"Algorithm{number}: {node.title or ''}".rstrip()
@@ -469,10 +458,10 @@ class Renderer:
             out += self.lines(preset)
         width = max((len(n) for n in _step_numbers(node.steps)), default=0)
         for step in node.steps:
-            out += self.step_lines(step, 0, width)
+            out += self.lines_Step(step, 0, width)
         return out
 
-    def cardfile_lines(self, node: s.CardFile, depth: int = 0) -> list[str]:
+    def lines_CardFile(self, node: s.CardFile, depth: int = 0) -> list[str]:
         out: list[str] = []
         for i, alg in enumerate(node.algorithms):
             if i:
