@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from cardc.atomic import atomic_path
+from cardc.ir import Analysis
 from cardc.runtime.checkpoint import load_state, read_checkpoint, save_checkpoint
 from cardc.runtime.data import (
     decode,
@@ -38,7 +39,10 @@ REQUIRED_KEYS = {"step", "train_loss", "val_loss", "tokens_per_s", "lr", "elapse
 
 
 class Bigram(nn.Module):
-    """Smallest model honouring the contract; refuses sequences over max_seq_len."""
+    """Smallest model honouring the contract; refuses sequences over max_seq_len. It states
+    what a card's lowering records of a generated model: a bigram reads no later token."""
+
+    analysis = Analysis(causal=True)
 
     def __init__(self, vocab: int = 256, max_seq_len: int = 16) -> None:
         super().__init__()

@@ -278,7 +278,8 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
     with ``tokenizer`` (bytes by default), which the corpus is read with, beside the weights.
     A prepared data folder's tokens must be its tokenizer's; the checkpoint records the
     folder. With ``resume`` (a checkpoint of the run in ``cfg.out_dir``), the run goes on from
-    it exactly as if it had never stopped."""
+    it exactly as if it had never stopped. A model whose ``analysis.causal`` holds (as lowering
+    records it of a generated one) gets its held-out next-token loss at every evaluation."""
     tokenizer = tokenizer or ByteTokenizer()
     model.to(dtype=getattr(torch, cfg.weights))  # before the card's optimizer takes θ
     meta = {**meta, "tokenizer": tokenizer.record()}
