@@ -129,10 +129,14 @@ def filter_bounds(checker: Checker, alg: s.Algorithm) -> dict[str, str]:
             and e.params[0].id in info.sig.hypers}
 
 
-def procedure_function(checker: Checker, alg: s.Algorithm):
-    """A training or inference card's generated function, ready to call."""
+def procedure_function(checker: Checker, alg: s.Algorithm, model: Any = None):
+    """A training or inference card's generated function, ready to call. `model`: the built
+    module it runs, whose recorded analysis (`model.analysis`) its lowering reads instead of
+    lowering that model's card once more."""
     name = identifier(alg.label)
-    return getattr(load_module(source(checker, alg), name.lower()), name)
+    runs_on = called_model(checker, alg)
+    known = {} if model is None or runs_on is None else {runs_on: model.analysis}
+    return getattr(load_module(source(checker, alg, analyses=known), name.lower()), name)
 
 
 def generated_cards(lib: Library, checker: Checker,
@@ -189,13 +193,19 @@ def files_used(lib: Library, checker: Checker, files: set[str]) -> set[str]:
     return used
 
 
-def source(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> str:
-    """The generated Python module for a model card."""
-    return generated(checker, alg, lowered(checker, alg, fuse))
+Analyses = dict[s.Algorithm, ir.Analysis]
 
 
-def lowered(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> ir.Program:
-    """A card lowered to its program; a model's carries its analysis (`ir.Analysis`)."""
+def source(checker: Checker, alg: s.Algorithm, fuse: bool = True,
+           analyses: Analyses | None = None) -> str:
+    """The generated Python module for a card."""
+    return generated(checker, alg, lowered(checker, alg, fuse, analyses))
+
+
+def lowered(checker: Checker, alg: s.Algorithm, fuse: bool = True,
+            analyses: Analyses | None = None) -> ir.Program:
+    """A card lowered to its program; a model's carries its analysis (`ir.Analysis`).
+    `analyses`: what lowering the models it calls found, when they were built already."""
     unbound = unbound_models(checker, alg)
     if unbound:
         decl = checker.info(alg).sig.models[unbound[0]].decl
@@ -205,7 +215,7 @@ def lowered(checker: Checker, alg: s.Algorithm, fuse: bool = True) -> ir.Program
                                f"--recipe {checker.lib.file_of(alg).path}'")
         raise CardError(diags)
     try:
-        lowering = Lowering(checker, fuse)
+        lowering = Lowering(checker, fuse, analyses or {})
         inputs = checker.info(alg).sig.inputs
         program = lowering.procedure(alg) if any(isinstance(ty, BundleTy) for _, ty in inputs) \
             else lowering.model(alg)

@@ -59,6 +59,22 @@ def test_sample_from_python_prints_what_the_command_line_prints(trained, cli):
     assert one == [shown[1]]  # a prompt of a length of its own continues as it would alone
 
 
+def test_a_model_is_lowered_once_per_run(trained, tmp_path, monkeypatch):
+    """Its sampler and its training card read the analysis recorded when it was lowered
+    (`model.analysis`) instead of lowering its card a second time."""
+    from cardc.lower import cards
+
+    lowered, model = [], cards.Lowering.model
+    monkeypatch.setattr(cards.Lowering, "model",
+                        lambda self, alg: lowered.append(alg.name) or model(self, alg))
+    cardc.sample(trained[0], prompt="ab", tokens=2, temperature=0, device="cpu")
+    assert lowered == ["GPT2"]  # rebuilt from the checkpoint, and no more
+    lowered.clear()
+    cardc.train(ROOT / "cards/gpt2.card", preset="tiny", overrides=SIZES, steps=1,
+                batch_size=2, block_size=16, out=str(tmp_path / "run"), device="cpu")
+    assert lowered == ["GPT2"]
+
+
 def test_bad_arguments_raise_the_projects_errors(tmp_path):
     with pytest.raises(UsageError, match="no such card file: missing.card"):
         cardc.train("missing.card", out=str(tmp_path / "run"))

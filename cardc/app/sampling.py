@@ -198,8 +198,8 @@ def _sample_with_card(o: SampleOptions, model: torch.nn.Module, meta: dict,
         _check_token_ids(p.ids, vocab)
     hypers = _sampling_values(o, lib, checker, alg, window, model, meta, prompts, vocab)
     stops = _stops(list(o.stop), prompts, tokenizer)
-    outs = _run_batches(o, build.procedure_function(checker, alg), alg, model, device, hypers,
-                        prompts, stops)
+    sampler = build.procedure_function(checker, alg, model)  # the model is not lowered again
+    outs = _run_batches(o, sampler, alg, model, device, hypers, prompts, stops)
     return [_shown_sample(p, out, tokenizer, stops, echo)
             for p, out in zip(prompts, outs, strict=True)]
 

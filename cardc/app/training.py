@@ -178,7 +178,7 @@ def train_with(o: TrainOptions, checked: Callable[[], object] = lambda: None) ->
         f"the weights of {o.finetune}" if o.finetune else o.preset or "no preset"
     print(f"training {model_card.name} ({start}, {params:,} parameters) "
           f"with {recipe.name} ({shown_path(lib.file_of(recipe).path)}); writing {out}/")
-    records = run_training(model, build.procedure_function(checker, recipe), hypers, cfg,
+    records = run_training(model, build.procedure_function(checker, recipe, model), hypers, cfg,
                            model.card_meta, tokenizer=tokenizer, resume=snapshot)
     return TrainedRun(Path(out), records)
 

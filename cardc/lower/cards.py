@@ -4,7 +4,7 @@ what each constructor needs."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -46,7 +46,8 @@ def _doc(alg: s.Algorithm) -> str:
 class Lowering(Parameters):
     """Lowers a model card and everything it calls into one `ir.Program`."""
 
-    def __init__(self, checker: Checker, fuse: bool = True):
+    def __init__(self, checker: Checker, fuse: bool = True,
+                 analyses: Mapping[s.Algorithm, ir.Analysis] = {}):  # noqa: B006 (read only)
         self.checker = checker
         self.lib = checker.lib
         self.fuse = fuse
@@ -58,6 +59,8 @@ class Lowering(Parameters):
         self._functions: dict[tuple[int, frozenset[str]], str] = {}
         self._ctor: dict[int, list[str]] = {}
         self._walks: dict[tuple, Any] = {}  # what a card's steps hold, by finder
+        for model, analysis in analyses.items():  # models built already: not lowered again
+            record(checker, model, self.pipeline, analysis)
 
     def walk(self, alg: s.Algorithm, find: Callable[..., Any], *args: Any) -> Any:
         """`find(alg, *args)`, once per card: it walks the card's steps."""
