@@ -77,6 +77,33 @@ def test_info_command(capsys):
     assert "124,439,808" in capsys.readouterr().out
 
 
+def test_a_call_without_its_parameters_is_refused_by_info_and_build_as_by_check(capsys):
+    """tests/golden/missing_params.card calls Relu2MLP without `| θ^mlp`: `info` used to count
+    the block without the MLP's weights and `build` failed on it; all three now refuse it with
+    the same located error."""
+    card = "tests/golden/missing_params.card"
+    message = (f"{card}:10:11: error: 'Relu2MLP' needs its parameter 'W', which this call does "
+               "not pass")
+    for argv in (["check", card], ["info", card, "--preset", "tiny"], ["build", card]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(message) and "Traceback" not in err, argv
+
+
+def test_a_call_given_its_parameters_counts_and_builds_them(tmp_path, capsys):
+    """The hint's fix: `info` counts the MLP's weights, and the built module holds as many."""
+    from cardc.build import checked, instantiate
+
+    text = (ROOT / "tests" / "golden" / "missing_params.card").read_text(encoding="utf-8")
+    card = tmp_path / "block.card"
+    card.write_text(text.replace("Relu2MLP(X)", "Relu2MLP(X | θ^mlp)"), encoding="utf-8")
+    lib, checker, _ = checked([str(card)], str(tmp_path))
+    alg = lib.find("Block")
+    assert summarize(checker.infos[id(alg)].sig, "tiny").parameters == 2 * 8 * 16 + 8
+    model, _ = instantiate(checker, alg, {"D": 8, "D_f": 16})
+    assert sum(p.numel() for p in model.parameters()) == 2 * 8 * 16 + 8
+
+
 @pytest.mark.parametrize("argv", [
     ["info", "cards/gpt2.card", "--preset", "nope"],
     ["info", "cards/gpt2.card", "--preset", "tiny", "--set", "H=3"],  # d = D/H is not whole

@@ -24,7 +24,7 @@ from .messages import (
 )
 from .results import MAX_CALL_DEPTH, CallInfo, CheckError, ModelTy, Signature
 from .scope import BodyState, Expressions, Part
-from .shapes import _d, _same_entry, dims_equal
+from .shapes import _d, _members, _same_entry, dims_equal
 
 # the rule that checks a call to a builtin: its own for a filter, dropout or an optimizer
 _KINDS = {b.name: b.rule if b.rule in ("filter", "dropout", "optimizer") else "builtin"
@@ -239,6 +239,7 @@ class CallChecker(Part):
                            notes=((callee.span, f"'{callee.name}' is declared here"),))
                 raise CheckError
         params, hypers = self.bind_params(sig, e, bind)
+        self.require_params(e, sig, params)
         for name, dim in sig.definitions.items():
             if name not in bind:
                 bind[name] = subst_dim(dim, bind)
@@ -324,6 +325,26 @@ class CallChecker(Part):
                 else:
                     self.exprs.tensor(p.value)
         return params, hypers
+
+    def require_params(self, e: s.Call, sig: Signature, params: dict[str, s.Expr]) -> None:
+        """Every parameter of the callee is passed: a card computes with its weights, so a
+        call without them has no meaning to count, build or run."""
+        missing = [name for name, _ in sig.params
+                   if name not in sig.hypers and name not in params]
+        if not missing:
+            return
+        names = ", ".join(f"'{display(n)}'" for n in missing)
+        wanted = ", ".join(display(n) for n, _ in sig.params if n not in sig.hypers)
+        unbound = [n for n, entry in _members(self.sig.tree).items()
+                   if isinstance(entry, BundleTy) and not entry.members]
+        if len(missing) == 1 and len(unbound) == 1 and not params:  # the caller's only
+            wanted = display(unbound[0])                             # bundle no call binds
+        self.error(e.span, f"'{sig.alg.name}' needs its parameter{'s' if len(missing) > 1 else ''}"
+                           f" {names}, which this call does not pass",
+                   hint="pass the caller's parameters after '|': "
+                        f"{display(e.func)}(… | {wanted})",
+                   notes=((sig.alg.span, f"'{sig.alg.name}' is declared here"),))
+        raise CheckError
 
     def bind_entry(self, want: Entry, given: s.Expr, bind: dict[str, Dim], callee) -> None:
         if not isinstance(given, s.Name):
