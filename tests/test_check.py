@@ -104,6 +104,34 @@ def test_a_call_given_its_parameters_counts_and_builds_them(tmp_path, capsys):
     assert sum(p.numel() for p in model.parameters()) == 2 * 8 * 16 + 8
 
 
+STAR = """Algorithm: Y ← Gram(X)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×T}
+Hyperparameters: T, D ∈ ℕ
+1 S ← X X^⊺
+2 S ← 2 * S · S
+3 return Y = S * S
+"""
+
+
+def test_star_between_two_matrices_warns_and_names_the_hadamard_product(tmp_path, capsys):
+    """`*` is the matrix product; between two matrices a PyTorch user likely meant ⊙. The card
+    still checks (exit 0), with one warning at the `*` of step 3 only: `2 * S` scales and
+    `S · S` is spelled as the paper spells the matrix product."""
+    card = tmp_path / "star.card"
+    card.write_text(STAR, encoding="utf-8")
+    assert main(["check", str(card)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("ok:")
+    assert err.count("warning:") == 1 and "error" not in err
+    assert err.startswith(f"{card}:7:16: warning: '*' between two matrices is the matrix "
+                          "product (ℝ^{T×T} times ℝ^{T×T})")
+    assert "hint: for the element-wise product write ⊙ (ASCII: (.))" in err
+    card.write_text(STAR.replace("S * S", "S ⊙ S"), encoding="utf-8")
+    assert main(["check", str(card)]) == 0
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("argv", [
     ["info", "cards/gpt2.card", "--preset", "nope"],
     ["info", "cards/gpt2.card", "--preset", "tiny", "--set", "H=3"],  # d = D/H is not whole
