@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from cardc import syntax as s
+from cardc.build import checked, instantiate
 from cardc.checker import check
 from cardc.cli import main
 from cardc.dims import Dim
 from cardc.info import summarize
 from cardc.library import load
+from cardc.names import identifier
 from cardc.types import BundleTy, FamilyTy, SetTy, Ty
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,8 +94,6 @@ def test_a_call_without_its_parameters_is_refused_by_info_and_build_as_by_check(
 
 def test_a_call_given_its_parameters_counts_and_builds_them(tmp_path, capsys):
     """The hint's fix: `info` counts the MLP's weights, and the built module holds as many."""
-    from cardc.build import checked, instantiate
-
     text = (ROOT / "tests" / "golden" / "missing_params.card").read_text(encoding="utf-8")
     card = tmp_path / "block.card"
     card.write_text(text.replace("Relu2MLP(X)", "Relu2MLP(X | θ^mlp)"), encoding="utf-8")
@@ -102,6 +102,32 @@ def test_a_call_given_its_parameters_counts_and_builds_them(tmp_path, capsys):
     assert summarize(checker.infos[id(alg)].sig, "tiny").parameters == 2 * 8 * 16 + 8
     model, _ = instantiate(checker, alg, {"D": 8, "D_f": 16})
     assert sum(p.numel() for p in model.parameters()) == 2 * 8 * 16 + 8
+
+
+RENAMED = """Algorithm: Y ← Renamed(X | θ)
+/* The MLP's width under another name, passed at the call. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, F ∈ ℕ
+Parameters: θ consisting of:
+    θ^mlp, the MLP parameters.
+Preset tiny: D = 4, F = 8
+1 X ← X + MLP(X | θ^mlp, D_f = F)
+2 return Y = X
+"""
+
+
+def test_a_bundle_sized_by_the_call_is_counted_in_the_callers_sizes(tmp_path):
+    """θ^mlp takes MLP's shape with D_f = F: `info` counted it in MLP's own name D_f, which
+    this card does not have ("hyperparameter 'D_f' has no value") though check and build
+    accepted it. Counted in F, it is what the module builds: 2·D·F + F + D."""
+    card = tmp_path / "renamed.card"
+    card.write_text(RENAMED, encoding="utf-8")
+    lib, checker, _ = checked([str(card), "cards"], "cards")
+    alg = lib.find("Renamed")
+    assert summarize(checker.infos[id(alg)].sig, "tiny").parameters == 2 * 4 * 8 + 8 + 4
+    model, _ = instantiate(checker, alg, {"D": 4, identifier("F"): 8})  # F_: not torch's F
+    assert sum(p.numel() for p in model.parameters()) == 2 * 4 * 8 + 8 + 4
 
 
 STAR = """Algorithm: Y ← Gram(X)

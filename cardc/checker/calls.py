@@ -250,6 +250,8 @@ class CallChecker(Part):
                     bind[name] = mine.value
                 else:  # inferred from later use (X + MHAttention(X̃ | …) fixes d_out = d_e)
                     bind[name] = Dim.sym("?" + name)
+        for bundle in self.adopted:
+            self.in_caller_sizes(bundle, bind)
         out = substitute(sig.output or Ty(), bind)
         self.info.calls[id(e)] = CallInfo(callee, dict(bind), lift, params, hypers)
         if not isinstance(out, Ty):  # a training card returns parameters
@@ -294,6 +296,7 @@ class CallChecker(Part):
     def bind_params(self, sig: Signature, e: s.Call, bind: dict[str, Dim]):
         params: dict[str, s.Expr] = {}
         hypers: dict[str, s.Expr] = {}
+        self.adopted: list[BundleTy] = []
         positional = [p for p in e.params if not isinstance(p, s.Arg)]
         if len(positional) > len(sig.params):
             self.error(e.span, f"'{sig.alg.name}' takes {len(sig.params)} parameter(s) after '|', "
@@ -323,8 +326,20 @@ class CallChecker(Part):
                     finally:
                         self.state.scopes.pop()
                 else:
-                    self.exprs.tensor(p.value)
+                    size = self.exprs.tensor(p.value).value
+                    if size is not None and target.id not in bind:  # D_f = F: a size the
+                        bind[target.id] = size                      # callee's shapes take
         return params, hypers
+
+    def in_caller_sizes(self, bundle: BundleTy, bind: dict[str, Dim]) -> None:
+        """A bundle that took its callee's shape states it in the sizes the call binds
+        (`D_f = F`), so that `info` counts it, and `build` makes it, from the caller's
+        hyperparameters. A size the call leaves to be found (`?D_f`) keeps the callee's name,
+        which the cards above this one bind by that name."""
+        known = {k: v for k, v in bind.items() if not any(n.startswith("?") for n in v.symbols)}
+        rewritten = substitute(bundle, known)
+        assert isinstance(rewritten, BundleTy)
+        bundle.members.update(rewritten.members)
 
     def require_params(self, e: s.Call, sig: Signature, params: dict[str, s.Expr]) -> None:
         """Every parameter of the callee is passed: a card computes with its weights, so a
@@ -355,6 +370,7 @@ class CallChecker(Part):
             adopted = BundleTy(want.members, callee.name)
             have.members.update(adopted.members)  # the caller's bundle takes the callee's shape
             have.card = callee.name
+            self.adopted.append(have)  # in the callee's sizes until the call's are all bound
             self.info.types[id(given)] = have
             return
         if not self.unify_entry(want, have, bind):
@@ -395,3 +411,4 @@ class CallChecker(Part):
                 break
             pending = left
         return all(dims_equal(subst_dim(w, bind), g) for w, g in pending)
+
