@@ -66,7 +66,9 @@ class Diagnostics:
         self.items.append(Diagnostic(span, message, hint, "error", notes))
 
     def warning(self, span: Span, message: str, hint: str | None = None) -> None:
-        self.items.append(Diagnostic(span, message, hint, "warning"))
+        warning = Diagnostic(span, message, hint, "warning")
+        if warning not in self.items:  # a step checked twice (a loop's body) warns once
+            self.items.append(warning)
 
     def extend(self, other: Diagnostics) -> None:
         self.items += other.items

@@ -57,6 +57,8 @@ class BinOp:
     left: Expr
     right: Expr
     span: Span = _span()
+    # where a `·` was spelled `*` (the checker warns where a reader may have meant ⊙)
+    star: Span | None = field(default=None, compare=False, repr=False, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -525,11 +527,16 @@ def nodes(tree: object) -> Iterator[object]:
 _CHILDREN: dict[type, tuple[str, ...]] = {}
 
 
+# the fields that say where a node (or a part of it) is written, not what it is
+LOCATIONS = frozenset({"span", "var_span", "star"})
+
+
 def child_fields(cls: type) -> tuple[str, ...]:
-    """A node class's fields but its span, in declaration order."""
+    """A node class's fields but its locations, in declaration order."""
     names = _CHILDREN.get(cls)
     if names is None:
-        names = _CHILDREN[cls] = tuple(n for n in cls.__dataclass_fields__ if n != "span")
+        names = _CHILDREN[cls] = tuple(n for n in cls.__dataclass_fields__
+                                       if n not in LOCATIONS)
     return names
 
 

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from cardc import syntax as s
+from cardc.build import checked, instantiate
 from cardc.checker import check
 from cardc.cli import main
 from cardc.dims import Dim
 from cardc.info import summarize
 from cardc.library import load
+from cardc.names import identifier
 from cardc.types import BundleTy, FamilyTy, SetTy, Ty
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +77,85 @@ def test_gpt2_parameter_count_from_the_card():
 def test_info_command(capsys):
     assert main(["info", "cards/gpt2.card", "--preset", "gpt2"]) == 0
     assert "124,439,808" in capsys.readouterr().out
+
+
+def test_a_call_without_its_parameters_is_refused_by_info_and_build_as_by_check(capsys):
+    """tests/golden/missing_params.card calls Relu2MLP without `| θ^mlp`: `info` used to count
+    the block without the MLP's weights and `build` failed on it; all three now refuse it with
+    the same located error."""
+    card = "tests/golden/missing_params.card"
+    message = (f"{card}:10:11: error: 'Relu2MLP' needs its parameter 'W', which this call does "
+               "not pass")
+    for argv in (["check", card], ["info", card, "--preset", "tiny"], ["build", card]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(message) and "Traceback" not in err, argv
+
+
+def test_a_call_given_its_parameters_counts_and_builds_them(tmp_path, capsys):
+    """The hint's fix: `info` counts the MLP's weights, and the built module holds as many."""
+    text = (ROOT / "tests" / "golden" / "missing_params.card").read_text(encoding="utf-8")
+    card = tmp_path / "block.card"
+    card.write_text(text.replace("Relu2MLP(X)", "Relu2MLP(X | θ^mlp)"), encoding="utf-8")
+    lib, checker, _ = checked([str(card)], str(tmp_path))
+    alg = lib.find("Block")
+    assert summarize(checker.infos[id(alg)].sig, "tiny").parameters == 2 * 8 * 16 + 8
+    model, _ = instantiate(checker, alg, {"D": 8, "D_f": 16})
+    assert sum(p.numel() for p in model.parameters()) == 2 * 8 * 16 + 8
+
+
+RENAMED = """Algorithm: Y ← Renamed(X | θ)
+/* The MLP's width under another name, passed at the call. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, F ∈ ℕ
+Parameters: θ consisting of:
+    θ^mlp, the MLP parameters.
+Preset tiny: D = 4, F = 8
+1 X ← X + MLP(X | θ^mlp, D_f = F)
+2 return Y = X
+"""
+
+
+def test_a_bundle_sized_by_the_call_is_counted_in_the_callers_sizes(tmp_path):
+    """θ^mlp takes MLP's shape with D_f = F: `info` counted it in MLP's own name D_f, which
+    this card does not have ("hyperparameter 'D_f' has no value") though check and build
+    accepted it. Counted in F, it is what the module builds: 2·D·F + F + D."""
+    card = tmp_path / "renamed.card"
+    card.write_text(RENAMED, encoding="utf-8")
+    lib, checker, _ = checked([str(card), "cards"], "cards")
+    alg = lib.find("Renamed")
+    assert summarize(checker.infos[id(alg)].sig, "tiny").parameters == 2 * 4 * 8 + 8 + 4
+    model, _ = instantiate(checker, alg, {"D": 4, identifier("F"): 8})  # F_: not torch's F
+    assert sum(p.numel() for p in model.parameters()) == 2 * 4 * 8 + 8 + 4
+
+
+STAR = """Algorithm: Y ← Gram(X)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×T}
+Hyperparameters: T, D ∈ ℕ
+1 S ← X X^⊺
+2 S ← 2 * S · S
+3 return Y = S * S
+"""
+
+
+def test_star_between_two_matrices_warns_and_names_the_hadamard_product(tmp_path, capsys):
+    """`*` is the matrix product; between two matrices a PyTorch user likely meant ⊙. The card
+    still checks (exit 0), with one warning at the `*` of step 3 only: `2 * S` scales and
+    `S · S` is spelled as the paper spells the matrix product."""
+    card = tmp_path / "star.card"
+    card.write_text(STAR, encoding="utf-8")
+    assert main(["check", str(card)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("ok:")
+    assert err.count("warning:") == 1 and "error" not in err
+    assert err.startswith(f"{card}:7:16: warning: '*' between two matrices is the matrix "
+                          "product (ℝ^{T×T} times ℝ^{T×T})")
+    assert "hint: for the element-wise product write ⊙ (ASCII: (.))" in err
+    card.write_text(STAR.replace("S * S", "S ⊙ S"), encoding="utf-8")
+    assert main(["check", str(card)]) == 0
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("argv", [

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -97,6 +98,25 @@ def _builds(path: Path, root: Path, only: tuple[str, str] | None = None) -> None
 @pytest.mark.parametrize("path", _card_files(), ids=lambda p: str(p.relative_to(CARDS)))
 def test_every_card_builds_at_every_preset(path: Path):
     _builds(path, CARDS)
+
+
+def test_info_counts_the_parameters_the_built_module_holds_at_every_preset():
+    """`cardc info` and the built module agree on every model card at every preset, the large
+    ones too (built on the meta device, which allocates nothing): a weight counted and not
+    built, or built and not counted, is a card that `info` and `build` read differently."""
+    lib, checker, _ = checked([str(p) for p in _card_files()], str(CARDS))
+    seen = 0
+    for alg in model_cards(lib, checker):
+        for preset in alg.presets:
+            values = validate(checker, alg, preset.name)
+            counted = summarize(checker.infos[id(alg)].sig, preset.name).parameters
+            with torch.device("meta"):
+                model, _ = instantiate(checker, alg,
+                                       {identifier(k): v for k, v in values.items()})
+            built = sum(p.numel() for p in model.parameters())
+            assert built == counted, (alg.label, preset.name)
+            seen += built >= SMALL
+    assert seen >= 10  # the published sizes, not only the tiny presets
 
 
 # ------------------------------------------------------------------ mutated presets

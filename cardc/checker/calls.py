@@ -24,7 +24,7 @@ from .messages import (
 )
 from .results import MAX_CALL_DEPTH, CallInfo, CheckError, ModelTy, Signature
 from .scope import BodyState, Expressions, Part
-from .shapes import _d, _same_entry, dims_equal
+from .shapes import _d, _members, _same_entry, dims_equal
 
 # the rule that checks a call to a builtin: its own for a filter, dropout or an optimizer
 _KINDS = {b.name: b.rule if b.rule in ("filter", "dropout", "optimizer") else "builtin"
@@ -239,6 +239,7 @@ class CallChecker(Part):
                            notes=((callee.span, f"'{callee.name}' is declared here"),))
                 raise CheckError
         params, hypers = self.bind_params(sig, e, bind)
+        self.require_params(e, sig, params)
         for name, dim in sig.definitions.items():
             if name not in bind:
                 bind[name] = subst_dim(dim, bind)
@@ -249,6 +250,8 @@ class CallChecker(Part):
                     bind[name] = mine.value
                 else:  # inferred from later use (X + MHAttention(X̃ | …) fixes d_out = d_e)
                     bind[name] = Dim.sym("?" + name)
+        for bundle in self.adopted:
+            self.in_caller_sizes(bundle, bind)
         out = substitute(sig.output or Ty(), bind)
         self.info.calls[id(e)] = CallInfo(callee, dict(bind), lift, params, hypers)
         if not isinstance(out, Ty):  # a training card returns parameters
@@ -293,6 +296,7 @@ class CallChecker(Part):
     def bind_params(self, sig: Signature, e: s.Call, bind: dict[str, Dim]):
         params: dict[str, s.Expr] = {}
         hypers: dict[str, s.Expr] = {}
+        self.adopted: list[BundleTy] = []
         positional = [p for p in e.params if not isinstance(p, s.Arg)]
         if len(positional) > len(sig.params):
             self.error(e.span, f"'{sig.alg.name}' takes {len(sig.params)} parameter(s) after '|', "
@@ -322,8 +326,40 @@ class CallChecker(Part):
                     finally:
                         self.state.scopes.pop()
                 else:
-                    self.exprs.tensor(p.value)
+                    size = self.exprs.tensor(p.value).value
+                    if size is not None and target.id not in bind:  # D_f = F: a size the
+                        bind[target.id] = size                      # callee's shapes take
         return params, hypers
+
+    def in_caller_sizes(self, bundle: BundleTy, bind: dict[str, Dim]) -> None:
+        """A bundle that took its callee's shape states it in the sizes the call binds
+        (`D_f = F`), so that `info` counts it, and `build` makes it, from the caller's
+        hyperparameters. A size the call leaves to be found (`?D_f`) keeps the callee's name,
+        which the cards above this one bind by that name."""
+        known = {k: v for k, v in bind.items() if not any(n.startswith("?") for n in v.symbols)}
+        rewritten = substitute(bundle, known)
+        assert isinstance(rewritten, BundleTy)
+        bundle.members.update(rewritten.members)
+
+    def require_params(self, e: s.Call, sig: Signature, params: dict[str, s.Expr]) -> None:
+        """Every parameter of the callee is passed: a card computes with its weights, so a
+        call without them has no meaning to count, build or run."""
+        missing = [name for name, _ in sig.params
+                   if name not in sig.hypers and name not in params]
+        if not missing:
+            return
+        names = ", ".join(f"'{display(n)}'" for n in missing)
+        wanted = ", ".join(display(n) for n, _ in sig.params if n not in sig.hypers)
+        unbound = [n for n, entry in _members(self.sig.tree).items()
+                   if isinstance(entry, BundleTy) and not entry.members]
+        if len(missing) == 1 and len(unbound) == 1 and not params:  # the caller's only
+            wanted = display(unbound[0])                             # bundle no call binds
+        self.error(e.span, f"'{sig.alg.name}' needs its parameter{'s' if len(missing) > 1 else ''}"
+                           f" {names}, which this call does not pass",
+                   hint="pass the caller's parameters after '|': "
+                        f"{display(e.func)}(… | {wanted})",
+                   notes=((sig.alg.span, f"'{sig.alg.name}' is declared here"),))
+        raise CheckError
 
     def bind_entry(self, want: Entry, given: s.Expr, bind: dict[str, Dim], callee) -> None:
         if not isinstance(given, s.Name):
@@ -334,6 +370,7 @@ class CallChecker(Part):
             adopted = BundleTy(want.members, callee.name)
             have.members.update(adopted.members)  # the caller's bundle takes the callee's shape
             have.card = callee.name
+            self.adopted.append(have)  # in the callee's sizes until the call's are all bound
             self.info.types[id(given)] = have
             return
         if not self.unify_entry(want, have, bind):
@@ -374,3 +411,4 @@ class CallChecker(Part):
                 break
             pending = left
         return all(dims_equal(subst_dim(w, bind), g) for w, g in pending)
+

@@ -110,6 +110,10 @@ class ExprChecker(Part):
             return self.bundle_arithmetic(e, a, b)
         if e.op in ("+", "−", "⊙"):
             return self.broadcast(a, b, e)
+        if e.op == "·" and e.star is not None and a.rank >= 2 and b.rank >= 2:
+            self.c.diags.warning(e.star, f"'*' between two matrices is the matrix product "
+                                 f"({a} times {b})",
+                                 hint="for the element-wise product write ⊙ (ASCII: (.))")
         if e.op == "/":
             if b.shape and not broadcastable(b, a):
                 self.error(e.span, f"cannot divide {a} by {b}")

@@ -235,10 +235,42 @@ def validate(checker: Checker, alg: s.Algorithm, preset: str | None = None,
     try:
         vals = _own_values(sig, src, chosen, dict(overrides or {}))
         _Walk(checker, src, cache).card(alg, vals)
+        if chosen is not None:  # a preset sizes a whole model: every parameter it holds
+            _every_parameter_sized(sig, vals, src, chosen)
     except _Divides as err:
         raise src.blame(err.vals.deps_of({err.symbol}), f"{display(err.symbol)} = 0 divides "
                         f"the size {display(str(err.dim))}", None, direct=err.symbol) from None
     return vals.env
+
+
+def _every_parameter_sized(sig: Signature, vals: _Values, src: _Source,
+                           preset: s.Preset) -> None:
+    """Each size of each parameter has a value at `preset`: a bundle adopted from a called
+    card keeps that card's size names (D_f) where no card between binds them, and a card
+    that does not declare one cannot be counted (`info`) or built."""
+    for path, entry, bound in _parameters(sig.tree, "", frozenset()):
+        for d in entry.shape:
+            missing = sorted((d.symbols if d is not None else set()) - set(vals.env) - bound)
+            if missing:
+                name = display(missing[0])
+                raise PresetError(_name_span(preset, src.sources),
+                                  f"preset '{preset.name}' gives '{name}' no value, and it "
+                                  f"sizes {display(path)} ∈ {entry}",
+                                  hint=f"declare '{name}' among the hyperparameters of "
+                                       f"'{sig.alg.label}' and set it in its presets")
+
+
+def _parameters(entry: Entry, path: str, bound: frozenset[str]
+                ) -> Iterator[tuple[str, Ty, frozenset[str]]]:
+    """Every tensor of a parameter tree, with its path (θ^mlp.W_1) and the family indices
+    around it."""
+    if isinstance(entry, Ty):
+        yield path, entry, bound
+    elif isinstance(entry, FamilyTy):
+        yield from _parameters(entry.entry, path, bound | {entry.var})
+    elif isinstance(entry, BundleTy):
+        for name, member in entry.members.items():
+            yield from _parameters(member, f"{path}.{name}" if path else name, bound)
 
 
 def check_presets(checker: Checker) -> None:

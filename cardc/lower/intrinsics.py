@@ -17,7 +17,7 @@ from .. import ir
 from .. import syntax as s
 from ..diagnostics import Diagnostics
 
-_IGNORED = {"span", "var_span", "number", "annotation", "note", "where", "end_number"}
+_IGNORED = {"span", "var_span", "star", "number", "annotation", "note", "where", "end_number"}
 _NAMES = {("Name", "id"), ("Sum", "index"), ("For", "var"), ("ForAll", "vars"),
           ("Return", "name")}
 

@@ -167,7 +167,7 @@ def _shift(node, line: int, col_offset: int):
     changes = {}
     for name in node.__dataclass_fields__:
         value = getattr(node, name)
-        if name == "span" and isinstance(value, s.Span) and value.line:
+        if name in s.LOCATIONS and isinstance(value, s.Span) and value.line:
             changes[name] = s.Span(value.file, line, value.col + col_offset, line,
                                    value.end_col + col_offset)
         elif hasattr(value, "__dataclass_fields__") or isinstance(value, tuple):

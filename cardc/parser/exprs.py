@@ -25,7 +25,9 @@ class _Exprs(_Rules):
 
     @_meta
     def binop(self, meta, c):
-        return s.BinOp(_OPS.get(str(c[1]), str(c[1])), c[0], c[2], span=self.sp(meta))
+        star = _span(self.file, c[1]) if str(c[1]) == "*" else None
+        return s.BinOp(_OPS.get(str(c[1]), str(c[1])), c[0], c[2], span=self.sp(meta),
+                       star=star)
 
     @_meta
     def juxt(self, meta, c):

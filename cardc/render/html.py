@@ -162,7 +162,7 @@ class HtmlRenderer(LatexRenderer):
             return row(self.sub(node.left, CONJ), mo("∧"), self.sub(node.right, COND, tail))
         if prec == COND:
             return row(self.sub(node.left, SUM), mo(node.op), self.sub(node.right, SUM, tail))
-        left = self.sub(node.left, prec, tail=prec == SUM)
+        left = self.sub(node.left, self.left_min(node), tail=prec == SUM)
         right = self.sub(node.right, self.right_min(node.op), tail)
         if node.op == "/":  # TeX's / is a letter: no space either side
             return row(left, mo("/", lspace="0", rspace="0"), right)

@@ -231,7 +231,7 @@ class LatexRenderer(Renderer):
             return f"{self.sub(node.left, CONJ)} \\land {self.sub(node.right, COND, tail)}"
         if prec == COND:
             return f"{self.sub(node.left, SUM)} {op} {self.sub(node.right, SUM, tail)}"
-        left = self.sub(node.left, prec, tail=prec == SUM)
+        left = self.sub(node.left, self.left_min(node), tail=prec == SUM)
         right = self.sub(node.right, self.right_min(node.op), tail)
         if node.op == "/":
             return f"{left}/{right}"

@@ -42,11 +42,14 @@ from .. import syntax as s
 from ..diagnostics import Diagnostics
 from ..spelling import display
 
-# precedence levels, loosest first, as in grammar.lark (a random choice is an ?expr)
-CHOICE, CONJ, COND, SUM, PRODUCT, UNARY, TIGHT, POSTFIX, ATOM = range(9)
+# precedence levels, loosest first, as in grammar.lark (a random choice is an ?expr);
+# GROUPED is tighter than anything: an operand held to it is always parenthesised
+CHOICE, CONJ, COND, SUM, PRODUCT, UNARY, TIGHT, POSTFIX, ATOM, GROUPED = range(10)
 
 _BINARY = {"+": SUM, "−": SUM, "·": PRODUCT, "⊙": PRODUCT, "/": PRODUCT, " ": PRODUCT}
 _POSTFIX_NODES = (s.Power, s.Transpose, s.Index)
+# the written operators a reader takes as binding looser than each product (Renderer.left_min)
+_LOOSER_TO_READ = {" ": ("⊙", "/"), "·": ("⊙", "/")}
 
 # an index's "[" must touch a character that grammar.lark's INDEX_OPEN accepts
 _INDEXABLE_END = re.compile(r"[\w\u0302\u0303′'~)\]}⊺²]$")
@@ -94,6 +97,24 @@ class Renderer:
             return f"({self.text(node)})"
         return self.text(node, tail)
 
+    def left_min(self, node: s.BinOp) -> int:
+        """The level the left operand of ``node`` needs: the grammar's, or more where a reader
+        would group it otherwise.
+
+        The grammar reads ``⊙``, ``·``, ``/`` and juxtaposition alike, left to right. A person
+        reads by another table, tightest first: postfix ``^⊺``, ``²``, indices and calls; ``√``;
+        the products, juxtaposition and ``·``; then ``⊙`` and ``/``; a leading ``−``; ``+`` and
+        ``−``. So ``H ⊙ H W`` reads ``H ⊙ (H W)`` and ``1/N · Σ…`` reads ``1/(N · Σ…)``: where
+        the parse groups a looser written operator first, it keeps its parentheses,
+        ``(H ⊙ H) W``. Elsewhere the two tables agree, or their readings are equal: a leading
+        ``−`` negates its product whichever way it is grouped, and juxtaposition and ``·`` are
+        associative.
+        """
+        left = node.left
+        if isinstance(left, s.BinOp) and left.op in _LOOSER_TO_READ.get(node.op, ()):
+            return GROUPED
+        return self.precedence(node)
+
     # the operand levels a binary operator needs, overridden for declaration values
     def right_min(self, op: str) -> int:
         if op in ("+", "−"):
@@ -117,7 +138,7 @@ class Renderer:
             return f"{self.sub(node.left, CONJ)} ∧ {self.sub(node.right, COND, tail)}"
         if prec == COND:  # comparisons: sum CMP sum, not associative
             return f"{self.sub(node.left, SUM)} {node.op} {self.sub(node.right, SUM, tail)}"
-        left = self.sub(node.left, prec, tail=prec == SUM)
+        left = self.sub(node.left, self.left_min(node), tail=prec == SUM)
         right = self.sub(node.right, self.right_min(node.op), tail)
         if node.op == "/":
             return f"{left}/{right}"
