@@ -419,6 +419,7 @@ def test_failed_writes_leave_nothing_half_written(run_dir, hf_dir, tmp_path, mon
     with pytest.raises(RuntimeInputError, match="No space left on device"):
         interop.import_checkpoint(str(ROOT / CARD), hf_dir, tmp_path / "run")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
-    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["config.json",
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == [".cardc-manifest",
+                                                                    "config.json",
                                                                     "model.safetensors"]
     assert (tmp_path / "old" / "model.safetensors").read_bytes() == before
