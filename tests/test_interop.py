@@ -165,7 +165,8 @@ def test_export_loads_in_transformers_bit_exact(run_dir, hf_dir, hf_model, idx, 
     dest = tmp_path / "exported"
     code, out, err = run_main(capsys, "export", str(run_dir), "--to", str(dest))
     assert code == 0, err
-    assert sorted(p.name for p in dest.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in dest.iterdir()) == [".cardc-manifest", "config.json",
+                                                      "model.safetensors"]
     source, exported = load_file(hf_dir / "model.safetensors"), load_file(dest / "model.safetensors")
     assert set(exported) == set(source)
     unequal = [name for name in source if not torch.equal(source[name], exported[name])]
