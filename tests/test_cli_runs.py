@@ -19,6 +19,7 @@ import pytest
 from cardc.atomic import write_text_atomic
 from cardc.cli import main
 from cardc.runtime.errors import RuntimeInputError
+from cardc.runtime.manifest import MANIFEST, write_manifest
 from cardc.runtime.runs import check_one_run, publish, staged_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +70,9 @@ def staged(name: str, records: int = 1) -> Callable[[Path], Callable[[], bool]]:
 
 
 def files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.exists() else {}
+    """A folder's files and their bytes, but for the manifest of what cardc wrote there."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != MANIFEST} \
+        if folder.exists() else {}
 
 
 def sample(capsys, folder: Path) -> tuple[int, str, str]:
@@ -155,6 +158,7 @@ def test_a_new_run_replaces_every_file_of_the_old(tmp_path):
     dest.mkdir()
     (dest / "metrics.jsonl").write_text('{"run": "old"}\n')
     (dest / "loss.png").write_bytes(b"old")
+    write_manifest(dest, "run", ["metrics.jsonl", "loss.png"])  # as the old run recorded them
     with staged_run(dest) as folder:
         (folder / "model.safetensors").write_bytes(b"new")
         assert files(dest)["loss.png"] == b"old"  # the old run stays whole until the end
@@ -165,6 +169,7 @@ def test_a_failed_run_leaves_the_old_one(tmp_path):
     dest = tmp_path / "run"
     dest.mkdir()
     (dest / "model.safetensors").write_bytes(b"old")
+    write_manifest(dest, "run", ["model.safetensors"])
     with pytest.raises(KeyboardInterrupt), staged_run(dest) as folder:
         (folder / "model.safetensors").write_bytes(b"new")
         raise KeyboardInterrupt

@@ -93,7 +93,8 @@ def test_prepare_tokenises_the_texts_in_order(capsys, corpus, tmp_path, monkeypa
     train_text, val_text = text_splits(whole.encode(), 0.2)
     if spec == "bytes":
         tok = DataFolder.open(out).tokenizer()
-        assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+        assert sorted(p.name for p in out.iterdir()) == [".cardc-manifest", "meta.json", "train.bin",
+                                                         "val.bin"]
     else:
         tok = from_file(out / TOKENIZER_FILE)
         assert tok.text == train_bpe(train_text, 300).text

@@ -165,7 +165,8 @@ def test_export_loads_in_transformers_bit_exact(run_dir, hf_dir, hf_model, idx, 
     dest = tmp_path / "exported"
     code, out, err = run_main(capsys, "export", str(run_dir), "--to", str(dest))
     assert code == 0, err
-    assert sorted(p.name for p in dest.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in dest.iterdir()) == [".cardc-manifest", "config.json",
+                                                      "model.safetensors"]
     source, exported = load_file(hf_dir / "model.safetensors"), load_file(dest / "model.safetensors")
     assert set(exported) == set(source)
     unequal = [name for name in source if not torch.equal(source[name], exported[name])]
@@ -419,6 +420,7 @@ def test_failed_writes_leave_nothing_half_written(run_dir, hf_dir, tmp_path, mon
     with pytest.raises(RuntimeInputError, match="No space left on device"):
         interop.import_checkpoint(str(ROOT / CARD), hf_dir, tmp_path / "run")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
-    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["config.json",
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == [".cardc-manifest",
+                                                                    "config.json",
                                                                     "model.safetensors"]
     assert (tmp_path / "old" / "model.safetensors").read_bytes() == before

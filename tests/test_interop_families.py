@@ -202,7 +202,8 @@ def test_export_is_bit_exact(case, inputs, tmp_path, capsys):
     code, out, err = run_main(capsys, "export", str(run), "--to", str(dest))
     assert code == 0, err
     assert f"as {fam.cls}" in out
-    assert sorted(p.name for p in dest.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in dest.iterdir()) == [".cardc-manifest", "config.json",
+                                                      "model.safetensors"]
     source = load_file(source_dir / "model.safetensors")
     exported = load_file(dest / "model.safetensors")
     assert sorted(exported) == sorted(source)

@@ -4,6 +4,7 @@ midway and resumed ends bit for bit where the uninterrupted run ends."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from cardc.runtime.checkpoint import read_checkpoint
 from cardc.runtime.resume import CHECKPOINTS, STATE_NAME, snapshots
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -233,3 +235,38 @@ def test_generated_training_skips_the_updates_a_checkpoint_holds():
     fn(data, Model(), N_epochs=1, eta=0.1, report=lambda loss, lr: told.append(loss),
        start=lambda opt: given.append(opt) or 3)
     assert len(told) == 2 and isinstance(given[0], torch.optim.SGD)
+
+
+def test_two_uninterrupted_runs_are_bit_identical_on_a_busy_machine(whole, tmp_path):
+    """The same command and seed, run again while every CPU is busy with other work: the same
+    loss curve and the same weights, bit for bit, and the thread count recorded."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(os.cpu_count() or 1)]
+    try:
+        r = cardc(*RUN, *KEEP, "--out", str(tmp_path / "again"))
+    finally:
+        for proc in burners:
+            proc.kill()
+            proc.wait()
+    assert r.returncode == 0, r.stderr
+    assert_same_run(tmp_path / "again", whole)
+    threads = read_checkpoint(whole)[0]["threads"]
+    assert read_checkpoint(tmp_path / "again")[0]["threads"] == threads >= 1
+
+
+def test_a_run_computes_with_its_own_thread_count_whatever_the_caller_set(whole, cli, tmp_path):
+    """A run in a process whose torch was set to another thread count (as a caller, or a
+    machine's load through a library's choice, may set it) computes with the count the run
+    fixes, and ends as the run in a fresh process; the caller's count is set back after."""
+    from cardc.runtime.train import DEFAULT_THREADS
+
+    other = 1 if DEFAULT_THREADS > 1 else 2
+    before = torch.get_num_threads()
+    torch.set_num_threads(other)
+    try:
+        r = cli(*RUN, *KEEP, "--out", str(tmp_path / "run"))
+        assert r.returncode == 0, r.stderr
+        assert torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(before)
+    assert_same_run(tmp_path / "run", whole)

@@ -167,7 +167,7 @@ def bpe_run(tmp_path_factory) -> Path:
 
 def test_train_keeps_the_tokenizer_and_sizes_the_vocabulary_by_it(bpe_run):
     assert sorted(p.name for p in bpe_run.iterdir()) == [
-        "loss.png", "metrics.jsonl", "model.safetensors", TOKENIZER_FILE]
+        ".cardc-manifest", "loss.png", "metrics.jsonl", "model.safetensors", TOKENIZER_FILE]
     meta, state = read_checkpoint(bpe_run)
     tok = from_file(bpe_run / TOKENIZER_FILE)
     assert meta["hyperparameters"]["V"] == tok.vocab_size == 300
@@ -321,7 +321,7 @@ def test_export_is_a_from_pretrained_folder(hf_dir, imported, tmp_path, capsys):
     code, _, err = run_main(capsys, "export", str(imported), "--to", str(dest))
     assert code == 0, err
     assert sorted(p.name for p in dest.iterdir()) == [
-        "config.json", "model.safetensors", TOKENIZER_FILE, "tokenizer_config.json"]
+        ".cardc-manifest", "config.json", "model.safetensors", TOKENIZER_FILE, "tokenizer_config.json"]
     fast = transformers.AutoTokenizer.from_pretrained(dest)
     assert isinstance(fast, transformers.PreTrainedTokenizerFast)
     assert fast.eos_token == "<|endoftext|>"

@@ -5,7 +5,8 @@ with its pseudocode (cardc.render.html: MathML, shapes on hover), its generated 
 it (cardc.docs.code), its presets' parameters and FLOPs, the cards it calls and that call it,
 its architecture diff against the cards most like it (cardc.diff), and its LaTeX to download.
 Pages are jinja2 templates (cardc/templates/docs/) with autoescaping on: card text reaches the
-page as text. The site is written to a staging folder and moved into place whole.
+page as text. The site is written to a staging folder and moved into place whole, over a
+folder only where that is a site cardc wrote and nothing else (runtime.runs).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
@@ -27,12 +27,11 @@ from ..info import PresetError, byte_size, figure, number, polynomial, summarize
 from ..library import Library
 from ..render import html as card_html
 from ..render.latex import render_latex
-from ..runtime.errors import RuntimeInputError
-from ..runtime.runs import staged_run
+from ..runtime.runs import check_destination, staged_run
 from .catalog import Page, catalog
 from .code import Code, card_code, stylesheet
 
-SITE_FILES = (".html", ".css", ".tex")  # what a site holds: a folder of these is replaced
+DOCS = "docs"  # the kind of folder a site is (runtime.manifest)
 
 
 @dataclass
@@ -49,11 +48,12 @@ class Preset:
 def write_site(lib: Library, checker: Checker, diags: Diagnostics, targets: list[str],
                out: str | os.PathLike[str]) -> list[Page]:
     """Write the site of `targets` (and the cards they call) to `out`; its pages."""
+    check_destination(out, DOCS)  # before any page is made
     broken = {d.span.file for d in diags.errors}
     pages = catalog(lib, checker, targets, broken)
     env = Environment(loader=PackageLoader("cardc", "templates/docs"),
                       autoescape=select_autoescape(default=True), keep_trailing_newline=True)
-    with staged_run(out, _replaceable) as folder:
+    with staged_run(out, DOCS) as folder:
         (folder / "style.css").write_text(card_html.CSS + "\n" + _CSS + stylesheet(),
                                           encoding="utf-8")
         (folder / "index.html").write_text(_index(env, pages), encoding="utf-8")
@@ -64,21 +64,6 @@ def write_site(lib: Library, checker: Checker, diags: Diagnostics, targets: list
             tex = render_latex(s.CardFile(page.path, (page.alg,)), _typed(checker, page), True)
             (folder / _tex(page)).write_text(tex, encoding="ascii")
     return pages
-
-
-def _replaceable(dest: Path) -> None:
-    """Refuse to replace a folder holding anything a site does not (a site is replaced whole)."""
-    if dest.exists() and not dest.is_dir():
-        raise RuntimeInputError(f"'{dest}' exists and is not a folder")
-    if dest.is_dir():
-        others = sorted(p.name for p in dest.iterdir()
-                        if not p.is_file() or p.suffix not in SITE_FILES)
-        if others:
-            raise RuntimeInputError(f"'{dest}' holds files that are not a cardc docs site "
-                                    f"('{others[0]}'); write the site to an empty or new folder")
-    parent = dest.absolute().parent
-    if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise RuntimeInputError(f"cannot write in '{parent}': permission denied")
 
 
 def _index(env: Environment, pages: list[Page]) -> str:

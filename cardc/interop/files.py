@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +11,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..atomic import atomic_path, write_text_atomic
 from ..runtime.errors import RuntimeInputError
+from ..runtime.runs import check_destination, staged_run
+
+EXPORT = "export"  # the kind of folder an export is (runtime.manifest)
 
 HF_WEIGHTS, HF_INDEX, HF_CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
 
@@ -66,42 +66,17 @@ def _read_json(file: Path) -> dict[str, Any]:
 
 def write_hf(dest: str | os.PathLike[str], tensors: dict[str, torch.Tensor],
              config: dict[str, Any], extra: dict[str, str] | None = None) -> Path:
-    """config.json, model.safetensors and the `extra` text files (a tokenizer's) in `dest`. A
-    new folder appears whole or not at all; in an existing one each file is replaced
-    atomically."""
-    dest = Path(dest)
-    if dest.exists() and not dest.is_dir():
-        raise RuntimeInputError(f"'{dest}' exists and is not a folder")
-    if (dest / HF_INDEX).exists():  # transformers would read the old shards, not the new file
-        raise RuntimeInputError(f"'{dest}' holds a sharded model ({HF_INDEX}); "
-                                "export to a new folder")
+    """config.json, model.safetensors and the `extra` text files (a tokenizer's) in `dest`,
+    which appears whole or not at all. An existing `dest` is replaced only if it is a model
+    folder cardc exported and nothing else (runtime.runs.staged_run)."""
     texts = {**(extra or {}), HF_CONFIG: json.dumps(config, indent=2, sort_keys=True) + "\n"}
+    check_destination(dest, EXPORT)
     try:
-        return _write_hf_files(dest, tensors, texts)
+        with staged_run(dest, EXPORT) as folder:
+            save_file(tensors, str(folder / HF_WEIGHTS), metadata={"format": "pt"})
+            for name, text in texts.items():
+                (folder / name).write_text(text, encoding="utf-8")
     except OSError as err:
         raise RuntimeInputError(f"cannot write '{dest}': {err.strerror or err}") from None
-
-
-def _write_hf_files(dest: Path, tensors: dict[str, torch.Tensor], texts: dict[str, str]) -> Path:
-    if dest.is_dir() and any(dest.iterdir()):
-        with atomic_path(dest / HF_WEIGHTS) as tmp:
-            save_file(tensors, tmp, metadata={"format": "pt"})
-        for name, text in texts.items():
-            write_text_atomic(dest / name, text)
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
-    try:
-        with atomic_path(tmp_dir / HF_WEIGHTS) as tmp:
-            save_file(tensors, tmp, metadata={"format": "pt"})
-        for name, text in texts.items():
-            write_text_atomic(tmp_dir / name, text)
-        tmp_dir.chmod(0o755)  # mkdtemp makes it private; a model folder is readable like any
-        if dest.is_dir():
-            dest.rmdir()  # empty: replaced by the finished folder
-        tmp_dir.rename(dest)
-    except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
-    return dest
+    return Path(dest)
 

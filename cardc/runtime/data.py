@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from cardc.runtime.errors import RuntimeInputError
+from cardc.runtime.jsontext import MAX_DEPTH, depth_over
 from cardc.runtime.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer, from_file
 
 Tokens = bytes | bytearray | torch.Tensor
@@ -30,6 +31,7 @@ TRAIN_BIN, VAL_BIN, META_FILE = "train.bin", "val.bin", "meta.json"
 DATA_FORMAT, DATA_VERSION = "cardc-tokens", 1
 # Token IDs as stored: the narrowest type that holds the vocabulary, little-endian everywhere.
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+CHECK_CHUNK = 1 << 22  # tokens read at a time when a split's IDs are checked
 
 
 def default_corpus() -> bytes:
@@ -245,9 +247,14 @@ class DataFolder:
             raise RuntimeInputError(f"cannot read '{file}': {err.strerror or err}") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise _bad_meta(file, f"not JSON ({err})") from None
+        except RecursionError:
+            meta = None
+        if meta is None or depth_over(meta, MAX_DEPTH):
+            raise _bad_meta(file, f"nested deeper than {MAX_DEPTH} levels")
         data = cls(folder, _checked_meta(meta, file), hashlib.sha256(raw).hexdigest())
         for part in ("train", "val"):
             data._check_size(part)
+            data._check_ids(part)
         data.tokenizer()  # a tokenizer.json that is not the one recorded is refused now
         return data
 
@@ -313,6 +320,22 @@ class DataFolder:
                                     f"{count:,} {self.meta['dtype']} tokens "
                                     f"({count * self.dtype.itemsize:,} bytes); prepare the "
                                     "folder again")
+
+
+    def _check_ids(self, part: str) -> None:
+        """Refuse a split that holds a token ID outside the vocabulary: every split, read a
+        chunk at a time (a file far larger than memory is checked in bounded memory)."""
+        file, vocab = self.file(part), self.meta["tokenizer"]["vocab_size"]
+        try:
+            with open(file, "rb") as f:
+                while chunk := f.read(CHECK_CHUNK * self.dtype.itemsize):
+                    top = int(np.frombuffer(chunk, dtype=self.dtype).max())
+                    if top >= vocab:
+                        raise RuntimeInputError(f"'{file}' holds token {top}, outside the "
+                                                f"vocabulary of {vocab}; prepare the folder "
+                                                "again")
+        except OSError as err:
+            raise RuntimeInputError(f"cannot read '{file}': {err.strerror or err}") from None
 
 
 def _bad_meta(file: Path, reason: str) -> RuntimeInputError:

@@ -43,9 +43,8 @@ from cardc.runtime.data import (
     token_dtype,
 )
 from cardc.runtime.errors import RuntimeInputError
-from cardc.runtime.runs import check_writable_folder, staged_run
+from cardc.runtime.runs import check_destination, staged_run
 from cardc.runtime.tokenizer import (
-    TOKENIZER_FILE,
     ByteTokenizer,
     Tokenizer,
     parse_spec,
@@ -54,7 +53,7 @@ from cardc.runtime.tokenizer import (
 
 SEPARATOR = "\n\n"  # between two documents: a blank line, as paragraphs are set apart
 BLOCK = 1 << 20  # bytes of a text file read at a time
-PREPARED_FILES = frozenset({TRAIN_BIN, VAL_BIN, META_FILE, TOKENIZER_FILE})
+DATA = "data"  # the kind of folder prepare writes (runtime.manifest)
 
 Seen = Callable[[bytes], None]  # told each block of a source's raw bytes (its hash)
 
@@ -77,7 +76,7 @@ def prepare(inputs: list[str], out: str, spec: str = "bytes", val_fraction: floa
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
     dest = Path(out)
-    replaceable(dest)  # before any reading: the staging below checks it again
+    check_destination(dest, DATA)  # before any reading: the staging below checks it again
     sources = find_sources(inputs, dest)
     scan = scan_sources(sources)
     if scan.text_bytes == 0:
@@ -87,7 +86,7 @@ def prepare(inputs: list[str], out: str, spec: str = "bytes", val_fraction: floa
         f"{scan.text_bytes:,} bytes of text")
     cut = scan.text_bytes - int(scan.text_bytes * val_fraction)
     tokenizer = _tokenizer(sources, size, cut, log)
-    with staged_run(dest, replaceable) as folder:
+    with staged_run(dest, DATA) as folder:
         tokenizer.save(folder)
         train, val = _write_tokens(sources, tokenizer, cut, scan.text_bytes, folder)
         meta = {"format": DATA_FORMAT, "version": DATA_VERSION,
@@ -113,20 +112,6 @@ def _tokenizer(sources: list[Path], size: int | None, cut: int,
     log(f"tokenizer: byte-level BPE of {tokenizer.vocab_size:,} tokens, trained on the "
         f"{cut:,} bytes of the training part")
     return tokenizer
-
-
-def replaceable(dest: Path) -> None:
-    """Refuse a destination that holds anything a prepared folder does not (it is replaced
-    whole), or that cannot be written."""
-    check_writable_folder(dest)
-    if dest.is_dir():
-        others = sorted(p.name for p in dest.iterdir()
-                        if p.name not in PREPARED_FILES or not p.is_file())
-        if others:
-            raise RuntimeInputError(f"'{dest}' holds files that are not a prepared data folder "
-                                    f"('{others[0]}'); write it to an empty or new folder")
-        if not os.access(dest.absolute().parent, os.W_OK | os.X_OK):
-            raise RuntimeInputError(f"cannot replace '{dest}': its folder is not writable")
 
 
 # ------------------------------------------------------------------ finding and reading sources

@@ -30,6 +30,7 @@ from torch import nn
 from cardc.atomic import fsync_path, pid_alive
 from cardc.runtime.checkpoint import read_checkpoint, save_checkpoint
 from cardc.runtime.errors import RuntimeInputError
+from cardc.runtime.jsontext import MAX_DEPTH, depth_over
 
 CHECKPOINTS = "checkpoints"
 STATE_NAME = "state.safetensors"
@@ -149,8 +150,10 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
         raise RuntimeInputError(f"'{file}' is not a valid checkpoint state: {err}") from None
     try:
         state = json.loads(metadata[STATE_KEY])
-    except (KeyError, json.JSONDecodeError):
-        raise RuntimeInputError(f"'{file}' has no readable '{STATE_KEY}' record") from None
+    except (KeyError, json.JSONDecodeError, RecursionError):
+        state = None
+    if state is None or depth_over(state, MAX_DEPTH):
+        raise RuntimeInputError(f"'{file}' has no readable '{STATE_KEY}' record")
     update = state.get("update") if isinstance(state, dict) else None
     if not _count(update) or not isinstance(state.get("param_groups"), list) or \
             not isinstance(state.get("fingerprint"), dict) or meta.get("update") != update:

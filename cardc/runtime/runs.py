@@ -7,6 +7,12 @@ one, never the metrics of one beside the weights of another. A run killed before
 only its staging folder, which the next run into the same destination removes. Every file of a
 run records the same run id, which `check_one_run` compares before a checkpoint is used. A
 live run holds a lock on its folder's `.lock`, so no other run replaces or resumes it.
+
+Every folder written this way (a run, and a data folder, a docs site or an exported model,
+which are staged alike) records what cardc wrote in it (runtime.manifest), and replaces only a
+folder of its kind that holds nothing else: a folder that merely looks like cardc's output is
+refused, untouched. A destination that is a link to a folder is written through: the folder
+it names is replaced, the link stays.
 """
 
 from __future__ import annotations
@@ -17,20 +23,27 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cardc.atomic import pid_alive
 from cardc.runtime.errors import RuntimeInputError
+from cardc.runtime.manifest import foreign_file, record_all, write_manifest
 
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tb"  # the folder of TensorBoard event files, with `cardc train --tensorboard`
-# The files a run writes; a folder holding only these (or nothing) may be replaced by a run.
 LOCK = ".lock"
-RUN_FILES = frozenset({METRICS, "model.safetensors", "loss.png", TENSORBOARD, LOCK,
+# What a training run writes as it goes, recorded before it writes any (runtime.manifest); a
+# name ending in "/" is a folder of the run's own.
+RUN_FILES = frozenset({METRICS, "model.safetensors", "loss.png", f"{TENSORBOARD}/", LOCK,
                        "tokenizer.json",  # a run that reads other than bytes
-                       "checkpoints"})  # a run that saved on the way (runtime.resume)
+                       "checkpoints/"})  # a run that saved on the way (runtime.resume)
+RUN = "run"  # the kind of folder a training run or an import writes
+# Each kind of folder as a message names it, and names what is written to it.
+KINDS = {RUN: ("a cardc run", "the run"), "data": ("a prepared data folder", "it"),
+         "docs": ("a cardc docs site", "the site"),
+         "export": ("a model folder cardc exported", "the model")}
 _STAGING, _OLD = "incomplete", "replaced"
 
 
@@ -78,18 +91,27 @@ def check_writable_folder(dest: str | os.PathLike[str]) -> None:
         raise RuntimeInputError(f"cannot write in '{ancestor}': permission denied")
 
 
-def check_destination(dest: str | os.PathLike[str]) -> None:
-    """Refuse a destination a run cannot be written to, before any work is done."""
+def real_folder(dest: str | os.PathLike[str]) -> Path:
+    """Where writing `dest` writes: the folder a link names (so the link is kept), else `dest`."""
     dest = Path(dest)
-    check_writable_folder(dest)
-    if dest.is_dir():
-        if not os.access(dest.absolute().parent, os.W_OK | os.X_OK):
+    return Path(os.path.realpath(dest)) if dest.is_symlink() else dest
+
+
+def check_destination(dest: str | os.PathLike[str], kind: str = RUN) -> None:
+    """Refuse a destination a folder of `kind` cannot be written to, before any work is done:
+    one that cannot be written, or that holds a file cardc did not write there as a folder of
+    this kind (runtime.manifest), named in the message."""
+    real = real_folder(dest)
+    check_writable_folder(real)
+    if real.is_dir():
+        if not os.access(real.absolute().parent, os.W_OK | os.X_OK):
             raise RuntimeInputError(f"cannot replace '{dest}': its folder is not writable")
-        others = sorted(p.name for p in dest.iterdir() if p.name not in RUN_FILES)
-        if others:
-            raise RuntimeInputError(f"'{dest}' holds files that are not a cardc run "
-                                    f"('{others[0]}'); write the run to an empty or new folder")
-        check_not_running(dest)
+        other = foreign_file(real, kind)
+        if other is not None:
+            what, it = KINDS[kind]
+            raise RuntimeInputError(f"'{dest}' holds files that are not {what} ('{other}'); "
+                                    f"write {it} to an empty or new folder")
+        check_not_running(real)
 
 
 def check_not_running(folder: Path) -> None:
@@ -125,6 +147,7 @@ class RunFolder:
         if fd is None:
             raise RuntimeInputError(f"'{dest}' is being written by a run under way")
         self._lock = fd
+        write_manifest(path, RUN, RUN_FILES)  # before the run writes anything there
 
     def publish(self) -> None:
         """Put the staged run in the destination's place; it is written there from now on."""
@@ -146,7 +169,7 @@ def training_run(dest: str | os.PathLike[str], resume: bool = False) -> Iterator
     """The folder a training run writes: staged beside `dest` (as `staged_run`), published when
     the run finishes or asks; or, to resume it, `dest` itself. A run that fails once published
     stays, to be resumed from its checkpoints."""
-    dest = Path(dest)
+    dest = real_folder(dest)
     if resume:
         run = RunFolder(dest, dest, staged=False)
         try:
@@ -154,7 +177,7 @@ def training_run(dest: str | os.PathLike[str], resume: bool = False) -> Iterator
         finally:
             run.close()
         return
-    run = RunFolder(dest, _new_staging(dest, check_destination), staged=True)
+    run = RunFolder(dest, _new_staging(dest, RUN), staged=True)
     try:
         yield run
         run.publish()
@@ -166,10 +189,10 @@ def training_run(dest: str | os.PathLike[str], resume: bool = False) -> Iterator
         run.close()
 
 
-def _new_staging(dest: Path, accept: Callable[[Path], None]) -> Path:
-    """An empty staging folder beside `dest`, once `accept` has taken `dest` and what killed
-    runs into it left is gone."""
-    accept(dest)
+def _new_staging(dest: Path, kind: str) -> Path:
+    """An empty staging folder beside `dest` (a real folder, not a link), once `dest` may be
+    replaced by a folder of `kind` and what killed runs into it left is gone."""
+    check_destination(dest, kind)
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(dest)
     staging = _side(dest, _STAGING, os.getpid())
@@ -179,15 +202,16 @@ def _new_staging(dest: Path, accept: Callable[[Path], None]) -> Path:
 
 
 @contextlib.contextmanager
-def staged_run(dest: str | os.PathLike[str],
-               accept: Callable[[Path], None] = check_destination) -> Iterator[Path]:
-    """A fresh staging folder beside `dest`, moved into place as `dest` on success and removed
-    on failure; leftovers of killed runs into `dest` are removed first. `accept` refuses a
-    `dest` that holds something else than what is replaced (a run, by default)."""
-    dest = Path(dest)
-    staging = _new_staging(dest, accept)
+def staged_run(dest: str | os.PathLike[str], kind: str = RUN) -> Iterator[Path]:
+    """A fresh staging folder beside `dest`, moved into place as `dest` on success, with a
+    manifest of every file in it, and removed on failure; leftovers of killed runs into `dest`
+    are removed first. A `dest` that holds anything but a folder of `kind` cardc wrote is
+    refused (check_destination)."""
+    dest = real_folder(dest)
+    staging = _new_staging(dest, kind)
     try:
         yield staging
+        record_all(staging, kind)
         publish(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

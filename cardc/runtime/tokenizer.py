@@ -12,10 +12,13 @@ tokenizer of another.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import os
+import string
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -25,11 +28,17 @@ import torch
 
 from cardc.atomic import write_text_atomic
 from cardc.runtime.errors import RuntimeInputError
+from cardc.runtime.jsontext import load_json
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"  # what transformers reads beside tokenizer.json
 BYTES = 256
 MAX_BPE = 2**20  # a vocabulary larger than any real model's is a typo
+MAX_FILE = 1 << 28  # bytes of a tokenizer.json: a vocabulary of MAX_BPE tokens takes far fewer
+# Encoded once when a tokenizer is read, so that one whose pre-tokenizer fails on text (a
+# regular expression whose backtracking the engine gives up on) is refused where it is read:
+# prose, and a long run of each printable ASCII character on its own.
+PROBES = ["Hello, world! 123 ünïcödé 漢字 \n\t  end.\n", *(c * 64 for c in string.printable)]
 CHUNK = 1 << 20  # characters of corpus text per encode call: bounded memory, parallel batches
 # A streamed text (`chunked`) goes in far shorter chunks: tokenizers encodes them several times
 # faster, with less memory per call, and buffers 256 of them while it trains a BPE.
@@ -155,6 +164,11 @@ class HFTokenizer:
             return fn()
         except Exception as err:  # tokenizers raises bare Exception for whatever goes wrong
             raise RuntimeInputError(f"'{self.source}': {_first_line(err)}") from None
+        except BaseException as err:  # a panic in tokenizers' Rust is not an Exception
+            if type(err).__name__ != "PanicException":
+                raise
+            raise RuntimeInputError(f"'{self.source}': the tokenizer failed: "
+                                    f"{_first_line(err)}") from None
 
 
 def continuation(tokenizer: Tokenizer, prompt: list[int], new: list[int]) -> str:
@@ -272,16 +286,61 @@ def from_file(path: str | os.PathLike[str], special: dict[str, str] | None = Non
     from tokenizers import Tokenizer as Tok
 
     try:
+        if os.path.getsize(path) > MAX_FILE:
+            raise RuntimeInputError(f"'{path}' is not a valid tokenizer file: larger than "
+                                    f"{MAX_FILE >> 20} MiB")
         text = Path(path).read_bytes().decode("utf-8")
+        check_bounds(_json(text, os.fspath(path), "is not a valid tokenizer file"), f"'{path}'")
         tok = Tok.from_str(text)
     except OSError as err:
         raise RuntimeInputError(f"cannot read '{path}': {err.strerror or err}") from None
+    except RuntimeInputError:
+        raise
     except Exception as err:  # UnicodeDecodeError, or tokenizers' bare Exception
         raise RuntimeInputError(f"'{path}' is not a valid tokenizer file: "
                                 f"{_first_line(err)}") from None
     if tok.get_vocab_size(with_added_tokens=True) < 1:
         raise RuntimeInputError(f"'{path}' is not a valid tokenizer file: it has no tokens")
-    return HFTokenizer(tok, os.fspath(path), special, kind)
+    tokenizer = HFTokenizer(tok, os.fspath(path), special, kind)
+    with _quiet_stderr():  # a panic's report, which tokenizers prints, is said in one line
+        for probe in PROBES:  # a pre-tokenizer that fails on text fails here, not later
+            tokenizer.encode(probe)
+    return tokenizer
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 sent to /dev/null meanwhile (what native code writes there too)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def check_bounds(value: Any, where: str) -> None:
+    """Refuse a tokenizer.json whose vocabulary or token IDs are beyond MAX_BPE, before
+    anything is built from it (an ID of 10^9 makes tokenizers size a table by it)."""
+    if not isinstance(value, dict):
+        raise RuntimeInputError(f"{where} is not a valid tokenizer file: not a JSON object")
+    model = value.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    added = value.get("added_tokens")
+    ids = list(vocab.values()) if isinstance(vocab, dict) else []
+    ids += [t.get("id") for t in added if isinstance(t, dict)] if isinstance(added, list) else []
+    count = (len(vocab) if isinstance(vocab, (dict, list)) else 0) + \
+        (len(added) if isinstance(added, list) else 0)
+    if count > MAX_BPE:
+        raise RuntimeInputError(f"{where} is not a valid tokenizer file: it has {count:,} "
+                                f"tokens, more than {MAX_BPE:,}")
+    big = next((i for i in ids if type(i) is int and not 0 <= i < MAX_BPE), None)
+    if big is not None:
+        raise RuntimeInputError(f"{where} is not a valid tokenizer file: token ID {big:,} is "
+                                f"outside 0 … {MAX_BPE - 1:,}")
 
 
 def run_tokenizer(run: str | os.PathLike[str], meta: dict[str, Any]) -> Tokenizer:
@@ -341,6 +400,7 @@ def _from_vocab_merges(vocab_file: Path, merges_file: Path,
     vocab = _read_json(vocab_file)
     if not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in vocab.items()):
         raise RuntimeInputError(f"'{vocab_file}' is not a vocabulary: expected token → ID")
+    check_bounds({"model": {"vocab": vocab}}, f"'{vocab_file}'")
     merges = _read_merges(merges_file)
     try:
         tok = Tok(models.BPE(vocab=vocab, merges=merges))
@@ -391,10 +451,20 @@ def _strings(table: dict[Any, Any]) -> dict[str, str]:
     return {k: v for k, v in table.items() if k in SPECIAL_KEYS and isinstance(v, str)}
 
 
+def _json(text: str, file: str, what: str) -> Any:
+    """`text` parsed as JSON (nesting bounded), or one error: '`file`' `what`: why, where."""
+    try:
+        return load_json(text, file)
+    except RuntimeInputError as err:
+        raise RuntimeInputError(f"'{file}' {what}: {err}") from None
+
+
 def _read_json(file: Path) -> dict[str, Any]:
     try:
-        value = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        if file.stat().st_size > MAX_FILE:
+            raise RuntimeInputError(f"'{file}' is larger than {MAX_FILE >> 20} MiB")
+        value = _json(file.read_text(encoding="utf-8"), str(file), "is not valid JSON")
+    except (OSError, UnicodeDecodeError) as err:
         raise RuntimeInputError(f"'{file}' is not valid JSON: {err}") from None
     if not isinstance(value, dict):
         raise RuntimeInputError(f"'{file}' is not a JSON object")

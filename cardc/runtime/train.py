@@ -62,6 +62,11 @@ from cardc.runtime.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer
 from cardc.syntax import FORMATS
 
 BAR_EVERY = 10  # updates between progress-bar redraws; each one costs a device sync
+# The CPU threads a run computes with unless it records or is given another count: the count
+# torch chose for this machine when it was loaded (its cores), not whatever count a caller has
+# set since. A sum split over another count of threads rounds differently, so a run's count is
+# fixed and recorded (meta "threads"), and a resumed run takes the count it recorded.
+DEFAULT_THREADS = torch.get_num_threads()
 # Tokens of a dataset the harness makes up front (int64: 2 GiB); a run asking for more is refused
 # (a prepared data folder's windows are cut as they are read: it has no such bound).
 MAX_DATASET_TOKENS = 2**28
@@ -91,11 +96,14 @@ class TrainConfig:
     save_every: int = 500  # updates between checkpoints (runtime.resume); 0: only when stopped
     keep: int = 2  # the newest checkpoints kept
     fsdp: bool = False  # shard the model over the processes (runtime.distributed.shard)
+    threads: int = 0  # CPU threads the run computes with; 0: as recorded, else DEFAULT_THREADS
     weights: str = "float32"  # the number format the parameters (and so AdamW's moments) are in
 
     def __post_init__(self) -> None:
         if self.weights not in FORMATS:
             raise RuntimeInputError(f"invalid number format {self.weights!r} for the weights")
+        if self.threads < 0:
+            raise RuntimeInputError(f"invalid training setting threads={self.threads!r}")
         if self.save_every < 0:
             raise RuntimeInputError(f"invalid training setting save_every={self.save_every!r}")
         for name in ("examples", "length", "eval_every", "eval_iters", "eval_batch", "keep"):
@@ -293,6 +301,7 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
     if data is not None:
         meta["data"] = data.record()
     meta["world_size"] = world.size
+    meta["threads"] = run_threads(cfg, resume)
     mark = fingerprint(recipe, hypers, cfg, meta)
     if resume is not None:
         check_fingerprint(resume, mark)
@@ -315,7 +324,7 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
         hypers, train_data = _sharded(hypers, plan, train_data, world)
     join(world, device, sharded=cfg.fsdp)
     try:
-        with training_run(cfg.out_dir, resume=resume is not None) if world.main else \
+        with reproducible(meta["threads"], device), training_run(cfg.out_dir, resume=resume is not None) if world.main else \
                 contextlib.nullcontext() as folder:
             run = _Run(cfg, model, recipe, hypers, plan, device, (train_split, val_split),
                        val_data, folder, meta, mark, log if world.main else _quiet,
@@ -338,6 +347,33 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
             f"{format_duration(wall)} ({wall:.1f}s); saved "
             f"{os.path.join(cfg.out_dir, CHECKPOINT_NAME)}")
     return run.records
+
+
+def run_threads(cfg: TrainConfig, resume: Snapshot | None) -> int:
+    """The CPU threads a run computes with: as asked, else as the resumed run recorded, else
+    DEFAULT_THREADS."""
+    recorded = resume.meta.get("threads") if resume is not None else None
+    if cfg.threads:
+        return cfg.threads
+    return recorded if type(recorded) is int and recorded >= 1 else DEFAULT_THREADS
+
+
+@contextlib.contextmanager
+def reproducible(threads: int, device: torch.device) -> Iterator[None]:
+    """Meanwhile, torch's CPU work is split over exactly `threads` threads and, on a CPU run,
+    takes its deterministic algorithms: the same command and seed give the same weights bit
+    for bit whatever else the machine runs. What was set before is set back after."""
+    before = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.set_num_threads(threads)
+    if device.type == "cpu":  # an op torch has no such path for warns, as it says why
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
 def _quiet(_line: str) -> None:
