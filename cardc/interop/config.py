@@ -7,7 +7,10 @@ from typing import Any
 
 from ..names import identifier
 from ..runtime.errors import RuntimeInputError
+from ..spelling import canonical_name
 from . import expr as ex
+from .constraints import names as constraint_names
+from .constraints import violation
 from .harmless import harmless
 from .mapping import Hyper, Mapping
 
@@ -53,7 +56,39 @@ def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, fl
                 raise RuntimeInputError(f"config.json has {key} = {other!r} but {spec.key} = "
                                         f"{value!r}; the card's {name} is both")
         out[name] = value
+    broken = broken_constraint(mapping, out)
+    if broken is not None:
+        name, why = broken
+        raise RuntimeInputError(f"config.json {describe(mapping.hyperparameters[name], out[name])}"
+                                f", but {mapping.source} maps only a card's {name} {why}")
     return out
+
+
+def broken_constraint(mapping: Mapping, hypers: dict[str, Any],
+                      python: bool = False) -> tuple[str, str] | None:
+    """The first hyperparameter outside the mapping's constraints, and what it must be
+    (`must be a power of two`); `hypers` keyed by card name, or by Python name if `python`."""
+    def get(name: str) -> Any:
+        canon = canonical_name(name)
+        return hypers.get(identifier(canon) if python else canon)
+
+    for name, c in mapping.constraints.items():
+        value = get(name)
+        if value is None:
+            continue
+        env = {}
+        for n in constraint_names(c):
+            if get(n) is None:
+                raise RuntimeInputError(f"{mapping.source}: the constraint of {name} reads {n}, "
+                                        "which has no value")
+            env[n] = ex.exact(get(n))
+        try:
+            why = violation(c, ex.exact(value), env)
+        except ex.ExprError as err:
+            raise RuntimeInputError(f"{mapping.source}: the constraint of {name}: {err}") from None
+        if why is not None:
+            return name, f"that is {why}"
+    return None
 
 
 def hyper_value(config: dict[str, Any], spec: Hyper, what: str) -> ex.Number:
@@ -128,7 +163,7 @@ def check_config(config: dict[str, Any], mapping: Mapping) -> None:
             raise ConfigMismatch(str(err), (2, 0)) from None
     for key, (cycle, length) in mapping.cycles.items():
         value = lookup(config, key)
-        if value is not None and value != _cycled(config, key, cycle, length):
+        if value is not None and not _cycles(value, config, key, cycle, length):
             raise ConfigMismatch(f"config.json has {key} = {value!r}, but the card "
                                  f"{mapping.card} computes {', '.join(map(repr, cycle))} in turn, "
                                  "layer after layer", (2, 0))
@@ -160,16 +195,35 @@ def _check_derived(config: dict[str, Any], mapping: Mapping, key: str, text: str
                                 f"computes {key} = {text} = {_computed(e, env, key)!r}")
 
 
+def _cycles(value: Any, config: dict[str, Any], key: str, cycle: tuple[Any, ...],
+            length: ex.Expr) -> bool:
+    """Whether `value` is `cycle` repeated over `length` items, compared item by item: the
+    work is bounded by the list config.json holds, whatever length it claims."""
+    n = _cycle_length(config, key, length)
+    return isinstance(value, list) and len(value) == n and \
+        all(item == cycle[k % len(cycle)] for k, item in enumerate(value))
+
+
+MAX_CYCLE = 1_000_000  # items of a per-layer list export writes: more layers than any model's
+
+
 def _cycled(config: dict[str, Any], key: str, cycle: tuple[Any, ...],
             length: ex.Expr) -> list[Any]:
     """`cycle` repeated over the `length` (a config expression) items of `key`."""
+    n = _cycle_length(config, key, length)
+    if n > MAX_CYCLE:
+        raise RuntimeInputError(f"cannot write {key}: {n:,} items, more than {MAX_CYCLE:,}")
+    return [cycle[k % len(cycle)] for k in range(n)]
+
+
+def _cycle_length(config: dict[str, Any], key: str, length: ex.Expr) -> int:
     env, missing = _env(config, ex.names(length), key)
     if missing is not None:
         raise RuntimeInputError(f"config.json has {key} but no '{missing}' to check it against")
     n = _computed(length, env, f"the length of {key}", config)
-    if not isinstance(n, int) or n < 0:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise RuntimeInputError(f"config.json: {key} needs a whole length, not {n!r}")
-    return [cycle[k % len(cycle)] for k in range(n)]
+    return n
 
 
 def _not_understood(config: dict[str, Any], known: set[str],
@@ -216,6 +270,11 @@ def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
     """config.json for a model with these hyperparameters (keyed by Python name): keys first,
     then fixed values, then each computed hyperparameter solved for its key, then derived
     values, then `export_config`."""
+    broken = broken_constraint(mapping, hypers, python=True)
+    if broken is not None:
+        name, why = broken
+        raise RuntimeInputError(f"the card's {name} = {hypers[identifier(name)]!r}, but "
+                                f"{mapping.source} maps only a card's {name} {why}")
     config: dict[str, Any] = {"architectures": [mapping.architecture],
                               "model_type": mapping.model_type}
     computed = []

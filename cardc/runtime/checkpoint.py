@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from cardc.atomic import atomic_path
+from cardc.runtime import jsontext
 from cardc.runtime.errors import RuntimeInputError
 
 CHECKPOINT_NAME = "model.safetensors"
@@ -99,10 +100,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[
 
 
 def _parse_json(text: str, file: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RuntimeInputError(f"'{file}' has corrupt cardc metadata: {e}") from e
+    value = jsontext.loads(text, f"'{file}' (its cardc metadata)")
     if not isinstance(value, dict):
         raise RuntimeInputError(f"'{file}' has corrupt cardc metadata: expected a JSON object")
     return value
