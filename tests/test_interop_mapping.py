@@ -29,6 +29,7 @@ from cardc.interop import (
 )
 from cardc.interop import expr as ex
 from cardc.interop.harmless import HARMLESS_KEYS, NOT_HARMLESS_BASE_KEYS
+from cardc.names import identifier
 from cardc.runtime.errors import RuntimeInputError
 
 try:
@@ -868,3 +869,106 @@ def test_a_model_is_built_by_card_name_and_a_bad_override_is_named():
     with pytest.raises(OverrideError) as err:
         cardc.model(str(ROOT / "cards" / "gpt2.card"), preset="tiny", D="wide")
     assert str(err.value) == "D='wide': a hyperparameter's value is a number, not str"
+
+
+# ------------------------------------------------------------------ shared lists: harmless, renamed
+
+
+def test_keys_that_only_set_initialisation_or_loading_never_block_an_import():
+    """One shared list (cardc/interop/harmless.py): no mapping names them."""
+    m = mapping({"D": "hidden_size"})
+    config = {"hidden_size": 8, "init_std": 0.02, "initializer_range": 0.02,
+              "initializer_factor": 1.0, "auto_map": {"AutoConfig": "x.XConfig"},
+              "torch_dtype": "float32", "transformers_version": "4.44.0",
+              "architectures": ["XForCausalLM"], "custom_pipelines": {}}
+    assert preset_from_config(config, m) == {"D": 8}
+    bart = json.loads((ROOT / "cards" / "bart.hf.json").read_text())
+    assert "init_std" not in bart["harmless"] and "init_std" in HARMLESS_KEYS
+
+
+ROPE = {"D": "hidden_size", "H": "num_attention_heads",
+        "θ_base": {"key": "rope_parameters.rope_theta", "default": "10000"},
+        "d_r": {"expr": "hidden_size / num_attention_heads * rope_parameters.partial_rotary_factor",
+                "type": "float"}}
+V5 = {"hidden_size": 64, "num_attention_heads": 4,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
+                          "partial_rotary_factor": 0.25}}
+V4 = [{"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 500.0, "rope_scaling": None,
+       "partial_rotary_factor": 0.25},
+      {"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 500.0,
+       "rope_scaling": {"type": "default"}, "partial_rotary_factor": 0.25}]
+FIXED_V5 = {"rope_parameters.rope_type": "default"}
+FIXED_V4 = {"rope_scaling": None, "rope_scaling.rope_type": [None, "default"]}
+
+
+@pytest.mark.parametrize("fixed", [FIXED_V5, FIXED_V4], ids=["v5-mapping", "v4-mapping"])
+@pytest.mark.parametrize("config", [V5, *V4], ids=["v5", "v4-null", "v4-type"])
+def test_both_spellings_of_a_renamed_key_are_read_and_the_current_one_written(fixed, config):
+    m = mapping(ROPE, fixed_config=fixed)
+    assert preset_from_config(config, m) == {"D": 64, "H": 4, "θ_base": 500.0, "d_r": 4}
+    back = config_for(m, {"D": 64, "H": 4, identifier("θ_base"): 500.0, "d_r": 4})
+    assert back == {"architectures": ["XForCausalLM"], "model_type": "x", **V5} or \
+        back == {"architectures": ["XForCausalLM"], "model_type": "x",
+                 **{**V5, "rope_parameters": {k: v for k, v in V5["rope_parameters"].items()
+                                              if k != "rope_type"}}}  # left to its default
+    assert "rope_scaling" not in back and "rope_theta" not in back
+
+
+def test_a_value_given_two_ways_that_differ_is_refused():
+    m = mapping(ROPE, fixed_config=FIXED_V5)
+    with pytest.raises(RuntimeInputError) as err:
+        preset_from_config({**V5, "rope_theta": 10000.0}, m)
+    assert str(err.value) == ("config.json has rope_theta = 10000.0 and "
+                              "rope_parameters.rope_theta = 500.0: two spellings of one value "
+                              "that differ")
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "config.json has rope_scaling.type = 'linear', but the card X computes "
+            "rope_parameters.rope_type = 'default'")):
+        preset_from_config({**V4[0], "rope_scaling": {"type": "linear", "factor": 2.0}}, m)
+
+
+def test_no_nested_null_is_exported():
+    """A nested key whose accepted values start with null is left out: never {rope_type: null},
+    which from_pretrained refuses."""
+    m = mapping({"D": "hidden_size"}, fixed_config={"rope_parameters.rope_type":
+                                                     [None, "default"]})
+    assert config_for(m, {"D": 8}) == {"architectures": ["XForCausalLM"], "model_type": "x",
+                                       "hidden_size": 8}
+
+
+@needs_transformers
+def test_a_transformers_4_llama_config_imports_as_its_transformers_5_spelling():
+    """What transformers 4.44 wrote for a Llama (top-level rope_theta, rope_scaling null) and
+    what the installed transformers writes give the same hyperparameters; export writes the
+    installed spelling, which from_pretrained reads back with the same rotary base."""
+    import tempfile
+
+    mappings = load_mappings(ROOT / "cards" / "llama.card")
+    new = full_config("llama", rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    old = {k: v for k, v in new.items() if k != "rope_parameters"}
+    old.update(rope_theta=500.0, rope_scaling=None)
+    m = select_for_config(mappings, old)
+    hypers = preset_from_config(old, m)
+    assert hypers == preset_from_config(new, select_for_config(mappings, new))
+    written = config_for(m, {identifier(k): v for k, v in hypers.items()})
+    assert "rope_scaling" not in written and written["rope_parameters"] == {
+        "rope_type": "default", "rope_theta": 500.0}
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_text(json.dumps(written))
+        assert transformers.AutoConfig.from_pretrained(folder).rope_parameters == {
+            "rope_type": "default", "rope_theta": 500.0}
+
+
+def test_a_solved_factor_a_float_cannot_hold_is_refused_on_export():
+    """d_r = 3 of a head of 7 needs partial_rotary_factor = 3/7, which no JSON number holds:
+    import would read back a d_r that is not whole. Export refuses instead of writing it."""
+    m = mapping({"D": "hidden_size", "H": "num_attention_heads", "d_r": {
+        "expr": "hidden_size / num_attention_heads * partial_rotary_factor", "type": "float"}})
+    with pytest.raises(RuntimeInputError) as err:
+        config_for(m, {"D": 28, "H": 4, "d_r": 3})
+    assert str(err.value) == (
+        "cannot write the card's d_r = 3 as hidden_size / num_attention_heads * "
+        f"partial_rotary_factor: partial_rotary_factor would be 3/7 = {3 / 7!r}, which "
+        "config.json cannot hold exactly")
+    written = config_for(m, {"D": 28, "H": 4, "d_r": 7})  # in the current spelling
+    assert written["rope_parameters"]["partial_rotary_factor"] == 1.0

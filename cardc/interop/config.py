@@ -13,6 +13,7 @@ from .constraints import names as constraint_names
 from .constraints import violation
 from .harmless import harmless
 from .mapping import Hyper, Mapping
+from .renamed import current_config, current_key
 
 _ABSENT = object()
 
@@ -27,15 +28,17 @@ class ConfigMismatch(RuntimeInputError):
 
 
 def lookup(config: dict[str, Any], key: str, absent: Any = None) -> Any:
-    """`a.b` reads config["a"]["b"]: transformers 5 nests rope_theta in rope_parameters."""
+    """`a.b` reads config["a"]["b"]: transformers 5 nests rope_theta in rope_parameters. A
+    renamed key is read in its current spelling (`config` is in it: `current_config`)."""
     value: Any = config
-    for part in key.split("."):
+    for part in current_key(key).split("."):
         value = value.get(part, absent) if isinstance(value, dict) else absent
     return value
 
 
 def store(config: dict[str, Any], key: str, value: Any) -> None:
-    *path, last = key.split(".")
+    """Set `key` (dotted, written in its current spelling)."""
+    *path, last = current_key(key).split(".")
     for part in path:
         config = config.setdefault(part, {})
     config[last] = value
@@ -47,6 +50,7 @@ def store(config: dict[str, Any], key: str, value: Any) -> None:
 def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, float]:
     """The card's hyperparameters a Hugging Face config.json implies (card names)."""
     check_config(config, mapping)
+    config, _ = current_config(config)
     out: dict[str, float] = {}
     for name, spec in mapping.hyperparameters.items():
         value = hyper_value(config, spec, f"the card's {name}")
@@ -147,14 +151,19 @@ def describe(spec: Hyper, value: Any) -> str:
 def check_config(config: dict[str, Any], mapping: Mapping) -> None:
     """Refuse a config.json that describes a computation the card does not perform: another
     model type, a fixed value changed, a derived value that disagrees, or a key the mapping
-    does not understand."""
+    does not understand. Either spelling of a renamed key is read (cardc/interop/renamed.py)."""
+    try:
+        config, origin = current_config(config)
+    except RuntimeInputError as err:
+        raise ConfigMismatch(str(err), (0, 0)) from None
+    spelt = lambda key: origin.get(current_key(key), key)  # noqa: E731 (as config.json has it)
     if config.get("model_type", mapping.model_type) != mapping.model_type:
         raise ConfigMismatch(f"config.json is for model_type '{config['model_type']}'; "
                              f"{mapping.source} maps '{mapping.model_type}'", (0, 0))
     for i, (key, accepted) in enumerate(mapping.fixed_config.items()):
         value = lookup(config, key, _ABSENT)
         if value is not _ABSENT and value not in accepted:
-            raise ConfigMismatch(f"config.json has {key} = {value!r}, but the card "
+            raise ConfigMismatch(f"config.json has {spelt(key)} = {value!r}, but the card "
                                  f"{mapping.card} computes {key} = {accepted[0]!r}", (1, i))
     for key, (text, e) in mapping.derived_config.items():
         try:
@@ -167,12 +176,12 @@ def check_config(config: dict[str, Any], mapping: Mapping) -> None:
             raise ConfigMismatch(f"config.json has {key} = {value!r}, but the card "
                                  f"{mapping.card} computes {', '.join(map(repr, cycle))} in turn, "
                                  "layer after layer", (2, 0))
-    unknown = _not_understood(config, mapping.understood())
+    unknown = _not_understood(config, {current_key(k) for k in mapping.understood()})
     if unknown:
         (key, value), others = unknown[0], [k for k, _ in unknown[1:]]
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        also = f" (nor are {', '.join(others)})" if others else ""
-        raise ConfigMismatch(f"config key '{key}' = {shown} is not understood by "
+        also = f" (nor are {', '.join(map(spelt, others))})" if others else ""
+        raise ConfigMismatch(f"config key '{spelt(key)}' = {shown} is not understood by "
                              f"{mapping.source}: it maps it to no hyperparameter, fixes no "
                              f"value for it and does not list it as harmless{also}", (3, 0))
 
@@ -285,7 +294,8 @@ def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
         for key in spec.keys:
             store(config, key, hypers[identifier(name)])
     for key, accepted in mapping.fixed_config.items():
-        store(config, key, accepted[0])
+        if accepted[0] is not None or "." not in key:  # a nested null: absent (no {type: null})
+            store(config, key, accepted[0])
     for name, spec in computed:
         _export_computed(config, name, spec, hypers[identifier(name)])
     for key, (text, e) in mapping.derived_config.items():
@@ -314,9 +324,13 @@ def _export_computed(config: dict[str, Any], name: str, spec: Hyper, value: Any)
     try:
         target = ex.exact(value)
         if spec.solve is not None:
-            env[spec.solve] = ex.solve(spec.expr, spec.solve, target, env)
-            solved = env[spec.solve]
-            store(config, spec.solve, float(solved) if spec.real else ex.number(solved))
+            solved = ex.solve(spec.expr, spec.solve, target, env)
+            written = float(solved) if spec.real else ex.number(solved)
+            if ex.exact(written) != solved:  # import would read another value back
+                raise ex.ExprError(f"{spec.solve} would be {solved} = {written!r}, which "
+                                   "config.json cannot hold exactly")
+            store(config, spec.solve, written)
+            env[spec.solve] = solved
         got = ex.evaluate(spec.expr, env)
     except ex.ExprError as err:
         raise RuntimeInputError(f"cannot write the card's {name} = {value!r} as "

@@ -20,6 +20,7 @@ from ..spelling import canonical_name
 from . import expr as ex
 from .constraints import Constraint, parse_constraint
 from .constraints import names as constraint_names
+from .renamed import current_key
 
 MAPPING_SUFFIX = ".hf.json"
 
@@ -275,13 +276,16 @@ def parse_mapping(raw: Any, source: str) -> Mapping:
     derived: dict[str, tuple[str, ex.Expr]] = {}
     cycles: dict[str, tuple[tuple[Any, ...], ex.Expr]] = {}
     for key, value in raw.get("fixed_config", {}).items():
+        if value is None and current_key(key) != key:
+            continue  # an old spelling's null (`rope_scaling`): import drops it too
         if isinstance(value, dict) and set(value) == {"expr"}:
             derived[key] = (value["expr"], _parse(value["expr"], f"fixed_config '{key}'", need))
         elif isinstance(value, dict) and "cycle" in value:
             cycles[key] = _cycle(key, value, need)
         else:
             fixed[key] = value if isinstance(value, list) else [value]
-    export = dict(raw.get("export_config", {}))
+    export = {k: v for k, v in raw.get("export_config", {}).items()
+              if v is not None or current_key(k) == k}  # an old spelling's null: nothing
     hypers = _with_solved_keys(hypers, {*fixed, *derived, *cycles, *export}, need)
     _check_written_once(hypers, {**{k: "fixed_config" for k in (*fixed, *derived, *cycles)},
                                  **{k: "export_config" for k in export}}, need)
@@ -453,7 +457,9 @@ def _with_solved_keys(hypers: dict[str, Hyper], written: set[str], need: Need) -
 
 
 def _overlap(a: str, b: str) -> bool:
-    """Whether config keys `a` and `b` name the same value, or one holds the other (`a.b`)."""
+    """Whether config keys `a` and `b` name the same value, or one holds the other (`a.b`),
+    in either spelling of a renamed key."""
+    a, b = current_key(a), current_key(b)
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 

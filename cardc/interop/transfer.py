@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..names import identifier
 from ..runtime.errors import RuntimeInputError
 from .config import check_config, config_for, describe, preset_from_config, select_for_config
 from .files import HF_CONFIG, read_hf, write_hf
@@ -45,6 +46,8 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
     lib, checker, _ = checked([card], library_roots([card], library))
     alg = find_card(lib, checker, card, mapping.card)
     check_sizes(checker.info(alg), mapping, hypers, preset, overrides or {}, hf_state)
+    if hypers and preset is None:  # the mapping's own count first: it names the layers
+        mapping.layer_count({identifier(k): v for k, v in {**hypers, **(overrides or {})}.items()})
     check_card_sizes(checker, alg, mapping, hypers, preset, overrides or {})
     model = build_model(card, preset, {**hypers, **(overrides or {})}, library, mapping.card)
     expected = model.state_dict()
