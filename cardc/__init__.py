@@ -18,16 +18,18 @@ __all__ = ["model", "sample", "train"]
 
 
 def model(card: str, preset: str | None = None, library: list[str] | None = None,
-          **overrides: Any):
+          name: str | None = None, **overrides: Any):
     """Build the `nn.Module` a model card describes, with a preset's hyperparameters.
 
     `library`: folders of cards its calls resolve against, after the card's own folder and
-    those above it and before the library cardc ships (as `--library` on the command line)."""
+    those above it and before the library cardc ships (as `--library` on the command line).
+    `name`: which card of the file (as `--name`; default its model card). The other keywords
+    set hyperparameters, each a number."""
     from .build import build_model
 
     if isinstance(library, str):
         library = [library]
-    return build_model(card, preset, overrides, library)
+    return build_model(card, preset, overrides, library, name)
 
 
 def __getattr__(name: str) -> Any:

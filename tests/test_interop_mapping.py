@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from cardc.interop import (
 )
 from cardc.interop import expr as ex
 from cardc.interop.harmless import HARMLESS_KEYS, NOT_HARMLESS_BASE_KEYS
+from cardc.names import identifier
 from cardc.runtime.errors import RuntimeInputError
 
 try:
@@ -728,3 +730,245 @@ def test_gemma2_refuses_layers_that_do_not_alternate():
     m = select_for_config(ms, transformers.Gemma2Config(num_hidden_layers=4).to_dict())
     assert m.layer_count(preset_from_config(
         transformers.Gemma2Config(num_hidden_layers=4).to_dict(), m)) == 2
+
+
+# ------------------------------------------------------------------ one place per value
+
+
+@pytest.mark.parametrize("more, message", [
+    (dict(fixed_config={"n_head": [1, 2]}),
+     "x.hf.json: config key 'n_head' is both hyperparameter 'H' and in 'fixed_config': a value "
+     "is set in one place"),
+    (dict(export_config={"n_head": 4}),
+     "x.hf.json: config key 'n_head' is both hyperparameter 'H' and in 'export_config': a value "
+     "is set in one place"),
+    (dict(fixed_config={"n_head": {"expr": "n_embd / 4"}}),
+     "x.hf.json: config key 'n_head' is both hyperparameter 'H' and in 'fixed_config'"),
+    (dict(fixed_config={"attn": None}, hyperparameters={"H": "attn.n_head"}),
+     "x.hf.json: config key 'attn.n_head' is both hyperparameter 'H' and in 'fixed_config' (as "
+     "'attn')"),
+    (dict(fixed_config={"d_head": 4}, hyperparameters={"d": {"expr": "n_embd / d_head",
+                                                             "solve": "d_head"}}),
+     "x.hf.json: config key 'd_head' is both hyperparameter 'd' and in 'fixed_config'"),
+])
+def test_a_key_set_in_two_places_is_a_load_error_naming_both(more, message):
+    hypers = more.pop("hyperparameters", {"H": "n_head"})
+    with pytest.raises(RuntimeInputError) as err:
+        mapping({"D": "n_embd", **hypers}, **more)
+    assert str(err.value).startswith(message)
+
+
+def test_a_variant_that_fixes_a_hyperparameter_key_is_refused():
+    from cardc.interop import parse_mappings
+
+    raw = json.loads((ROOT / "cards" / "gpt2.hf.json").read_text())
+    raw["variants"] = {"GPT2Heads": {"fixed_config": {"n_head": [1, 2]}}}
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "gpt2.hf.json (variant GPT2Heads): config key 'n_head' is both hyperparameter 'H' "
+            "and in 'fixed_config'")):
+        parse_mappings(raw, "gpt2.hf.json")
+
+
+# ------------------------------------------------------------------ constraints
+
+
+CONSTRAINED = {"D": "hidden_size", "H": "num_attention_heads", "d_r": "rotary_dim"}
+
+
+@pytest.mark.parametrize("constraint, config, why", [
+    ({"H": {"power_of_two": True}}, dict(num_attention_heads=6),
+     "config.json has num_attention_heads = 6, but x.hf.json maps only a card's H that is a "
+     "power of two"),
+    ({"d_r": {"max": "D / H - 1"}}, dict(rotary_dim=16),
+     "config.json has rotary_dim = 16, but x.hf.json maps only a card's d_r that is ≤ D / H - 1 "
+     "= 15"),
+    ({"d_r": {"min": 2}}, dict(rotary_dim=1),
+     "config.json has rotary_dim = 1, but x.hf.json maps only a card's d_r that is ≥ 2"),
+    ({"d_r": {"multiple_of": "2"}}, dict(rotary_dim=5),
+     "config.json has rotary_dim = 5, but x.hf.json maps only a card's d_r that is a whole "
+     "multiple of 2"),
+    ({"H": {"one_of": [1, 2, 4]}}, dict(num_attention_heads=3),
+     "config.json has num_attention_heads = 3, but x.hf.json maps only a card's H that is one "
+     "of 1, 2, 4"),
+])
+def test_a_config_outside_the_constraints_is_refused_by_name(constraint, config, why):
+    m = mapping(CONSTRAINED, constraints=constraint)
+    ok = {"hidden_size": 64, "num_attention_heads": 4, "rotary_dim": 8}
+    assert preset_from_config(ok, m) == {"D": 64, "H": 4, "d_r": 8}
+    with pytest.raises(RuntimeInputError) as err:
+        preset_from_config({**ok, **config}, m)
+    assert str(err.value) == why
+    with pytest.raises(RuntimeInputError) as err:  # and export refuses such a model
+        config_for(m, {"D": 64, "H": 4, "d_r": 8, **{
+            {"num_attention_heads": "H", "rotary_dim": "d_r"}[k]: v for k, v in config.items()}})
+    assert "but x.hf.json maps only a card's" in str(err.value)
+
+
+@pytest.mark.parametrize("constraint, message", [
+    ({"Q": {"min": 1}}, "'constraints': 'Q' is not a hyperparameter of this mapping"),
+    ({"H": {"min": "Q"}}, "'constraints': 'H' reads 'Q', which is not a hyperparameter"),
+    ({"H": {"least": 1}}, "'constraints': constraint of 'H' must be an object of 'min', 'max', "
+                          "'multiple_of', 'power_of_two', 'one_of'"),
+    ({"H": {"min": "1 +"}}, "'constraints': expected a value but found the end in '1 +'"),
+    ({"H": {"power_of_two": 1}}, "'power_of_two' must be true or false"),
+    ({"H": {"one_of": []}}, "'one_of' must be a non-empty list of numbers"),
+    ({"H": {"one_of": ["a"]}}, "'a' is not a number"),
+    (["H"], "'constraints' must map hyperparameters to objects"),
+])
+def test_a_malformed_constraint_is_named(constraint, message):
+    with pytest.raises(RuntimeInputError) as err:
+        mapping(CONSTRAINED, constraints=constraint)
+    assert str(err.value).startswith("x.hf.json: ") and message in str(err.value)
+
+
+def test_stablelm2_refuses_a_rotary_width_of_the_whole_head(tmp_path, capsys):
+    """partial_rotary_factor 1 leaves d − d_r = 0 columns unturned: the mapping's constraint
+    names the config key at import; without it, the card's own size check does."""
+    from cardc.build import build_model
+    from cardc.cli import main
+    from cardc.interop import load_mapping, write_model_hf
+
+    sizes = dict(V=16, D=16, H=2, H_kv=1, D_f=8, N=1, ctx=8, d_r=4)
+    model = build_model(str(ROOT / "cards" / "stablelm2.card"), None, sizes)
+    write_model_hf(load_mapping(ROOT / "cards" / "stablelm2.card"), model.state_dict(),
+                   model.card_meta["hyperparameters"], tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["rope_parameters"]["partial_rotary_factor"] == 0.5  # d_r = 4 of d = 8
+    config["rope_parameters"]["partial_rotary_factor"] = 1.0
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    raw = json.loads((ROOT / "cards" / "stablelm2.hf.json").read_text())
+    shutil.copy(ROOT / "cards" / "stablelm2.card", cards)
+    del raw["constraints"]
+    (cards / "stablelm2.hf.json").write_text(json.dumps(raw))
+    errors = []
+    for card in ("cards/stablelm2.card", cards / "stablelm2.card"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(ROOT)
+            code = main(["import", str(card), "--from", str(tmp_path / "hf"), "--out",
+                         str(tmp_path / "run"), "--library", str(ROOT / "cards")])
+        err = capsys.readouterr().err
+        assert code == 1 and err.count("\n") == 1 and not (tmp_path / "run").exists(), err
+        errors.append(err)
+    assert errors[0] == (
+        "cardc: error: config.json gives hidden_size / num_attention_heads * "
+        "rope_parameters.partial_rotary_factor = 8, but cards/stablelm2.hf.json maps only a "
+        "card's d_r that is ≤ D / H - 1 = 7\n")
+    assert errors[1].startswith("cardc: error: config.json has hidden_size = 16: d − d_r = 0 "
+                                "(d = 8, d_r = 8) is not positive: a size is at least 1")
+
+
+def test_a_model_is_built_by_card_name_and_a_bad_override_is_named():
+    import cardc
+    from cardc.presets import OverrideError
+
+    model = cardc.model(str(ROOT / "cards" / "llama.card"), name="LlamaUntied", V=16, D=8, H=2,
+                        H_kv=1, D_f=8, N=1, ctx=8)
+    assert model.card_meta["name"] == "LlamaUntied"
+    with pytest.raises(OverrideError) as err:
+        cardc.model(str(ROOT / "cards" / "gpt2.card"), preset="tiny", D="wide")
+    assert str(err.value) == "D='wide': a hyperparameter's value is a number, not str"
+
+
+# ------------------------------------------------------------------ shared lists: harmless, renamed
+
+
+def test_keys_that_only_set_initialisation_or_loading_never_block_an_import():
+    """One shared list (cardc/interop/harmless.py): no mapping names them."""
+    m = mapping({"D": "hidden_size"})
+    config = {"hidden_size": 8, "init_std": 0.02, "initializer_range": 0.02,
+              "initializer_factor": 1.0, "auto_map": {"AutoConfig": "x.XConfig"},
+              "torch_dtype": "float32", "transformers_version": "4.44.0",
+              "architectures": ["XForCausalLM"], "custom_pipelines": {}}
+    assert preset_from_config(config, m) == {"D": 8}
+    bart = json.loads((ROOT / "cards" / "bart.hf.json").read_text())
+    assert "init_std" not in bart["harmless"] and "init_std" in HARMLESS_KEYS
+
+
+ROPE = {"D": "hidden_size", "H": "num_attention_heads",
+        "θ_base": {"key": "rope_parameters.rope_theta", "default": "10000"},
+        "d_r": {"expr": "hidden_size / num_attention_heads * rope_parameters.partial_rotary_factor",
+                "type": "float"}}
+V5 = {"hidden_size": 64, "num_attention_heads": 4,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
+                          "partial_rotary_factor": 0.25}}
+V4 = [{"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 500.0, "rope_scaling": None,
+       "partial_rotary_factor": 0.25},
+      {"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 500.0,
+       "rope_scaling": {"type": "default"}, "partial_rotary_factor": 0.25}]
+FIXED_V5 = {"rope_parameters.rope_type": "default"}
+FIXED_V4 = {"rope_scaling": None, "rope_scaling.rope_type": [None, "default"]}
+
+
+@pytest.mark.parametrize("fixed", [FIXED_V5, FIXED_V4], ids=["v5-mapping", "v4-mapping"])
+@pytest.mark.parametrize("config", [V5, *V4], ids=["v5", "v4-null", "v4-type"])
+def test_both_spellings_of_a_renamed_key_are_read_and_the_current_one_written(fixed, config):
+    m = mapping(ROPE, fixed_config=fixed)
+    assert preset_from_config(config, m) == {"D": 64, "H": 4, "θ_base": 500.0, "d_r": 4}
+    back = config_for(m, {"D": 64, "H": 4, identifier("θ_base"): 500.0, "d_r": 4})
+    assert back == {"architectures": ["XForCausalLM"], "model_type": "x", **V5} or \
+        back == {"architectures": ["XForCausalLM"], "model_type": "x",
+                 **{**V5, "rope_parameters": {k: v for k, v in V5["rope_parameters"].items()
+                                              if k != "rope_type"}}}  # left to its default
+    assert "rope_scaling" not in back and "rope_theta" not in back
+
+
+def test_a_value_given_two_ways_that_differ_is_refused():
+    m = mapping(ROPE, fixed_config=FIXED_V5)
+    with pytest.raises(RuntimeInputError) as err:
+        preset_from_config({**V5, "rope_theta": 10000.0}, m)
+    assert str(err.value) == ("config.json has rope_theta = 10000.0 and "
+                              "rope_parameters.rope_theta = 500.0: two spellings of one value "
+                              "that differ")
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "config.json has rope_scaling.type = 'linear', but the card X computes "
+            "rope_parameters.rope_type = 'default'")):
+        preset_from_config({**V4[0], "rope_scaling": {"type": "linear", "factor": 2.0}}, m)
+
+
+def test_no_nested_null_is_exported():
+    """A nested key whose accepted values start with null is left out: never {rope_type: null},
+    which from_pretrained refuses."""
+    m = mapping({"D": "hidden_size"}, fixed_config={"rope_parameters.rope_type":
+                                                     [None, "default"]})
+    assert config_for(m, {"D": 8}) == {"architectures": ["XForCausalLM"], "model_type": "x",
+                                       "hidden_size": 8}
+
+
+@needs_transformers
+def test_a_transformers_4_llama_config_imports_as_its_transformers_5_spelling():
+    """What transformers 4.44 wrote for a Llama (top-level rope_theta, rope_scaling null) and
+    what the installed transformers writes give the same hyperparameters; export writes the
+    installed spelling, which from_pretrained reads back with the same rotary base."""
+    import tempfile
+
+    mappings = load_mappings(ROOT / "cards" / "llama.card")
+    new = full_config("llama", rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    old = {k: v for k, v in new.items() if k != "rope_parameters"}
+    old.update(rope_theta=500.0, rope_scaling=None)
+    m = select_for_config(mappings, old)
+    hypers = preset_from_config(old, m)
+    assert hypers == preset_from_config(new, select_for_config(mappings, new))
+    written = config_for(m, {identifier(k): v for k, v in hypers.items()})
+    assert "rope_scaling" not in written and written["rope_parameters"] == {
+        "rope_type": "default", "rope_theta": 500.0}
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_text(json.dumps(written))
+        assert transformers.AutoConfig.from_pretrained(folder).rope_parameters == {
+            "rope_type": "default", "rope_theta": 500.0}
+
+
+def test_a_solved_factor_a_float_cannot_hold_is_refused_on_export():
+    """d_r = 3 of a head of 7 needs partial_rotary_factor = 3/7, which no JSON number holds:
+    import would read back a d_r that is not whole. Export refuses instead of writing it."""
+    m = mapping({"D": "hidden_size", "H": "num_attention_heads", "d_r": {
+        "expr": "hidden_size / num_attention_heads * partial_rotary_factor", "type": "float"}})
+    with pytest.raises(RuntimeInputError) as err:
+        config_for(m, {"D": 28, "H": 4, "d_r": 3})
+    assert str(err.value) == (
+        "cannot write the card's d_r = 3 as hidden_size / num_attention_heads * "
+        f"partial_rotary_factor: partial_rotary_factor would be 3/7 = {3 / 7!r}, which "
+        "config.json cannot hold exactly")
+    written = config_for(m, {"D": 28, "H": 4, "d_r": 7})  # in the current spelling
+    assert written["rope_parameters"]["partial_rotary_factor"] == 1.0

@@ -14,7 +14,7 @@ import torch
 from cardc.runtime.checkpoint import read_checkpoint, save_checkpoint
 from cardc.runtime.data import DataFolder
 from cardc.runtime.errors import RuntimeInputError
-from cardc.runtime.jsontext import MAX_DEPTH, depth_over, load_json
+from cardc.runtime.jsontext import MAX_DEPTH, depth_over, loads
 from cardc.runtime.prepare import prepare
 from cardc.runtime.tokenizer import MAX_BPE, TOKENIZER_FILE, from_file, hf_tokenizer, train_bpe
 
@@ -70,13 +70,13 @@ def test_a_pre_tokenizer_whose_regex_fails_on_text_is_refused_where_it_is_read(t
 
 
 def test_json_nesting_is_bounded_and_located():
-    assert load_json(SHALLOW_ENOUGH, "f.json") == json.loads(SHALLOW_ENOUGH)
+    assert loads(SHALLOW_ENOUGH, "f.json") == json.loads(SHALLOW_ENOUGH)
     for text in (DEEP, "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)):
-        with pytest.raises(RuntimeInputError, match=rf"^f\.json: JSON nested deeper than "
-                                                    rf"{MAX_DEPTH} levels$"):
-            load_json(text, "f.json")
+        with pytest.raises(RuntimeInputError, match=rf"^f\.json: nested too deeply \(more than "
+                                                    rf"{MAX_DEPTH} levels\)$"):
+            loads(text, "f.json")
     with pytest.raises(RuntimeInputError, match=r"^f\.json:2:3: not JSON: "):
-        load_json('{\n  x}', "f.json")
+        loads('{\n  x}', "f.json")
     assert depth_over({"a": [[1]]}, 2) and not depth_over({"a": [[1]]}, 3)
 
 

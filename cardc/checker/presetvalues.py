@@ -157,6 +157,9 @@ def _own_values(sig: Signature, src: _Source, preset: s.Preset | None,
         vals.set(name, number(expr, vals.env), frozenset({name}))
     stated = dict(vals.env)  # the card's own values, before the command line's
     for name, value in overrides.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
+            raise OverrideError(f"{display(name)}={value!r}: a hyperparameter's value is a "
+                                f"number, not {type(value).__name__}")
         flag = src.flags.setdefault(name, f"{display(name)}={_shown_number(value)}")
         if name not in sig.hypers:
             raise OverrideError(f"{flag}: '{display(name)}' is not a hyperparameter of "

@@ -34,9 +34,21 @@ and because the files it describes (`config.json`, the safetensors index) are JS
     `"null": n` instead makes the hyperparameter n then, and export writes the solved key as
     null for n (`"P": {"expr": "pad_token_id + 1", "null": 0}`: no pad token is 0, token ID k
     is k + 1). A value that is not a whole number where the card declares ℕ is refused, named.
+- `constraints`: card hyperparameter → the values the card computes correctly, beyond what
+  the card declares: `{"min": EXPR, "max": EXPR, "multiple_of": EXPR, "power_of_two": true,
+  "one_of": [n, …]}`, any of them (bounds inclusive, EXPR of the card's hyperparameters).
+  ALiBi slopes as a card writes them hold for a power-of-two head count: `"H":
+  {"power_of_two": true}`; StableLM 2's partial rotary leaves part of each head unturned:
+  `"d_r": {"max": "D / H - 1"}`. Import refuses a config.json outside them, naming its key;
+  export refuses such a model. A size any card of the model cannot take (`d − d_r = 0`) is
+  refused at import too, by the card's own checks, naming a config key.
+- A config key is set in one place: a key a hyperparameter reads and export writes (or one of
+  its objects, `rope_parameters` for `rope_parameters.rope_theta`) in `fixed_config` or
+  `export_config` too is an error when the mapping is loaded, naming both.
 - `fixed_config`: config values the card's computation fixes (`activation_function`,
   `tie_word_embeddings`). Import refuses a config.json that sets another value; export writes
-  them. A list names the accepted values; export writes the first. A key `a.b` is key b of the
+  them. A list names the accepted values; export writes the first (a nested key whose first
+  is null is left out: `{"rope_type": null}` is not a config transformers reads). A key `a.b` is key b of the
   object a (`rope_parameters.rope_type`), as in `hyperparameters`. `{"expr": EXPR}` is a value
   derived from other config keys (Llama's `"head_dim": {"expr": "hidden_size /
   num_attention_heads"}`): import refuses another value (absent or null is accepted: transformers
@@ -49,7 +61,10 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   Import accepts any value of these keys: they do not change what the weights compute.
 - `harmless`: config keys (`a.b` too) that never change what this family computes from its
   weights (GPT-2's `summary_type`, for heads the card does not have), beside the keys that are
-  harmless in every family (cardc/interop/harmless.py). Import refuses a config.json with any
+  harmless in every family: one shared list (cardc/interop/harmless.py) of the keys that only
+  set initialisation, loading, storage or generation (`init_std`, `initializer_range`,
+  `auto_map`, `torch_dtype`, `transformers_version`, `architectures`, …), which no mapping
+  names and which never block an import. Import refuses a config.json with any
   other key (of an object, any other of its keys) that no hyperparameter reads, `fixed_config`
   fixes or `export_config` writes, naming it: it would otherwise import silently wrong.
 - `layers`: how many layers `{i}` runs over, from 0: a hyperparameter (`N`) or an expression
@@ -60,7 +75,8 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   `model.layers.{2i+1}.…` its `global_.{i}.…`. An index that is not of that form, or two names
   that expand to the same tensor, is refused, named.
 - `tensors`: Hugging Face name → the generated module's parameter name, or
-  `{"card": NAME, "transpose": true, "chunk": [k, n], "axis": a}`: the Hugging Face tensor is
+  `{"card": NAME, "transpose": true, "chunk": [k, n], "axis": a}` (a ≥ 0, an axis of the card
+  tensor): the Hugging Face tensor is
   the card's transposed (nn.Linear stores (out, in), cards are row-major (in, out)), and/or the
   k-th of n equal slices of it along axis a of the card's layout (separate q/k/v projections of
   a fused W_qkv). `"shape": [1, -1]` instead: the Hugging Face tensor is the card's reshaped
@@ -82,6 +98,19 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   that bare base model (BertModel), whose checkpoints export writes without the prefix too.
 - `ignore`: names (with `{i}`) import skips, such as the causal-mask buffers older GPT-2
   checkpoints carry.
+
+Keys `transformers` has renamed are one shared table (cardc/interop/renamed.py): transformers 4
+wrote `rope_theta`, `partial_rotary_factor` and `rope_scaling` (null for none) where 5 writes
+`rope_parameters.rope_theta`, `rope_parameters.partial_rotary_factor` and `rope_parameters`.
+Import reads a config.json of either spelling (one value given both ways, differently, is
+refused) and a mapping may name a key either way; export writes the current spelling only, with
+no override.
+
+Every file read here is bounded before it is walked (cardc/runtime/jsontext.py): JSON nested
+more than 64 levels or holding an integer beyond 2^63 − 1 is refused, naming the file and key;
+an expression has at most 200 tokens and literals of at most 30 digits; a layer count is
+checked against the tensors the checkpoint holds before any layer's names are made; a sharded
+index names each shard by a file name beside it.
 """
 
 from __future__ import annotations

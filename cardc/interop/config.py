@@ -7,9 +7,13 @@ from typing import Any
 
 from ..names import identifier
 from ..runtime.errors import RuntimeInputError
+from ..spelling import canonical_name
 from . import expr as ex
+from .constraints import names as constraint_names
+from .constraints import violation
 from .harmless import harmless
 from .mapping import Hyper, Mapping
+from .renamed import current_config, current_key
 
 _ABSENT = object()
 
@@ -24,15 +28,17 @@ class ConfigMismatch(RuntimeInputError):
 
 
 def lookup(config: dict[str, Any], key: str, absent: Any = None) -> Any:
-    """`a.b` reads config["a"]["b"]: transformers 5 nests rope_theta in rope_parameters."""
+    """`a.b` reads config["a"]["b"]: transformers 5 nests rope_theta in rope_parameters. A
+    renamed key is read in its current spelling (`config` is in it: `current_config`)."""
     value: Any = config
-    for part in key.split("."):
+    for part in current_key(key).split("."):
         value = value.get(part, absent) if isinstance(value, dict) else absent
     return value
 
 
 def store(config: dict[str, Any], key: str, value: Any) -> None:
-    *path, last = key.split(".")
+    """Set `key` (dotted, written in its current spelling)."""
+    *path, last = current_key(key).split(".")
     for part in path:
         config = config.setdefault(part, {})
     config[last] = value
@@ -44,6 +50,7 @@ def store(config: dict[str, Any], key: str, value: Any) -> None:
 def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, float]:
     """The card's hyperparameters a Hugging Face config.json implies (card names)."""
     check_config(config, mapping)
+    config, _ = current_config(config)
     out: dict[str, float] = {}
     for name, spec in mapping.hyperparameters.items():
         value = hyper_value(config, spec, f"the card's {name}")
@@ -53,7 +60,39 @@ def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, fl
                 raise RuntimeInputError(f"config.json has {key} = {other!r} but {spec.key} = "
                                         f"{value!r}; the card's {name} is both")
         out[name] = value
+    broken = broken_constraint(mapping, out)
+    if broken is not None:
+        name, why = broken
+        raise RuntimeInputError(f"config.json {describe(mapping.hyperparameters[name], out[name])}"
+                                f", but {mapping.source} maps only a card's {name} {why}")
     return out
+
+
+def broken_constraint(mapping: Mapping, hypers: dict[str, Any],
+                      python: bool = False) -> tuple[str, str] | None:
+    """The first hyperparameter outside the mapping's constraints, and what it must be
+    (`must be a power of two`); `hypers` keyed by card name, or by Python name if `python`."""
+    def get(name: str) -> Any:
+        canon = canonical_name(name)
+        return hypers.get(identifier(canon) if python else canon)
+
+    for name, c in mapping.constraints.items():
+        value = get(name)
+        if value is None:
+            continue
+        env = {}
+        for n in constraint_names(c):
+            if get(n) is None:
+                raise RuntimeInputError(f"{mapping.source}: the constraint of {name} reads {n}, "
+                                        "which has no value")
+            env[n] = ex.exact(get(n))
+        try:
+            why = violation(c, ex.exact(value), env)
+        except ex.ExprError as err:
+            raise RuntimeInputError(f"{mapping.source}: the constraint of {name}: {err}") from None
+        if why is not None:
+            return name, f"that is {why}"
+    return None
 
 
 def hyper_value(config: dict[str, Any], spec: Hyper, what: str) -> ex.Number:
@@ -112,14 +151,19 @@ def describe(spec: Hyper, value: Any) -> str:
 def check_config(config: dict[str, Any], mapping: Mapping) -> None:
     """Refuse a config.json that describes a computation the card does not perform: another
     model type, a fixed value changed, a derived value that disagrees, or a key the mapping
-    does not understand."""
+    does not understand. Either spelling of a renamed key is read (cardc/interop/renamed.py)."""
+    try:
+        config, origin = current_config(config)
+    except RuntimeInputError as err:
+        raise ConfigMismatch(str(err), (0, 0)) from None
+    spelt = lambda key: origin.get(current_key(key), key)  # noqa: E731 (as config.json has it)
     if config.get("model_type", mapping.model_type) != mapping.model_type:
         raise ConfigMismatch(f"config.json is for model_type '{config['model_type']}'; "
                              f"{mapping.source} maps '{mapping.model_type}'", (0, 0))
     for i, (key, accepted) in enumerate(mapping.fixed_config.items()):
         value = lookup(config, key, _ABSENT)
         if value is not _ABSENT and value not in accepted:
-            raise ConfigMismatch(f"config.json has {key} = {value!r}, but the card "
+            raise ConfigMismatch(f"config.json has {spelt(key)} = {value!r}, but the card "
                                  f"{mapping.card} computes {key} = {accepted[0]!r}", (1, i))
     for key, (text, e) in mapping.derived_config.items():
         try:
@@ -128,16 +172,16 @@ def check_config(config: dict[str, Any], mapping: Mapping) -> None:
             raise ConfigMismatch(str(err), (2, 0)) from None
     for key, (cycle, length) in mapping.cycles.items():
         value = lookup(config, key)
-        if value is not None and value != _cycled(config, key, cycle, length):
+        if value is not None and not _cycles(value, config, key, cycle, length):
             raise ConfigMismatch(f"config.json has {key} = {value!r}, but the card "
                                  f"{mapping.card} computes {', '.join(map(repr, cycle))} in turn, "
                                  "layer after layer", (2, 0))
-    unknown = _not_understood(config, mapping.understood())
+    unknown = _not_understood(config, {current_key(k) for k in mapping.understood()})
     if unknown:
         (key, value), others = unknown[0], [k for k, _ in unknown[1:]]
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        also = f" (nor are {', '.join(others)})" if others else ""
-        raise ConfigMismatch(f"config key '{key}' = {shown} is not understood by "
+        also = f" (nor are {', '.join(map(spelt, others))})" if others else ""
+        raise ConfigMismatch(f"config key '{spelt(key)}' = {shown} is not understood by "
                              f"{mapping.source}: it maps it to no hyperparameter, fixes no "
                              f"value for it and does not list it as harmless{also}", (3, 0))
 
@@ -160,16 +204,35 @@ def _check_derived(config: dict[str, Any], mapping: Mapping, key: str, text: str
                                 f"computes {key} = {text} = {_computed(e, env, key)!r}")
 
 
+def _cycles(value: Any, config: dict[str, Any], key: str, cycle: tuple[Any, ...],
+            length: ex.Expr) -> bool:
+    """Whether `value` is `cycle` repeated over `length` items, compared item by item: the
+    work is bounded by the list config.json holds, whatever length it claims."""
+    n = _cycle_length(config, key, length)
+    return isinstance(value, list) and len(value) == n and \
+        all(item == cycle[k % len(cycle)] for k, item in enumerate(value))
+
+
+MAX_CYCLE = 1_000_000  # items of a per-layer list export writes: more layers than any model's
+
+
 def _cycled(config: dict[str, Any], key: str, cycle: tuple[Any, ...],
             length: ex.Expr) -> list[Any]:
     """`cycle` repeated over the `length` (a config expression) items of `key`."""
+    n = _cycle_length(config, key, length)
+    if n > MAX_CYCLE:
+        raise RuntimeInputError(f"cannot write {key}: {n:,} items, more than {MAX_CYCLE:,}")
+    return [cycle[k % len(cycle)] for k in range(n)]
+
+
+def _cycle_length(config: dict[str, Any], key: str, length: ex.Expr) -> int:
     env, missing = _env(config, ex.names(length), key)
     if missing is not None:
         raise RuntimeInputError(f"config.json has {key} but no '{missing}' to check it against")
     n = _computed(length, env, f"the length of {key}", config)
-    if not isinstance(n, int) or n < 0:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise RuntimeInputError(f"config.json: {key} needs a whole length, not {n!r}")
-    return [cycle[k % len(cycle)] for k in range(n)]
+    return n
 
 
 def _not_understood(config: dict[str, Any], known: set[str],
@@ -216,6 +279,11 @@ def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
     """config.json for a model with these hyperparameters (keyed by Python name): keys first,
     then fixed values, then each computed hyperparameter solved for its key, then derived
     values, then `export_config`."""
+    broken = broken_constraint(mapping, hypers, python=True)
+    if broken is not None:
+        name, why = broken
+        raise RuntimeInputError(f"the card's {name} = {hypers[identifier(name)]!r}, but "
+                                f"{mapping.source} maps only a card's {name} {why}")
     config: dict[str, Any] = {"architectures": [mapping.architecture],
                               "model_type": mapping.model_type}
     computed = []
@@ -226,7 +294,8 @@ def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
         for key in spec.keys:
             store(config, key, hypers[identifier(name)])
     for key, accepted in mapping.fixed_config.items():
-        store(config, key, accepted[0])
+        if accepted[0] is not None or "." not in key:  # a nested null: absent (no {type: null})
+            store(config, key, accepted[0])
     for name, spec in computed:
         _export_computed(config, name, spec, hypers[identifier(name)])
     for key, (text, e) in mapping.derived_config.items():
@@ -255,9 +324,13 @@ def _export_computed(config: dict[str, Any], name: str, spec: Hyper, value: Any)
     try:
         target = ex.exact(value)
         if spec.solve is not None:
-            env[spec.solve] = ex.solve(spec.expr, spec.solve, target, env)
-            solved = env[spec.solve]
-            store(config, spec.solve, float(solved) if spec.real else ex.number(solved))
+            solved = ex.solve(spec.expr, spec.solve, target, env)
+            written = float(solved) if spec.real else ex.number(solved)
+            if ex.exact(written) != solved:  # import would read another value back
+                raise ex.ExprError(f"{spec.solve} would be {solved} = {written!r}, which "
+                                   "config.json cannot hold exactly")
+            store(config, spec.solve, written)
+            env[spec.solve] = solved
         got = ex.evaluate(spec.expr, env)
     except ex.ExprError as err:
         raise RuntimeInputError(f"cannot write the card's {name} = {value!r} as "

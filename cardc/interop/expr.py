@@ -55,9 +55,15 @@ _SPELLING = {"−": "-", "·": "*", "×": "*"}
 _FUNCTIONS = ("min", "max")
 
 
+MAX_TOKENS = 200  # far beyond any mapping's arithmetic; keeps every walk over it shallow
+MAX_DIGITS = 30  # a literal's digits and exponent: sizes and factors, not 10^(10^9)
+
+
 def parse(text: str) -> Expr:
     """The expression `text`; an ExprError says what is wrong and where."""
     tokens = _tokens(text)
+    if len(tokens) > MAX_TOKENS:
+        raise ExprError(f"'{text[:40]}…' is too long (more than {MAX_TOKENS} tokens)")
     parser = _Parser(tokens, text)
     expr = parser.sum()
     if parser.pos < len(tokens):
@@ -74,11 +80,22 @@ def _tokens(text: str) -> list[str]:
                 break
             raise ExprError(f"unexpected '{text[pos:].strip()[0]}' in '{text}'")
         tok = m.group("num") or m.group("name") or m.group("op")
+        if m.group("num") and _too_big(tok):
+            raise ExprError(f"the number '{tok[:20]}{'…' if len(tok) > 20 else ''}' in "
+                            f"'{text[:40]}' is too large (at most {MAX_DIGITS} digits and an "
+                            f"exponent of at most {MAX_DIGITS})")
         out.append(_SPELLING.get(tok, tok))
         pos = m.end()
     if not out:
         raise ExprError("empty expression")
     return out
+
+
+def _too_big(num: str) -> bool:
+    """Whether a literal has more digits, or a larger exponent, than MAX_DIGITS."""
+    mantissa, _, exponent = num.lower().partition("e")
+    return len(mantissa) > MAX_DIGITS + 1 or len(exponent.lstrip("+-")) > 2 or \
+        abs(int(exponent or 0)) > MAX_DIGITS
 
 
 class _Parser:

@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..runtime import jsontext
 from ..runtime.errors import RuntimeInputError
 from ..runtime.runs import check_destination, staged_run
 
@@ -41,6 +42,10 @@ def _shards(index: Path) -> list[Path]:
     weight_map = _read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
         raise RuntimeInputError(f"'{index}' has no weight_map")
+    for tensor, name in weight_map.items():
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+            raise RuntimeInputError(f"'{index}': weight_map gives tensor '{tensor}' the shard "
+                                    f"{json.dumps(name)[:60]}; expected a file name beside it")
     return [index.parent / name for name in sorted(set(weight_map.values()))]
 
 
@@ -56,9 +61,10 @@ def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
 
 def _read_json(file: Path) -> dict[str, Any]:
     try:
-        value = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
         raise RuntimeInputError(f"cannot read '{file}': {err}") from None
+    value = jsontext.loads(text, f"'{file}'")
     if not isinstance(value, dict):
         raise RuntimeInputError(f"'{file}' is not a JSON object")
     return value

@@ -1,4 +1,6 @@
-"""Config keys that never change what a model computes from its weights, in any family.
+"""Config keys that never change what a model computes from its weights, in any family: the one
+shared list of keys that only set initialisation, loading, storage or generation. A mapping file
+never needs to name them, and they never block an import (its own `harmless` adds a family's).
 
 The first group is every key of `transformers.PretrainedConfig().to_dict()` (transformers 5.24)
 except `is_encoder_decoder`, which chooses an architecture; tests/test_interop.py checks that a
@@ -31,6 +33,10 @@ HARMLESS_KEYS: frozenset[str] = frozenset({
     "num_return_sequences", "output_scores", "return_dict_in_generate", "remove_invalid_values",
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     "gradient_checkpointing",
+    # initialisation and loading, in any family: how fresh weights are drawn (OPTConfig's
+    # init_std, T5's initializer_factor), where custom code lives, how weights are sharded
+    "init_std", "initializer_factor", "auto_map", "custom_pipelines", "base_model_tp_plan",
+    "base_model_pp_plan", "base_model_ep_plan", "attn_implementation",
 })
 
 # Keys of PretrainedConfig().to_dict() deliberately left out above, because they change the math.

@@ -5,7 +5,6 @@ No torch here: a mapping is read, checked and reported on without building a mod
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
@@ -15,9 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from ..names import identifier
+from ..runtime import jsontext
 from ..runtime.errors import RuntimeInputError
 from ..spelling import canonical_name
 from . import expr as ex
+from .constraints import Constraint, parse_constraint
+from .constraints import names as constraint_names
+from .renamed import current_key
 
 MAPPING_SUFFIX = ".hf.json"
 
@@ -131,6 +134,7 @@ class Mapping:
     derived_config: dict[str, tuple[str, ex.Expr]] = field(default_factory=dict)
     harmless: tuple[str, ...] = ()
     cycles: dict[str, tuple[tuple[Any, ...], ex.Expr]] = field(default_factory=dict)
+    constraints: dict[str, Constraint] = field(default_factory=dict)  # by hyperparameter
 
     def entries(self, n_layers: int) -> list[Entry]:
         """The table with each layer index expanded for layers 0 … n_layers − 1."""
@@ -190,10 +194,10 @@ def load_mappings(card: str | os.PathLike[str]) -> list[Mapping]:
     if not path.is_file():
         raise RuntimeInputError(f"{card} has no Hugging Face mapping: expected {path}")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
         raise RuntimeInputError(f"cannot read {path}: {err}") from None
-    return parse_mappings(raw, str(path))
+    return parse_mappings(jsontext.loads(text, str(path)), str(path))
 
 
 def load_mapping(card: str | os.PathLike[str], name: str | None = None) -> Mapping:
@@ -215,6 +219,7 @@ def parse_mappings(raw: Any, source: str) -> list[Mapping]:
     """Every mapping of a file: the top level, then each variant patched onto it."""
     if not isinstance(raw, dict):
         raise RuntimeInputError(f"{source}: expected a JSON object")
+    jsontext.check(raw, source)  # bounded before any walk over it
     variants = raw.get("variants", {})
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
         raise RuntimeInputError(f"{source}: 'variants' must map card names to objects")
@@ -271,19 +276,45 @@ def parse_mapping(raw: Any, source: str) -> Mapping:
     derived: dict[str, tuple[str, ex.Expr]] = {}
     cycles: dict[str, tuple[tuple[Any, ...], ex.Expr]] = {}
     for key, value in raw.get("fixed_config", {}).items():
+        if value is None and current_key(key) != key:
+            continue  # an old spelling's null (`rope_scaling`): import drops it too
         if isinstance(value, dict) and set(value) == {"expr"}:
             derived[key] = (value["expr"], _parse(value["expr"], f"fixed_config '{key}'", need))
         elif isinstance(value, dict) and "cycle" in value:
             cycles[key] = _cycle(key, value, need)
         else:
             fixed[key] = value if isinstance(value, list) else [value]
-    export = dict(raw.get("export_config", {}))
+    export = {k: v for k, v in raw.get("export_config", {}).items()
+              if v is not None or current_key(k) == k}  # an old spelling's null: nothing
     hypers = _with_solved_keys(hypers, {*fixed, *derived, *cycles, *export}, need)
+    _check_written_once(hypers, {**{k: "fixed_config" for k in (*fixed, *derived, *cycles)},
+                                 **{k: "export_config" for k in export}}, need)
     return Mapping(source, raw, raw["card"], raw["architecture"], raw["model_type"], hypers, fixed,
                    export, layers, tensors, dict(raw.get("tied", {})),
                    str(raw.get("base_prefix", "")), tuple(raw.get("ignore", [])),
                    raw.get("base_model", False) is True, derived,
-                   tuple(raw.get("harmless", [])), cycles)
+                   tuple(raw.get("harmless", [])), cycles,
+                   _constraints(raw.get("constraints", {}), hypers, need))
+
+
+def _constraints(raw: Any, hypers: dict[str, Hyper], need: Need) -> dict[str, Constraint]:
+    """`constraints`: card hyperparameter → the values it may take, its bounds expressions of
+    the mapping's hyperparameters."""
+    need(isinstance(raw, dict), "'constraints' must map hyperparameters to objects")
+    out = {}
+    for name, spec in raw.items():
+        canon = canonical_name(name)
+        need(canon in hypers, f"'constraints': '{name}' is not a hyperparameter of this mapping")
+        try:
+            c = parse_constraint(name, spec)
+        except ex.ExprError as err:
+            need(False, f"'constraints': {err}")
+            raise AssertionError from None  # need(False, …) raised
+        unknown = [n for n in constraint_names(c) if canonical_name(n) not in hypers]
+        need(not unknown, f"'constraints': '{name}' reads '{unknown[0] if unknown else ''}', "
+             "which is not a hyperparameter of this mapping")
+        out[canon] = c
+    return out
 
 
 def _cycle(key: str, value: dict[str, Any], need: Need) -> tuple[tuple[Any, ...], ex.Expr]:
@@ -298,7 +329,7 @@ def _cycle(key: str, value: dict[str, Any], need: Need) -> tuple[tuple[Any, ...]
 
 _KEYS = {"about", "card", "architecture", "model_type", "hyperparameters", "fixed_config",
          "export_config", "layers", "tensors", "tied", "base_prefix", "ignore", "variants",
-         "base_model", "harmless"}
+         "base_model", "harmless", "constraints"}
 
 
 def _check_keys(raw: Any, need: Need) -> None:
@@ -425,6 +456,25 @@ def _with_solved_keys(hypers: dict[str, Hyper], written: set[str], need: Need) -
     return out
 
 
+def _overlap(a: str, b: str) -> bool:
+    """Whether config keys `a` and `b` name the same value, or one holds the other (`a.b`),
+    in either spelling of a renamed key."""
+    a, b = current_key(a), current_key(b)
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _check_written_once(hypers: dict[str, Hyper], fixed: dict[str, str], need: Need) -> None:
+    """No config key is both a hyperparameter's and a fixed or exported value: export would
+    write one over the other, and import would accept values the card does not compute."""
+    for name, spec in hypers.items():
+        written = spec.keys if not spec.computed else (spec.solve,) if spec.solve else ()
+        for key in written:
+            for other, where in fixed.items():
+                part = "" if key == other else f" (as '{other}')"
+                need(not _overlap(key, other), f"config key '{key}' is both hyperparameter "
+                     f"'{name}' and in '{where}'{part}: a value is set in one place")
+
+
 def _entry(hf: str, spec: Any, need: Need) -> Entry:
     spec = {"card": spec} if isinstance(spec, str) else spec
     if isinstance(spec, dict) and "fused" in spec:
@@ -434,7 +484,8 @@ def _entry(hf: str, spec: Any, need: Need) -> Entry:
     chunk, axis = spec.get("chunk", [0, 1]), spec.get("axis", 0)
     need(isinstance(chunk, list) and len(chunk) == 2 and all(type(c) is int for c in chunk)
          and 0 <= chunk[0] < chunk[1], f"tensor '{hf}': 'chunk' must be [k, n] with 0 <= k < n")
-    need(type(axis) is int, f"tensor '{hf}': 'axis' must be an integer")
+    need(type(axis) is int and axis >= 0, f"tensor '{hf}': 'axis' must be an integer ≥ 0 "
+         "(0: the card's first axis)")
     shape = spec.get("shape")
     need(shape is None or isinstance(shape, list) and all(type(n) is int for n in shape),
          f"tensor '{hf}': 'shape' must be a list of integers")
@@ -454,7 +505,8 @@ def _fused_entry(hf: str, spec: dict[str, Any], need: Need) -> Entry:
     need(isinstance(fused, dict) and not set(fused) - {"axis", "groups", "parts"},
          f"{where}: 'fused' must be an object of 'axis', 'groups' and 'parts'")
     axis, groups, parts = fused.get("axis", 0), fused.get("groups", "1"), fused.get("parts")
-    need(type(axis) is int, f"{where}: 'fused' 'axis' must be an integer")
+    need(type(axis) is int and axis >= 0, f"{where}: 'fused' 'axis' must be an integer ≥ 0 "
+         "(0: the card's first axis)")
     groups = str(groups) if type(groups) is int else groups
     _parse(groups, f"{where}: 'groups'", need)
     need(isinstance(parts, list) and len(parts) >= 2,

@@ -24,6 +24,7 @@ def to_card_state(mapping: Mapping, hf_state: dict[str, torch.Tensor],
     `expected` is the card model's state dict (for shapes); `hypers` the values a fused
     tensor's group count and sizes read. Every mismatch names the tensor."""
     hf_state = _normalise(mapping, hf_state)
+    _check_count(mapping, hf_state, n_layers)
     entries = mapping.entries(n_layers)
     _check_names(mapping, entries, hf_state, set(expected), n_layers)
     parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
@@ -35,6 +36,7 @@ def to_card_state(mapping: Mapping, hf_state: dict[str, torch.Tensor],
                 parts.setdefault(card, []).append((k, t))
                 axis[card] = e.axis
             continue
+        _check_axis(e, expected[e.card].shape)
         want = _hf_shape(e, expected[e.card].shape)
         if tuple(got.shape) != want:
             raise RuntimeInputError(f"tensor '{e.hf}' has shape {tuple(got.shape)}; the card's "
@@ -42,8 +44,29 @@ def to_card_state(mapping: Mapping, hf_state: dict[str, torch.Tensor],
         got = got.reshape(expected[e.card].shape) if e.shape is not None else got
         parts.setdefault(e.card, []).append((e.chunk[0], got.T if e.transpose else got))
         axis[e.card] = e.axis
-    return {card: torch.cat([t for _, t in sorted(ts, key=lambda kt: kt[0])], dim=axis[card])
+    return {card: _joined([t for _, t in sorted(ts, key=lambda kt: kt[0])], axis[card])
             for card, ts in parts.items()}
+
+
+def _joined(pieces: list[torch.Tensor], axis: int) -> torch.Tensor:
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=axis)
+
+
+def _check_count(mapping: Mapping, hf_state: dict[str, torch.Tensor], n_layers: int) -> None:
+    """Before the names of every layer are made: the last layer's are in the checkpoint, and
+    it holds a tensor for each layer at least (a layer count of 10^9 is refused at once)."""
+    per_layer = [e for e in mapping.tensors if e.per_layer]
+    if not per_layer or n_layers == 0:
+        return
+    for e in per_layer:
+        last = e.at(n_layers - 1)
+        if last.hf not in hf_state:
+            raise RuntimeInputError(f"missing tensor '{last.hf}' (the card's {last.card}) of "
+                                    f"layer {n_layers - 1}: the checkpoint's sizes give "
+                                    f"{n_layers:,} layers")
+    if n_layers > len(hf_state):  # each layer has a tensor of its own: the names are bounded
+        raise RuntimeInputError(f"the checkpoint's sizes give {n_layers:,} layers, but it "
+                                f"holds {len(hf_state):,} tensors")
 
 
 def _check_names(mapping: Mapping, entries: list[Entry], hf_state: dict[str, torch.Tensor],
@@ -79,6 +102,13 @@ def _normalise(mapping: Mapping, hf_state: dict[str, torch.Tensor]) -> dict[str,
                 raise RuntimeInputError(f"tensor '{alias}' differs from '{target}', but the card "
                                         f"{mapping.card} ties them")
     return state
+
+
+def _check_axis(e: Entry, card_shape: torch.Size) -> None:
+    """An entry's axis is one of its card tensor's (0 for a scalar)."""
+    if e.axis >= max(1, len(card_shape)):
+        raise RuntimeInputError(f"tensor '{e.hf}': axis {e.axis} is not an axis of the card's "
+                                f"{e.card} of shape {tuple(card_shape)}")
 
 
 def _hf_shape(e: Entry, card_shape: torch.Size) -> tuple[int, ...]:
@@ -188,6 +218,12 @@ def from_card_state(mapping: Mapping, state: dict[str, torch.Tensor], n_layers: 
                     hypers: Hypers | None = None) -> dict[str, torch.Tensor]:
     """The card's state dict under Hugging Face names, each tensor contiguous and unshared;
     a bare base model's names without the base prefix, as its checkpoints have them."""
+    for e in (e.at(n_layers - 1) for e in mapping.tensors if e.per_layer and n_layers > 0):
+        lacking = [c for c in e.cards if c not in state]
+        if lacking:  # before the names of every layer are made
+            raise RuntimeInputError(f"the checkpoint lacks the card's tensor '{lacking[0]}' of "
+                                    f"layer {n_layers - 1}: its hyperparameters give "
+                                    f"{n_layers:,} layers")
     entries = mapping.entries(n_layers)
     unmapped = sorted(set(state) - {c for e in entries for c in e.cards})
     if unmapped:
@@ -201,6 +237,7 @@ def from_card_state(mapping: Mapping, state: dict[str, torch.Tensor], n_layers: 
             out[e.hf] = _join_fused(e, state, hypers or {}).contiguous().clone().cpu()
             continue
         t = state[e.card].detach()
+        _check_axis(e, t.shape)
         k, n = e.chunk
         t = t.chunk(n, dim=e.axis)[k] if n > 1 else t
         t = t.reshape(e.shape) if e.shape is not None else t

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..names import identifier
 from ..runtime.errors import RuntimeInputError
 from .config import check_config, config_for, describe, preset_from_config, select_for_config
 from .files import HF_CONFIG, read_hf, write_hf
@@ -45,6 +46,9 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
     lib, checker, _ = checked([card], library_roots([card], library))
     alg = find_card(lib, checker, card, mapping.card)
     check_sizes(checker.info(alg), mapping, hypers, preset, overrides or {}, hf_state)
+    if hypers and preset is None:  # the mapping's own count first: it names the layers
+        mapping.layer_count({identifier(k): v for k, v in {**hypers, **(overrides or {})}.items()})
+    check_card_sizes(checker, alg, mapping, hypers, preset, overrides or {})
     model = build_model(card, preset, {**hypers, **(overrides or {})}, library, mapping.card)
     expected = model.state_dict()
     state = to_card_state(mapping, hf_state, expected, _layers(mapping, model.card_meta),
@@ -94,6 +98,24 @@ def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: s
                                 "describe these weights")
 
 
+def check_card_sizes(checker: Any, alg: Any, mapping: Mapping, hypers: dict[str, float],
+                     preset: str | None, overrides: dict[str, float]) -> None:
+    """Refuse config.json values that make a size of any card the model calls empty or
+    fractional (a partial rotary width that is the whole head: d − d_r = 0), naming the
+    config key, before the model is built: what sampling would find later."""
+    from ..presets import OverrideError, PresetError, validate
+
+    flags = {name: f"config.json {describe(mapping.hyperparameters[name], value)}"
+             for name, value in hypers.items()
+             if name in mapping.hyperparameters and name not in overrides}
+    try:
+        validate(checker, alg, preset, {**hypers, **overrides}, flags)
+    except OverrideError as err:
+        raise RuntimeInputError(str(err)) from None
+    except PresetError as err:
+        raise RuntimeInputError(f"config.json: {err.message}") from None
+
+
 def import_checkpoint(card: str, source: str | os.PathLike[str], out: str | os.PathLike[str],
                       preset: str | None = None, overrides: dict[str, float] | None = None,
                       name: str | None = None,
@@ -135,11 +157,11 @@ def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
         raise RuntimeInputError(f"'{run_dir}' holds {meta.get('name')}, but {mapping.source} "
                                 f"maps {mapping.card}")
     hypers = meta.get("hyperparameters") or {}
+    tensors = from_card_state(mapping, state, _layers(mapping, meta), hypers)  # sizes checked
     try:
         config = config_for(mapping, hypers)
     except KeyError as err:
         raise RuntimeInputError(f"'{run_dir}' records no hyperparameter {err}") from None
-    tensors = from_card_state(mapping, state, _layers(mapping, meta), hypers)
     files = tokenizer.hf_files() if isinstance(tokenizer, HFTokenizer) else {}
     return mapping, write_hf(dest, tensors, config, files)
 

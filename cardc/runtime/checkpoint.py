@@ -12,8 +12,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from cardc.atomic import atomic_path
+from cardc.runtime import jsontext
 from cardc.runtime.errors import RuntimeInputError
-from cardc.runtime.jsontext import MAX_DEPTH, depth_over
 
 CHECKPOINT_NAME = "model.safetensors"
 META_KEY = "cardc"
@@ -100,15 +100,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[
 
 
 def _parse_json(text: str, file: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RuntimeInputError(f"'{file}' has corrupt cardc metadata: {e}") from e
-    except RecursionError:
-        value = None
-    if value is None or depth_over(value, MAX_DEPTH):
-        raise RuntimeInputError(f"'{file}' has corrupt cardc metadata: nested deeper than "
-                                f"{MAX_DEPTH} levels")
+    value = jsontext.loads(text, f"'{file}' (its cardc metadata)")
     if not isinstance(value, dict):
         raise RuntimeInputError(f"'{file}' has corrupt cardc metadata: expected a JSON object")
     return value

@@ -1,32 +1,60 @@
-"""JSON from untrusted files (a data folder's meta.json, a checkpoint's metadata, a tokenizer):
-parsed with its nesting bounded, every failure one message that names where it is."""
+"""JSON from files nobody vouches for (mapping files, config.json, a checkpoint's metadata, a
+data folder's meta.json, a tokenizer), read with its nesting and its integers bounded, so that
+every later walk over it is shallow and every number fits the arithmetic that reads it; each
+refusal names the file, and the key or the line and column."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from cardc.runtime.errors import RuntimeInputError
+from .errors import RuntimeInputError
 
-MAX_DEPTH = 64  # nesting no file cardc reads comes near; bounded, so nothing walks it deeper
+MAX_DEPTH = 64  # objects and lists inside each other: real configs nest 3 or 4 deep
+MAX_INT = 2**63 - 1  # the largest size torch takes; no config key counts beyond it
 
 
-def load_json(text: str, where: str, max_depth: int = MAX_DEPTH) -> Any:
-    """`text` parsed, or a RuntimeInputError naming `where` (and the line and column of a
-    syntax error): not JSON, or nested deeper than `max_depth`."""
+def loads(text: str, source: str) -> Any:
+    """`text` parsed as JSON; RuntimeInputError, naming `source`, for text that is not JSON,
+    nests more than MAX_DEPTH levels or holds an integer beyond ±MAX_INT."""
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise RuntimeInputError(f"{where}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
     except RecursionError:
-        raise RuntimeInputError(f"{where}: JSON nested deeper than {max_depth} levels") from None
-    if depth_over(value, max_depth):
-        raise RuntimeInputError(f"{where}: JSON nested deeper than {max_depth} levels")
+        raise RuntimeInputError(f"{source}: nested too deeply (more than {MAX_DEPTH} "
+                                "levels)") from None
+    except json.JSONDecodeError as err:
+        raise RuntimeInputError(f"{source}:{err.lineno}:{err.colno}: not JSON: "
+                                f"{err.msg}") from None
+    except ValueError as err:  # an integer of more digits than Python reads
+        raise RuntimeInputError(f"cannot read {source}: {err}") from None
+    check(value, source)
     return value
 
 
+def check(value: Any, source: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and integers beyond ±MAX_INT, walking without
+    recursion; the message names the key (`a.b[2]`)."""
+    todo: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while todo:
+        item, path, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise RuntimeInputError(f"{source}: {_at(path)}nested too deeply (more than "
+                                        f"{MAX_DEPTH} levels)")
+            pairs = item.items() if isinstance(item, dict) else \
+                ((f"[{i}]", v) for i, v in enumerate(item))
+            for key, child in pairs:
+                sub = f"{path}{key}" if str(key).startswith("[") else \
+                    f"{path}.{key}" if path else str(key)
+                todo.append((child, sub, depth + 1))
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_INT:
+            raise RuntimeInputError(f"{source}: {_at(path)}an integer of {_digits(item)} "
+                                    "digits is too large (at most 2^63 − 1)")
+
+
 def depth_over(value: Any, limit: int) -> bool:
-    """Whether lists and objects in `value` nest deeper than `limit` (walked without recursion)."""
+    """Whether lists and objects in `value` nest deeper than `limit` (walked without
+    recursion): for a value another parser made."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -39,3 +67,13 @@ def depth_over(value: Any, limit: int) -> bool:
         stack.extend((child, depth + 1) for child in children
                      if isinstance(child, (dict, list)))
     return False
+
+
+def _at(path: str) -> str:
+    return f"'{path}': " if path else ""
+
+
+def _digits(n: int) -> int:
+    """How many decimal digits `n` has, without converting a huge one to text."""
+    digits = max(1, int(abs(n).bit_length() * 0.30102999566398120))
+    return digits + (abs(n) >= 10**digits)

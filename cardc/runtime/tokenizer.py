@@ -28,7 +28,7 @@ import torch
 
 from cardc.atomic import write_text_atomic
 from cardc.runtime.errors import RuntimeInputError
-from cardc.runtime.jsontext import load_json
+from cardc.runtime.jsontext import loads
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"  # what transformers reads beside tokenizer.json
@@ -454,7 +454,7 @@ def _strings(table: dict[Any, Any]) -> dict[str, str]:
 def _json(text: str, file: str, what: str) -> Any:
     """`text` parsed as JSON (nesting bounded), or one error: '`file`' `what`: why, where."""
     try:
-        return load_json(text, file)
+        return loads(text, file)
     except RuntimeInputError as err:
         raise RuntimeInputError(f"'{file}' {what}: {err}") from None
 
