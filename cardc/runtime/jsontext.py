@@ -14,9 +14,10 @@ MAX_DEPTH = 64  # objects and lists inside each other: real configs nest 3 or 4 
 MAX_INT = 2**63 - 1  # the largest size torch takes; no config key counts beyond it
 
 
-def loads(text: str, source: str) -> Any:
+def loads(text: str, source: str, max_int: int | None = MAX_INT) -> Any:
     """`text` parsed as JSON; RuntimeInputError, naming `source`, for text that is not JSON,
-    nests more than MAX_DEPTH levels or holds an integer beyond ±MAX_INT."""
+    nests more than MAX_DEPTH levels or holds an integer beyond ±`max_int` (None: any integer
+    Python reads, for files whose numbers cardc does not size anything by)."""
     try:
         value = json.loads(text)
     except RecursionError:
@@ -27,12 +28,12 @@ def loads(text: str, source: str) -> Any:
                                 f"{err.msg}") from None
     except ValueError as err:  # an integer of more digits than Python reads
         raise RuntimeInputError(f"cannot read {source}: {err}") from None
-    check(value, source)
+    check(value, source, max_int)
     return value
 
 
-def check(value: Any, source: str) -> None:
-    """Refuse nesting deeper than MAX_DEPTH and integers beyond ±MAX_INT, walking without
+def check(value: Any, source: str, max_int: int | None = MAX_INT) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and integers beyond ±`max_int`, walking without
     recursion; the message names the key (`a.b[2]`)."""
     todo: list[tuple[Any, str, int]] = [(value, "", 0)]
     while todo:
@@ -47,7 +48,8 @@ def check(value: Any, source: str) -> None:
                 sub = f"{path}{key}" if str(key).startswith("[") else \
                     f"{path}.{key}" if path else str(key)
                 todo.append((child, sub, depth + 1))
-        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_INT:
+        elif max_int is not None and isinstance(item, int) and not isinstance(item, bool) \
+                and abs(item) > max_int:
             raise RuntimeInputError(f"{source}: {_at(path)}an integer of {_digits(item)} "
                                     "digits is too large (at most 2^63 − 1)")
 

@@ -454,7 +454,7 @@ def _strings(table: dict[Any, Any]) -> dict[str, str]:
 def _json(text: str, file: str, what: str) -> Any:
     """`text` parsed as JSON (nesting bounded), or one error: '`file`' `what`: why, where."""
     try:
-        return loads(text, file)
+        return loads(text, file, max_int=None)  # model_max_length is often 10^30
     except RuntimeInputError as err:
         raise RuntimeInputError(f"'{file}' {what}: {err}") from None
 
