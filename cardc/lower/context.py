@@ -27,7 +27,8 @@ class Lowerer(Protocol):
     checker: Checker
     decoder: bool  # the model is a causal language model: attention reads a KV cache
     pipeline: Any  # cardc.lower.pipeline.Pipeline: the fusion rules by hook, the passes
-    masking: Any  # cardc.lower.analysis.Masking: how each attention masks
+    masking: Any  # cardc.lower.analysis.Masking: how each attention masks, reads a cache
+    mask_sites: int  # attention masks made through shared_mask so far
     program: ir.Program
     lib: Any
 
