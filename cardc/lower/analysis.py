@@ -12,7 +12,8 @@ Causality follows from how each attention masks, as the fusion rules find it:
   left literal, is not proven causal.
 
 The literal pipeline (`fuse=False`) fuses no attention, but the attention cores of a card's
-own steps are found all the same (cardc.lower.attention.find_cores), so their masks are known.
+own steps are recorded all the same as they are lowered step by step
+(cardc.lower.attention.record_literal), so the masks of the literal IR are known.
 
 A model decodes with a KV cache only where the lowering proved it, attention by attention: each
 records how it stands with the cache (`EXTENDS`, `CAUSAL_SDPA`, `CONTEXT`, or `RECOMPUTES`), and

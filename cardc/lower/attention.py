@@ -194,6 +194,7 @@ def prepare(body: Steps, core: Core) -> None:
     cached = cached and not literal  # else keys over the new positions only: no cache
     masking.attention(causal, body.alg, _mask_hypers(body, core),
                       CONTEXT if context else EXTENDS if cached else RECOMPUTES)
+    body.recorded.add(id(core.reader))
     if literal or core.transforms:
         masking.softmaxes += 1  # its own softmax, not SDPA's
     if literal:
@@ -221,6 +222,20 @@ def prepare(body: Steps, core: Core) -> None:
     ty = body.ty(core.product)
     body.given[id(core.product)] = Val(call, Ty(ty.shape, ty.elem), True)
     return None
+
+
+def record_literal(body: Steps, step: s.Step) -> None:
+    """Where `step` reads an attention core that no rule lowered (the literal pipeline, a
+    column-major card), the core as it masks (cardc.lower.analysis): its rules are read as
+    the row-major (query, key) layout's, its hyperparameter masks where its callers give
+    them. It keeps its softmax and reads no cache."""
+    for core in body.low.walk(body.alg, find_cores, frozenset(body.info.sig.hypers)):
+        if core.reader is step and id(step) not in body.recorded:
+            causal = not body.column and \
+                any(_causal(m.stmt.body.cond, *m.stmt.vars) for m in core.masks)
+            body.low.masking.attention(causal, body.alg, _mask_hypers(body, core))
+            body.low.masking.softmaxes += 1
+            body.recorded.add(id(step))
 
 
 def _mask_hypers(body: Steps, core: Core) -> frozenset[str]:

@@ -61,6 +61,7 @@ class Steps(Protocol):
     point: dict[str, tuple[int, int, Dim]]
     ranged: dict[str, Val]
     uses_cache: bool
+    recorded: set[int]  # attention cores recorded (cardc.lower.analysis): their readers' ids
     at_step: s.Step | None  # the step being lowered
 
     def expr(self, e: s.Expr) -> Val: ...
