@@ -4,6 +4,7 @@ the same numbers for the same seed, and the project's errors for bad arguments."
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,32 @@ def test_sample_from_python_prints_what_the_command_line_prints(trained, cli):
     assert r.stdout == f"==> prompt 1 <==\n{shown[0]}\n\n==> prompt 2 <==\n{shown[1]}\n"
     one = cardc.sample(out, prompt="ab", tokens=8, temperature=0, device="cpu")
     assert one == [shown[1]]  # a prompt of a length of its own continues as it would alone
+
+
+def test_sample_says_so_where_the_model_decodes_without_a_cache(trained, tmp_path, cli):
+    """`cardc sample` notes on stderr that a model recomputes every position (the analysis its
+    lowering recorded in the checkpoint proves no KV cache); a model that decodes with one
+    gets no note. The same run, recorded as recomputing, gets it and samples the same text."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    out, _ = trained
+    args = ("--prompt", "ab", "--tokens", "6", "--temperature", "0", "--device", "cpu")
+    cached = cli("sample", str(out), *args)
+    assert cached.returncode == 0 and "KV cache" not in cached.stderr, cached.stderr
+    run = tmp_path / "recomputing"
+    shutil.copytree(out, run)
+    with safe_open(str(run / "model.safetensors"), framework="pt") as f:
+        metadata, state = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    meta = json.loads(metadata["cardc"])
+    assert meta["analysis"] == {"decodes": True, "causal": True}
+    meta["analysis"]["decodes"] = False
+    save_file(state, str(run / "model.safetensors"), {**metadata, "cardc": json.dumps(meta)})
+    plain = cli("sample", str(run), *args)
+    assert plain.returncode == 0, plain.stderr
+    assert "note: GPT2 decodes without a KV cache: each token recomputes every position of " \
+        "its context" in plain.stderr
+    assert plain.stdout == cached.stdout
 
 
 def test_bad_arguments_raise_the_projects_errors(tmp_path):

@@ -4,6 +4,7 @@ card (or --card's). A thin layer over `cardc.app.sampling`, which imports torch 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .common import EXIT_OK
 
@@ -25,4 +26,17 @@ def cmd_sample(args: argparse.Namespace) -> int:
         if len(shown) > 1:
             print(("\n" if n > 1 else "") + f"==> prompt {n} <==")
         print(text)
+    _note_recomputing(args.dir)
     return EXIT_OK
+
+
+def _note_recomputing(run: str) -> None:
+    """Say so where the run's model decodes without a KV cache (its lowering proved none for
+    some attention, cardc.lower.analysis): each token then recomputes its whole context."""
+    from ..runtime.checkpoint import read_meta
+
+    meta = read_meta(run)
+    analysis = meta.get("analysis")
+    if isinstance(analysis, dict) and analysis.get("decodes") is False:
+        print(f"note: {meta.get('name', 'the model')} decodes without a KV cache: each token "
+              "recomputes every position of its context", file=sys.stderr)

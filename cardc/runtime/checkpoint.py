@@ -98,6 +98,17 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[
     return meta, state
 
 
+def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A checkpoint's cardc metadata, its tensors left unread (None of a file without it)."""
+    file = checkpoint_file(path)
+    try:
+        with safe_open(file, framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception as e:  # safetensors raises its own error type for every kind of damage
+        raise RuntimeInputError(f"'{file}' is not a valid safetensors file: {e}") from e
+    return _parse_json(metadata.get(META_KEY, "{}"), file)
+
+
 def _parse_json(text: str, file: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
