@@ -256,8 +256,6 @@ class Program:
     modules: list[Module] = field(default_factory=list)
     presets: dict[str, dict[str, Expr]] = field(default_factory=dict)
     imports: set[str] = field(default_factory=set)  # "math"
-    uncached: bool = False  # some causal attention cannot read a cache: no KV cache at all
-    masks: int = 0  # attention masks made once each through shared_mask, numbered from 1
     analysis: Analysis = field(default_factory=Analysis)  # a model's, once it is lowered
 
 

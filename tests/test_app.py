@@ -4,6 +4,7 @@ the same numbers for the same seed, and the project's errors for bad arguments."
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,40 @@ def test_a_model_is_lowered_once_per_run(trained, tmp_path, monkeypatch):
     cardc.train(ROOT / "cards/gpt2.card", preset="tiny", overrides=SIZES, steps=1,
                 batch_size=2, block_size=16, out=str(tmp_path / "run"), device="cpu")
     assert lowered == ["GPT2"]
+
+
+def test_sample_says_so_where_the_model_decodes_without_a_cache(trained, tmp_path, cli,
+                                                              capsys):
+    """`cardc sample` notes on stderr that a model recomputes every position: the model rebuilt
+    from the checkpoint's cards, whose lowering proved no KV cache, says so, not the analysis
+    the checkpoint's metadata claims (a file anyone may edit). A model that decodes with one
+    gets no note."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    out, _ = trained
+    args = ("--prompt", "1 2 3", "--tokens", "4", "--temperature", "0", "--device", "cpu")
+    cached = cli("sample", str(out), *args)
+    assert cached.returncode == 0 and "KV cache" not in cached.stderr, cached.stderr
+    run = tmp_path / "claims"
+    shutil.copytree(out, run)
+    with safe_open(str(run / "model.safetensors"), framework="pt") as f:
+        metadata, state = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    meta = json.loads(metadata["cardc"])
+    assert meta["analysis"] == {"decodes": True, "causal": True}
+    meta["analysis"]["decodes"] = False
+    save_file(state, str(run / "model.safetensors"), {**metadata, "cardc": json.dumps(meta)})
+    claimed = cli("sample", str(run), *args)
+    assert claimed.returncode == 0 and "KV cache" not in claimed.stderr, claimed.stderr
+    assert claimed.stdout == cached.stdout
+    from cardc.app.sampling import _note_recomputing
+
+    latent = cardc.model(str(ROOT / "tests/cards/decoding/latent_attention.card"),
+                         V=16, D=16, H=2, D_c=8, d_r=4, N=1)  # its lowering proves no cache
+    assert not latent.analysis.decodes and not hasattr(latent, "new_cache")
+    _note_recomputing(latent, {"name": "LatentDecoder"})
+    assert capsys.readouterr().err == "note: LatentDecoder decodes without a KV cache: each " \
+        "token recomputes every position of its context\n"
 
 
 def test_bad_arguments_raise_the_projects_errors(tmp_path):

@@ -10,12 +10,14 @@ from unittest import mock
 
 import pytest
 import torch
+from decodecheck import check_incremental_decoding, is_causal, token_inputs, walk_models
 from torch import nn
 
 import cardc
 from cardc import build
 from cardc.runtime.sample import generate
 
+ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(V=97, D=32, H=4, D_f=48, N=2, ctx=24)
 FAMILIES = {
     "gpt2": SMALL,
@@ -393,3 +395,68 @@ def test_generate_holds_a_row_at_its_stop_token_and_ends_when_every_row_has(card
                           ).shape[1] <= 4 + 4
     assert torch.equal(model.generate(prompt, 12, temperature=0, stop_tokens=set()),
                        torch.cat([prompt, free], dim=1))
+
+
+# ------------------------------------------------------------------ every model card
+
+# Causal language models among the cards that decode by recomputing every position, each for
+# its reason: the lowering proves no cache for them (cardc.lower.analysis).
+RECOMPUTING = {
+    "DTransformer": "its heads' mask is a tensor hyperparameter (the paper's Algorithm 10)",
+    "EDTransformer": "the same (the paper's Algorithm 8)",
+    "ExplicitMask": "the same: a rule given to a hyperparameter `Mask` of its head",
+    "LatentDecoder": "its scores sum two products: no rule recognises the attention",
+    "RelativeED": "its scores add a bias by distance: no rule recognises the attention",
+}
+
+
+@pytest.fixture(scope="module")
+def walked():
+    paths = sorted(str(p.relative_to(ROOT)) for folder in ("cards", "tests/cards")
+                   for p in (ROOT / folder).rglob("*.card"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        return walk_models(paths)
+
+
+def test_walk_every_model_with_a_cache_decodes_as_full_recomputation(walked):
+    """Every language model card of the library and of the tests that gets `new_cache()`
+    decodes in chunks through it as full recomputation does, logits and greedy tokens; every
+    causal one that does not get it is listed as recomputing."""
+    causal = {name for name, model, _, _ in walked if is_causal(model)}
+    assert len(causal) >= 12
+    cached = [(name, model) for name, model, _, _ in walked if hasattr(model, "new_cache")]
+    assert {name for name, _ in cached} <= causal
+    assert causal - {name for name, _ in cached} == set(RECOMPUTING)
+    for name, model in cached:
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(3)
+            for p in model.parameters():  # far from the small initial weights, as trained ones
+                p.add_(0.1 * torch.randn(p.shape, generator=g))  # are: positions then matter
+        try:
+            check_incremental_decoding(model, token_inputs(model, 14, 2))
+        except AssertionError as err:
+            raise AssertionError(f"{name}: {err}") from None
+
+
+@pytest.mark.parametrize("card, sizes, inputs", [
+    ("latent_attention", dict(V=50, D=32, H=4, D_c=8, d_r=4, N=2), 1),
+    ("relative_bias", dict(V=50, D=32, H=4, N=2, ctx=16), 2),
+    ("token_context", dict(V=50, D=32, H=4, N=2), 1),
+])
+def test_an_attention_no_rule_lowers_to_the_cache_leaves_the_model_recomputing(card, sizes,
+                                                                                inputs):
+    """A latent attention whose scores sum two products (DeepSeek-V2's rotary part beside the
+    latent one) and T5-like scores with a bias by distance are softmaxes no rule recognises:
+    they would read the new tokens' keys only. Other steps that read the cache (RoPE's
+    positions in a function, joined projections) once gave these models `new_cache()`, which
+    decoded 9.6 and 7.5 away from recomputation; they recompute, and say so in their analysis.
+    So does a cross-attention whose keys are the decoder's own tokens (14.3 away, and called
+    causal): only keys that depend on no decoded token (an encoder's) need no cache."""
+    torch.manual_seed(0)
+    model = cardc.model(f"tests/cards/decoding/{card}.card", **sizes).eval()
+    assert not hasattr(model, "new_cache") and not hasattr(model, "generate")
+    assert not model.analysis.decodes
+    xs = [torch.randint(0, sizes["V"], (2, 12)) for _ in range(inputs)]
+    with torch.no_grad():
+        assert model(*xs).shape == (2, 12, sizes["V"])

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 from codetext import unbroken
+from decodecheck import walk_models
 
-from cardc.build import checked, instantiate, load_module, model_cards, source
-from cardc.info import preset_values
+from cardc.build import checked, load_module, model_cards, source
 from cardc.lower.cards import Lowering
-from cardc.lower.values import local_name
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = sorted((ROOT / "tests" / "cards" / "heads").glob("*.card"))
@@ -174,92 +173,12 @@ def test_head_map_calls_the_head_once_with_every_head():
 # ------------------------------------------------------------------ every model card
 
 
-def _walk_models(paths: list[str]) -> list[tuple[str, object, str]]:
-    """(name, an instance of its fused module, its source) of every model card in `paths`, at
-    its `tiny` preset (or the test sizes), parameters randomised."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(ROOT)
-        lib, checker, _ = checked(paths, "cards")
-        out = []
-        for alg in model_cards(lib, checker):
-            sig = checker.info(alg).sig
-            if not Lowering.is_language_model(sig):
-                continue
-            values = dict(SIZES)
-            if any(p.name == "tiny" for p in alg.presets):
-                values = dict(preset_values(sig, "tiny", {}))
-            model, _ = instantiate(checker, alg, {local_name(k): v for k, v in values.items()})
-            model.vocabularies = [int(ty.vocab.evaluate(values)) for _, ty in sig.inputs]
-            g = torch.Generator().manual_seed(0)
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(torch.randn(p.shape, generator=g) * 0.1)
-            out.append((alg.name, model.eval(), source(checker, alg),
-                        _mask_argument(checker, alg)))
-        return out
-
-
-def _mask_argument(checker, alg) -> bool:
-    """Whether a card the model calls takes its attention mask as a tensor hyperparameter
-    (`Mask ∈ {0,1}^{T×T}`, built by its caller from a rule): such masks are not cached yet."""
-    seen, todo = set(), [alg]
-    while todo:
-        card = todo.pop()
-        if id(card) in seen:
-            continue
-        seen.add(id(card))
-        info = checker.info(card)
-        if any(ty.shape for ty in info.sig.hypers.values()):
-            return True
-        todo += [call.callee for call in info.calls.values()]
-    return False
-
-
 @pytest.fixture(scope="module")
 def walked():
     paths = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cards").rglob("*.card"))
-    return _walk_models(paths + [str(p.relative_to(ROOT)) for p in VARIANTS])
-
-
-def _inputs(model, length: int, seed: int) -> list[torch.Tensor]:
-    """Random tokens for each input, from its own vocabulary."""
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, n, (2, length), generator=g) for n in model.vocabularies]
-
-
-def _causal(model) -> bool:
-    """Whether the logits of a position ignore the tokens after it (of the last input)."""
-    xs = _inputs(model, 12, 1)
-    ys = [*xs[:-1], xs[-1].clone()]
-    ys[-1][:, 8:] = (ys[-1][:, 8:] + 1) % model.vocabularies[-1]
-    with torch.no_grad():
-        a, b = model(*xs), model(*ys)
-    return torch.equal(a[:, :8], b[:, :8])
-
-
-def test_walk_every_causal_language_model_decodes_with_a_cache(walked):
-    """Every causal language model among the library's cards and the variants: `new_cache()`,
-    and feeding the tokens in chunks through it gives the logits of full recomputation."""
-    causal = [(name, model, tensor) for name, model, _, tensor in walked if _causal(model)]
-    assert len(causal) >= 10  # the library's decoders and every variant
-    missing = [name for name, model, tensor in causal
-               if not hasattr(model, "new_cache") and not tensor]
-    assert missing == []
-    for name, model, _tensor in causal:
-        if not hasattr(model, "new_cache"):
-            continue  # its attention's mask arrives as a tensor (the paper's DTransformer)
-        *prefix, x = _inputs(model, 14, 2)
-        with torch.no_grad():
-            g = torch.Generator().manual_seed(3)
-            for p in model.parameters():  # far from the small initial weights, as trained ones
-                p.add_(0.1 * torch.randn(p.shape, generator=g))  # are: positions then matter
-            full = model(*prefix, x)
-            cache = model.new_cache()
-            chunks = [x[:, :5], x[:, 5:6], x[:, 6:7], x[:, 7:11], x[:, 11:]]
-            rows = torch.cat([model(*prefix, c, cache=cache) for c in chunks], dim=-2)
-        assert cache.pos == 14, name
-        scale = full.abs().max().item()  # float32 rounding grows with the logits
-        assert (rows - full).abs().max().item() < 1e-5 * scale, name
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        return walk_models(paths + [str(p.relative_to(ROOT)) for p in VARIANTS])
 
 
 def test_walk_no_model_forward_loops_over_heads_or_positions(walked):

@@ -8,7 +8,10 @@ import ast
 from dataclasses import fields
 from pathlib import Path
 
-from cardc.build import build_model, checked, find_card
+import torch
+
+from cardc import ir
+from cardc.build import build_model, checked, find_card, source
 from cardc.library import library_roots
 from cardc.lower import Lowering
 from cardc.lower.intrinsics import patterns
@@ -16,6 +19,7 @@ from cardc.lower.pipeline import FUSED, LITERAL, pipeline
 from cardc.lower.state import COPIED, FRESH, SHARED, BodyState
 from cardc.lower.steps import Body
 from cardc.lower.values import Scope
+from cardc.runtime.train import predicts_next_token
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOKS = ("card", "step", "loop", "call", "expression")
@@ -73,7 +77,7 @@ def test_analyses_are_recorded_with_the_model_and_its_metadata():
     encoder = build_model(str(ROOT / "cards/paper/etransformer.card"), "tiny", name="ETransformer")
     assert not encoder.analysis.causal  # Mask ≡ 1: every position reads every other
     literal = build_model(str(ROOT / "cards/gpt2.card"), "tiny", fuse=False)
-    assert not literal.analysis.causal and not literal.analysis.decodes  # nothing recognised
+    assert literal.analysis.causal and not literal.analysis.decodes  # its own mask rules
 
 
 def test_whether_a_model_decodes_is_read_from_its_lowering_not_lowered_again(monkeypatch):
@@ -83,3 +87,34 @@ def test_whether_a_model_decodes_is_read_from_its_lowering_not_lowered_again(mon
     monkeypatch.setattr(Lowering, "model", lambda self, a: lowered.append(a))
     assert Lowering(checker).decodes(alg) and not lowered
     assert not Lowering(checker, fuse=False).decodes(alg) and not lowered
+
+
+def test_the_literal_lowering_proves_causality_from_its_own_masks():
+    """`fuse=False` fuses no attention, but each core's mask rules are recorded as its steps are
+    lowered one by one: a literal decoder (a hyperparameter's rule given by its caller, a
+    window, a soft cap) is a causal language model, which generic recipes and eval accept, and
+    decodes without a cache; BERT, whose every position reads every other, is not causal."""
+    for card in ("cards/gpt2.card", "cards/mistral.card", "cards/gemma2.card"):
+        literal = build_model(str(ROOT / card), "tiny", fuse=False)
+        assert predicts_next_token(literal) and not literal.analysis.decodes, card
+        assert literal.card_meta["analysis"] == {"decodes": False, "causal": True}
+    gpt2 = build_model(str(ROOT / "cards/gpt2.card"), "tiny", fuse=False).eval()
+    x = torch.randint(0, 256, (2, 12))
+    y = x.clone()
+    y[:, 8:] = (y[:, 8:] + 1) % 256
+    with torch.no_grad():  # and it is: no logit of the first 8 positions reads a later token
+        assert torch.equal(gpt2(x)[:, :8], gpt2(y)[:, :8])
+    assert not predicts_next_token(build_model(str(ROOT / "cards/bert.card"), "tiny", fuse=False))
+
+
+def test_lowering_state_stays_off_the_program():
+    """What only lowering needs (attention masks numbered as they are made, whether an
+    attention reads a cache) is the lowering's own, not the IR's: each lowering numbers its
+    masks from 1, and the recorded analysis says whether the model decodes."""
+    assert not {"uncached", "masks"} & {f.name for f in fields(ir.Program)}
+    checker, alg = _model("cards/mistral.card")
+    first, second = Lowering(checker), Lowering(checker)
+    first.model(alg)
+    second.model(alg)
+    assert first.mask_sites == second.mask_sites == 1  # one window rule, shared by the layers
+    assert source(checker, alg) == source(checker, alg)

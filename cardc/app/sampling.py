@@ -92,6 +92,7 @@ def sample_with(o: SampleOptions) -> list[str]:
     """`sample`, from its options."""
     _check_options(o)
     meta, model, device = trained_model(o.dir, o.device)
+    _note_recomputing(model, meta)
     if o.card:
         require_cards([o.card])
         return _sample_with_card(o, model, meta, device, o.card, None, echo=False)
@@ -100,6 +101,15 @@ def sample_with(o: SampleOptions) -> list[str]:
         card = str(root / sampler["card"]) if isinstance(sampler, dict) and "card" in sampler \
             else _generic_sampler(o.dir, meta)
         return _sample_with_card(o, model, meta, device, card, [str(root)], echo=True)
+
+
+def _note_recomputing(model: torch.nn.Module, meta: dict) -> None:
+    """Say so where the run's model decodes without a KV cache (its lowering proved none for
+    some attention, cardc.lower.analysis): each token then recomputes its whole context. The
+    model rebuilt from the run's cards says so, not the metadata beside them."""
+    if not model.analysis.decodes:
+        print(f"note: {meta.get('name', 'the model')} decodes without a KV cache: each token "
+              "recomputes every position of its context", file=sys.stderr)
 
 
 def _check_options(o: SampleOptions) -> None:

@@ -26,3 +26,4 @@ def cmd_sample(args: argparse.Namespace) -> int:
             print(("\n" if n > 1 else "") + f"==> prompt {n} <==")
         print(text)
     return EXIT_OK
+

@@ -11,7 +11,15 @@ Causality follows from how each attention masks, as the fusion rules find it:
 - any other attention (unmasked, cross-attention, `Mask ≡ 1`), and any softmax the fusion rules
   left literal, is not proven causal.
 
-The literal pipeline (`fuse=False`) recognises no attention, so it proves no model causal.
+The literal pipeline (`fuse=False`) fuses no attention, but the attention cores of a card's
+own steps are recorded all the same as they are lowered step by step
+(cardc.lower.attention.record_literal), so the masks of the literal IR are known.
+
+A model decodes with a KV cache only where the lowering proved it, attention by attention: each
+records how it stands with the cache (`EXTENDS`, `CAUSAL_SDPA`, `CONTEXT`, or `RECOMPUTES`), and
+cardc.lower.decoding adds the cache only where none recomputes. Which values depend on the
+tokens decoded is found once from the cards (`decoded_names`): an attention whose keys and
+values depend on none of them (an encoder's, a cross-attention's) reads no cache.
 """
 
 from __future__ import annotations
@@ -22,23 +30,37 @@ from weakref import WeakKeyDictionary
 
 from .. import ir
 from .. import syntax as s
+from ..checker import split_name
 
 Given = bool | tuple[int, str]  # a rule hides later keys, or a hyperparameter (card, name) passed on
 
 
+# How one attention stands with a KV cache, as the lowering records it:
+EXTENDS = "extends"  # its keys and values are extended by the cache's before it reads them
+CAUSAL_SDPA = "causal SDPA"  # a causal SDPA call of a module's steps: the decoding pass extends it
+CONTEXT = "context"  # its keys and values depend on no token decoded (an encoder's source)
+RECOMPUTES = "recomputes"  # anything else: the model decodes by recomputing every position
+
+
 @dataclass
 class Masking:
-    """How the attention of a model masks, recorded as the fusion rules lower it."""
+    """How each attention of a model masks and stands with a KV cache, recorded as it is
+    lowered."""
 
     attends: bool = False  # some attention was recognised
     unproven: bool = False  # some attention is not causal, or not proven so
     by_hyper: set[tuple[int, str]] = field(default_factory=set)  # (card, hyperparameter)
     given: dict[tuple[int, str], list[Given]] = field(default_factory=dict)
+    caching: list[str] = field(default_factory=list)  # one entry per attention: EXTENDS, …
+    softmaxes: int = 0  # attentions recorded that keep their own softmax (a soft-capped core)
+    decoded: dict[int, frozenset[str]] = field(default_factory=dict)  # see decoded_names
 
     def attention(self, causal: bool, card: s.Algorithm | None = None,
-                  hypers: frozenset[str] = frozenset()) -> None:
-        """An attention of `card`, causal by its own rules, or masked by `hypers` of `card`."""
+                  hypers: frozenset[str] = frozenset(), cache: str = RECOMPUTES) -> None:
+        """An attention of `card`, causal by its own rules, or masked by `hypers` of `card`;
+        `cache`: how it stands with a KV cache."""
         self.attends = True
+        self.caching.append(cache)
         if causal:
             return
         if card is None or not hypers:
@@ -54,6 +76,21 @@ class Masking:
         """Every recognised attention hides later keys (there is at least one)."""
         return self.attends and not self.unproven and \
             all(self._hides_later(key, set()) for key in self.by_hyper)
+
+    def unrecognised(self, program: ir.Program, top: ir.Module) -> bool:
+        """Whether the program computes a softmax that no recorded attention accounts for,
+        besides the paper's P: an attention no rule recognised."""
+        return literal_softmaxes(program) > self.softmaxes + int(top.probabilities)
+
+    def cacheable(self) -> bool:
+        """Some attention reads the KV cache, and every one extends it or needs none."""
+        return any(c in (EXTENDS, CAUSAL_SDPA) for c in self.caching) and \
+            all(c in (EXTENDS, CAUSAL_SDPA, CONTEXT) for c in self.caching)
+
+    def reads_decoded(self, card: s.Algorithm, *exprs: s.Expr) -> bool:
+        """Whether any of `exprs`, in `card`, reads a value that depends on the tokens decoded."""
+        names = self.decoded.get(id(card), frozenset())
+        return any(_reads(e, names) for e in exprs)
 
     def _hides_later(self, key: tuple[int, str], seen: set[tuple[int, str]]) -> bool:
         rules = self.given.get(key)
@@ -85,6 +122,49 @@ def _visible_before(cond: s.Expr, q: str | None, k: str | None) -> bool:
     return False
 
 
+def decoded_names(checker: Any, top: s.Algorithm) -> dict[int, frozenset[str]]:
+    """By card (its id): the base names of its values that depend on the tokens the language
+    model `top` decodes (its last input), through its steps and the calls that pass such
+    values on. A name is taken whole with its indices (`Y^h`: every `Y`), and a call's result
+    depends on all of its arguments: what is left out depends on no decoded token."""
+    tainted: dict[int, set[str]] = {}
+    todo = [(top, {_base(checker.info(top).sig.inputs[-1][0])})]
+    while todo:
+        card, given = todo.pop()
+        names = tainted.setdefault(id(card), set())
+        names |= given
+        grown = True
+        while grown:
+            before = len(names)
+            names |= {_base(_target(n)) for n in s.nodes(card.steps)
+                      if isinstance(n, s.Assign) and _target(n) and _reads(n.value, names)}
+            grown = len(names) > before
+        calls = checker.info(card).calls
+        for node in s.nodes(card.steps):
+            call = calls.get(id(node)) if isinstance(node, s.Call) else None
+            if call is None:
+                continue
+            inputs = [_base(n) for n, _ in checker.info(call.callee).sig.inputs]
+            hit = {name for name, arg in zip(inputs, node.args, strict=False)
+                   if _reads(arg, names)}
+            if hit - tainted.get(id(call.callee), set()):
+                todo.append((call.callee, hit))
+    return {k: frozenset(v) for k, v in tainted.items()}
+
+
+def _base(name: str) -> str:
+    return split_name(name)[0]
+
+
+def _target(st: s.Assign) -> str | None:
+    target = st.target.base if isinstance(st.target, s.Index) else st.target
+    return target.id if isinstance(target, s.Name) else None
+
+
+def _reads(e: s.Expr, names: frozenset[str] | set[str]) -> bool:
+    return any(isinstance(n, s.Name) and _base(n.id) in names for n in s.nodes(e))
+
+
 # A model's analysis, by the checker and pipeline it was lowered with: a training or inference
 # card that runs the model asks for it (does it decode with a cache?) instead of lowering it again.
 _RECORDED: WeakKeyDictionary[Any, dict[tuple[int, int], tuple[s.Algorithm, ir.Analysis]]] = \
@@ -105,11 +185,11 @@ def analyse(program: ir.Program, top: ir.Module, masking: Masking) -> ir.Analysi
     decodes = top.cached
     tokens_in = [a.name for a in top.inputs[1:2]] == ["targets"]  # forward(x, targets)
     causal = top.language_model and tokens_in and masking.causal() and \
-        _softmaxes(program) <= int(top.probabilities)
+        not masking.unrecognised(program, top)
     return ir.Analysis(decodes=decodes, causal=causal or decodes and top.generates)
 
 
-def _softmaxes(program: ir.Program) -> int:
+def literal_softmaxes(program: ir.Program) -> int:
     """How many softmaxes the program computes: a literal attention's, or the paper's P."""
     count = 0
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from .. import ir
 from .. import syntax as s
 from ..types import Ty
+from .analysis import CONTEXT, EXTENDS, RECOMPUTES
 from .context import Steps
 from .values import LowerError, Val, local_name
 
@@ -184,15 +185,19 @@ def prepare(body: Steps, core: Core) -> None:
     model the keys and values that reach the product are first extended by the KV cache's."""
     q, k, v = body.expr(core.q), body.expr(core.k), body.expr(core.v)
     causal = any(_causal(m.stmt.body.cond, *m.stmt.vars) for m in core.masks)
-    body.low.masking.attention(causal, body.alg, _mask_hypers(body, core))
-    cached = body.low.decoder and causal
-    if body.low.decoder and not cached:  # a mask the cache cannot place: decode without one
-        body.low.program.uncached = True
+    masking = body.low.masking
+    context = not masking.reads_decoded(body.alg, core.k, core.v)  # an encoder's keys
+    cached = body.low.decoder and causal and not context
     scale = _scale(body, core, q) if all(_batched(x) for x in (q, k, v)) else False
     names = isinstance(core.k, s.Name) and isinstance(core.v, s.Name)
-    if scale is False or core.transforms and not (cached and names):
-        if cached:
-            body.low.program.uncached = True  # keys over the new positions only: no cache
+    literal = scale is False or core.transforms and not (cached and names)
+    cached = cached and not literal  # else keys over the new positions only: no cache
+    masking.attention(causal, body.alg, _mask_hypers(body, core),
+                      CONTEXT if context else EXTENDS if cached else RECOMPUTES)
+    body.recorded.add(id(core.reader))
+    if literal or core.transforms:
+        masking.softmaxes += 1  # its own softmax, not SDPA's
+    if literal:
         return _literal(body, core)  # SDPA cannot take it, and no cache asks for more
     if cached:
         k, v = _extend(body, core, k, v, _window(core))
@@ -217,6 +222,20 @@ def prepare(body: Steps, core: Core) -> None:
     ty = body.ty(core.product)
     body.given[id(core.product)] = Val(call, Ty(ty.shape, ty.elem), True)
     return None
+
+
+def record_literal(body: Steps, step: s.Step) -> None:
+    """Where `step` reads an attention core that no rule lowered (the literal pipeline, a
+    column-major card), the core as it masks (cardc.lower.analysis): its rules are read as
+    the row-major (query, key) layout's, its hyperparameter masks where its callers give
+    them. It keeps its softmax and reads no cache."""
+    for core in body.low.walk(body.alg, find_cores, frozenset(body.info.sig.hypers)):
+        if core.reader is step and id(step) not in body.recorded:
+            causal = not body.column and \
+                any(_causal(m.stmt.body.cond, *m.stmt.vars) for m in core.masks)
+            body.low.masking.attention(causal, body.alg, _mask_hypers(body, core))
+            body.low.masking.softmaxes += 1
+            body.recorded.add(id(step))
 
 
 def _mask_hypers(body: Steps, core: Core) -> frozenset[str]:
@@ -431,8 +450,8 @@ def _remembered(body: Steps, core: Core, q: Val, k: Val, visible: ir.Expr) -> ir
             if val.lifted or val.rows or val.ty.shape:
                 return visible
             numbers.append(val.code)
-    body.low.program.masks += 1
-    site = ir.Lit(str(body.low.program.masks))
+    body.low.mask_sites += 1
+    site = ir.Lit(str(body.low.mask_sites))
     rule = ir.Lambda(visible, body.fresh("visible"))  # a local function where a line is too short
     return ir.Call(ir.Ref("shared_mask"), (
         site, rule, _count(q), _count(k), ir.Attr(q.code, "device"), *numbers))

@@ -16,7 +16,7 @@ from ..info import preset_values
 from ..names import number
 from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
-from .analysis import Masking, analyse, record, recorded
+from .analysis import Masking, analyse, decoded_names, record, recorded
 from .body import bound_sizes
 from .parameters import Parameters, _ctor_dim, _ctor_value
 from .pipeline import pipeline
@@ -53,7 +53,8 @@ class Lowering(Parameters):
         self.fuse = fuse
         self.pipeline = pipeline(fuse)  # the fusion rules and passes (cardc.lower.pipeline)
         self.decoder = False  # lowering a causal language model: attention reads a KV cache
-        self.masking = Masking()  # how each attention masks (cardc.lower.analysis)
+        self.masking = Masking()  # how each attention masks, reads a cache (cardc.lower.analysis)
+        self.mask_sites = 0  # attention masks made once each through shared_mask, numbered from 1
         self.program = ir.Program(sources=[])
         self._modules: dict[int, ir.Module] = {}
         self._functions: dict[tuple[int, frozenset[str]], str] = {}
@@ -73,9 +74,11 @@ class Lowering(Parameters):
     def model(self, alg: s.Algorithm) -> ir.Program:
         self.decoder = self.pipeline.decodes and \
             self.is_language_model(self.checker.info(alg).sig)
+        if self.decoder:
+            self.masking.decoded = decoded_names(self.checker, alg)
         top = self.module(alg, top=True)
         for rewrite in self.pipeline.passes:
-            rewrite(self.program, top)
+            rewrite(self.program, top, self.masking)
         self.program.analysis = analyse(self.program, top, self.masking)
         record(self.checker, alg, self.pipeline, self.program.analysis)
         sig = self.checker.info(alg).sig

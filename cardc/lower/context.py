@@ -27,7 +27,8 @@ class Lowerer(Protocol):
     checker: Checker
     decoder: bool  # the model is a causal language model: attention reads a KV cache
     pipeline: Any  # cardc.lower.pipeline.Pipeline: the fusion rules by hook, the passes
-    masking: Any  # cardc.lower.analysis.Masking: how each attention masks
+    masking: Any  # cardc.lower.analysis.Masking: how each attention masks, reads a cache
+    mask_sites: int  # attention masks made through shared_mask so far
     program: ir.Program
     lib: Any
 
@@ -60,6 +61,7 @@ class Steps(Protocol):
     point: dict[str, tuple[int, int, Dim]]
     ranged: dict[str, Val]
     uses_cache: bool
+    recorded: set[int]  # attention cores recorded (cardc.lower.analysis): their readers' ids
     at_step: s.Step | None  # the step being lowered
 
     def expr(self, e: s.Expr) -> Val: ...

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 
 from .. import ir
+from .analysis import CAUSAL_SDPA, EXTENDS, Masking
 from .joining import join_projections
 
 SDPA = ir.Ref("F.scaled_dot_product_attention")
@@ -25,22 +26,32 @@ NO_CACHE = ir.Bin("is", CACHE, ir.Lit("None"))
 HAS_CACHE = ir.Bin("is not", CACHE, ir.Lit("None"))
 
 
-def decodes(program: ir.Program, top: ir.Module) -> bool:
-    """Whether `top` is a language model whose every attention can read a KV cache."""
-    return top.language_model and not program.uncached
+def decodes(program: ir.Program, top: ir.Module, masking: Masking) -> bool:
+    """Whether `top` is a language model whose every attention is proven to extend and read a
+    KV cache, or to need none (cardc.lower.analysis): each causal SDPA call the lowering
+    recorded stands among a module's steps, where this pass extends it, and no softmax is
+    left literal (an attention no rule recognised, which would read the new tokens only)."""
+    sdpa = _causal_sdpa(program)
+    return top.language_model and masking.cacheable() and \
+        sdpa == masking.caching.count(CAUSAL_SDPA) == _causal_sdpa(program, nested=False) and \
+        not masking.unrecognised(program, top)
 
 
-def join_for_cache(program: ir.Program, top: ir.Module) -> None:
+def join_for_cache(program: ir.Program, top: ir.Module, masking: Masking) -> None:
     """Before the cache is added: sibling projections joined (cardc.lower.joining), since
     their modules take the cache, which holds the joined weights."""
-    if decodes(program, top):
+    if decodes(program, top, masking):
         join_projections(program)
 
 
-def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
-    """Give `top`, a language model, incremental decoding where its attention is causal."""
-    if not decodes(program, top):
+def add_kv_cache(program: ir.Program, top: ir.Module, masking: Masking) -> None:
+    """Give `top`, a language model, incremental decoding where every attention is proven to
+    extend and read the cache; the forward takes the cache only where each one does."""
+    if not decodes(program, top, masking):
+        for unit in (*program.functions, *program.modules):
+            unit.body = _without_cache(unit.body)
         return
+    expected = masking.caching.count(EXTENDS) + masking.caching.count(CAUSAL_SDPA)
     functions: set[str] = set()  # functions that take the cache
     for f in program.functions:  # callees first
         if _cache_function(f, functions):
@@ -56,11 +67,76 @@ def add_kv_cache(program: ir.Program, top: ir.Module) -> None:
             m.body = _with_past(_rotate_after_past(m.body))
             m.inputs.append(ir.Arg("cache", ir.Lit("None")))
             cached.add(m.name)
-    if top.name in cached:
+    if top.name in cached and _extensions(program) == expected:
         _count_positions(top)
         top.cached = True
         # tokens alone in, as runtime.sample.is_language_model reads it: no encoder's input
         top.generates = [a.name for a in top.inputs[1:2]] == ["targets"]
+
+
+def _without_cache(body: list[ir.Stmt]) -> list[ir.Stmt]:
+    """Steps lowered to read a cache (cardc.lower.attention), as they read without one."""
+    out: list[ir.Stmt] = []
+    for st in body:
+        st = ir.rewrite(st, _no_cache)
+        if isinstance(st, ir.If) and st.cond in (TRUE, FALSE):
+            out += _without_cache(list(st.body if st.cond == TRUE else st.orelse))
+        elif isinstance(st, ir.If | ir.Loop | ir.While):
+            inner = {"body": tuple(_without_cache(list(st.body)))}
+            if isinstance(st, ir.If):
+                inner["orelse"] = tuple(_without_cache(list(st.orelse)))
+            out.append(dataclasses.replace(st, **inner))
+        else:
+            out.append(st)
+    return out
+
+
+TRUE, FALSE = ir.Lit("True"), ir.Lit("False")
+
+
+def _no_cache(e):
+    """`cache is None` is true; `cache is not None` (alone or first of an `and`) is false."""
+    if e == NO_CACHE:
+        return TRUE
+    if e == HAS_CACHE or isinstance(e, ir.Bin) and e.op == "and" and e.left == HAS_CACHE:
+        return FALSE
+    if isinstance(e, ir.Cond):
+        test = ir.rewrite(e.test, _no_cache)
+        if test in (TRUE, FALSE):
+            return ir.rewrite(e.body if test == TRUE else e.orelse, _no_cache)
+    return None
+
+
+def _causal_sdpa(program: ir.Program, nested: bool = True) -> int:
+    """The causal SDPA calls of the program (`nested=False`: those that are whole statements
+    of a module's steps, which _cache_attention extends)."""
+    if not nested:
+        return sum(1 for m in program.modules for st in m.body
+                   if isinstance(st, ir.Assign) and _is_causal_sdpa(st.value))
+    return _count(program, _is_causal_sdpa)
+
+
+def _is_causal_sdpa(e) -> bool:
+    return isinstance(e, ir.Call) and e.func == SDPA and ("is_causal", ir.Lit("True")) in e.kwargs
+
+
+def _extensions(program: ir.Program) -> int:
+    """The calls that extend the cache: one per attention that reads it."""
+    return _count(program, lambda e: isinstance(e, ir.Call) and
+                  e.func == ir.Attr(CACHE, "extend"))
+
+
+def _count(program: ir.Program, found: Callable[[object], bool]) -> int:
+    count = 0
+
+    def visit(e):
+        nonlocal count
+        count += found(e)
+
+    for unit in (*program.functions, *program.modules):
+        for st in unit.body:
+            ir.rewrite(st, visit)
+    return count
 
 
 # ------------------------------------------------------------------ functions

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .. import ir
 from .. import syntax as s
+from .analysis import CAUSAL_SDPA, RECOMPUTES
 from .context import Steps
 from .intrinsics import make_call as _call
 from .intrinsics import make_method as _method
@@ -24,7 +25,9 @@ def find(names: tuple[str, ...], body: Steps) -> dict[str, str] | None:
 
 
 def lower(body: Steps, ren: dict[str, str]) -> list[ir.Stmt]:
-    body.low.masking.attention(True)  # the pattern's mask is causal
+    x = s.Name(body.info.sig.inputs[0][0])
+    context = not body.low.masking.reads_decoded(body.alg, x)  # the pattern's mask is causal:
+    body.low.masking.attention(True, cache=RECOMPUTES if context else CAUSAL_SDPA)  # cached
     return GroupedQuery(body, ren).lower()
 
 

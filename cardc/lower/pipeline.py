@@ -23,6 +23,7 @@ from typing import Any
 
 from .. import ir
 from . import attention, gelu, grouped, heads, norms, rotary, sdpa_heads
+from .analysis import Masking
 from .decoding import add_kv_cache, join_for_cache
 from .peephole import fold_bias
 
@@ -39,7 +40,7 @@ class Recogniser:
     patterns: tuple[str, ...] = ()
 
 
-Pass = Callable[[ir.Program, ir.Module], None]
+Pass = Callable[[ir.Program, ir.Module, Masking], None]  # and what the lowering recorded
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Pipeline:
         return add_kv_cache in self.passes
 
 
-def _fold_bias(program: ir.Program, top: ir.Module) -> None:
+def _fold_bias(program: ir.Program, top: ir.Module, masking: Masking) -> None:
     fold_bias(program)
 
 

@@ -10,7 +10,7 @@ from .. import syntax as s
 from ..checker import CallInfo
 from ..dims import Dim
 from ..types import BundleTy, Ty
-from .analysis import hides_later
+from .analysis import CAUSAL_SDPA, CONTEXT, RECOMPUTES, hides_later
 from .context import Steps
 from .intrinsics import make_call as _call
 from .intrinsics import make_method as _method
@@ -48,7 +48,7 @@ def lower(body: Steps, st: s.For, step: s.Step, found: Found) -> bool:
     if roles is None:
         return False
     weights, biases = roles
-    mask = sdpa_mask(body, call, ren["Mask"])
+    mask = sdpa_mask(body, call, ren["Mask"], keys=e.args[0])
     if mask is None:
         return False
     x = body.expr(e.args[0])
@@ -91,11 +91,12 @@ def _cross(body: Steps, st: s.For, step: s.Step, assign: s.Assign,
     """Row-major cross-attention heads: the fused W_qkv (columns q | k | v, heads within
     each) is split once, so X is projected to the queries and Z to keys and values in one
     matmul each, and SDPA attends with no mask."""
-    body.low.masking.attention(False)  # keys of another sequence: none hidden
     e = assign.value
     roles = stacked_roles(body, call, ren, st.var)
     if roles is None or [w.index for w in roles[0]] != [0, 1, 2]:
         return False  # another column order keeps the literal loop
+    context = not body.low.masking.reads_decoded(body.alg, e.args[1])
+    body.low.masking.attention(False, cache=CONTEXT if context else RECOMPUTES)  # none hidden
     wq, bq = roles[0][0], roles[1][0]
     x, z = body.expr(e.args[0]), body.expr(e.args[1])
     t, tz = body.dim_text(x.ty.shape[0]), body.dim_text(z.ty.shape[0])
@@ -155,7 +156,7 @@ def _column(body: Steps, st: s.For, step: s.Step, assign: s.Assign,
         if slot is None or slot.axis != "first" or slot.var != st.var:
             return False
         slots[role] = slot
-    mask = sdpa_mask(body, call, ren["Mask"], key_first=True)
+    mask = sdpa_mask(body, call, ren["Mask"], key_first=True, keys=e.args[-1])
     if mask is None:
         return False
     x = body.expr(e.args[0])
@@ -217,21 +218,26 @@ def stacked_roles(body: Steps, call: CallInfo, ren: dict[str, str], var: str):
         return None
     return weights, biases
 
-def sdpa_mask(body: Steps, call: CallInfo, name: str,
-              key_first: bool = False) -> dict[str, ir.Expr] | None:
+def sdpa_mask(body: Steps, call: CallInfo, name: str, key_first: bool = False,
+              keys: s.Expr | None = None) -> dict[str, ir.Expr] | None:
     """SDPA's masking arguments for a rule over (query t, key t′), or (key, query) in the
-    paper's layout; SDPA wants a (query, key) mask, which is how a flipped one is stored."""
+    paper's layout; SDPA wants a (query, key) mask, which is how a flipped one is stored.
+    `keys`: the argument the heads' keys and values come from. Only a causal rule over keys
+    that depend on the tokens decoded is extended by the cache (cardc.lower.decoding); keys
+    that depend on none need no cache; any other attention recomputes."""
     given = call.hypers.get(name)
     if given is None:
         return None
     masking = body.low.masking
+    context = keys is not None and not masking.reads_decoded(body.alg, keys)
+    other = CONTEXT if context else RECOMPUTES
     if isinstance(given, s.Arg) and given.op == "≡":
         if isinstance(given.value, s.Num) and given.value.value == 1:
-            masking.attention(False)  # every key seen
+            masking.attention(False, cache=other)  # every key seen
             return {}
         return None
     if not (isinstance(given, s.Arg) and isinstance(given.target, s.Index)):
-        masking.attention(False, body.alg, passed_on(body, given))
+        masking.attention(False, body.alg, passed_on(body, given), cache=other)
         val = body.expr(given)
         if key_first and not val.flipped:
             return {"attn_mask": ir.Attr(val.code, "mT")}
@@ -243,10 +249,10 @@ def sdpa_mask(body: Steps, call: CallInfo, name: str,
     if isinstance(cond, s.BinOp) and isinstance(cond.left, s.Name) and \
             isinstance(cond.right, s.Name):
         pair = (cond.left.id, cond.op, cond.right.id)
-        if pair in ((k, "≤", q), (q, "≥", k)):
-            masking.attention(True)
+        if pair in ((k, "≤", q), (q, "≥", k)):  # extended by the cache, where it decodes
+            masking.attention(True, cache=RECOMPUTES if context else CAUSAL_SDPA)
             return {"is_causal": ir.Lit("True")}
-    masking.attention(hides_later(given, key_first))
+    masking.attention(hides_later(given, key_first), cache=other)
     return {"attn_mask": body.mask_rule(call, name, given).code}
 
 

@@ -20,6 +20,7 @@ from ..dims import Dim
 from ..namecheck import card_identifiers
 from ..spelling import display
 from ..types import Ty, subst_dim
+from .attention import record_literal
 from .calls import Calls
 from .expressions import Expressions
 from .indexing import Indexing
@@ -113,6 +114,7 @@ class Body(Statements, Procedures, Expressions, Indexing, Calls, BodyState):
     def run(self) -> list[ir.Stmt]:
         for step in self.alg.steps:
             if not self.fuse_step(step):
+                record_literal(self, step)  # an attention core no rule lowered: its masks
                 self.step(step)
         return self.out
 
