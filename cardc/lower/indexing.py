@@ -73,8 +73,8 @@ class Indexing:
             pad = self.ty(e.base).pad
             if idx.ty.shape and pad is not None and len(e.items) == 1 and not base.lifted:
                 return Val(self.embedding(idx.code, base.code, pad), self.ty(e), idx.lifted)
-            if idx.ty.shape:  # token IDs pick rows: W_e[x]
-                items.append(idx.code)
+            if idx.ty.shape:  # W_e[x]: token IDs are 0-based in tensors, other indices 1-based
+                items.append(idx.code if idx.ty.vocab is not None else _dec(idx.code))
                 lifted = lifted or idx.lifted
             else:
                 items.append(_dec(idx.code))

@@ -1,0 +1,47 @@
+"""What `check` and `build` accept runs and computes what the card says: small cards whose
+generated module, fused and literal, is compared with the card's math written out here in plain
+torch (1-based indices, inclusive slices, `[[·]]` as 0/1), or that are refused with one located
+message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cardc.build import build_model
+
+LOWERINGS = [pytest.param(True, id="fused"), pytest.param(False, id="literal")]
+
+
+def _build(tmp_path: Path, text: str, fuse: bool, **values: float):
+    """The model of the card `text`, generated with or without fusion, in float64."""
+    path = tmp_path / "card.card"
+    path.write_text(text, encoding="utf-8")
+    torch.manual_seed(0)
+    return build_model(str(path), overrides=values, fuse=fuse).double().eval()
+
+
+PICK = """\
+Algorithm: y ← Pick(w)
+/* The entries of w at computed positions. */
+Input: w ∈ ℝ^{T}
+Output: y ∈ ℝ^{n}
+Hyperparameters: T, n ∈ ℕ
+1 for i ∈ [n] : p[i] ← VALUE
+2 return y = w[p]
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+@pytest.mark.parametrize(("value", "n", "positions"), [
+    ("i", 5, [1, 2, 3, 4, 5]),  # the identity: y = w
+    ("i", 3, [1, 2, 3]),  # a prefix: shifted by one it would silently read w[2 : 4]
+    ("n + 1 − i", 3, [3, 2, 1]),
+])
+def test_a_computed_index_is_1_based(tmp_path, fuse, value, n, positions):
+    model = _build(tmp_path, PICK.replace("VALUE", value), fuse, T=5, n=n)
+    w = torch.randn(2, 5, dtype=torch.float64)
+    expected = torch.stack([w[:, k - 1] for k in positions], dim=-1)
+    torch.testing.assert_close(model(w), expected, rtol=0, atol=0)
