@@ -45,3 +45,25 @@ def test_a_computed_index_is_1_based(tmp_path, fuse, value, n, positions):
     w = torch.randn(2, 5, dtype=torch.float64)
     expected = torch.stack([w[:, k - 1] for k in positions], dim=-1)
     torch.testing.assert_close(model(w), expected, rtol=0, atol=0)
+
+
+THRESHOLDS = """\
+Algorithm: y ← Reached(x)
+/* Each entry of x where it reaches the thresholds 1, …, m, weighed by w. */
+Input: x ∈ ℝ^{T}
+Output: y ∈ ℝ^{T}
+Hyperparameters: T, m ∈ ℕ
+Parameters: w ∈ ℝ^{m}
+1 for j ∈ [m] : C[:, j] ← x ⊙ [[x ≥ j]]  ▷ C ∈ ℝ^{T×m}
+2 return y = RESULT
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+@pytest.mark.parametrize("result", ["Σ_{j=1}^{m} C[:, j] ⊙ w[j]", "C w"])
+def test_a_map_over_columns_keeps_its_rows_and_columns(tmp_path, fuse, result):
+    model = _build(tmp_path, THRESHOLDS.replace("RESULT", result), fuse, T=5, m=3)
+    x = torch.tensor([[0.0, 1.0, 2.5, 3.0, 7.0], [3.0, 2.0, 1.0, 0.0, -1.0]], dtype=torch.float64)
+    reached = torch.stack([x * (x >= j) for j in (1, 2, 3)], dim=-1)  # C[t, j]: (B, T, m)
+    torch.testing.assert_close(model(x), reached @ model.w.detach())
+

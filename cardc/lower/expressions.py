@@ -146,7 +146,9 @@ class Expressions:
                 self.fail(e, f"code generation does not handle '{e.op}' yet")
         if op == "+" and _linear_bias(a, b):  # F.linear(X, W) + b 1^⊺ → F.linear(X, W, b)
             return replace(a, code=ir.Call(a.code.func, (*a.code.args, b.code)), ty=ty)
-        if op != "@":
+        if op == "@":  # a row-major product reads both sides in the card's own layout
+            a, b = _unflipped(a), _unflipped(b)
+        else:
             a, b = self.align(a, b), self.align(b, a)
             a, b = self.same_layout(a, b), self.same_layout(b, a)
             rank = max(len(a.ty.shape), len(b.ty.shape))
@@ -209,10 +211,21 @@ class Expressions:
         if a.rows and pad > 0:  # (t − 1) ω over positions t: the positions axis stays in front
             code = ir.Sub(a.code, (ir.Ref("..."), *[ir.Ref("None")] * pad))
             return replace(a, code=code, ty=Ty(a.ty.shape + (None,) * pad, a.ty.elem))
+        if other.rows and not a.rows and a.lifted and a.ty.shape:
+            a = self.beside_rows(a)  # x ≥ j over j: x for every j, the j axis before x's own
+            pad = len(other.ty.shape) - len(a.ty.shape)
         if not a.lifted or pad <= 0:
             return a
         code = ir.Sub(a.code, (ir.Ref("..."), *[ir.Ref("None")] * pad))
         return Val(code, Ty((None,) * pad + a.ty.shape, a.ty.elem), True)
+
+    @staticmethod
+    def beside_rows(a: Val) -> Val:
+        """A value that does not vary over a map's positions, given a positions axis of one
+        in front of its card axes (after its batch axes), to broadcast against one that does."""
+        code = ir.Sub(a.code, (ir.Ref("..."), ir.Ref("None"),
+                               *[ir.SliceX(None, None)] * len(a.ty.shape)))
+        return replace(a, code=code, lifted=True)
 
     def expr_Unary(self, e: s.Unary) -> Val:
         x = self.expr(e.operand)
@@ -268,9 +281,10 @@ class Expressions:
             body = self.expr(e.body)
         finally:
             self.sum_axis = outer
-        if len(body.ty.shape) != 1:
+        kept = self.ty(e).shape  # Σ_j C[:, j]: the columns summed, the rows kept
+        if len(body.ty.shape) != len(kept) + 1:
             self.fail(e, f"the sum over '{display(e.index)}' must index the last axis")
-        return Val(_method(body.code, "sum", _int(-1)), Ty(), body.lifted)
+        return Val(_method(body.code, "sum", _int(-1)), Ty(kept), body.lifted)
 
     def sums_family(self, e: s.Sum) -> bool:
         """Σ_u f(k_u) or Σ_{t=1}^{T} α_t v_t: the index names members of a family."""
@@ -322,3 +336,11 @@ class Expressions:
         if flipped:  # card axis 0 of a flipped matrix is the last physical one
             axis = -1 if sep == ";" else -2
         return Val(_call("torch.cat", items, dim=_int(axis)), ty, lifted, flipped)
+
+
+def _unflipped(val: Val) -> Val:
+    """A matrix stored flipped (a map's columns), turned back to the card's layout."""
+    if not val.flipped or len(val.ty.shape) != 2:
+        return val
+    return replace(val, code=_mT(val.code), flipped=False)
+

@@ -35,6 +35,11 @@ class Indexing:
                 self.sum_axis[0]:
             base = self.expr(e.base)  # e[i] under Σ_i: the whole last axis, summed later
             return Val(base.code, Ty((self.sum_axis[1],)), base.lifted)
+        if self.sum_axis and len(e.items) > 1 and all(map(_is_all, e.items[:-1])) and \
+                getattr(e.items[-1], "id", None) == self.sum_axis[0]:
+            base = self.expr(e.base)  # C[:, j] under Σ_j: every column, the j axis last
+            code = _mT(base.code) if base.flipped else base.code
+            return Val(code, Ty((*base.ty.shape[:-1], self.sum_axis[1])), base.lifted)
         if self.point and all(getattr(i, "id", None) in self.point for i in e.items):
             return self.point_index(e)
         if self.positions and len(e.items) in (1, 2) and \
