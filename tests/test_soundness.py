@@ -67,3 +67,36 @@ def test_a_map_over_columns_keeps_its_rows_and_columns(tmp_path, fuse, result):
     reached = torch.stack([x * (x >= j) for j in (1, 2, 3)], dim=-1)  # C[t, j]: (B, T, m)
     torch.testing.assert_close(model(x), reached @ model.w.detach())
 
+
+CONDITIONS = """\
+Algorithm: y ← Counted(x)
+/* Conditions counted as the numbers 0 and 1. */
+Input: x ∈ ℝ^{T}
+Output: y ∈ ℝ^{T}
+Hyperparameters: T ∈ ℕ
+1 return y = RESULT
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+@pytest.mark.parametrize(("result", "expected"), [
+    ("[[x > 0]] − [[x < 0]]", lambda x: torch.sign(x)),
+    ("−[[x > 0]]", lambda x: -(x > 0).double()),
+    ("[[x > 0]] + [[x > 1]]", lambda x: (x > 0).double() + (x > 1).double()),  # not `or`
+    ("([[x > 0]] − [[x > 1]])/2", lambda x: ((x > 0).double() - (x > 1).double()) / 2),
+    ("x ⊙ [[x > 0]] − 1", lambda x: x * (x > 0).double() - 1),
+])
+def test_a_condition_counts_as_0_or_1(tmp_path, fuse, result, expected):
+    model = _build(tmp_path, CONDITIONS.replace("RESULT", result), fuse, T=5)
+    x = torch.tensor([[-2.0, 0.0, 0.5, 1.0, 3.0], [1.5, -0.5, 0.0, 2.0, -3.0]], dtype=torch.float64)
+    torch.testing.assert_close(model(x).double(), expected(x), rtol=0, atol=0)
+
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_matrix_of_conditions_multiplies_as_numbers(tmp_path, fuse):
+    card = THRESHOLDS.replace("C[:, j] ← x ⊙ [[x ≥ j]]", "C[:, j] ← [[x ≥ j]]")
+    model = _build(tmp_path, card.replace("RESULT", "C w"), fuse, T=5, m=3)
+    x = torch.tensor([[0.0, 1.0, 2.5, 3.0, 7.0], [3.0, 2.0, 1.0, 0.0, -1.0]], dtype=torch.float64)
+    reached = torch.stack([(x >= j).double() for j in (1, 2, 3)], dim=-1)
+    torch.testing.assert_close(model(x), reached @ model.w.detach())

@@ -56,6 +56,11 @@ def _varies(x: Val) -> bool:
     return x.lifted or bool(x.rows) or bool(x.ty.shape)
 
 
+def _is_tensor(val: Val) -> bool:
+    """Whether a value is held in a tensor, not a Python number (a hyperparameter's)."""
+    return bool(val.lifted or val.rows or val.ty.shape or val.tensor)
+
+
 def _like(x: Val, code: ir.Expr, ty: Ty | None = None) -> Val:
     """`code` computed elementwise from `x`: same layout, batch and position axes."""
     return replace(x, code=code, ty=ty if ty is not None else x.ty)

@@ -19,6 +19,7 @@ from .body import (
     _call,
     _int,
     _is_ones_row,
+    _is_tensor,
     _like,
     _linear_bias,
     _log_of,
@@ -134,6 +135,8 @@ class Expressions:
             return _like(x, log or _call(ELEMENTWISE[e.left.id], x.code), self.ty(e))
         a, b = self.expr(e.left), self.expr(e.right)
         ty = self.ty(e)
+        if e.op in ARITHMETIC:  # [[·]] counts as 0 or 1: a sum of two is 2, a difference −1
+            a, b = _numbers(a, b, e.op), _numbers(b, a, e.op)
         if e.op in (" ", "·"):
             op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
             if op == "@" and self.column:
@@ -230,7 +233,7 @@ class Expressions:
     def expr_Unary(self, e: s.Unary) -> Val:
         x = self.expr(e.operand)
         if e.op == "−":
-            return _like(x, ir.Un("-", x.code))
+            return _like(x, ir.Un("-", _numbers(x, x, "−").code))
         if e.op == "¬":
             return _like(x, ir.Un("~", x.code))
         if e.op == "√":
@@ -344,3 +347,21 @@ def _unflipped(val: Val) -> Val:
         return val
     return replace(val, code=_mT(val.code), flipped=False)
 
+
+ARITHMETIC = ("+", "−", "⊙", "/", " ", "·")
+
+
+def _numbers(val: Val, other: Val, op: str) -> Val:
+    """A tensor of conditions (`[[x ≥ j]]`) as the numbers 0 and 1 it stands for: torch's
+    booleans neither subtract nor negate, and add as `or`. A product of matrices takes the
+    number format of its other side (a `bool` matrix does not multiply a `float` one)."""
+    if val.ty.elem != "𝔹" or not _is_tensor(val):
+        return val
+    matrices = op in (" ", "·") and val.ty.shape and other.ty.shape
+    if not matrices:
+        code = _method(val.code, "long")
+    elif other.ty.elem != "𝔹" and _is_tensor(other):
+        code = _method(val.code, "to", ir.Attr(other.code, "dtype"))
+    else:
+        code = _method(val.code, "float")
+    return replace(val, code=code, ty=Ty(val.ty.shape, "ℕ"))
