@@ -5,6 +5,7 @@ message."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,28 @@ def test_a_matrix_of_conditions_multiplies_as_numbers(tmp_path, fuse):
     x = torch.tensor([[0.0, 1.0, 2.5, 3.0, 7.0], [3.0, 2.0, 1.0, 0.0, -1.0]], dtype=torch.float64)
     reached = torch.stack([(x >= j).double() for j in (1, 2, 3)], dim=-1)
     torch.testing.assert_close(model(x), reached @ model.w.detach())
+
+
+SCALED = """\
+Algorithm: y ← Scaled(x)
+/* x scaled by numbers computed from hyperparameters. */
+Input: x ∈ ℝ^{T}
+Output: y ∈ ℝ^{T}
+Hyperparameters: T ∈ ℕ; δ, μ ∈ (0, ∞)
+1 return y = x · (RESULT)
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+@pytest.mark.parametrize(("result", "expected"), [
+    ("log(δ/μ)", math.log(2.0 / 0.5)),
+    ("log δ", math.log(2.0)),
+    ("exp(μ) − tanh(δ)", math.exp(0.5) - math.tanh(2.0)),
+    ("σ(δ)", 1 / (1 + math.exp(-2.0))),
+    ("GELU(μ)", 0.5 * 0.5 * (1 + math.erf(0.5 / math.sqrt(2)))),
+    ("ReLU(μ − δ)", 0.0),
+])
+def test_math_on_hyperparameters_is_math_on_numbers(tmp_path, fuse, result, expected):
+    model = _build(tmp_path, SCALED.replace("RESULT", result), fuse, T=3, δ=2.0, μ=0.5)
+    x = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
+    torch.testing.assert_close(model(x), x * expected)

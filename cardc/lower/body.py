@@ -9,14 +9,15 @@ from dataclasses import replace
 
 from .. import ir
 from .. import syntax as s
+from ..builtins import MATH, TORCH
 from ..builtins import SPECIAL_TOKENS as TOKENS_AFTER
-from ..builtins import TORCH
 from ..checker import CardInfo
 from ..dims import Dim
 from ..types import Ty
 from .values import Val
 
 ELEMENTWISE = TORCH  # builtin → the torch function it lowers to
+ON_NUMBERS = MATH  # builtin → the Python function it is on a number
 SPECIAL_TOKENS = {name: after + 1 for name, after in TOKENS_AFTER.items()}  # 0-based: N_V − k
 COMPARE = {"≤": "<=", "<": "<", "≥": ">=", ">": ">", "=": "==", "≠": "!=", "∧": "&"}
 

@@ -59,10 +59,13 @@ class Steps(Protocol):
     given: dict[int, Val]
     point: dict[str, tuple[int, int, Dim]]
     ranged: dict[str, Val]
+    sum_axis: tuple[str, Dim] | None  # Σ_i: the index and its range
     uses_cache: bool
     at_step: s.Step | None  # the step being lowered
 
     def expr(self, e: s.Expr) -> Val: ...
+
+    def on_number(self, func: str, x: Val) -> Val: ...
 
     def fail(self, node: Any, message: str, hint: str | None = None) -> Any: ...
 

@@ -131,6 +131,10 @@ class Expressions:
         if e.op == " " and isinstance(e.left, s.Name) and e.left.id in ELEMENTWISE and \
                 e.left.id not in self.scope.values:  # `log P[…]`: a function applied by juxtaposition
             x = self.expr(e.right)
+            if not _is_tensor(x) and not self.sum_axis:
+                x = self.on_number(e.left.id, x)
+                if not x.tensor:
+                    return x
             log = _log_of(x.code) if e.left.id == "log" else None
             return _like(x, log or _call(ELEMENTWISE[e.left.id], x.code), self.ty(e))
         a, b = self.expr(e.left), self.expr(e.right)
