@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from cardc.build import build_model
+from cardc.checker import check
+from cardc.library import load
 
+ROOT = Path(__file__).resolve().parents[1]
 LOWERINGS = [pytest.param(True, id="fused"), pytest.param(False, id="literal")]
 
 
@@ -126,3 +129,26 @@ def test_math_on_hyperparameters_is_math_on_numbers(tmp_path, fuse, result, expe
     model = _build(tmp_path, SCALED.replace("RESULT", result), fuse, T=3, δ=2.0, μ=0.5)
     x = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
     torch.testing.assert_close(model(x), x * expected)
+
+
+def _errors(tmp_path: Path, text: str) -> list[str]:
+    """The card's errors, located: `line:col: message`."""
+    path = tmp_path / "card.card"
+    path.write_text(text, encoding="utf-8")
+    lib, _ = load([path], root=str(ROOT / "cards"))
+    _, diags = check(lib)
+    return [f"{d.span.line}:{d.span.col}: {d.message}" for d in diags.errors]
+
+
+def test_a_quantifier_without_a_range_defines_nothing_and_says_so(tmp_path):
+    card = """\
+Algorithm: Y ← Pairs(X)
+/* A matrix defined entry by entry. */
+Input: X ∈ ℝ^{T×T}
+Output: Y ∈ ℝ^{T×T}
+Hyperparameters: T ∈ ℕ
+1 ∀t, t′ : n[t, t′] ← t − t′
+2 return Y = X + n
+"""
+    assert _errors(tmp_path, card) == [
+        "6:14: '∀t' gives 't' no range, so this step cannot define 'n'"]
