@@ -152,3 +152,31 @@ Hyperparameters: T ∈ ℕ
 """
     assert _errors(tmp_path, card) == [
         "6:14: '∀t' gives 't' no range, so this step cannot define 'n'"]
+
+
+SHRINK = """\
+Algorithm: Y ← Shrink(X, x)
+/* Rows divided by the size of the vocabulary of the tokens handed beside them. */
+Input: X ∈ ℝ^{T×D}, one row per token.
+Input: x ∈ V*, token IDs, V ≅ [N_V].
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: N_V ∈ ℕ
+1 return Y = X/N_V
+
+Algorithm: Y ← Model(x | θ)
+/* Embeds tokens and divides them by the size of the vocabulary. */
+Input: x ∈ V*, token IDs, V ≅ [N_V].
+Output: Y ∈ ℝ^{length(x)×D}
+Hyperparameters: N_V, D ∈ ℕ
+Parameters: θ consisting of:
+    W_e ∈ ℝ^{N_V×D}
+1 E ← W_e[x]
+2 return Y = Shrink(E, x)
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_card_taking_tokens_is_handed_the_size_of_their_vocabulary(tmp_path, fuse):
+    model = _build(tmp_path, SHRINK, fuse, N_V=7, D=4)
+    x = torch.tensor([[0, 3, 6], [6, 6, 1]])  # token IDs, 0-based in tensors
+    torch.testing.assert_close(model(x), model.W_e.detach()[x] / 7)

@@ -138,7 +138,7 @@ class Calls:
             return Val(ir.Call(module, tuple(a.code for a in args) + tuple(masks)), ty, True,
                        flipped, rows)
         fn = self.low.function(call.callee)
-        kwargs = self.call_params(e, call)
+        kwargs = self.call_params(e, call) + self.call_sizes(e, call, fn)
         return Val(ir.Call(ir.Ref(fn), tuple(a.code for a in args), tuple(kwargs)), ty, True,
                    flipped, rows)
 
@@ -183,6 +183,23 @@ class Calls:
                 out.append((local_name(name), self.expr(given).code))
         for name, given in call.hypers.items():
             out.append((local_name(name), self.hyper_value(call, name, given)))
+        return out
+
+    def call_sizes(self, e: s.Call, call: CallInfo, fn: str) -> list[tuple[str, ir.Expr]]:
+        """Sizes a function takes that the call does not give by name: those the check
+        matched to the caller's (the N_V of the tokens it is handed)."""
+        callee = self.low.checker.info(call.callee).sig
+        out: list[tuple[str, ir.Expr]] = []
+        for name in self.low.passed_sizes.get(fn, ()):
+            if name in call.hypers:
+                continue
+            size = call.bind.get(name)
+            if size is not None and not any(sym.startswith("|") for sym in size.symbols):
+                out.append((local_name(name), self.dim(size)))
+            elif name not in callee.defaults:
+                self.fail(e, f"'{call.callee.name}' needs its size '{display(name)}', which "
+                             "no argument of this call gives",
+                          hint=f"give it: '{call.callee.name}(… | {display(name)} = …)'")
         return out
 
     def bundle_members(self, given: s.Expr) -> list[ir.Expr]:

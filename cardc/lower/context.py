@@ -30,6 +30,7 @@ class Lowerer(Protocol):
     masking: Any  # cardc.lower.analysis.Masking: how each attention masks
     program: ir.Program
     lib: Any
+    passed_sizes: dict[str, list[str]]  # a function's sizes no argument's shape tells
 
     def walk(self, alg: s.Algorithm, find: Callable[..., Any], *args: Any) -> Any: ...
 
