@@ -180,3 +180,50 @@ def test_a_card_taking_tokens_is_handed_the_size_of_their_vocabulary(tmp_path, f
     model = _build(tmp_path, SHRINK, fuse, N_V=7, D=4)
     x = torch.tensor([[0, 3, 6], [6, 6, 1]])  # token IDs, 0-based in tensors
     torch.testing.assert_close(model(x), model.W_e.detach()[x] / 7)
+
+
+BIASED = """\
+Algorithm: Y ← Biased(X, A)
+/* Scores of every pair of rows with a bias per key, attended. */
+Input: X ∈ ℝ^{T×D}, one row per token.
+Input: A ∈ ℝ^{T×1}, a bias per key.
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: T, D ∈ ℕ
+Parameters: W ∈ ℝ^{D×D}
+1 S ← X W X^⊺  ▷ S ∈ ℝ^{T×T}
+2 ∀t, t′, if t′ ≤ t then S[t, t′] ← S[t, t′] + A[t′, 1]
+3 return Y = softmax(S) X
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_an_input_read_at_a_quantified_variable_is_a_bias_per_key(tmp_path, fuse):
+    model = _build(tmp_path, BIASED, fuse, T=3, D=4)
+    torch.manual_seed(1)
+    x, a = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(2, 3, 1, dtype=torch.float64)
+    s = x @ model.W.detach() @ x.mT
+    seen = torch.tensor([[k <= q for k in range(3)] for q in range(3)])  # t′ ≤ t
+    s = torch.where(seen, s + a[:, None, :, 0], s)  # S[t, t′] + A[t′, 1]
+    torch.testing.assert_close(model(x, a), torch.softmax(s, dim=-1) @ x)
+
+
+QUANTIFIED = """\
+Algorithm: Y ← Early(X)
+/* The first w columns of each row, the rest zeroed: t′ of ∀ counts from 1. */
+Input: X ∈ ℝ^{T×T}
+Output: Y ∈ ℝ^{T×T}
+Hyperparameters: T, w ∈ ℕ
+Parameters: W ∈ ℝ^{T×T}
+1 S ← X W
+2 ∀t, t′, if t′ > w then S[t, t′] ← 0
+3 return Y = S
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_quantified_variable_counts_from_1(tmp_path, fuse):
+    model = _build(tmp_path, QUANTIFIED, fuse, T=4, w=2)
+    x = torch.randn(2, 4, 4, dtype=torch.float64)
+    expected = x @ model.W.detach()
+    expected[..., 2:] = 0  # columns 3 and 4 of the card
+    torch.testing.assert_close(model(x), expected)

@@ -112,8 +112,9 @@ class Expressions:
         return None
 
     def arange(self, var: str) -> Val:
-        axis, rank, size = self.point[var]
-        code = _call("torch.arange", self.dim(size), device=self.device_expr())
+        axis, rank, size = self.point[var]  # t of ∀t counts from 1, as every card index
+        code = _call("torch.arange", _int(1), ir.Bin("+", self.dim(size), _int(1)),
+                     device=self.device_expr())
         if rank > 1:
             items = tuple(ir.SliceX(None, None) if k == axis else ir.Ref("None")
                           for k in range(rank))
