@@ -25,6 +25,7 @@ class Builtin:
     args: tuple[int, ...] = (1,)  # how many arguments it takes
     params: int = 0  # how many numbers after '|' (at most, for an optimizer)
     torch: str | None = None  # the torch function it lowers to, where that is all it is
+    math: str | None = None  # the Python function it is on a number (a hyperparameter's)
     upright: bool = True  # set upright, as a function, by LaTeX and MathML
 
 
@@ -34,9 +35,9 @@ TABLE = (
     Builtin("ReLU", "elementwise", torch="torch.relu"),
     Builtin("SiLU", "elementwise", torch="F.silu"),
     Builtin("σ", "elementwise", torch="torch.sigmoid"),
-    Builtin("exp", "elementwise", torch="torch.exp"),
-    Builtin("log", "elementwise", torch="torch.log"),
-    Builtin("tanh", "elementwise", torch="torch.tanh"),
+    Builtin("exp", "elementwise", torch="torch.exp", math="math.exp"),
+    Builtin("log", "elementwise", torch="torch.log", math="math.log"),
+    Builtin("tanh", "elementwise", torch="torch.tanh", math="math.tanh"),
     Builtin("cos", "elementwise"),
     Builtin("sin", "elementwise"),
     Builtin("softmax", "elementwise"),  # over the first index, eq. 2 of the paper
@@ -75,6 +76,7 @@ BUILTINS = {b.name for b in TABLE if b.rule in ("elementwise", "reducing", "leng
 DROPOUT = "dropout"
 OPTIMIZERS = {b.name: b.params for b in TABLE if b.rule == "optimizer"}
 TORCH = {b.name: b.torch for b in TABLE if b.torch is not None}
+MATH = {b.name: b.math for b in TABLE if b.math is not None}
 # names set upright: the builtins', and words the paper's prose uses as functions
 UPRIGHT = {b.name for b in TABLE if b.upright} | {"erf", "sigmoid"}
 

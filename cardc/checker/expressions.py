@@ -87,10 +87,15 @@ class ExprChecker(Part):
         return Ty()
 
     def expr_BinOp(self, e: s.BinOp) -> Ty:
-        if e.op in ("≤", "<", "≥", ">", "≠", "=", "≡"):
-            self.tensor(e.left)
-            self.tensor(e.right)
-            return Ty(elem="𝔹")
+        if e.op in ("≤", "<", "≥", ">", "≠", "=", "≡"):  # entry by entry: x ≥ j of a vector x
+            a, b = self.tensor(e.left), self.tensor(e.right)
+            shape = broadcast_shape(a.shape, b.shape)
+            if shape is None:
+                self.error(e.span, f"cannot compare {a} with {b}",
+                           hint="shapes must match, or one must be a scalar or a trailing part "
+                                "of the other")
+                raise CheckError
+            return Ty(shape, "𝔹")
         if e.op == "∧":  # both sides are conditions
             for side in (e.left, e.right):
                 ty = self.tensor(side)
@@ -374,8 +379,8 @@ class ExprChecker(Part):
         return None
 
     def expr_Iverson(self, e: s.Iverson) -> Ty:
-        self.expr(e.cond)
-        return Ty(elem="𝔹")
+        cond = self.expr(e.cond)  # [[x ≥ j]] of a vector x is a vector of 0s and 1s
+        return Ty(cond.shape if isinstance(cond, Ty) else (), "𝔹")
 
     def expr_Norm(self, e: s.Norm) -> Ty:
         """‖x‖: the L2 norm of a tensor's entries, or of a bundle's (a gradient's global norm)."""

@@ -138,7 +138,15 @@ class StepChecker(Part):
                 if isinstance(item, s.Slice):
                     shape.append(rest.pop(0) if rest else None)
                 elif isinstance(item, s.Name) and item.id in self.state.loop_vars:
-                    shape.append(self.state.loop_vars[item.id])
+                    size = self.state.loop_vars[item.id]
+                    if size == Dim.sym(f"|{item.id}|"):  # ∀t says not over which range
+                        v = display(item.id)
+                        self.error(item.span, f"'∀{v}' gives '{v}' no range, so this step "
+                                              f"cannot define '{display(name)}'",
+                                   hint=f"define '{display(name)}' in an earlier step, or "
+                                        f"write a loop over a range: 'for {v} ∈ [T] : …'")
+                        raise CheckError
+                    shape.append(size)
                 else:
                     self.error(item.span, "cannot infer the size of this axis")
                     raise CheckError

@@ -9,14 +9,15 @@ from dataclasses import replace
 
 from .. import ir
 from .. import syntax as s
+from ..builtins import MATH, TORCH
 from ..builtins import SPECIAL_TOKENS as TOKENS_AFTER
-from ..builtins import TORCH
 from ..checker import CardInfo
 from ..dims import Dim
 from ..types import Ty
 from .values import Val
 
 ELEMENTWISE = TORCH  # builtin → the torch function it lowers to
+ON_NUMBERS = MATH  # builtin → the Python function it is on a number
 SPECIAL_TOKENS = {name: after + 1 for name, after in TOKENS_AFTER.items()}  # 0-based: N_V − k
 COMPARE = {"≤": "<=", "<": "<", "≥": ">=", ">": ">", "=": "==", "≠": "!=", "∧": "&"}
 
@@ -54,6 +55,11 @@ def _mT(code: ir.Expr) -> ir.Expr:
 def _varies(x: Val) -> bool:
     """Whether a value is more than one number: batched, mapped over positions, or shaped."""
     return x.lifted or bool(x.rows) or bool(x.ty.shape)
+
+
+def _is_tensor(val: Val) -> bool:
+    """Whether a value is held in a tensor, not a Python number (a hyperparameter's)."""
+    return bool(val.lifted or val.rows or val.ty.shape or val.tensor)
 
 
 def _like(x: Val, code: ir.Expr, ty: Ty | None = None) -> Val:

@@ -15,8 +15,10 @@ from ..types import BundleTy, FamilyTy, Ty, substitute
 from .analysis import hides_later
 from .body import (
     ELEMENTWISE,
+    ON_NUMBERS,
     _call,
     _int,
+    _is_tensor,
     _like,
     _method,
 )
@@ -26,6 +28,8 @@ from .values import (
     Val,
     local_name,
 )
+
+GELUS = ("GELU", "GELU_tanh")
 
 
 class Calls:
@@ -57,7 +61,12 @@ class Calls:
             self.fail(e, f"'{e.func}' takes one argument")
         x = self.expr(e.args[0])
         ty = self.ty(e)
-        if e.func in ("GELU", "GELU_tanh"):
+        if (e.func in ELEMENTWISE or e.func in GELUS) and not _is_tensor(x) and \
+                not self.sum_axis:
+            x = self.on_number(e.func, x)
+            if not x.tensor:
+                return x
+        if e.func in GELUS:
             return _like(x, literal_gelu(self, x.code, e.func == "GELU_tanh"), ty)
         if e.func in ELEMENTWISE:
             return _like(x, _call(ELEMENTWISE[e.func], x.code), ty)
@@ -78,6 +87,16 @@ class Calls:
                     pass
             return Val(ir.Sub(ir.Attr(x.code, "shape"), (_int(-1),)), Ty(elem="ℕ"))
         return self.fail(e, f"code generation does not know '{e.func}' yet")
+
+    def on_number(self, func: str, x: Val) -> Val:
+        """An elementwise builtin of a number (log(δ/μ) of hyperparameters): Python's math
+        where it has the function, else the number as a 0-d float64 tensor for torch's, which
+        never changes the number format of the tensors it meets."""
+        if func in ON_NUMBERS:
+            self.low.program.imports.add("math")
+            return Val(_call(ON_NUMBERS[func], x.code), Ty())
+        number = _call("torch.tensor", x.code, dtype=ir.Ref("torch.float64"))
+        return Val(number, Ty(), tensor=True)
 
     def dropout(self, e: s.Call) -> Val:
         """dropout(X | p): F.dropout while the module trains; nothing in evaluation."""
@@ -119,7 +138,7 @@ class Calls:
             return Val(ir.Call(module, tuple(a.code for a in args) + tuple(masks)), ty, True,
                        flipped, rows)
         fn = self.low.function(call.callee)
-        kwargs = self.call_params(e, call)
+        kwargs = self.call_params(e, call) + self.call_sizes(e, call, fn)
         return Val(ir.Call(ir.Ref(fn), tuple(a.code for a in args), tuple(kwargs)), ty, True,
                    flipped, rows)
 
@@ -164,6 +183,23 @@ class Calls:
                 out.append((local_name(name), self.expr(given).code))
         for name, given in call.hypers.items():
             out.append((local_name(name), self.hyper_value(call, name, given)))
+        return out
+
+    def call_sizes(self, e: s.Call, call: CallInfo, fn: str) -> list[tuple[str, ir.Expr]]:
+        """Sizes a function takes that the call does not give by name: those the check
+        matched to the caller's (the N_V of the tokens it is handed)."""
+        callee = self.low.checker.info(call.callee).sig
+        out: list[tuple[str, ir.Expr]] = []
+        for name in self.low.passed_sizes.get(fn, ()):
+            if name in call.hypers:
+                continue
+            size = call.bind.get(name)
+            if size is not None and not any(sym.startswith("|") for sym in size.symbols):
+                out.append((local_name(name), self.dim(size)))
+            elif name not in callee.defaults:
+                self.fail(e, f"'{call.callee.name}' needs its size '{display(name)}', which "
+                             "no argument of this call gives",
+                          hint=f"give it: '{call.callee.name}(… | {display(name)} = …)'")
         return out
 
     def bundle_members(self, given: s.Expr) -> list[ir.Expr]:

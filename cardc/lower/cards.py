@@ -58,6 +58,7 @@ class Lowering(Parameters):
         self.program = ir.Program(sources=[])
         self._modules: dict[int, ir.Module] = {}
         self._functions: dict[tuple[int, frozenset[str]], str] = {}
+        self.passed_sizes: dict[str, list[str]] = {}  # a function's sizes that a call passes
         self._ctor: dict[int, list[str]] = {}
         self._walks: dict[tuple, Any] = {}  # what a card's steps hold, by finder
         for model, analysis in analyses.items():  # models built already: not lowered again
@@ -362,6 +363,7 @@ class Lowering(Parameters):
                                           column and hty.rank == 2)
                 if hty.value is not None:
                     given.add(hname)
+        self.passed_sizes[name] = [h for h in card_names(sig) if h in given]
         used: dict[str, ir.Expr] = {}
 
         def dim_of(sym: str) -> ir.Expr:

@@ -31,6 +31,7 @@ class Lowerer(Protocol):
     mask_sites: int  # attention masks made through shared_mask so far
     program: ir.Program
     lib: Any
+    passed_sizes: dict[str, list[str]]  # a function's sizes no argument's shape tells
 
     def walk(self, alg: s.Algorithm, find: Callable[..., Any], *args: Any) -> Any: ...
 
@@ -60,11 +61,14 @@ class Steps(Protocol):
     given: dict[int, Val]
     point: dict[str, tuple[int, int, Dim]]
     ranged: dict[str, Val]
+    sum_axis: tuple[str, Dim] | None  # Σ_i: the index and its range
     uses_cache: bool
     recorded: set[int]  # attention cores recorded (cardc.lower.analysis): their readers' ids
     at_step: s.Step | None  # the step being lowered
 
     def expr(self, e: s.Expr) -> Val: ...
+
+    def on_number(self, func: str, x: Val) -> Val: ...
 
     def fail(self, node: Any, message: str, hint: str | None = None) -> Any: ...
 

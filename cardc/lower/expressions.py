@@ -19,6 +19,7 @@ from .body import (
     _call,
     _int,
     _is_ones_row,
+    _is_tensor,
     _like,
     _linear_bias,
     _log_of,
@@ -111,8 +112,9 @@ class Expressions:
         return None
 
     def arange(self, var: str) -> Val:
-        axis, rank, size = self.point[var]
-        code = _call("torch.arange", self.dim(size), device=self.device_expr())
+        axis, rank, size = self.point[var]  # t of ∀t counts from 1, as every card index
+        code = _call("torch.arange", _int(1), ir.Bin("+", self.dim(size), _int(1)),
+                     device=self.device_expr())
         if rank > 1:
             items = tuple(ir.SliceX(None, None) if k == axis else ir.Ref("None")
                           for k in range(rank))
@@ -130,10 +132,16 @@ class Expressions:
         if e.op == " " and isinstance(e.left, s.Name) and e.left.id in ELEMENTWISE and \
                 e.left.id not in self.scope.values:  # `log P[…]`: a function applied by juxtaposition
             x = self.expr(e.right)
+            if not _is_tensor(x) and not self.sum_axis:
+                x = self.on_number(e.left.id, x)
+                if not x.tensor:
+                    return x
             log = _log_of(x.code) if e.left.id == "log" else None
             return _like(x, log or _call(ELEMENTWISE[e.left.id], x.code), self.ty(e))
         a, b = self.expr(e.left), self.expr(e.right)
         ty = self.ty(e)
+        if e.op in ARITHMETIC:  # [[·]] counts as 0 or 1: a sum of two is 2, a difference −1
+            a, b = _numbers(a, b, e.op), _numbers(b, a, e.op)
         if e.op in (" ", "·"):
             op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
             if op == "@" and self.column:
@@ -146,7 +154,9 @@ class Expressions:
                 self.fail(e, f"code generation does not handle '{e.op}' yet")
         if op == "+" and _linear_bias(a, b):  # F.linear(X, W) + b 1^⊺ → F.linear(X, W, b)
             return replace(a, code=ir.Call(a.code.func, (*a.code.args, b.code)), ty=ty)
-        if op != "@":
+        if op == "@":  # a row-major product reads both sides in the card's own layout
+            a, b = _unflipped(a), _unflipped(b)
+        else:
             a, b = self.align(a, b), self.align(b, a)
             a, b = self.same_layout(a, b), self.same_layout(b, a)
             rank = max(len(a.ty.shape), len(b.ty.shape))
@@ -209,15 +219,26 @@ class Expressions:
         if a.rows and pad > 0:  # (t − 1) ω over positions t: the positions axis stays in front
             code = ir.Sub(a.code, (ir.Ref("..."), *[ir.Ref("None")] * pad))
             return replace(a, code=code, ty=Ty(a.ty.shape + (None,) * pad, a.ty.elem))
+        if other.rows and not a.rows and a.lifted and a.ty.shape:
+            a = self.beside_rows(a)  # x ≥ j over j: x for every j, the j axis before x's own
+            pad = len(other.ty.shape) - len(a.ty.shape)
         if not a.lifted or pad <= 0:
             return a
         code = ir.Sub(a.code, (ir.Ref("..."), *[ir.Ref("None")] * pad))
         return Val(code, Ty((None,) * pad + a.ty.shape, a.ty.elem), True)
 
+    @staticmethod
+    def beside_rows(a: Val) -> Val:
+        """A value that does not vary over a map's positions, given a positions axis of one
+        in front of its card axes (after its batch axes), to broadcast against one that does."""
+        code = ir.Sub(a.code, (ir.Ref("..."), ir.Ref("None"),
+                               *[ir.SliceX(None, None)] * len(a.ty.shape)))
+        return replace(a, code=code, lifted=True)
+
     def expr_Unary(self, e: s.Unary) -> Val:
         x = self.expr(e.operand)
         if e.op == "−":
-            return _like(x, ir.Un("-", x.code))
+            return _like(x, ir.Un("-", _numbers(x, x, "−").code))
         if e.op == "¬":
             return _like(x, ir.Un("~", x.code))
         if e.op == "√":
@@ -268,9 +289,10 @@ class Expressions:
             body = self.expr(e.body)
         finally:
             self.sum_axis = outer
-        if len(body.ty.shape) != 1:
+        kept = self.ty(e).shape  # Σ_j C[:, j]: the columns summed, the rows kept
+        if len(body.ty.shape) != len(kept) + 1:
             self.fail(e, f"the sum over '{display(e.index)}' must index the last axis")
-        return Val(_method(body.code, "sum", _int(-1)), Ty(), body.lifted)
+        return Val(_method(body.code, "sum", _int(-1)), Ty(kept), body.lifted)
 
     def sums_family(self, e: s.Sum) -> bool:
         """Σ_u f(k_u) or Σ_{t=1}^{T} α_t v_t: the index names members of a family."""
@@ -322,3 +344,29 @@ class Expressions:
         if flipped:  # card axis 0 of a flipped matrix is the last physical one
             axis = -1 if sep == ";" else -2
         return Val(_call("torch.cat", items, dim=_int(axis)), ty, lifted, flipped)
+
+
+def _unflipped(val: Val) -> Val:
+    """A matrix stored flipped (a map's columns), turned back to the card's layout."""
+    if not val.flipped or len(val.ty.shape) != 2:
+        return val
+    return replace(val, code=_mT(val.code), flipped=False)
+
+
+ARITHMETIC = ("+", "−", "⊙", "/", " ", "·")
+
+
+def _numbers(val: Val, other: Val, op: str) -> Val:
+    """A tensor of conditions (`[[x ≥ j]]`) as the numbers 0 and 1 it stands for: torch's
+    booleans neither subtract nor negate, and add as `or`. A product of matrices takes the
+    number format of its other side (a `bool` matrix does not multiply a `float` one)."""
+    if val.ty.elem != "𝔹" or not _is_tensor(val):
+        return val
+    matrices = op in (" ", "·") and val.ty.shape and other.ty.shape
+    if not matrices:
+        code = _method(val.code, "long")
+    elif other.ty.elem != "𝔹" and _is_tensor(other):
+        code = _method(val.code, "to", ir.Attr(other.code, "dtype"))
+    else:
+        code = _method(val.code, "float")
+    return replace(val, code=code, ty=Ty(val.ty.shape, "ℕ"))

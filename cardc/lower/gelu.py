@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from .. import ir
 from .. import syntax as s
+from .body import _is_tensor
 from .context import Steps
 from .intrinsics import make_call as _call
 from .values import Val
@@ -40,6 +41,8 @@ def find(patterns: tuple[str, ...], body: Steps, e: s.Expr) -> s.Call | None:
 
 def lower(body: Steps, e: s.Expr, call: s.Call) -> Val:
     x = body.expr(call.args[0])
+    if not _is_tensor(x) and not body.sum_axis:  # GELU(μ) of a hyperparameter μ
+        x = body.on_number(call.func, x)
     code = _call("F.gelu", x.code, approximate=ir.Lit('"tanh"')) if call.func == TANH else \
         _call("F.gelu", x.code)
     return replace(x, code=code, ty=body.ty(e))

@@ -35,6 +35,11 @@ class Indexing:
                 self.sum_axis[0]:
             base = self.expr(e.base)  # e[i] under Σ_i: the whole last axis, summed later
             return Val(base.code, Ty((self.sum_axis[1],)), base.lifted)
+        if self.sum_axis and len(e.items) > 1 and all(map(_is_all, e.items[:-1])) and \
+                getattr(e.items[-1], "id", None) == self.sum_axis[0]:
+            base = self.expr(e.base)  # C[:, j] under Σ_j: every column, the j axis last
+            code = _mT(base.code) if base.flipped else base.code
+            return Val(code, Ty((*base.ty.shape[:-1], self.sum_axis[1])), base.lifted)
         if self.point and all(getattr(i, "id", None) in self.point for i in e.items):
             return self.point_index(e)
         if self.positions and len(e.items) in (1, 2) and \
@@ -62,6 +67,7 @@ class Indexing:
             return self.procedure_index(e, base)
         items: list[ir.Expr | ir.SliceX] = [ir.Ref("...")] if base.lifted else []
         lifted = base.lifted
+        point: tuple[Dim | None, ...] = ()  # the axes of the quantified variables it is read at
         for k, item in enumerate(e.items):
             if isinstance(item, s.Slice):
                 items.append(self.slice(item, base, k))
@@ -73,14 +79,18 @@ class Indexing:
             pad = self.ty(e.base).pad
             if idx.ty.shape and pad is not None and len(e.items) == 1 and not base.lifted:
                 return Val(self.embedding(idx.code, base.code, pad), self.ty(e), idx.lifted)
-            if idx.ty.shape:  # token IDs pick rows: W_e[x]
-                items.append(idx.code)
+            if idx.ty.shape:  # W_e[x]: token IDs are 0-based in tensors, other indices 1-based
+                items.append(idx.code if idx.ty.vocab is not None else _dec(idx.code))
                 lifted = lifted or idx.lifted
+                if getattr(item, "id", None) in self.point:  # A[t′, 1] under ∀t, t′: on t′'s axis
+                    point = tuple(a if a is not None else b for a, b in zip(
+                        point or (None,) * len(idx.ty.shape), idx.ty.shape, strict=True))
             else:
                 items.append(_dec(idx.code))
         if base.lifted and not base.flipped:  # E[1] of a T×D matrix is its first row: E[..., 0, :]
             items += [ir.SliceX(None, None)] * (len(base.ty.shape) - len(e.items))
-        return Val(ir.Sub(base.code, tuple(items)), self.ty(e), lifted)
+        ty = Ty(point, self.ty(e).elem) if point and not self.ty(e).shape else self.ty(e)
+        return Val(ir.Sub(base.code, tuple(items)), ty, lifted)
 
     def embedding(self, tokens: ir.Expr, table: ir.Expr, pad: str) -> ir.Expr:
         """Rows of `table` picked by tokens, the padding row's receiving no gradient: card

@@ -150,6 +150,8 @@ class Statements:
 
     def stmt_Return(self, st: s.Return, step: s.Step) -> None:
         val = self.expr(st.value)
+        if val.flipped and self.info.sig.layout == "row" and len(val.ty.shape) == 2:
+            val = replace(val, code=_mT(val.code), flipped=False)  # a row-major card's layout
         self.returned = val
         self.emit(ir.Return(val.code, self.note(step, val)))
 

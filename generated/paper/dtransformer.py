@@ -98,7 +98,9 @@ class DTransformer(nn.Module):
             X_tilde = F.layer_norm(X, (self.d_e,), self.gamma1[l_], self.beta1[l_], 0.0)
             # (B, ℓ, d_e)  [dtransformer.card:21]
             X = X + self.W[l_](
-                X_tilde, X_tilde, torch.arange(l, device=x.device)[None, :] <= torch.arange(l, device=x.device)[:, None]
+                X_tilde,
+                X_tilde,
+                torch.arange(1, l + 1, device=x.device)[None, :] <= torch.arange(1, l + 1, device=x.device)[:, None],
             )
             # (B, ℓ, d_e)  [dtransformer.card:22]
             X_tilde = F.layer_norm(X, (self.d_e,), self.gamma2[l_], self.beta2[l_], 0.0)

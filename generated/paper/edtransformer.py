@@ -133,7 +133,9 @@ class EDTransformer(nn.Module):
         for l in range(self.L_dec):  # [edtransformer.card:36]
             # (B, ℓ_x, d_e)  [edtransformer.card:37]
             X = X + self.W_dec[l](
-                X, X, torch.arange(l_x, device=z.device)[None, :] <= torch.arange(l_x, device=z.device)[:, None]
+                X,
+                X,
+                torch.arange(1, l_x + 1, device=z.device)[None, :] <= torch.arange(1, l_x + 1, device=z.device)[:, None],
             )
             # (B, ℓ_x, d_e)  [edtransformer.card:38]
             X = F.layer_norm(X, (self.d_e,), self.gamma3[l], self.beta3[l], 0.0)

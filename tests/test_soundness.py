@@ -1,0 +1,229 @@
+"""What `check` and `build` accept runs and computes what the card says: small cards whose
+generated module, fused and literal, is compared with the card's math written out here in plain
+torch (1-based indices, inclusive slices, `[[·]]` as 0/1), or that are refused with one located
+message."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from cardc.build import build_model
+from cardc.checker import check
+from cardc.library import load
+
+ROOT = Path(__file__).resolve().parents[1]
+LOWERINGS = [pytest.param(True, id="fused"), pytest.param(False, id="literal")]
+
+
+def _build(tmp_path: Path, text: str, fuse: bool, **values: float):
+    """The model of the card `text`, generated with or without fusion, in float64."""
+    path = tmp_path / "card.card"
+    path.write_text(text, encoding="utf-8")
+    torch.manual_seed(0)
+    return build_model(str(path), overrides=values, fuse=fuse).double().eval()
+
+
+PICK = """\
+Algorithm: y ← Pick(w)
+/* The entries of w at computed positions. */
+Input: w ∈ ℝ^{T}
+Output: y ∈ ℝ^{n}
+Hyperparameters: T, n ∈ ℕ
+1 for i ∈ [n] : p[i] ← VALUE
+2 return y = w[p]
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+@pytest.mark.parametrize(("value", "n", "positions"), [
+    ("i", 5, [1, 2, 3, 4, 5]),  # the identity: y = w
+    ("i", 3, [1, 2, 3]),  # a prefix: shifted by one it would silently read w[2 : 4]
+    ("n + 1 − i", 3, [3, 2, 1]),
+])
+def test_a_computed_index_is_1_based(tmp_path, fuse, value, n, positions):
+    model = _build(tmp_path, PICK.replace("VALUE", value), fuse, T=5, n=n)
+    w = torch.randn(2, 5, dtype=torch.float64)
+    expected = torch.stack([w[:, k - 1] for k in positions], dim=-1)
+    torch.testing.assert_close(model(w), expected, rtol=0, atol=0)
+
+
+THRESHOLDS = """\
+Algorithm: y ← Reached(x)
+/* Each entry of x where it reaches the thresholds 1, …, m, weighed by w. */
+Input: x ∈ ℝ^{T}
+Output: y ∈ ℝ^{T}
+Hyperparameters: T, m ∈ ℕ
+Parameters: w ∈ ℝ^{m}
+1 for j ∈ [m] : C[:, j] ← x ⊙ [[x ≥ j]]  ▷ C ∈ ℝ^{T×m}
+2 return y = RESULT
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+@pytest.mark.parametrize("result", ["Σ_{j=1}^{m} C[:, j] ⊙ w[j]", "C w"])
+def test_a_map_over_columns_keeps_its_rows_and_columns(tmp_path, fuse, result):
+    model = _build(tmp_path, THRESHOLDS.replace("RESULT", result), fuse, T=5, m=3)
+    x = torch.tensor([[0.0, 1.0, 2.5, 3.0, 7.0], [3.0, 2.0, 1.0, 0.0, -1.0]], dtype=torch.float64)
+    reached = torch.stack([x * (x >= j) for j in (1, 2, 3)], dim=-1)  # C[t, j]: (B, T, m)
+    torch.testing.assert_close(model(x), reached @ model.w.detach())
+
+
+CONDITIONS = """\
+Algorithm: y ← Counted(x)
+/* Conditions counted as the numbers 0 and 1. */
+Input: x ∈ ℝ^{T}
+Output: y ∈ ℝ^{T}
+Hyperparameters: T ∈ ℕ
+1 return y = RESULT
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+@pytest.mark.parametrize(("result", "expected"), [
+    ("[[x > 0]] − [[x < 0]]", lambda x: torch.sign(x)),
+    ("−[[x > 0]]", lambda x: -(x > 0).double()),
+    ("[[x > 0]] + [[x > 1]]", lambda x: (x > 0).double() + (x > 1).double()),  # not `or`
+    ("([[x > 0]] − [[x > 1]])/2", lambda x: ((x > 0).double() - (x > 1).double()) / 2),
+    ("x ⊙ [[x > 0]] − 1", lambda x: x * (x > 0).double() - 1),
+])
+def test_a_condition_counts_as_0_or_1(tmp_path, fuse, result, expected):
+    model = _build(tmp_path, CONDITIONS.replace("RESULT", result), fuse, T=5)
+    x = torch.tensor([[-2.0, 0.0, 0.5, 1.0, 3.0], [1.5, -0.5, 0.0, 2.0, -3.0]], dtype=torch.float64)
+    torch.testing.assert_close(model(x).double(), expected(x), rtol=0, atol=0)
+
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_matrix_of_conditions_multiplies_as_numbers(tmp_path, fuse):
+    card = THRESHOLDS.replace("C[:, j] ← x ⊙ [[x ≥ j]]", "C[:, j] ← [[x ≥ j]]")
+    model = _build(tmp_path, card.replace("RESULT", "C w"), fuse, T=5, m=3)
+    x = torch.tensor([[0.0, 1.0, 2.5, 3.0, 7.0], [3.0, 2.0, 1.0, 0.0, -1.0]], dtype=torch.float64)
+    reached = torch.stack([(x >= j).double() for j in (1, 2, 3)], dim=-1)
+    torch.testing.assert_close(model(x), reached @ model.w.detach())
+
+
+SCALED = """\
+Algorithm: y ← Scaled(x)
+/* x scaled by numbers computed from hyperparameters. */
+Input: x ∈ ℝ^{T}
+Output: y ∈ ℝ^{T}
+Hyperparameters: T ∈ ℕ; δ, μ ∈ (0, ∞)
+1 return y = x · (RESULT)
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+@pytest.mark.parametrize(("result", "expected"), [
+    ("log(δ/μ)", math.log(2.0 / 0.5)),
+    ("log δ", math.log(2.0)),
+    ("exp(μ) − tanh(δ)", math.exp(0.5) - math.tanh(2.0)),
+    ("σ(δ)", 1 / (1 + math.exp(-2.0))),
+    ("GELU(μ)", 0.5 * 0.5 * (1 + math.erf(0.5 / math.sqrt(2)))),
+    ("ReLU(μ − δ)", 0.0),
+])
+def test_math_on_hyperparameters_is_math_on_numbers(tmp_path, fuse, result, expected):
+    model = _build(tmp_path, SCALED.replace("RESULT", result), fuse, T=3, δ=2.0, μ=0.5)
+    x = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
+    torch.testing.assert_close(model(x), x * expected)
+
+
+def _errors(tmp_path: Path, text: str) -> list[str]:
+    """The card's errors, located: `line:col: message`."""
+    path = tmp_path / "card.card"
+    path.write_text(text, encoding="utf-8")
+    lib, _ = load([path], root=str(ROOT / "cards"))
+    _, diags = check(lib)
+    return [f"{d.span.line}:{d.span.col}: {d.message}" for d in diags.errors]
+
+
+def test_a_quantifier_without_a_range_defines_nothing_and_says_so(tmp_path):
+    card = """\
+Algorithm: Y ← Pairs(X)
+/* A matrix defined entry by entry. */
+Input: X ∈ ℝ^{T×T}
+Output: Y ∈ ℝ^{T×T}
+Hyperparameters: T ∈ ℕ
+1 ∀t, t′ : n[t, t′] ← t − t′
+2 return Y = X + n
+"""
+    assert _errors(tmp_path, card) == [
+        "6:14: '∀t' gives 't' no range, so this step cannot define 'n'"]
+
+
+SHRINK = """\
+Algorithm: Y ← Shrink(X, x)
+/* Rows divided by the size of the vocabulary of the tokens handed beside them. */
+Input: X ∈ ℝ^{T×D}, one row per token.
+Input: x ∈ V*, token IDs, V ≅ [N_V].
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: N_V ∈ ℕ
+1 return Y = X/N_V
+
+Algorithm: Y ← Model(x | θ)
+/* Embeds tokens and divides them by the size of the vocabulary. */
+Input: x ∈ V*, token IDs, V ≅ [N_V].
+Output: Y ∈ ℝ^{length(x)×D}
+Hyperparameters: N_V, D ∈ ℕ
+Parameters: θ consisting of:
+    W_e ∈ ℝ^{N_V×D}
+1 E ← W_e[x]
+2 return Y = Shrink(E, x)
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_card_taking_tokens_is_handed_the_size_of_their_vocabulary(tmp_path, fuse):
+    model = _build(tmp_path, SHRINK, fuse, N_V=7, D=4)
+    x = torch.tensor([[0, 3, 6], [6, 6, 1]])  # token IDs, 0-based in tensors
+    torch.testing.assert_close(model(x), model.W_e.detach()[x] / 7)
+
+
+BIASED = """\
+Algorithm: Y ← Biased(X, A)
+/* Scores of every pair of rows with a bias per key, attended. */
+Input: X ∈ ℝ^{T×D}, one row per token.
+Input: A ∈ ℝ^{T×1}, a bias per key.
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: T, D ∈ ℕ
+Parameters: W ∈ ℝ^{D×D}
+1 S ← X W X^⊺  ▷ S ∈ ℝ^{T×T}
+2 ∀t, t′, if t′ ≤ t then S[t, t′] ← S[t, t′] + A[t′, 1]
+3 return Y = softmax(S) X
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_an_input_read_at_a_quantified_variable_is_a_bias_per_key(tmp_path, fuse):
+    model = _build(tmp_path, BIASED, fuse, T=3, D=4)
+    torch.manual_seed(1)
+    x, a = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(2, 3, 1, dtype=torch.float64)
+    s = x @ model.W.detach() @ x.mT
+    seen = torch.tensor([[k <= q for k in range(3)] for q in range(3)])  # t′ ≤ t
+    s = torch.where(seen, s + a[:, None, :, 0], s)  # S[t, t′] + A[t′, 1]
+    torch.testing.assert_close(model(x, a), torch.softmax(s, dim=-1) @ x)
+
+
+QUANTIFIED = """\
+Algorithm: Y ← Early(X)
+/* The first w columns of each row, the rest zeroed: t′ of ∀ counts from 1. */
+Input: X ∈ ℝ^{T×T}
+Output: Y ∈ ℝ^{T×T}
+Hyperparameters: T, w ∈ ℕ
+Parameters: W ∈ ℝ^{T×T}
+1 S ← X W
+2 ∀t, t′, if t′ > w then S[t, t′] ← 0
+3 return Y = S
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_quantified_variable_counts_from_1(tmp_path, fuse):
+    model = _build(tmp_path, QUANTIFIED, fuse, T=4, w=2)
+    x = torch.randn(2, 4, 4, dtype=torch.float64)
+    expected = x @ model.W.detach()
+    expected[..., 2:] = 0  # columns 3 and 4 of the card
+    torch.testing.assert_close(model(x), expected)
