@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Sizes every case runs at: small, and different from one another so a swapped axis shows.
-SIZES = {"V": 11, "D": 8, "F": 6, "K": 3, "H": 2, "N": 2, "ctx": 9}
+SIZES = {"V": 11, "D": 8, "F": 6, "K": 3, "H": 2, "N": 2, "ctx": 9, "D_f": 5}
 T_RUN = 7  # positions of the inputs a case runs on (≤ ctx)
 SCALARS = {"α": 0.5, "β": 1.25}
 TOLERANCE = 1e-9  # float64: fused and literal lowerings compute the same math in another order
@@ -47,6 +47,8 @@ KNOWN_DEFECTS = {
     "column-major slice": "`X[a : b, :]` of a column-major value slices positions, not features",
     "parameter-free block": "a column-major loop over layers whose block has no parameters: "
                             "the layers' output is left row-major and a later product crashes",
+    "elementwise map over positions": "`for t ∈ [T] : Y[t, :] ← σ(A[t, :]) ⊙ X[t, :]` is "
+                                      "refused: 'this value does not depend on t'",
     "shared key and value": "a cached attention whose keys or values are a value used elsewhere "
                             "(`softmax(E E^⊺) E`): the cache overwrites it with every position",
 }
@@ -103,8 +105,7 @@ class Layout:
         """`hide` is a condition on t (the query) and t′ (the key)."""
         if self.row:
             return f"∀t, t′, if {hide} then {s}[t, t′] ← −∞"
-        hide = hide.replace("t′", "t_z").replace("t ", "t_x ").removesuffix(" t") \
-            + (" t_x" if hide.endswith(" t") else "")
+        hide = re.sub(r"\bt\b", "t_x", hide.replace("t′", "t_z"))
         return f"∀t_z, t_x, if {hide} then {s}[t_z, t_x] ← −∞"
 
     def cols(self, a: str, lo: str, hi: str) -> str:
@@ -141,6 +142,7 @@ def _closes_at_end(x: str, start: int) -> bool:
     return False
 
 
+NEGATED = {"t′ > t": "t′ ≤ t", "t′ < t": "t′ ≥ t", "t′ ≤ t − 2": "t′ > t − 2"}
 UNARY = ("ReLU", "SiLU", "σ", "GELU", "GELU_tanh", "tanh")
 MAX_DEPTH = 3
 
@@ -256,6 +258,9 @@ class CardWriter:
         hide = self.rng.choice(self.gen.masks)
         if hide:
             self.gen.feature(f"mask {hide}")
+            if self.rng.random() < 0.3:  # the same rule as an Iverson bracket
+                self.gen.feature("[[·]]")
+                hide = f"¬[[{NEGATED[hide]}]]"
             self.step(self.lay.mask(s, hide))
         if hide != "t′ > t":
             self.gen.noncausal = True
@@ -278,7 +283,11 @@ class CardWriter:
         else:
             call = f"LayerNorm({{}} | {gain}, {self.param('β', 'D')})"
         self.gen.feature("norm")
-        if self.lay.row and self.rng.random() < 0.5:
+        if self.lay.row and self.gen.known and self.rng.random() < 0.3:
+            self.gen.feature("elementwise map over positions")
+            b = self.name_of("D")
+            call = f"σ({{}}) ⊙ {self.lay.position(b)}"
+        elif self.lay.row and self.rng.random() < 0.5:
             return call.format(a)
         z = self.fresh("Z")
         self.gen.feature("map over positions")
@@ -286,15 +295,24 @@ class CardWriter:
         return z
 
     def call(self, c: str, depth: int) -> str:
-        """A generated vector sub-card (Σ, mean, var), on each position."""
-        if not self.lay.row or self.prefix:
+        """A generated vector sub-card (Σ, mean, var) on each position, or a library card: an
+        MLP, or attention whose heads are a map and whose mask is a rule `[[t′ ≤ t]]`."""
+        if not self.lay.row:
             return self.norm(c, depth)
-        name, bundle = self.gen.vector_card()
+        causal = self.gen.masks == ["t′ > t"]
+        name = self.rng.choice(("vector", "vector", "MLP", "ErfMLP", "SwiGLU",
+                                "CausalSelfAttention" if causal else "SelfAttention"))
+        if name == "vector":
+            name = self.gen.vector_card()
+            self.gen.feature("sub-card")
+        else:
+            self.gen.feature(f"library {name}")
+            self.hypers.add("H" if "Attention" in name else "D_f")
+            self.gen.noncausal |= name == "SelfAttention"
         a = self.name_of("D")
-        gains = self.fresh("θ")
-        self.params.append(f"{gains}, the parameters of a {name}.")
-        self.gen.feature("sub-card")
-        return f"{name}({a} | {gains})" if bundle else f"{name}({a})"
+        bundle = self.fresh("θ")
+        self.params.append(f"{bundle}, the parameters of a {name}.")
+        return f"{name}({a} | {bundle})"
 
     def spliced(self, c: str, depth: int) -> str:
         """Columns 1 … K of one value beside columns K + 1 … D of another."""
@@ -325,11 +343,12 @@ class Generator:
             causal = self.rng.random() < 0.6
             self.masks = ["t′ > t"] if causal else ["t′ < t", "t′ ≤ t − 2", None]
         self.input_name = "E"
+        self.hypers: set[str] = set()
 
     def feature(self, name: str) -> None:
         self.features.add(name)
 
-    def vector_card(self) -> tuple[str, bool]:
+    def vector_card(self) -> str:
         """A card on one vector ℝ^{D}: sums, mean and var; applied row by row."""
         name = f"Vec{self.seed}x{len(self.subcards)}"
         rng = self.rng
@@ -347,7 +366,7 @@ class Generator:
             "Parameters: θ consisting of:", "    γ ∈ ℝ^{D}",
             *(f"{i} {s}" for i, s in enumerate(body, 1))]))
         self.feature("Σ/mean/var")
-        return name, True
+        return name
 
     def block_card(self, layout: Layout) -> str:
         """A block X ↦ X + f(X) with its own parameter bundle, for a loop over layers."""
@@ -360,6 +379,7 @@ class Generator:
         if not params and not self.known:  # KNOWN_DEFECTS: a block without parameters
             out = f"{atom(out)} + {layout.matmul('X', w.param('W', layout.weight('D', 'D')))}"
         steps = w.steps + [f"return X + {out}"]
+        self.hypers |= w.hypers  # the caller declares what its blocks take from it
         self.subcards.append("\n".join([
             f"Algorithm: X ← {name}(X | θ)", "/* A generated block. */",
             f"Input: X ∈ ℝ^{{{layout.shape('T', 'D')}}}",
@@ -425,13 +445,22 @@ class Generator:
         for _ in range(rng.randint(1, 3)):
             c = rng.choice(("D", "D", "F", "K"))
             w.bind(w.expr(c), c)
+        if row and rng.random() < 0.05:  # a loop-carried recurrence over positions
+            self.feature("recurrence")
+            a = w.name_of("D")
+            w.step(f"h ← {a}[1, :]")
+            w.step("for t = 1, …, T do")
+            w.step(f"    h ← α · h + {a}[t, :]")
+            w.step("    R[t, :] ← h")
+            w.step("end")
+            w.env["D"].append("R")
         out = f"{atom(w.env['D'][-1])} + {atom(w.expr('D'))}"  # the last value is used
         if tokens and row and rng.random() < 0.7:
             out_ty, ret = "T×V", f"return Y = {atom(out)} W_e^⊺"
             self.feature("tied logits")
         else:
             out_ty, ret = lay.shape("T", "D"), f"return Y = {out}"
-        hypers = set(w.hypers) | {"D"} | ({"V"} if tokens else set())
+        hypers = set(w.hypers) | self.hypers | {"D"} | ({"V"} if tokens else set())
         if any("W_p" in p for p in params):
             hypers.add("ctx")
         if any("[H]" in p for p in params):
@@ -455,7 +484,7 @@ class Generator:
 
 
 def hyper_line(hypers: set[str]) -> str:
-    dims = [h for h in ("V", "D", "F", "K", "H", "N", "ctx") if h in hypers]
+    dims = [h for h in ("V", "D", "F", "K", "H", "N", "ctx", "D_f") if h in hypers]
     extra = "; d = D/H" if "H" in hypers else ""
     scalars = "; ".join(f"{s} ∈ (0, ∞) = {v}" for s, v in SCALARS.items())
     return f"{', '.join(dims)} ∈ ℕ{extra}; {scalars}"
@@ -670,8 +699,9 @@ def shrink(case: Case, oracles: list[Callable[[Built], None]] | None = None) -> 
             i = len(lines) - 1
             while i > 0:
                 i = min(i, len(lines) - 1)
-                trials = [lines[:i] + lines[i + 1:]] + \
-                    [lines[:i] + [s] + lines[i + 1:] for s in simpler(lines[i])]
+                # a mask stays: without it a causal model fails another way
+                trials = [] if "−∞" in lines[i] else [lines[:i] + lines[i + 1:]]
+                trials += [lines[:i] + [s] + lines[i + 1:] for s in simpler(lines[i])]
                 for trial_lines in trials:
                     trial = dataclasses.replace(case, **{attr: renumber("\n".join(trial_lines))})
                     if signature(run_case(trial, oracles)) == want:

@@ -81,6 +81,27 @@ def test_the_shrinker_keeps_the_failure_and_drops_the_rest():
 
 # ------------------------------------------------------------------ cards the generator found
 
+GATED_ROWS = """Algorithm: Y ← GatedRows(X | θ)
+/* Each row of X gated by a function of its own projection. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W ∈ ℝ^{D×D}
+1 A ← X W
+2 for t ∈ [T] : Y[t, :] ← σ(A[t, :]) ⊙ X[t, :]
+3 return Y
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="a map over positions of an elementwise product is "
+                                       "refused: 'this value does not depend on t' (it does)")
+def test_an_elementwise_map_over_positions(tmp_path):
+    model = _model(tmp_path, GATED_ROWS, "GatedRows", D=8)
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    torch.testing.assert_close(model(x), torch.sigmoid(x @ model.W) * x)
+
+
 
 def _model(tmp_path: Path, text: str, name: str, **sizes):
     path = tmp_path / "card.card"
