@@ -49,6 +49,7 @@ KNOWN_DEFECTS = {
                             "the layers' output is left row-major and a later product crashes",
     "elementwise map over positions": "`for t ∈ [T] : Y[t, :] ← σ(A[t, :]) ⊙ X[t, :]` is "
                                       "refused: 'this value does not depend on t'",
+    "log of hyperparameters": "`log(α/β) · X` calls torch.log on a float (issue 27)",
     "shared key and value": "a cached attention whose keys or values are a value used elsewhere "
                             "(`softmax(E E^⊺) E`): the cache overwrites it with every position",
 }
@@ -222,6 +223,9 @@ class CardWriter:
         self.hypers.add(c)
         self.gen.feature("scalar")
         s = self.rng.choice(("α", "β", "(α + β)", "α/β", "(1 − α)", f"1/√{c}", "2 α β"))
+        if self.gen.known and self.rng.random() < 0.2:
+            self.gen.feature("log of hyperparameters")
+            s = "log(α/β)"
         return f"{s} · {atom(self.expr(c, depth))}"
 
     def product(self, c: str, depth: int) -> str:

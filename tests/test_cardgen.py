@@ -112,6 +112,23 @@ def _model(tmp_path: Path, text: str, name: str, **sizes):
     return model.double()
 
 
+LOG_SCALE = """Algorithm: Y ← LogScale(X)
+/* A value scaled by the log of a ratio of hyperparameters. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ; α ∈ (0, ∞) = 0.5; β ∈ (0, ∞) = 1.25
+1 return Y = log(α/β) · X
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="log of a hyperparameter expression calls torch.log "
+                                       "on a Python float (issue 27)")
+def test_the_log_of_hyperparameters(tmp_path):
+    model = _model(tmp_path, LOG_SCALE, "LogScale", D=8, α=0.5, β=1.25)
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    torch.testing.assert_close(model(x), math.log(0.5 / 1.25) * x)
+
+
 COLUMN_SLICE = """Algorithm: Y ← ColSlice(x | θ)
 /* A column-major card that reads the first K rows of its embeddings. */
 Input: x ∈ {1..V}^{T}, token IDs.
