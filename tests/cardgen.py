@@ -151,9 +151,9 @@ MAX_DEPTH = 3
 class CardWriter:
     """One card's steps and declarations, composed at random; shapes are tracked as (T, c)."""
 
-    def __init__(self, gen: Generator, layout: Layout, params: list[str], prefix: str):
+    def __init__(self, gen: Generator, layout: Layout, params: list[str]):
         self.gen, self.rng, self.lay = gen, gen.rng, layout
-        self.params, self.prefix = params, prefix
+        self.params = params
         self.steps: list[str] = []
         self.env: dict[str, list[str]] = {"D": [], "F": [], "K": []}
         self.n = 0
@@ -243,7 +243,7 @@ class CardWriter:
     def input_or(self, k: str) -> str:
         if self.env[k]:
             return self.rng.choice(self.env[k])
-        return self.rng.choice(self.env["D"]) if self.env["D"] else self.gen.input_name
+        return self.rng.choice(self.env["D"])  # the input, at least
 
     def biased(self, c: str, depth: int) -> str:
         self.hypers.add(c)
@@ -266,8 +266,6 @@ class CardWriter:
                 self.gen.feature("[[·]]")
                 hide = f"¬[[{NEGATED[hide]}]]"
             self.step(self.lay.mask(s, hide))
-        if hide != "t′ > t":
-            self.gen.noncausal = True
         self.gen.feature("attention")
         return self.lay.attend(s, v)
 
@@ -312,7 +310,6 @@ class CardWriter:
         else:
             self.gen.feature(f"library {name}")
             self.hypers.add("H" if "Attention" in name else "D_f")
-            self.gen.noncausal |= name == "SelfAttention"
         a = self.name_of("D")
         bundle = self.fresh("θ")
         self.params.append(f"{bundle}, the parameters of a {name}.")
@@ -341,12 +338,10 @@ class Generator:
         self.seed, self.known = seed, known_defects
         self.features: set[str] = set()
         self.subcards: list[str] = []
-        self.noncausal = False
         self.masks: list[str | None] = ["t′ > t", "t′ > t", "t′ < t", "t′ ≤ t − 2", None]
         if not known_defects:  # one kind of attention per model
             causal = self.rng.random() < 0.6
             self.masks = ["t′ > t"] if causal else ["t′ < t", "t′ ≤ t − 2", None]
-        self.input_name = "E"
         self.hypers: set[str] = set()
 
     def feature(self, name: str) -> None:
@@ -376,9 +371,8 @@ class Generator:
         """A block X ↦ X + f(X) with its own parameter bundle, for a loop over layers."""
         name = f"Block{self.seed}x{len(self.subcards)}"
         params: list[str] = []
-        w = CardWriter(self, layout, params, "B")
+        w = CardWriter(self, layout, params)
         w.env["D"].append("X")
-        w.input_name = "X"
         out = w.expr("D", 1)
         if not params and not self.known:  # KNOWN_DEFECTS: a block without parameters
             out = f"{atom(out)} + {layout.matmul('X', w.param('W', layout.weight('D', 'D')))}"
@@ -397,8 +391,6 @@ class Generator:
         """One attention head for a map over heads: its own projections, a mask."""
         name = f"Head{self.seed}x{len(self.subcards)}"
         hide = self.rng.choice(self.masks)
-        if hide != "t′ > t":
-            self.noncausal = True
         mask = [f"∀t, t′, if {hide} then S[t, t′] ← −∞"] if hide else []
         steps = ["Q ← X W_q", "K ← X W_k", "V ← X W_v", "S ← Q K^⊺/√d", *mask,
                  "return Y = softmax(S) V"]
@@ -415,7 +407,7 @@ class Generator:
         lay = Layout(row)
         tokens = not row or rng.random() < 0.6
         params: list[str] = []
-        w = CardWriter(self, lay, params, "")
+        w = CardWriter(self, lay, params)
         name = f"Gen{self.seed}"
         if tokens:
             self.feature("tokens")
@@ -703,9 +695,11 @@ def shrink(case: Case, oracles: list[Callable[[Built], None]] | None = None) -> 
             i = len(lines) - 1
             while i > 0:
                 i = min(i, len(lines) - 1)
-                # a mask stays: without it a causal model fails another way
+                # a mask stays, and keys and values stay projections (P_k ← A W): without
+                # them a causal model fails another way (KNOWN_DEFECTS)
                 trials = [] if "−∞" in lines[i] else [lines[:i] + lines[i + 1:]]
-                trials += [lines[:i] + [s] + lines[i + 1:] for s in simpler(lines[i])]
+                if " P_" not in lines[i]:
+                    trials += [lines[:i] + [s] + lines[i + 1:] for s in simpler(lines[i])]
                 for trial_lines in trials:
                     trial = dataclasses.replace(case, **{attr: renumber("\n".join(trial_lines))})
                     if signature(run_case(trial, oracles)) == want:
