@@ -3,7 +3,7 @@
 Cases are cards made two ways: random well-formed ASTs rendered as text (grammar-based), and the
 cards of cards/ mutated (bytes flipped, tokens swapped, lines spliced from another card, text
 deleted, control characters, stray bytes and deep nesting put in). Each case runs, in a worker
-process under a time limit and a memory cap, what a user can run on a card: `check` (parse and
+process under a CPU-time limit and a memory cap, what a user can run on a card: `check` (parse and
 check, with the cards/ library), the text and LaTeX renderings, the `fmt` round trip
 (`parse(render(parse(src))) == parse(src)` when the parse is clean) and, for cards `check`
 accepts, the generated model source (through `ast.parse`) and `info` at each preset.
@@ -402,8 +402,26 @@ def _worker(conn, folder: str, memory: int) -> None:
         conn.send(outcome)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time process `pid` has used (Linux's /proc), or None where that cannot be read.
+    A case's time limit counts this, not the wall clock: on a busy machine a worker waits for a
+    core without using its limit, while a case that loops still reaches it."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# A worker blocked without using CPU time (a read that never returns) is a hang too: the wall
+# clock catches it, after this many times the CPU limit, so that load alone never does.
+WALL_FACTOR = 20
+
+
 class Pool:
-    """Worker processes, each with a case at a time; one past the time limit is killed."""
+    """Worker processes, each with a case at a time; one past the time limit is killed. The
+    limit is CPU time where the system reports it (else wall-clock time)."""
 
     def __init__(self, jobs: int, timeout: float, memory: int):
         self.ctx = mp.get_context("fork" if sys.platform != "win32" else "spawn")
@@ -422,7 +440,7 @@ class Pool:
     def run(self, cases):
         """Yields (index, outcome) for each (index, bytes) of `cases`."""
         cases = iter(cases)
-        busy: dict[int, tuple[int, bytes, float]] = {}
+        busy: dict[int, tuple[int, bytes, tuple[float, float | None]]] = {}
         for k in range(len(self.workers)):
             self._feed(k, cases, busy)
         while busy:
@@ -438,8 +456,8 @@ class Pool:
                 elif not proc.is_alive():
                     outcome = Outcome("traceback", f"worker died (exit code {proc.exitcode})")
                     self._restart(k)
-                elif time.monotonic() - started > self.timeout:
-                    outcome = Outcome("hang", f"no answer in {self.timeout:g} s")
+                elif self._over(proc.pid, started):
+                    outcome = Outcome("hang", f"no answer in {self.timeout:g} s of CPU time")
                     self._restart(k)
                 else:
                     continue
@@ -451,7 +469,16 @@ class Pool:
         nxt = next(cases, None)
         if nxt is not None:
             self.workers[k][1].send(nxt[1])
-            busy[k] = (nxt[0], nxt[1], time.monotonic())
+            busy[k] = (nxt[0], nxt[1], (time.monotonic(), cpu_seconds(self.workers[k][0].pid)))
+
+    def _over(self, pid: int, started: tuple[float, float | None]) -> bool:
+        """Whether the case a worker started at `started` (wall, CPU) is past its limit."""
+        wall, cpu = started
+        now = cpu_seconds(pid)
+        if cpu is not None and now is not None:
+            return now - cpu > self.timeout or \
+                time.monotonic() - wall > WALL_FACTOR * self.timeout
+        return time.monotonic() - wall > self.timeout
 
     def _restart(self, k: int) -> None:
         proc, conn = self.workers[k]
@@ -520,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="the run's seed (default: 0)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default: 1)")
     p.add_argument("--timeout", type=float, default=30.0,
-                   help="seconds a case may take before it counts as a hang (default: 30)")
+                   help="CPU seconds a case may take before it counts as a hang (default: 30)")
     p.add_argument("--memory", type=int, default=2048, help="MiB a worker may use (default: 2048)")
     p.add_argument("--save", type=Path, default=Path("fuzz-failures"),
                    help="folder for failing inputs (default: fuzz-failures)")

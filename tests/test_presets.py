@@ -258,9 +258,9 @@ def test_a_non_finite_default_is_refused_at_its_declaration(tmp_path):
 def test_a_huge_power_is_refused_at_once(tmp_path):
     path = _card(tmp_path, "gpt2.card", GPT2_TINY, "Preset tiny: V = 256, D = 128, "
                                                    "H = 2^{10^{10^{10}}},")
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a busy machine adds none
     assert "error: this power overflows" in _check(path)
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
 
 
 def test_the_same_preset_name_twice_is_reported(tmp_path):
