@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cardc import syntax as s
 from cardc.build import checked, instantiate, model_cards
 from cardc.diagnostics import CardError
 from cardc.interpret import InterpretError, Program, interpret
@@ -146,6 +147,19 @@ def test_softmax_is_over_the_first_index_of_a_column_major_card():
     torch.testing.assert_close(out, expected, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize(("card", "expected"), [
+    ("gather", [0.5, 20.0, -350.0]),  # x ⊙ w: p[i] = i picks w[i]
+    ("threshold_map", [0.0, 11.0, 0.0]),  # Σ_j [[x[i] ≥ j]] w[j]: none, w[1] + w[2], none
+    ("sign", [1.0, 10.0, -100.0]),  # sign(x) ⊙ w
+])
+def test_computed_indices_maps_and_truth_values_follow_the_math(card, expected):
+    program = Program(ROOT / "tests" / "interpret" / f"{card}.card")
+    env = program.hyperparameters(**{k: 3 for k in ("n", "m") if k in program.sig.hypers})
+    x = torch.tensor([0.5, 2.0, -3.5], dtype=torch.float64)
+    w = torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
+    assert program(x, params={"w": w}, hypers=env).tolist() == expected
+
+
 def test_an_unsupported_construct_is_named_at_its_place(tmp_path):
     card = _card(tmp_path, """Algorithm: y ← Draw(x)
 Input: x ∈ ℝ^{D}
@@ -169,25 +183,33 @@ def test_a_card_with_errors_is_refused(tmp_path):
 
 # the smallest sizes each model takes, by hyperparameter name (where a card declares it)
 # (string keys: Python reads the identifier ℓ_max as l_max)
-SMALL = {"V": 13, "D": 8, "H": 2, "H_kv": 1, "d": 4, "D_f": 6, "N": 2, "ctx": 6, "w": 2,
+SMALL = {"n": 4, "m": 3, "V": 13, "D": 8, "H": 2, "H_kv": 1, "d": 4, "D_f": 6, "N": 2, "ctx": 6, "w": 2,
          "types": 2, "d_r": 2, "L": 2, "L_enc": 1, "L_dec": 2, "d_e": 4, "d_mlp": 6, "d_f": 3,
          "N_V": 9, "ℓ_max": 6, "d_attn": 2, "d_mid": 2, "d_in": 3, "d_out": 2}
 T = 4  # positions of each example; B examples at once through the module
 B = 2
 DIFFERENTIAL = sorted([*ROOT.glob("cards/*.card"), *ROOT.glob("cards/paper/*.card"),
-                       *ROOT.glob("tests/cards/**/*.card"), *ROOT.glob("tests/lang/*.card")])
+                       *ROOT.glob("tests/cards/**/*.card"), *ROOT.glob("tests/lang/*.card"),
+                       *ROOT.glob("tests/interpret/*.card")])
 # where the interpreter and a lowering disagree: a defect of that lowering, stated exactly
-ROTARY_FLOAT32 = ("rotary angles are computed in float32 (`phi = arange(…, dtype=float32) · "
-                  "omega.float()`) in both lowerings even when the model is float64: outputs "
-                  "1e-9 to 3e-7 off the card's (t − 1) ω_i")
-DISAGREE: dict[str, str] = dict.fromkeys(
-    ("Falcon", "FalconUntied", "Gemma2", "Llama", "LlamaUntied", "Mistral", "OLMo2", "Qwen2",
-     "Qwen2Untied", "Qwen3", "Qwen3Untied", "StableLM2", "ExplicitMask", "GroupedWindow",
-     "InterleavedRotary", "PartialRotary", "RotaryAtMap"), ROTARY_FLOAT32)
+ROTARY_FLOAT32 = ("rotary angles are float32 in a float64 model, in both lowerings: the fused "
+                  "`phi = arange(…, dtype=float32) · omega.float()`, the literal "
+                  "`θ_base ** (−2 (arange(…) − 1)/d)` (an integer arange divided is torch's "
+                  "default float32): outputs 1e-9 to 3e-7 off the card's (t − 1) ω_i")
+DISAGREE: dict[str, str] = {
+    **dict.fromkeys(
+        ("Falcon", "FalconUntied", "Gemma2", "Llama", "LlamaUntied", "Mistral", "OLMo2", "Qwen2",
+         "Qwen2Untied", "Qwen3", "Qwen3Untied", "StableLM2", "ExplicitMask", "GroupedWindow",
+         "InterleavedRotary", "PartialRotary", "RotaryAtMap"), ROTARY_FLOAT32),
+    "Gather": "a computed index is used as a 0-based one: `for i ∈ [n] : p[i] ← i` then "
+              "`w[p]` indexes w[…, p] with p = 1 … n (IndexError at n)",
+    "ThresholdMap": "`C[:, j] ← [[x ≥ j]]` leaves C a bool tensor, and `C w` fails "
+                    "(addmv: Double, Bool and Double)",
+    "Sign": "`[[x > 0]] − [[x < 0]]` subtracts two bool tensors (torch refuses: "
+            "'Subtraction … with two bool tensors is not supported')",
+}
 # models the comparison does not run yet, and why
 UNSUPPORTED = {
-    "PositionalEmbedding": "its input is a position ℓ ∈ [ℓ_max], a number the harness does not "
-                           "make for the module",
     "BasicSingleQueryAttention": "its inputs are a family e_t over t ∈ [T] and its sum Σ_u runs "
                                  "over that family: neither a module input nor an "
                                  "interpreted construct",
@@ -224,11 +246,15 @@ def _inputs(program: Program, env: dict, g: torch.Generator):
     interpreter (1-based, in the card's layout)."""
     for_module, for_card = [], []
     sizes = {**env, "T": T, "T_z": T + 1, "ℓ": T, "ℓ_x": T, "ℓ_z": T + 1}
-    for _, ty in program.sig.inputs:
-        for sym in {s for d in ty.shape for s in d.symbols} - set(sizes):
+    for name, ty in program.sig.inputs:
+        for sym in {x for d in ty.shape for x in d.symbols} - set(sizes):
             sizes[sym] = T  # a length the card names by its input, |x|
         shape = [int(d.evaluate(sizes)) for d in ty.shape]
-        if ty.elem == "ℕ":
+        if ty.elem == "ℕ" and ty.vocab is None and not shape:  # a position ℓ ∈ [n], from 1
+            x = torch.randint(1, _bound(program, name, env) + 1, (B,), generator=g)
+            for_module.append(x)
+            for_card.append([int(v) for v in x])
+        elif ty.elem == "ℕ":
             vocab = int(ty.vocab.evaluate(env))
             x = torch.randint(0, vocab, (B, *shape), generator=g)
             for_module.append(x)
@@ -244,6 +270,12 @@ def _inputs(program: Program, env: dict, g: torch.Generator):
 @pytest.mark.parametrize(("rel", "name"), list(_cases()))
 def test_interpreter_equals_fused_and_literal_modules(rel, name, monkeypatch):
     monkeypatch.chdir(ROOT)
+    _compare(rel, name)
+
+
+def _compare(rel: str, name: str) -> None:
+    """The model `name` of the card file `rel`, small, in float64: its interpreted values and
+    gradients, and those of its literal and fused modules holding the same weights."""
     lib, checker = _checked(rel)
     alg = next(a for a in model_cards(lib, checker, [rel]) if a.label == name)
     program = Program.of(lib, checker, alg)
@@ -277,6 +309,13 @@ def test_interpreter_equals_fused_and_literal_modules(rel, name, monkeypatch):
         (got * weights).sum().backward()
         for n, p in module.named_parameters():
             torch.testing.assert_close(_grad(p), want_grads[n], rtol=RTOL, atol=ATOL, msg=n)
+
+
+def _bound(program: Program, name: str, env: dict) -> int:
+    """n of an input declared `ℓ ∈ [n]`."""
+    decl = next(d for d in program.alg.decls("Input") if name in getattr(d, "names", ()))
+    assert isinstance(decl.type, s.Finite) and isinstance(decl.type.size, s.Name)
+    return int(env[decl.type.size.id])
 
 
 def _grad(p: torch.Tensor) -> torch.Tensor:
