@@ -116,17 +116,19 @@ Output: y ∈ ℝ^{D}
 Hyperparameters: D, L ∈ ℕ
 Parameters: θ includes all of the following parameters:
     For l ∈ [L]:
-        W_l ∈ ℝ^{D×D}
+        W^1_l ∈ ℝ^{D×D}, b^1_l ∈ ℝ^{D}
 1 for l = 1, …, L do
-2     x ← ReLU(W_l x)
+2     x ← ReLU(W^1_l x + b^1_l)
 3 end
 4 return y = x
 """)
     g = torch.Generator().manual_seed(0)
     ws = [torch.randn(3, 3, generator=g, dtype=torch.float64) for _ in range(2)]
+    bs = [torch.randn(3, generator=g, dtype=torch.float64) for _ in range(2)]
     x = torch.randn(3, generator=g, dtype=torch.float64)
-    y = interpret(card, inputs=(x,), params={"θ": {"W_l": ws}}, D=3, L=2)
-    expected = torch.relu(ws[1] @ torch.relu(ws[0] @ x))
+    y = interpret(card, inputs=(x,), params={"θ": {"W^1_l": ws, "b^1_l": bs}}, D=3, L=2)
+    # member l of W^1_l, not member 1 (the superscript 1 is part of the name)
+    expected = torch.relu(ws[1] @ torch.relu(ws[0] @ x + bs[0]) + bs[1])
     torch.testing.assert_close(y, expected, rtol=RTOL, atol=ATOL)
 
 
