@@ -132,6 +132,18 @@ Parameters: θ includes all of the following parameters:
     torch.testing.assert_close(y, expected, rtol=RTOL, atol=ATOL)
 
 
+def test_a_transposed_vector_times_a_vector_is_a_number(tmp_path):
+    card = _card(tmp_path, """Algorithm: y ← Dot(q, k)
+Input: q, k ∈ ℝ^{D}
+Output: y ∈ ℝ
+Hyperparameters: D ∈ ℕ
+1 return y = q^⊺ k/2
+""")
+    q, k = (torch.tensor(v, dtype=torch.float64) for v in ([1.0, 2.0], [3.0, 4.0]))
+    y = interpret(card, inputs=(q, k), params={}, D=2)
+    assert y.shape == () and y.item() == (3 + 8) / 2
+
+
 def test_softmax_is_over_the_first_index_of_a_column_major_card():
     program = Program(ROOT / "cards/paper/attention.card")
     g = torch.Generator().manual_seed(0)

@@ -347,9 +347,7 @@ class Evaluator:
         x = self.expr(frame, e.operand)
         if isinstance(x, torch.Tensor) and x.dim() == 2:
             return x.T
-        if isinstance(x, torch.Tensor) and x.dim() == 1:
-            return x.unsqueeze(0)  # a row
-        return x
+        return x  # a vector: q^⊺ k is the product of two vectors, a number
 
     def expr_BinOp(self, e: s.BinOp, frame: Frame) -> Value:
         if e.op == " " and _is_ones_row(e.right):  # b 1^⊺: b repeated along a free axis
