@@ -20,6 +20,7 @@ LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
                     "cardc.info", "cardc.diff")),
     (3, "render", ("cardc.render",)),
     (3, "lower", ("cardc.ir", "cardc.lower", "cardc.codegen", "cardc.linebreak")),
+    (3, "interpret", ("cardc.interpret",)),
     (4, "build", ("cardc.build",)),
     (5, "runtime", ("cardc.runtime",)),
     (6, "interop", ("cardc.interop",)),

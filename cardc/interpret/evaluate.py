@@ -1,0 +1,683 @@
+"""The evaluator: one checked card's steps run on concrete tensors, as the paper reads them.
+
+Indices count from 1 and slices include both ends; loops, sums and `∀` run one value at a time,
+as written; `[[c]]` is 1 where c holds and 0 elsewhere; a call to another card runs that card's
+steps in a frame of its own, with its hyperparameters bound as the checker bound them. Nothing
+here is vectorised or fused: it is slow on purpose, and each construct is a few lines to read.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from itertools import product
+from typing import Any
+
+import torch
+
+from .. import syntax as s
+from ..builtins import CONSTANTS, DROPOUT, SPECIAL_TOKENS
+from ..checker import CallInfo, CardInfo, Checker, instance, split_name
+from ..dims import Dim
+from ..spelling import display
+from ..types import BundleTy, Entry, FamilyTy, Ty
+from . import functions
+
+Value = Any  # a tensor, a number, a bundle (dict), a family (list), a set of indices (list)
+MAX_STEPS = 10_000_000  # loop iterations in one run: a bound on work, never on time
+
+
+class InterpretError(Exception):
+    """A construct the interpreter does not run, or a value it cannot take, at its place."""
+
+    def __init__(self, span: s.Span, message: str):
+        super().__init__(f"{span}: {message}")
+        self.span = span
+        self.message = message
+
+
+class _Return(Exception):
+    def __init__(self, value: Value):
+        self.value = value
+
+
+_DECOR = re.compile(r"([_^])(\{[^{}]*\}|[^_^{}]+)")
+
+
+@dataclass
+class Frame:
+    """One card's run: its hyperparameters and sizes (`ints`, `nums`), its parameters
+    (`params`, by the card's own names; a family is a list, member i at [i − 1]) and locals."""
+
+    alg: s.Algorithm
+    info: CardInfo
+    nums: dict[str, Value]  # hyperparameters and sizes by name (ℕ ones are ints)
+    params: dict[str, Value]
+    locals: dict[str, Value] = field(default_factory=dict)
+    loops: dict[str, int] = field(default_factory=dict)  # bound indices: loop variables
+    outer: dict[str, Value] = field(default_factory=dict)  # the callers' hyperparameters
+
+    @property
+    def column(self) -> bool:
+        return self.info.sig.layout == "column"
+
+
+class Evaluator:
+    """Runs cards of one checked library; `dtype` is the format of every real value."""
+
+    def __init__(self, checker: Checker, dtype: torch.dtype = torch.float64):
+        self.checker = checker
+        self.dtype = dtype
+        self.steps = 0
+
+    # ------------------------------------------------------------------ cards
+
+    def run(self, alg: s.Algorithm, args: list[Value], params: dict[str, Value],
+            nums: dict[str, Value], outer: dict[str, Value] | None = None) -> Value:
+        """`alg` on inputs `args` with parameters `params` (the card's own names) and the
+        hyperparameters `nums`; sizes of the inputs bind the symbols their types name."""
+        info = self.checker.info(alg)
+        frame = Frame(alg, info, dict(nums), params, outer=dict(outer or {}))
+        for (name, ty), value in zip(info.sig.inputs, args, strict=True):
+            frame.locals[name] = value
+            if isinstance(ty, Ty) and isinstance(value, torch.Tensor):
+                self.bind_shape(frame, ty, value)
+        for name, dim in info.sig.definitions.items():
+            if name not in frame.nums:
+                frame.nums[name] = self.dim(frame, dim, alg.span)
+        try:
+            self.block(frame, alg.steps)
+        except _Return as ret:
+            return ret.value
+        raise InterpretError(alg.span, f"'{alg.label}' ended without a return step")
+
+    def bind_shape(self, frame: Frame, ty: Ty, value: torch.Tensor) -> None:
+        """Sizes written as a single symbol (T, D) take the size of the value given."""
+        for d, size in zip(ty.shape, value.shape[value.dim() - ty.rank:], strict=False):
+            if d is not None and len(d.terms) == 1 and d.terms[0][1] == 1:
+                mono = d.terms[0][0]
+                if len(mono) == 1 and mono[0][1] == 1 and mono[0][0] not in frame.nums:
+                    frame.nums[mono[0][0]] = int(size)
+
+    def dim(self, frame: Frame, d: Dim, span: s.Span) -> int | float:
+        env = {**frame.nums, **frame.loops}
+        try:
+            value = d.evaluate({k: v for k, v in env.items() if isinstance(v, (int, float))})
+        except KeyError as err:
+            raise InterpretError(span, f"the size {display(str(d))} needs a value for "
+                                       f"'{display(err.args[0])}'") from None
+        return int(value) if value.denominator == 1 else float(value)
+
+    # ------------------------------------------------------------------ steps
+
+    def block(self, frame: Frame, steps: tuple[s.Step, ...]) -> None:
+        for step in steps:
+            self.stmt(frame, step.stmt)
+
+    def stmt(self, frame: Frame, st: s.Stmt) -> None:
+        s.dispatch(self, "stmt", st, frame, missing=lambda n: self.unsupported(n, "this step"))
+
+    def tick(self, span: s.Span) -> None:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise InterpretError(span, f"more than {MAX_STEPS:,} loop iterations")
+
+    def stmt_Return(self, st: s.Return, frame: Frame) -> None:
+        raise _Return(self.expr(frame, st.value))
+
+    def stmt_Assign(self, st: s.Assign, frame: Frame) -> None:
+        if st.op == "=" and not isinstance(st.target, s.Name):
+            self.unsupported(st, "a function definition")
+        value = self.expr(frame, st.value)
+        target = st.target
+        if isinstance(target, s.Name):
+            frame.locals[self.concrete(frame, target.id)] = value
+        elif isinstance(target, s.Index) and isinstance(target.base, s.Name):
+            self.assign_part(frame, target, value)
+        else:
+            self.unsupported(target, "this assignment target")
+
+    def assign_part(self, frame: Frame, target: s.Index, value: Value) -> None:
+        """`X[:, t] ← v`: a copy of X with that part replaced; X is made (zero) where it is
+        new, and grown where the part lies beyond it (`for i ∈ [n] : ω[i] ← …` makes ω)."""
+        name = self.concrete(frame, target.base.id)
+        old = frame.locals.get(name)
+        v = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        if v.dtype == torch.bool or v.is_floating_point():
+            v = v.to(self.dtype)
+        key = self.index_key(frame, target, old, grow=True)
+        new = _grown(old, key, v, target)
+        if v.is_floating_point() and not new.is_floating_point():
+            new = new.to(v.dtype)
+        new = new.clone()
+        part = new[key]
+        new[key] = v.reshape(part.shape) if v.numel() == part.numel() else v.to(new.dtype)
+        frame.locals[name] = new
+
+    def elem_dtype(self, ty: Ty) -> torch.dtype:
+        return torch.long if ty.elem == "ℕ" else self.dtype
+
+    def stmt_For(self, st: s.For, frame: Frame) -> None:
+        for i in self.domain(frame, st.over, st.span):
+            self.tick(st.span)
+            frame.loops[st.var] = i
+            self.block(frame, st.body)
+        frame.loops.pop(st.var, None)
+
+    def domain(self, frame: Frame, over: s.Expr | s.Range, span: s.Span) -> list[int]:
+        """`[ℓ]`, `1, 2, …, L` or a set's elements: the values a loop variable takes."""
+        if isinstance(over, s.Range):
+            first = [self.integer(frame, e) for e in over.first]
+            last = self.integer(frame, over.last)
+            step = first[1] - first[0] if len(first) > 1 else 1
+            if step <= 0:
+                raise InterpretError(span, "a range that does not increase")
+            return list(range(first[0], last + 1, step))
+        if isinstance(over, s.Concat) and over.sep == "," and len(over.items) == 1:
+            return list(range(1, self.integer(frame, over.items[0]) + 1))  # [n] = {1, …, n}
+        value = self.expr(frame, over)
+        if isinstance(value, list):
+            return [int(v) for v in value]
+        raise InterpretError(over.span, "a loop over something that is not a set of indices")
+
+    def stmt_ForAll(self, st: s.ForAll, frame: Frame) -> None:
+        """`∀t, t′: stmt`: every combination of values, each variable's range the size of
+        the axis it indexes in the statement."""
+        ranges = [range(1, self.forall_size(frame, st, v) + 1) for v in st.vars]
+        for values in product(*ranges):
+            self.tick(st.span)
+            frame.loops.update(zip(st.vars, values, strict=True))
+            self.stmt(frame, st.body)
+        for v in st.vars:
+            frame.loops.pop(v, None)
+
+    def forall_size(self, frame: Frame, st: s.ForAll, var: str) -> int:
+        for node in s.nodes(st.body):
+            if isinstance(node, s.Index) and isinstance(node.base, s.Name):
+                for axis, item in enumerate(node.items):
+                    if isinstance(item, s.Name) and item.id == var:
+                        base = self.lookup(frame, node.base, required=False)
+                        if isinstance(base, torch.Tensor) and axis < base.dim():
+                            return base.shape[axis]
+        raise InterpretError(st.span, f"cannot tell the range of '{display(var)}'")
+
+    def stmt_If(self, st: s.If, frame: Frame) -> None:
+        if self.truth(self.expr(frame, st.cond)):
+            self.stmt(frame, st.then)
+
+    def stmt_While(self, st: s.While, frame: Frame) -> None:
+        while self.truth(self.expr(frame, st.cond)):
+            self.tick(st.span)
+            self.block(frame, st.body)
+
+    def truth(self, value: Value) -> bool:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise InterpretError(s.NOWHERE, "a condition that is not one truth value")
+            return bool(value.item())
+        return bool(value)
+
+    # ------------------------------------------------------------------ names
+
+    def concrete(self, frame: Frame, name: str) -> str:
+        """`Y^h` with h = 2 bound is `Y^2`: decorations that are bound indices or sizes,
+        written as their values."""
+        env = {**frame.nums, **frame.loops}
+
+        def sub(m: re.Match) -> str:
+            v = m.group(2).strip("{}")
+            val = env.get(v)
+            return f"{m.group(1)}{val}" if isinstance(val, int) else m.group(0)
+
+        base = re.match(r"[^_^]+", name)
+        head = base.group(0) if base else ""
+        return head + _DECOR.sub(sub, name[len(head):])
+
+    def lookup(self, frame: Frame, e: s.Name, required: bool = True) -> Value:
+        name = e.id
+        if name in frame.loops:
+            return frame.loops[name]
+        for key in (self.concrete(frame, name), name):
+            if key in frame.locals:
+                return frame.locals[key]
+        found = self.param(frame, name)
+        if found is not None:
+            return found
+        if name in frame.nums:
+            return frame.nums[name]
+        if name in SPECIAL_TOKENS:
+            return self.special_token(frame, e)
+        if name in CONSTANTS:
+            return math.pi
+        if not required:
+            return None
+        raise InterpretError(e.span, f"'{display(name)}' has no value here")
+
+    def special_token(self, frame: Frame, e: s.Name) -> int:
+        """The paper's special tokens are the last IDs of the vocabulary, counted from 1."""
+        ty = frame.info.types.get(id(e))
+        vocab = ty.vocab if isinstance(ty, Ty) else None
+        if vocab is None:
+            raise InterpretError(e.span, f"cannot tell the vocabulary of '{e.id}'")
+        return self.dim(frame, vocab, e.span) - SPECIAL_TOKENS[e.id]
+
+    def param(self, frame: Frame, name: str) -> Value:
+        """A parameter by its name: `θ^block_ℓ` with ℓ bound is member ℓ of its family, and
+        `W^h_q` with h bound the member `W^h_q` of member h of the family `W^h_qkv`."""
+        whole = frame.params.get(name)
+        if whole is not None and not isinstance(whole, list):
+            return whole
+        for pattern, family in frame.params.items():
+            if not isinstance(family, list) or not family:
+                continue
+            inner = list(family[0]) if isinstance(family[0], dict) else []
+            for var in {v for _, v in split_name(pattern)[1] if not v.isdigit()}:
+                for candidate in (pattern, *inner):
+                    idx = instance(candidate, var, name)
+                    k = None if idx is None else self.index_text(frame, idx)
+                    if k is None or not 1 <= k <= len(family):
+                        continue
+                    member = family[k - 1]
+                    return member if candidate == pattern else member[candidate]
+        return whole  # a family itself, outside a loop over it
+
+    def index_text(self, frame: Frame, text: str) -> int | None:
+        if text.isdigit():
+            return int(text)
+        value = frame.loops.get(text, frame.nums.get(text, frame.locals.get(text)))
+        return value if isinstance(value, int) else None
+
+    # ------------------------------------------------------------------ expressions
+
+    def expr(self, frame: Frame, e: s.Expr) -> Value:
+        return s.dispatch(self, "expr", e, frame,
+                          missing=lambda n: self.unsupported(n, "this expression"))
+
+    def unsupported(self, node: Any, what: str) -> None:
+        kind = type(node).__name__.rstrip("_")
+        raise InterpretError(getattr(node, "span", s.NOWHERE),
+                             f"the interpreter does not run {what} ({kind})")
+
+    def integer(self, frame: Frame, e: s.Expr) -> int:
+        value = self.expr(frame, e)
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int):
+            raise InterpretError(e.span, f"expected a whole number, got {value!r}")
+        return value
+
+    def expr_Name(self, e: s.Name, frame: Frame) -> Value:
+        return self.lookup(frame, e)
+
+    def expr_Num(self, e: s.Num, frame: Frame) -> Value:
+        value = e.value
+        return int(value) if value.is_integer() and "." not in e.text and "e" not in e.text \
+            else value
+
+    def expr_Iverson(self, e: s.Iverson, frame: Frame) -> Value:
+        return self.real(self.expr(frame, e.cond))
+
+    def real(self, value: Value) -> Value:
+        """A truth value or whole number as a real: [[c]] is 1 or 0."""
+        if isinstance(value, torch.Tensor):
+            return value.to(self.dtype)
+        return torch.tensor(float(value), dtype=self.dtype)
+
+    def expr_Unary(self, e: s.Unary, frame: Frame) -> Value:
+        x = self.expr(frame, e.operand)
+        if e.op == "−":
+            return -x if not _is_bool(x) else -self.real(x)
+        if e.op == "¬":
+            return ~x.bool() if isinstance(x, torch.Tensor) else not x
+        if e.op == "√":
+            return torch.sqrt(self.real(x))
+        return self.unsupported(e, f"'{e.op}'")
+
+    def expr_Power(self, e: s.Power, frame: Frame) -> Value:
+        base, exp = self.expr(frame, e.base), self.expr(frame, e.exponent)
+        if isinstance(base, torch.Tensor) or isinstance(exp, torch.Tensor):
+            return torch.pow(self.real(base), exp)
+        return base ** exp
+
+    def expr_Transpose(self, e: s.Transpose, frame: Frame) -> Value:
+        x = self.expr(frame, e.operand)
+        if isinstance(x, torch.Tensor) and x.dim() == 2:
+            return x.T
+        return x  # a vector: q^⊺ k is the product of two vectors, a number
+
+    def expr_BinOp(self, e: s.BinOp, frame: Frame) -> Value:
+        if e.op == " " and _is_ones_row(e.right):  # b 1^⊺: b repeated along a free axis
+            b = self.expr(frame, e.left)
+            return b.unsqueeze(-1)
+        if e.op == " " and isinstance(e.left, s.Name) and e.left.id not in frame.locals and \
+                self.lookup(frame, e.left, required=False) is None:  # `log p`: applied
+            return self.builtin(e, e.left.id, [self.expr(frame, e.right)], frame)
+        a, b = self.expr(frame, e.left), self.expr(frame, e.right)
+        return self.binary(e, a, b)
+
+    def binary(self, e: s.BinOp, a: Value, b: Value) -> Value:
+        op = e.op
+        if op in (" ", "·"):
+            if _rank(a) == 0 or _rank(b) == 0:
+                return self.arith(a, b, lambda x, y: x * y)
+            return self.real(a) @ self.real(b)
+        if op == "⊙":
+            return self.arith(a, b, lambda x, y: x * y)
+        if op == "+":
+            return self.arith(a, b, lambda x, y: x + y)
+        if op == "−":
+            return self.arith(a, b, lambda x, y: x - y)
+        if op == "/":
+            return self.arith(a, b, lambda x, y: x / y, exact=True)
+        compare = {"≤": torch.le, "≥": torch.ge, "<": torch.lt, ">": torch.gt, "≠": torch.ne,
+                   "=": torch.eq, "≡": torch.eq}
+        if op in compare:
+            return compare[op](torch.as_tensor(a), torch.as_tensor(b))
+        if op == "∧":
+            return torch.as_tensor(a).bool() & torch.as_tensor(b).bool()
+        return self.unsupported(e, f"the operator '{op}'")
+
+    def arith(self, a: Value, b: Value, f, exact: bool = False) -> Value:
+        """Numbers stay numbers (a fraction of whole numbers is exact); truth values count as
+        0 and 1; token IDs and indices keep their whole numbers."""
+        if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+            if exact and isinstance(a, int) and isinstance(b, int):
+                q = Fraction(a, b)
+                return int(q) if q.denominator == 1 else float(q)
+            return f(a, b)
+        a = self.real(a) if _is_bool(a) or _floaty(b) or exact else a
+        b = self.real(b) if _is_bool(b) or _floaty(a) or exact else b
+        return f(a, b)
+
+    # ------------------------------------------------------------------ indexing
+
+    def expr_Index(self, e: s.Index, frame: Frame) -> Value:
+        base = self.expr(frame, e.base)
+        if isinstance(base, list):  # a set or a family of values
+            if len(e.items) != 1:
+                self.unsupported(e, "several indices into a family")
+            return base[self.integer(frame, e.items[0]) - 1]
+        if not isinstance(base, torch.Tensor):
+            self.unsupported(e, "an index into a number")
+        if base.dim() < len(e.items):
+            raise InterpretError(e.span, f"{len(e.items)} indices into a value of "
+                                         f"{base.dim()} axes")
+        return base[self.index_key(frame, e, base)]
+
+    def index_key(self, frame: Frame, e: s.Index, base: torch.Tensor | None,
+                  grow: bool = False) -> tuple:
+        """The 0-based key of a 1-based index: `a : b` includes b, a token ID t is row t − 1,
+        several index vectors select a block (each axis on its own, as the math does)."""
+        key: list[Any] = []
+        vectors = 0
+        for axis, item in enumerate(e.items):
+            size = base.shape[axis] if base is not None and axis < base.dim() and not grow \
+                else None
+            if isinstance(item, s.Slice):
+                lo = 1 if item.lo is None else self.integer(frame, item.lo)
+                hi = size if item.hi is None else self.integer(frame, item.hi)
+                if size is not None and (not 1 <= lo <= hi + 1 or hi > size):
+                    raise InterpretError(item.span, f"the slice {lo} : {hi} is outside 1 … {size}")
+                key.append(slice(lo - 1, hi))
+            elif isinstance(item, s.Progression):
+                first, second = self.integer(frame, item.first), self.integer(frame, item.second)
+                last = self.integer(frame, item.last)
+                key.append(torch.arange(first - 1, last, second - first))
+                vectors += 1
+            else:
+                idx = self.expr(frame, item)
+                if isinstance(idx, torch.Tensor) and idx.dim() > 0:
+                    key.append(idx.long() - 1)
+                    vectors += 1
+                else:
+                    k = int(idx.item() if isinstance(idx, torch.Tensor) else idx)
+                    if size is not None and not 1 <= k <= size:
+                        raise InterpretError(item.span, f"the index {k} is outside 1 … {size}")
+                    key.append(k - 1)
+        if vectors > 1:  # an outer product of index vectors: broadcast each on its own axis
+            shaped, n, seen = [], sum(isinstance(k, torch.Tensor) for k in key), 0
+            for k in key:
+                if isinstance(k, torch.Tensor):
+                    view = [1] * n
+                    view[seen] = -1
+                    shaped.append(k.reshape(view))
+                    seen += 1
+                else:
+                    shaped.append(k)
+            key = shaped
+        return tuple(key)
+
+    # ------------------------------------------------------------------ collections
+
+    def expr_Concat(self, e: s.Concat, frame: Frame) -> Value:
+        items = [self.expr(frame, x) for x in self.expand(frame, e)]
+        ty = frame.info.types.get(id(e))
+        rank = ty.rank if isinstance(ty, Ty) else None
+        tensors = [torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x for x in items]
+        if any(t.is_floating_point() for t in tensors):
+            tensors = [self.real(t) for t in tensors]
+        axis = -1 if e.sep == "," else 0
+        if rank is not None and all(t.dim() + 1 == rank for t in tensors):
+            return torch.stack(tensors, dim=axis)  # vectors as columns (",") or rows (";")
+        return torch.cat([t.reshape(1) if t.dim() == 0 else t for t in tensors], dim=axis)
+
+    def expand(self, frame: Frame, e: s.Concat) -> list[s.Expr]:
+        """`[e_1, e_2, …, e_ℓ]`: the members between the first and the last, as names."""
+        if not any(isinstance(x, s.Ellipsis_) for x in e.items):
+            return list(e.items)
+        named = [x for x in e.items if not isinstance(x, s.Ellipsis_)]
+        if not all(isinstance(x, s.Name) for x in named) or len(named) < 2:
+            self.unsupported(e, "an elided list of anything but names")
+        first, last = split_name(named[0].id), split_name(named[-1].id)
+        where = [k for k, (a, b) in enumerate(zip(first[1], last[1], strict=False)) if a != b]
+        if first[0] != last[0] or len(first[1]) != len(last[1]) or len(where) != 1:
+            self.unsupported(e, "an elided list whose names differ in more than one index")
+        k = where[0]
+        lo, hi = (self.index_text(frame, d[1][k][1]) for d in (first, last))
+        step = 1
+        if len(named) > 2:
+            second = self.index_text(frame, split_name(named[1].id)[1][k][1])
+            step = second - lo if second is not None and lo is not None else 0
+        if lo is None or hi is None or step <= 0:
+            self.unsupported(e, "an elided list whose ends are not whole numbers")
+        out = []
+        for i in range(lo, hi + 1, step):
+            decor = list(first[1])
+            decor[k] = (decor[k][0], str(i))
+            out.append(s.Name(first[0] + "".join(f"{kind}{v}" for kind, v in decor),
+                              span=e.span))
+        return out
+
+    def expr_SetBuilder(self, e: s.SetBuilder, frame: Frame) -> Value:
+        out = []
+        for i in self.domain(frame, e.domain, e.span):
+            frame.loops[e.var] = i
+            if self.truth(self.expr(frame, e.cond)):
+                out.append(i)
+        frame.loops.pop(e.var, None)
+        return out
+
+    def expr_Sum(self, e: s.Sum, frame: Frame) -> Value:
+        if e.over is not None:
+            values = self.domain(frame, e.over, e.span)
+        elif e.lo is not None and e.hi is not None:
+            values = list(range(self.integer(frame, e.lo), self.integer(frame, e.hi) + 1))
+        else:
+            return self.unsupported(e, "a sum over an unstated family")
+        total: Value = 0
+        saved = frame.loops.get(e.index)
+        for i in values:
+            self.tick(e.span)
+            frame.loops[e.index] = i
+            total = self.arith(total, self.expr(frame, e.body), lambda x, y: x + y)
+        if saved is None:
+            frame.loops.pop(e.index, None)
+        else:
+            frame.loops[e.index] = saved
+        return total
+
+    def expr_Norm(self, e: s.Norm, frame: Frame) -> Value:
+        x = self.expr(frame, e.operand)
+        return torch.sqrt((self.real(x) ** 2).sum())
+
+    # ------------------------------------------------------------------ calls
+
+    def expr_Call(self, e: s.Call, frame: Frame) -> Value:
+        call = frame.info.calls.get(id(e))
+        if call is not None:
+            return self.call_card(e, call, frame)
+        if e.func == DROPOUT and len(e.args) == 1:  # in evaluation, its input itself
+            return self.expr(frame, e.args[0])
+        if e.bar and e.params or len(e.args) != 1 and e.func not in ("max", "min"):
+            return self.unsupported(e, f"the call of '{display(e.func)}'")
+        args = [self.expr(frame, a) for a in e.args]
+        return self.builtin(e, e.func, args, frame)
+
+    def builtin(self, e: s.Expr, name: str, args: list[Value], frame: Frame) -> Value:
+        return functions.apply(self, e, name, args, frame)
+
+    def call_card(self, e: s.Call, call: CallInfo, frame: Frame) -> Value:
+        """A call of another card: its inputs, parameters and hyperparameters as the checker
+        bound them; a card declared on vectors and given matrices runs row by row."""
+        callee = call.callee
+        sig = self.checker.info(callee).sig
+        args = [self.expr(frame, a) for a in e.args]
+        args += [args[0]] * (len(sig.inputs) - len(args))  # Z = X: self-attention
+        nums = self.callee_nums(e, call, frame)
+        params = {}
+        for name, entry in sig.params:
+            if name in call.params:
+                given = self.expr(frame, call.params[name])
+                params.update(self.bundle_view(name, entry, given))
+        for name, given in call.hypers.items():
+            nums[name] = self.hyper_value(frame, callee, name, given, nums)
+        lifted = len(call.lift)
+        outer = {**frame.outer, **frame.nums}
+        if not lifted:
+            return self.run(callee, args, params, nums, outer)
+        return self.run_rows(callee, sig, args, params, nums, lifted, outer)
+
+    def run_rows(self, callee, sig, args, params, nums, lifted: int, outer) -> Value:
+        wants = [ty.rank if isinstance(ty, Ty) else 0 for _, ty in sig.inputs]
+        lead = next(a.shape[:lifted] for a, w in zip(args, wants, strict=True)
+                    if isinstance(a, torch.Tensor) and a.dim() > w)
+        rows = []
+        for idx in product(*(range(n) for n in lead)):
+            row_args = [a[idx] if isinstance(a, torch.Tensor) and a.dim() > w else a
+                        for a, w in zip(args, wants, strict=True)]
+            rows.append(self.run(callee, row_args, params, dict(nums), outer))
+        return torch.stack(rows).reshape(*lead, *rows[0].shape)
+
+    def callee_nums(self, e: s.Call, call: CallInfo, frame: Frame) -> dict[str, Value]:
+        """The callee's sizes and hyperparameters: bound by the call (in the caller's
+        symbols), else the caller's own of that name, else the callee's defaults."""
+        sig = self.checker.info(call.callee).sig
+        nums: dict[str, Value] = {}
+        for name, dim in call.bind.items():
+            if any(sym.startswith("?") for sym in dim.symbols):
+                continue
+            try:
+                nums[name] = self.dim(frame, dim, e.span)
+            except InterpretError:
+                continue
+        for name in sig.hypers:  # else the caller's of that name, or its callers'
+            if name not in nums and name not in call.hypers:
+                for scope in (frame.nums, frame.outer):
+                    if name in scope:
+                        nums[name] = scope[name]
+                        break
+        callee_frame = Frame(call.callee, self.checker.info(call.callee), nums, {})
+        for name, default in sig.defaults.items():
+            if name not in nums and name not in call.hypers:
+                nums[name] = self.expr(callee_frame, default)
+        return nums
+
+    def hyper_value(self, frame: Frame, callee: s.Algorithm, name: str, given: s.Expr,
+                    nums: dict[str, Value]) -> Value:
+        """`ε = ε`, `Mask ≡ 1`, or a mask by its rule, `Mask[t, t′] = [[t′ ≤ t]]`, made a
+        table over the callee's declared sizes."""
+        if not isinstance(given, s.Arg):
+            return self.expr(frame, given)
+        ty = self.checker.info(callee).sig.hypers.get(name)
+        probe = Frame(callee, self.checker.info(callee), nums, {})
+        if not isinstance(given.target, s.Index):
+            value = self.expr(frame, given.value)
+            if given.op == "≡" and isinstance(ty, Ty) and ty.shape:  # the same everywhere
+                sizes = [self.dim(probe, d, given.span) for d in ty.shape]
+                return torch.full(sizes, bool(value) if ty.elem == "𝔹" else value)
+            return value
+        assert isinstance(ty, Ty)
+        sizes = [self.dim(probe, d, given.span) for d in ty.shape]
+        idx = [i.id for i in given.target.items if isinstance(i, s.Name)]
+        table = torch.zeros(sizes, dtype=torch.bool)
+        saved = dict(frame.loops)
+        for values in product(*(range(1, n + 1) for n in sizes)):
+            frame.loops.update(zip(idx, values, strict=True))
+            table[tuple(v - 1 for v in values)] = self.truth(self.expr(frame, given.value))
+        frame.loops.clear()
+        frame.loops.update(saved)
+        return table
+
+    def bundle_view(self, name: str, entry: Entry, given: Value) -> dict[str, Value]:
+        """The parameters a callee sees, by its own names: a bundle's members matched in
+        order with the caller's (as the checker matched them), a bundle declared in place
+        opened so its members are names of the callee."""
+        if isinstance(entry, BundleTy) and isinstance(given, dict):
+            renamed = dict(zip(entry.members, given.values(), strict=False))
+            out: dict[str, Value] = {name: renamed}
+            for member, sub in entry.members.items():
+                out.update(self.bundle_view(member, sub, renamed[member]))
+            return out
+        if isinstance(entry, FamilyTy) and isinstance(given, list):
+            return {name: [self.bundle_view(name, entry.entry, g)[name] for g in given]}
+        return {name: given}
+
+
+def _rank(x: Value) -> int:
+    return x.dim() if isinstance(x, torch.Tensor) else 0
+
+
+def _is_bool(x: Value) -> bool:
+    return isinstance(x, bool) or isinstance(x, torch.Tensor) and x.dtype == torch.bool
+
+
+def _floaty(x: Value) -> bool:
+    return isinstance(x, float) or isinstance(x, torch.Tensor) and x.is_floating_point()
+
+
+def _is_ones_row(e: s.Expr) -> bool:
+    return isinstance(e, s.Transpose) and isinstance(e.operand, s.Num) and e.operand.text == "1"
+
+
+def _grown(old: torch.Tensor | None, key: tuple, v: torch.Tensor, at: s.Index) -> torch.Tensor:
+    """`old` with zeros appended (or made of zeros) so that `key` lies inside it: the sizes
+    a part's place and the value assigned to it ask for."""
+    axes = iter(v.shape[v.dim() - sum(not isinstance(k, int) for k in key):]
+                if v.dim() >= sum(not isinstance(k, int) for k in key) else ())
+    need = []
+    for k in key:
+        if isinstance(k, int):
+            need.append(k + 1)
+        elif isinstance(k, slice):
+            width = next(axes, None)
+            stop = k.stop if k.stop is not None else None if width is None \
+                else (k.start or 0) + width
+            if stop is None:
+                raise InterpretError(at.span, "cannot tell the size of a new value")
+            need.append(stop)
+        else:
+            next(axes, None)
+            need.append(int(k.max()) + 1)
+    need += list(axes)
+    if old is None:
+        return torch.zeros(need, dtype=v.dtype)
+    if old.dim() != len(need) or all(n <= o for n, o in zip(need, old.shape, strict=True)):
+        return old
+    grown = torch.zeros([max(n, o) for n, o in zip(need, old.shape, strict=True)],
+                        dtype=old.dtype)
+    grown[tuple(slice(0, o) for o in old.shape)] = old
+    return grown

@@ -1,0 +1,78 @@
+"""The builtins of cardc/builtins.py as the interpreter computes them: each from its
+mathematical definition on concrete tensors, not from the fused torch function a lowering
+picks (GELU from erf or tanh, softmax from exp and a sum, var with the population's 1/n)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .. import syntax as s
+from ..spelling import display
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    return 1 / (1 + torch.exp(-x))
+
+
+def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """exp(x_i) / Σ_j exp(x_j), shifted by the largest entry (the same value, without
+    overflow); an axis of −∞ alone stays as softmax leaves it, not a number."""
+    shifted = x - x.amax(dim=dim, keepdim=True).detach()
+    e = torch.exp(shifted)
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+ELEMENTWISE = {
+    "GELU": gelu,
+    "GELU_tanh": gelu_tanh,
+    "ReLU": lambda x: torch.where(x > 0, x, torch.zeros_like(x)),
+    "SiLU": lambda x: x * sigmoid(x),
+    "σ": sigmoid,
+    "exp": torch.exp,
+    "log": torch.log,
+    "tanh": torch.tanh,
+    "cos": torch.cos,
+    "sin": torch.sin,
+}
+
+
+def apply(ev: Any, e: s.Expr, name: str, args: list[Any], frame: Any) -> Any:
+    """`name(args…)` for a builtin (`ev`, `frame`: the evaluator and the card's frame): element-wise, reducing over the last axis, softmax over
+    the first index of a column-major card (the paper's eq. 2) and the last of a row-major one."""
+    if name in ("max", "min") and len(args) == 2:
+        a, b = args
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            f = torch.maximum if name == "max" else torch.minimum
+            return f(ev.real(a), ev.real(b))
+        return max(a, b) if name == "max" else min(a, b)
+    if len(args) != 1:
+        return ev.unsupported(e, f"'{display(name)}' with {len(args)} arguments")
+    (x,) = args
+    if name in ("cos", "sin", "exp", "log", "tanh") and not isinstance(x, torch.Tensor):
+        return getattr(math, name)(x)
+    if name == "length":
+        return x.shape[0] if isinstance(x, torch.Tensor) else len(x)
+    if name in ELEMENTWISE:
+        return ELEMENTWISE[name](ev.real(x))
+    x = ev.real(x)
+    if name == "softmax":
+        return softmax(x, 0 if frame.column else -1)
+    if name == "mean":
+        return x.sum(-1) / x.shape[-1]
+    if name == "var":
+        m = x.sum(-1, keepdim=True) / x.shape[-1]
+        return ((x - m) ** 2).sum(-1) / x.shape[-1]
+    if name in ("max", "min"):
+        return x.amax(-1) if name == "max" else x.amin(-1)
+    return ev.unsupported(e, f"the builtin '{display(name)}'")
