@@ -42,14 +42,11 @@ TOLERANCE = 1e-9  # float64: fused and literal lowerings compute the same math i
 # Constructs that meet a known compiler defect, left out unless asked for (tests/test_cardgen.py
 # holds a shrunk card of each as an expected failure).
 KNOWN_DEFECTS = {
-    "mixed masks": "causal and non-causal attention in one model: a head map's function reads "
-                   "an undefined `cache`, or a non-causal model is offered a cache",
     "column-major slice": "`X[a : b, :]` of a column-major value slices positions, not features",
     "parameter-free block": "a column-major loop over layers whose block has no parameters: "
                             "the layers' output is left row-major and a later product crashes",
     "elementwise map over positions": "`for t ∈ [T] : Y[t, :] ← σ(A[t, :]) ⊙ X[t, :]` is "
                                       "refused: 'this value does not depend on t'",
-    "log of hyperparameters": "`log(α/β) · X` calls torch.log on a float (issue 27)",
     "attention written twice": "`(softmax(S) V) ⊙ (softmax(S) V)` is not cached while the "
                                "model offers a cache: decoding attends within each chunk only",
     "two attentions in a step": "`softmax(S) V + softmax(S_2) V_2`, both causal: cached "
@@ -232,7 +229,7 @@ class CardWriter:
         self.hypers.add(c)
         self.gen.feature("scalar")
         s = self.rng.choice(("α", "β", "(α + β)", "α/β", "(1 − α)", f"1/√{c}", "2 α β"))
-        if self.gen.known and self.rng.random() < 0.2:
+        if self.rng.random() < 0.2:
             self.gen.feature("log of hyperparameters")
             s = "log(α/β)"
         return f"{s} · {atom(self.expr(c, depth))}"
@@ -349,10 +346,8 @@ class Generator:
         self.seed, self.known = seed, known_defects
         self.features: set[str] = set()
         self.subcards: list[str] = []
+        # causal and other attention mixed in one model, as often as not
         self.masks: list[str | None] = ["t′ > t", "t′ > t", "t′ < t", "t′ ≤ t − 2", None]
-        if not known_defects:  # one kind of attention per model
-            causal = self.rng.random() < 0.6
-            self.masks = ["t′ > t"] if causal else ["t′ < t", "t′ ≤ t − 2", None]
         self.hypers: set[str] = set()
 
     def feature(self, name: str) -> None:

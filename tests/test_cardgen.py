@@ -121,8 +121,6 @@ Hyperparameters: D ∈ ℕ; α ∈ (0, ∞) = 0.5; β ∈ (0, ∞) = 1.25
 """
 
 
-@pytest.mark.xfail(strict=True, reason="log of a hyperparameter expression calls torch.log "
-                                       "on a Python float (issue 27)")
 def test_the_log_of_hyperparameters(tmp_path):
     model = _model(tmp_path, LOG_SCALE, "LogScale", D=8, α=0.5, β=1.25)
     x = torch.randn(2, 7, 8, dtype=torch.float64)
@@ -215,8 +213,6 @@ def _attend(q, k, v, causal: bool):
     return torch.softmax(s, dim=-1) @ v
 
 
-@pytest.mark.xfail(strict=True, reason="a causal attention beside a non-causal one: the "
-                                       "generated forward reads an undefined 'cache'")
 def test_causal_and_full_attention_in_one_model(tmp_path):
     model = _model(tmp_path, CAUSAL_THEN_FULL, "CausalThenFull", V=11, D=8)
     x = torch.randint(0, 11, (2, 7))
