@@ -628,7 +628,47 @@ def cache_equals_recomputation(built: Built) -> None:
         raise Disagreement(f"cached decoding differs from recomputation: {_gap(rows, full)}")
 
 
-ORACLES: list[Callable[[Built], None]] = [runs, fused_equals_literal, cache_equals_recomputation]
+def interpreter_equals_module(built: Built) -> None:
+    """Oracle 4: the fused module computes what the reference interpreter (cardc.interpret)
+    says the card means, example by example in float64, values and gradients."""
+    import torch
+    from cardparams import card_params
+
+    from cardc.interpret import Program
+
+    program = Program.of(built.checker.lib, built.checker, built.alg)
+    env = program.hyperparameters(None, **{k: v for k, v in {**SIZES, **SCALARS}.items()
+                                           if k in program.sig.hypers})
+    model = built.module(True)
+    params = card_params(built.checker, built.alg, model)
+    column = program.sig.layout == "column"
+    (x,) = built.inputs()
+    examples = [x[b] + 1 if built.case.tokens else x[b].mT if column else x[b]
+                for b in range(x.shape[0])]  # the card's 1-based tokens, in its layout
+    want = torch.stack([y.mT if column and y.dim() == 2 else y
+                        for y in (program(e, params=params, hypers=env) for e in examples)])
+    weight = torch.linspace(-1, 1, want.numel(), dtype=want.dtype).reshape(want.shape)
+    finite = lambda v: torch.where(torch.isfinite(v), v, torch.zeros_like(v))  # noqa: E731
+    if want.requires_grad:
+        (finite(want) * weight).sum().backward()
+    wanted = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    got, grads = _values_and_grads(model, built.inputs())
+    if got.shape != want.shape or not torch.allclose(got, want.detach(), rtol=TOLERANCE,
+                                                     atol=TOLERANCE, equal_nan=True):
+        raise Disagreement(f"values differ from the interpreter's: {_gap(got, want.detach())}")
+    for name, g in grads.items():
+        h = wanted.get(name)
+        g = torch.zeros_like(h) if g is None and h is not None else g
+        h = torch.zeros_like(g) if h is None and g is not None else h
+        if g is not None and not torch.allclose(g, h, rtol=TOLERANCE, atol=TOLERANCE,
+                                                equal_nan=True):
+            raise Disagreement(f"gradient of {name} differs from the interpreter's: "
+                               f"{_gap(g, h)}")
+
+
+ORACLES: list[Callable[[Built], None]] = [runs, fused_equals_literal, cache_equals_recomputation,
+                                          interpreter_equals_module]
 
 
 @dataclass

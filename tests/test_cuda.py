@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from decodecheck import is_causal, token_inputs
 from safetensors.torch import load_file
+from test_decoding import walked  # noqa: F401  (a fixture)
 from test_distributed import stop_after_first_checkpoint
-from test_heads import _causal, _inputs, walked  # noqa: F401  (walked: a fixture)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -38,7 +39,7 @@ def exact_float32():
 
 def test_every_language_model_computes_on_cuda_what_it_computes_on_the_cpu(walked):  # noqa: F811
     for name, model, _, _ in walked:
-        xs = _inputs(model, 14, 2)
+        xs = token_inputs(model, 14, 2)
         with torch.no_grad():
             cpu = model(*xs)
             gpu = model.to("cuda")(*[x.cuda() for x in xs]).cpu()
@@ -48,11 +49,11 @@ def test_every_language_model_computes_on_cuda_what_it_computes_on_the_cpu(walke
 
 
 def test_every_causal_decoder_decodes_through_its_cache_on_cuda(walked):  # noqa: F811
-    decoders = [(n, m) for n, m, _, _ in walked if hasattr(m, "new_cache") and _causal(m)]
+    decoders = [(n, m) for n, m, _, _ in walked if hasattr(m, "new_cache") and is_causal(m)]
     assert len(decoders) >= 10
     for name, model in decoders:
         model.to("cuda")
-        *prefix, x = [t.cuda() for t in _inputs(model, 14, 2)]
+        *prefix, x = [t.cuda() for t in token_inputs(model, 14, 2)]
         with torch.no_grad():
             full = model(*prefix, x)
             cache = model.new_cache()

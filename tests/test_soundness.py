@@ -227,3 +227,32 @@ def test_a_quantified_variable_counts_from_1(tmp_path, fuse):
     expected = x @ model.W.detach()
     expected[..., 2:] = 0  # columns 3 and 4 of the card
     torch.testing.assert_close(model(x), expected)
+
+
+PREFIX_SUM = """\
+Algorithm: Y ← Scaled(X | γ)
+/* Each row scaled by the size of its first K entries (found by the random-card generator). */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, K ∈ ℕ
+Parameters: γ ∈ ℝ^{D}
+1 for t ∈ [T] : Y[t, :] ← Row(X[t, :] | γ)
+2 return Y
+
+Algorithm: y ← Row(e | γ)
+Input: e ∈ ℝ^{D}
+Output: y ∈ ℝ^{D}
+Hyperparameters: D, K ∈ ℕ
+Parameters: γ ∈ ℝ^{D}
+1 s ← Σ_{i=1}^{K} e[i]²
+2 return y = e/√(s + 1) ⊙ γ
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_sum_over_a_prefix_reads_only_the_prefix(tmp_path, fuse):
+    """Σ_{i=1}^{K} e[i]² of a D-vector sums its first K entries, not all D."""
+    model = _build(tmp_path, PREFIX_SUM, fuse, D=6, K=2)
+    x = torch.randn(2, 5, 6, dtype=torch.float64)
+    s = (x[..., :2] ** 2).sum(-1, keepdim=True)
+    torch.testing.assert_close(model(x), x / torch.sqrt(s + 1) * model.gamma)

@@ -630,7 +630,10 @@ class Evaluator:
             renamed = dict(zip(entry.members, given.values(), strict=False))
             out: dict[str, Value] = {name: renamed}
             for member, sub in entry.members.items():
-                out.update(self.bundle_view(member, sub, renamed[member]))
+                if isinstance(sub, BundleTy) and sub.card is not None:
+                    out[member] = renamed[member]  # a called card's: that card opens it
+                else:
+                    out.update(self.bundle_view(member, sub, renamed[member]))
             return out
         if isinstance(entry, FamilyTy) and isinstance(given, list):
             return {name: [self.bundle_view(name, entry.entry, g)[name] for g in given]}

@@ -33,13 +33,15 @@ class Indexing:
             return self.last_row(e)
         if self.sum_axis and len(e.items) == 1 and getattr(e.items[0], "id", None) == \
                 self.sum_axis[0]:
-            base = self.expr(e.base)  # e[i] under Σ_i: the whole last axis, summed later
-            return Val(base.code, Ty((self.sum_axis[1],)), base.lifted)
+            base = self.expr(e.base)  # e[i] under Σ_i: the last axis, summed later
+            return Val(self.summed_prefix(base.code, base.ty), Ty((self.sum_axis[1],)),
+                       base.lifted)
         if self.sum_axis and len(e.items) > 1 and all(map(_is_all, e.items[:-1])) and \
                 getattr(e.items[-1], "id", None) == self.sum_axis[0]:
             base = self.expr(e.base)  # C[:, j] under Σ_j: every column, the j axis last
             code = _mT(base.code) if base.flipped else base.code
-            return Val(code, Ty((*base.ty.shape[:-1], self.sum_axis[1])), base.lifted)
+            return Val(self.summed_prefix(code, base.ty),
+                       Ty((*base.ty.shape[:-1], self.sum_axis[1])), base.lifted)
         if self.point and all(getattr(i, "id", None) in self.point for i in e.items):
             return self.point_index(e)
         if self.positions and len(e.items) in (1, 2) and \
@@ -98,6 +100,14 @@ class Indexing:
         row = self.dim(Dim.sym(pad))
         index = ir.Cond(ir.Bin(">", row, _int(0)), ir.Bin("-", row, _int(1)), ir.Ref("None"))
         return _call("F.embedding", tokens, table, padding_idx=index)
+
+    def summed_prefix(self, code: ir.Expr, ty: Ty) -> ir.Expr:
+        """The entries 1 … n of the last axis that Σ_{i=1}^{n} reads: all of it where the
+        axis is n long, else its first n (`Σ_{i=1}^{K} e[i]` of a D-vector)."""
+        size = self.sum_axis[1]
+        if ty.shape and ty.shape[-1] == size:
+            return code
+        return ir.Sub(code, (ir.Ref("..."), ir.SliceX(None, self.dim(size))))
 
     def procedure_index(self, e: s.Index, base: Val) -> Val:
         """Indexing in a training or inference card, where indices may be tensors: positions
