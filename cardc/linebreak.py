@@ -173,13 +173,7 @@ def _items(code: str, indent: str) -> list[str]:
     parts = [code[a:b].strip() for a, b in zip(starts, ends, strict=True)]
     if parts[-1] == "":  # a comma after the last item already
         parts.pop()
-    if len(parts) == 1:
-        return _comma(_item(parts[0], indent))
-    return [line for part in parts for line in _comma(_item(part, indent))]
-
-
-def _comma(lines: list[str]) -> list[str]:
-    return lines[:-1] + [lines[-1] + ","]
+    return [line for part in parts for line in _item(part + ",", indent)]  # the comma counts
 
 
 def _depth_zero(toks: list[_Tok], index: int) -> bool:

@@ -112,3 +112,11 @@ def _defined(node: ast.stmt) -> str | None:
     if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
         return node.targets[0].id
     return None
+
+
+def test_an_item_that_fits_only_without_its_comma_breaks_too():
+    """One item per line, each with its comma: an item of exactly the width left still breaks."""
+    wide = "a_left_operand[None, :] <= " + "b" * (WIDTH - 4 - len("a_left_operand[None, :] <= "))
+    assert len("    " + wide) == WIDTH
+    lines = _broken(f"y = f({ARGS}, {wide}, {ARGS})\n").splitlines()
+    assert "    a_left_operand[None, :]" in lines and f"    <= {'b' * (WIDTH - 31)}," in lines

@@ -10,61 +10,25 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
 from fractions import Fraction
-from itertools import product
 from typing import Any
 
 import torch
 
 from .. import syntax as s
-from ..builtins import CONSTANTS, DROPOUT, SPECIAL_TOKENS
-from ..checker import CallInfo, CardInfo, Checker, instance, split_name
+from ..builtins import CONSTANTS, SPECIAL_TOKENS
+from ..checker import Checker, instance, split_name
 from ..dims import Dim
 from ..spelling import display
-from ..types import BundleTy, Entry, FamilyTy, Ty
-from . import functions
-
-Value = Any  # a tensor, a number, a bundle (dict), a family (list), a set of indices (list)
-MAX_STEPS = 10_000_000  # loop iterations in one run: a bound on work, never on time
-
-
-class InterpretError(Exception):
-    """A construct the interpreter does not run, or a value it cannot take, at its place."""
-
-    def __init__(self, span: s.Span, message: str):
-        super().__init__(f"{span}: {message}")
-        self.span = span
-        self.message = message
-
-
-class _Return(Exception):
-    def __init__(self, value: Value):
-        self.value = value
-
+from ..types import Ty
+from .calls import Calls
+from .frames import Frame, InterpretError, Return, Value, floaty, is_bool, is_ones_row, rank
+from .statements import Statements
 
 _DECOR = re.compile(r"([_^])(\{[^{}]*\}|[^_^{}]+)")
 
 
-@dataclass
-class Frame:
-    """One card's run: its hyperparameters and sizes (`ints`, `nums`), its parameters
-    (`params`, by the card's own names; a family is a list, member i at [i − 1]) and locals."""
-
-    alg: s.Algorithm
-    info: CardInfo
-    nums: dict[str, Value]  # hyperparameters and sizes by name (ℕ ones are ints)
-    params: dict[str, Value]
-    locals: dict[str, Value] = field(default_factory=dict)
-    loops: dict[str, int] = field(default_factory=dict)  # bound indices: loop variables
-    outer: dict[str, Value] = field(default_factory=dict)  # the callers' hyperparameters
-
-    @property
-    def column(self) -> bool:
-        return self.info.sig.layout == "column"
-
-
-class Evaluator:
+class Evaluator(Statements, Calls):
     """Runs cards of one checked library; `dtype` is the format of every real value."""
 
     def __init__(self, checker: Checker, dtype: torch.dtype = torch.float64):
@@ -89,7 +53,7 @@ class Evaluator:
                 frame.nums[name] = self.dim(frame, dim, alg.span)
         try:
             self.block(frame, alg.steps)
-        except _Return as ret:
+        except Return as ret:
             return ret.value
         raise InterpretError(alg.span, f"'{alg.label}' ended without a return step")
 
@@ -111,115 +75,6 @@ class Evaluator:
         return int(value) if value.denominator == 1 else float(value)
 
     # ------------------------------------------------------------------ steps
-
-    def block(self, frame: Frame, steps: tuple[s.Step, ...]) -> None:
-        for step in steps:
-            self.stmt(frame, step.stmt)
-
-    def stmt(self, frame: Frame, st: s.Stmt) -> None:
-        s.dispatch(self, "stmt", st, frame, missing=lambda n: self.unsupported(n, "this step"))
-
-    def tick(self, span: s.Span) -> None:
-        self.steps += 1
-        if self.steps > MAX_STEPS:
-            raise InterpretError(span, f"more than {MAX_STEPS:,} loop iterations")
-
-    def stmt_Return(self, st: s.Return, frame: Frame) -> None:
-        raise _Return(self.expr(frame, st.value))
-
-    def stmt_Assign(self, st: s.Assign, frame: Frame) -> None:
-        if st.op == "=" and not isinstance(st.target, s.Name):
-            self.unsupported(st, "a function definition")
-        value = self.expr(frame, st.value)
-        target = st.target
-        if isinstance(target, s.Name):
-            frame.locals[self.concrete(frame, target.id)] = value
-        elif isinstance(target, s.Index) and isinstance(target.base, s.Name):
-            self.assign_part(frame, target, value)
-        else:
-            self.unsupported(target, "this assignment target")
-
-    def assign_part(self, frame: Frame, target: s.Index, value: Value) -> None:
-        """`X[:, t] ← v`: a copy of X with that part replaced; X is made (zero) where it is
-        new, and grown where the part lies beyond it (`for i ∈ [n] : ω[i] ← …` makes ω)."""
-        name = self.concrete(frame, target.base.id)
-        old = frame.locals.get(name)
-        v = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-        if v.dtype == torch.bool or v.is_floating_point():
-            v = v.to(self.dtype)
-        key = self.index_key(frame, target, old, grow=True)
-        new = _grown(old, key, v, target)
-        if v.is_floating_point() and not new.is_floating_point():
-            new = new.to(v.dtype)
-        new = new.clone()
-        part = new[key]
-        new[key] = v.reshape(part.shape) if v.numel() == part.numel() else v.to(new.dtype)
-        frame.locals[name] = new
-
-    def elem_dtype(self, ty: Ty) -> torch.dtype:
-        return torch.long if ty.elem == "ℕ" else self.dtype
-
-    def stmt_For(self, st: s.For, frame: Frame) -> None:
-        for i in self.domain(frame, st.over, st.span):
-            self.tick(st.span)
-            frame.loops[st.var] = i
-            self.block(frame, st.body)
-        frame.loops.pop(st.var, None)
-
-    def domain(self, frame: Frame, over: s.Expr | s.Range, span: s.Span) -> list[int]:
-        """`[ℓ]`, `1, 2, …, L` or a set's elements: the values a loop variable takes."""
-        if isinstance(over, s.Range):
-            first = [self.integer(frame, e) for e in over.first]
-            last = self.integer(frame, over.last)
-            step = first[1] - first[0] if len(first) > 1 else 1
-            if step <= 0:
-                raise InterpretError(span, "a range that does not increase")
-            return list(range(first[0], last + 1, step))
-        if isinstance(over, s.Concat) and over.sep == "," and len(over.items) == 1:
-            return list(range(1, self.integer(frame, over.items[0]) + 1))  # [n] = {1, …, n}
-        value = self.expr(frame, over)
-        if isinstance(value, list):
-            return [int(v) for v in value]
-        raise InterpretError(over.span, "a loop over something that is not a set of indices")
-
-    def stmt_ForAll(self, st: s.ForAll, frame: Frame) -> None:
-        """`∀t, t′: stmt`: every combination of values, each variable's range the size of
-        the axis it indexes in the statement."""
-        ranges = [range(1, self.forall_size(frame, st, v) + 1) for v in st.vars]
-        for values in product(*ranges):
-            self.tick(st.span)
-            frame.loops.update(zip(st.vars, values, strict=True))
-            self.stmt(frame, st.body)
-        for v in st.vars:
-            frame.loops.pop(v, None)
-
-    def forall_size(self, frame: Frame, st: s.ForAll, var: str) -> int:
-        for node in s.nodes(st.body):
-            if isinstance(node, s.Index) and isinstance(node.base, s.Name):
-                for axis, item in enumerate(node.items):
-                    if isinstance(item, s.Name) and item.id == var:
-                        base = self.lookup(frame, node.base, required=False)
-                        if isinstance(base, torch.Tensor) and axis < base.dim():
-                            return base.shape[axis]
-        raise InterpretError(st.span, f"cannot tell the range of '{display(var)}'")
-
-    def stmt_If(self, st: s.If, frame: Frame) -> None:
-        if self.truth(self.expr(frame, st.cond)):
-            self.stmt(frame, st.then)
-
-    def stmt_While(self, st: s.While, frame: Frame) -> None:
-        while self.truth(self.expr(frame, st.cond)):
-            self.tick(st.span)
-            self.block(frame, st.body)
-
-    def truth(self, value: Value) -> bool:
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise InterpretError(s.NOWHERE, "a condition that is not one truth value")
-            return bool(value.item())
-        return bool(value)
-
-    # ------------------------------------------------------------------ names
 
     def concrete(self, frame: Frame, name: str) -> str:
         """`Y^h` with h = 2 bound is `Y^2`: decorations that are bound indices or sizes,
@@ -330,7 +185,7 @@ class Evaluator:
     def expr_Unary(self, e: s.Unary, frame: Frame) -> Value:
         x = self.expr(frame, e.operand)
         if e.op == "−":
-            return -x if not _is_bool(x) else -self.real(x)
+            return -x if not is_bool(x) else -self.real(x)
         if e.op == "¬":
             return ~x.bool() if isinstance(x, torch.Tensor) else not x
         if e.op == "√":
@@ -350,7 +205,7 @@ class Evaluator:
         return x  # a vector: q^⊺ k is the product of two vectors, a number
 
     def expr_BinOp(self, e: s.BinOp, frame: Frame) -> Value:
-        if e.op == " " and _is_ones_row(e.right):  # b 1^⊺: b repeated along a free axis
+        if e.op == " " and is_ones_row(e.right):  # b 1^⊺: b repeated along a free axis
             b = self.expr(frame, e.left)
             return b.unsqueeze(-1)
         if e.op == " " and isinstance(e.left, s.Name) and e.left.id not in frame.locals and \
@@ -362,7 +217,7 @@ class Evaluator:
     def binary(self, e: s.BinOp, a: Value, b: Value) -> Value:
         op = e.op
         if op in (" ", "·"):
-            if _rank(a) == 0 or _rank(b) == 0:
+            if rank(a) == 0 or rank(b) == 0:
                 return self.arith(a, b, lambda x, y: x * y)
             return self.real(a) @ self.real(b)
         if op == "⊙":
@@ -389,8 +244,8 @@ class Evaluator:
                 q = Fraction(a, b)
                 return int(q) if q.denominator == 1 else float(q)
             return f(a, b)
-        a = self.real(a) if _is_bool(a) or _floaty(b) or exact else a
-        b = self.real(b) if _is_bool(b) or _floaty(a) or exact else b
+        a = self.real(a) if is_bool(a) or floaty(b) or exact else a
+        b = self.real(b) if is_bool(b) or floaty(a) or exact else b
         return f(a, b)
 
     # ------------------------------------------------------------------ indexing
@@ -525,162 +380,3 @@ class Evaluator:
         return torch.sqrt((self.real(x) ** 2).sum())
 
     # ------------------------------------------------------------------ calls
-
-    def expr_Call(self, e: s.Call, frame: Frame) -> Value:
-        call = frame.info.calls.get(id(e))
-        if call is not None:
-            return self.call_card(e, call, frame)
-        if e.func == DROPOUT and len(e.args) == 1:  # in evaluation, its input itself
-            return self.expr(frame, e.args[0])
-        if e.bar and e.params or len(e.args) != 1 and e.func not in ("max", "min"):
-            return self.unsupported(e, f"the call of '{display(e.func)}'")
-        args = [self.expr(frame, a) for a in e.args]
-        return self.builtin(e, e.func, args, frame)
-
-    def builtin(self, e: s.Expr, name: str, args: list[Value], frame: Frame) -> Value:
-        return functions.apply(self, e, name, args, frame)
-
-    def call_card(self, e: s.Call, call: CallInfo, frame: Frame) -> Value:
-        """A call of another card: its inputs, parameters and hyperparameters as the checker
-        bound them; a card declared on vectors and given matrices runs row by row."""
-        callee = call.callee
-        sig = self.checker.info(callee).sig
-        args = [self.expr(frame, a) for a in e.args]
-        args += [args[0]] * (len(sig.inputs) - len(args))  # Z = X: self-attention
-        nums = self.callee_nums(e, call, frame)
-        params = {}
-        for name, entry in sig.params:
-            if name in call.params:
-                given = self.expr(frame, call.params[name])
-                params.update(self.bundle_view(name, entry, given))
-        for name, given in call.hypers.items():
-            nums[name] = self.hyper_value(frame, callee, name, given, nums)
-        lifted = len(call.lift)
-        outer = {**frame.outer, **frame.nums}
-        if not lifted:
-            return self.run(callee, args, params, nums, outer)
-        return self.run_rows(callee, sig, args, params, nums, lifted, outer)
-
-    def run_rows(self, callee, sig, args, params, nums, lifted: int, outer) -> Value:
-        wants = [ty.rank if isinstance(ty, Ty) else 0 for _, ty in sig.inputs]
-        lead = next(a.shape[:lifted] for a, w in zip(args, wants, strict=True)
-                    if isinstance(a, torch.Tensor) and a.dim() > w)
-        rows = []
-        for idx in product(*(range(n) for n in lead)):
-            row_args = [a[idx] if isinstance(a, torch.Tensor) and a.dim() > w else a
-                        for a, w in zip(args, wants, strict=True)]
-            rows.append(self.run(callee, row_args, params, dict(nums), outer))
-        return torch.stack(rows).reshape(*lead, *rows[0].shape)
-
-    def callee_nums(self, e: s.Call, call: CallInfo, frame: Frame) -> dict[str, Value]:
-        """The callee's sizes and hyperparameters: bound by the call (in the caller's
-        symbols), else the caller's own of that name, else the callee's defaults."""
-        sig = self.checker.info(call.callee).sig
-        nums: dict[str, Value] = {}
-        for name, dim in call.bind.items():
-            if any(sym.startswith("?") for sym in dim.symbols):
-                continue
-            try:
-                nums[name] = self.dim(frame, dim, e.span)
-            except InterpretError:
-                continue
-        for name in sig.hypers:  # else the caller's of that name, or its callers'
-            if name not in nums and name not in call.hypers:
-                for scope in (frame.nums, frame.outer):
-                    if name in scope:
-                        nums[name] = scope[name]
-                        break
-        callee_frame = Frame(call.callee, self.checker.info(call.callee), nums, {})
-        for name, default in sig.defaults.items():
-            if name not in nums and name not in call.hypers:
-                nums[name] = self.expr(callee_frame, default)
-        return nums
-
-    def hyper_value(self, frame: Frame, callee: s.Algorithm, name: str, given: s.Expr,
-                    nums: dict[str, Value]) -> Value:
-        """`ε = ε`, `Mask ≡ 1`, or a mask by its rule, `Mask[t, t′] = [[t′ ≤ t]]`, made a
-        table over the callee's declared sizes."""
-        if not isinstance(given, s.Arg):
-            return self.expr(frame, given)
-        ty = self.checker.info(callee).sig.hypers.get(name)
-        probe = Frame(callee, self.checker.info(callee), nums, {})
-        if not isinstance(given.target, s.Index):
-            value = self.expr(frame, given.value)
-            if given.op == "≡" and isinstance(ty, Ty) and ty.shape:  # the same everywhere
-                sizes = [self.dim(probe, d, given.span) for d in ty.shape]
-                return torch.full(sizes, bool(value) if ty.elem == "𝔹" else value)
-            return value
-        assert isinstance(ty, Ty)
-        sizes = [self.dim(probe, d, given.span) for d in ty.shape]
-        idx = [i.id for i in given.target.items if isinstance(i, s.Name)]
-        table = torch.zeros(sizes, dtype=torch.bool)
-        saved = dict(frame.loops)
-        for values in product(*(range(1, n + 1) for n in sizes)):
-            frame.loops.update(zip(idx, values, strict=True))
-            table[tuple(v - 1 for v in values)] = self.truth(self.expr(frame, given.value))
-        frame.loops.clear()
-        frame.loops.update(saved)
-        return table
-
-    def bundle_view(self, name: str, entry: Entry, given: Value) -> dict[str, Value]:
-        """The parameters a callee sees, by its own names: a bundle's members matched in
-        order with the caller's (as the checker matched them), a bundle declared in place
-        opened so its members are names of the callee."""
-        if isinstance(entry, BundleTy) and isinstance(given, dict):
-            renamed = dict(zip(entry.members, given.values(), strict=False))
-            out: dict[str, Value] = {name: renamed}
-            for member, sub in entry.members.items():
-                if isinstance(sub, BundleTy) and sub.card is not None:
-                    out[member] = renamed[member]  # a called card's: that card opens it
-                else:
-                    out.update(self.bundle_view(member, sub, renamed[member]))
-            return out
-        if isinstance(entry, FamilyTy) and isinstance(given, list):
-            return {name: [self.bundle_view(name, entry.entry, g)[name] for g in given]}
-        return {name: given}
-
-
-def _rank(x: Value) -> int:
-    return x.dim() if isinstance(x, torch.Tensor) else 0
-
-
-def _is_bool(x: Value) -> bool:
-    return isinstance(x, bool) or isinstance(x, torch.Tensor) and x.dtype == torch.bool
-
-
-def _floaty(x: Value) -> bool:
-    return isinstance(x, float) or isinstance(x, torch.Tensor) and x.is_floating_point()
-
-
-def _is_ones_row(e: s.Expr) -> bool:
-    return isinstance(e, s.Transpose) and isinstance(e.operand, s.Num) and e.operand.text == "1"
-
-
-def _grown(old: torch.Tensor | None, key: tuple, v: torch.Tensor, at: s.Index) -> torch.Tensor:
-    """`old` with zeros appended (or made of zeros) so that `key` lies inside it: the sizes
-    a part's place and the value assigned to it ask for."""
-    axes = iter(v.shape[v.dim() - sum(not isinstance(k, int) for k in key):]
-                if v.dim() >= sum(not isinstance(k, int) for k in key) else ())
-    need = []
-    for k in key:
-        if isinstance(k, int):
-            need.append(k + 1)
-        elif isinstance(k, slice):
-            width = next(axes, None)
-            stop = k.stop if k.stop is not None else None if width is None \
-                else (k.start or 0) + width
-            if stop is None:
-                raise InterpretError(at.span, "cannot tell the size of a new value")
-            need.append(stop)
-        else:
-            next(axes, None)
-            need.append(int(k.max()) + 1)
-    need += list(axes)
-    if old is None:
-        return torch.zeros(need, dtype=v.dtype)
-    if old.dim() != len(need) or all(n <= o for n, o in zip(need, old.shape, strict=True)):
-        return old
-    grown = torch.zeros([max(n, o) for n, o in zip(need, old.shape, strict=True)],
-                        dtype=old.dtype)
-    grown[tuple(slice(0, o) for o in old.shape)] = old
-    return grown

@@ -135,7 +135,8 @@ class EDTransformer(nn.Module):
             X = X + self.W_dec[l](
                 X,
                 X,
-                torch.arange(1, l_x + 1, device=z.device)[None, :] <= torch.arange(1, l_x + 1, device=z.device)[:, None],
+                torch.arange(1, l_x + 1, device=z.device)[None, :]
+                <= torch.arange(1, l_x + 1, device=z.device)[:, None],
             )
             # (B, ℓ_x, d_e)  [edtransformer.card:38]
             X = F.layer_norm(X, (self.d_e,), self.gamma3[l], self.beta3[l], 0.0)
