@@ -332,8 +332,8 @@ def test_the_sampling_card_reads_only_trained_positions(capsys, trained, monkeyp
     seen = {}
     real = cardc.build.procedure_function
 
-    def spy(checker, alg):
-        fn = real(checker, alg)
+    def spy(checker, alg, model=None):
+        fn = real(checker, alg, model)
 
         def wrapped(x, theta, **hypers):
             seen.update(hypers)

@@ -96,8 +96,8 @@ def test_sample_stops_before_the_stop_text(run_dir, capsys, monkeypatch):
 
     real, told = cardc.build.procedure_function, []
 
-    def telling(checker, alg):
-        fn = real(checker, alg)
+    def telling(checker, alg, model=None):
+        fn = real(checker, alg, model)
 
         def run(x, theta, stop=lambda y: False, **hypers):
             return fn(x, theta, stop=lambda y: told.append(int(y[0])) or stop(y), **hypers)
