@@ -150,7 +150,6 @@ def cmd_build(args: argparse.Namespace) -> int:
         from ..runtime.runs import check_writable_folder
 
         check_writable_folder(args.out)
-        os.makedirs(os.path.realpath(args.out), exist_ok=True)  # a link's folder, if it has none
     roots = library(args, args.paths)
     lib, targets = load(args.paths, root=roots)
     checker, diags = check(lib)
@@ -178,6 +177,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.check:
         return _report_stale(args.out, expected, stale, up_to_date)
     _refuse_foreign(path for path, _ in written)
+    if written:  # made only once there is code to write: a card that fails leaves nothing
+        os.makedirs(os.path.realpath(args.out), exist_ok=True)  # a link's folder, if it has none
     for path, text in written:
         write(path, text)
     for path, _ in written:
