@@ -27,6 +27,7 @@ from parity import (  # noqa: E402
 
 from cardc.build import build_model  # noqa: E402
 from cardc.interop import load_mapping  # noqa: E402
+from cardc.runtime.errors import RuntimeInputError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,8 +115,8 @@ def test_the_mapping_computes_the_rotary_width():
     stored = {identifier(k): v for k, v in hypers.items()}
     back = config_for(MAPPING, stored)
     assert back["rope_parameters"]["partial_rotary_factor"] == FACTOR
-    assert config_for(MAPPING, {**stored, "d_r": D // H})["rope_parameters"][
-        "partial_rotary_factor"] == 1.0
+    with pytest.raises(RuntimeInputError, match=r"maps only a card's d_r that is ≤ D / H - 1"):
+        config_for(MAPPING, {**stored, "d_r": D // H})  # the card leaves d − d_r > 0 unrotated
 
 
 def test_cardc_import_of_a_saved_stablelm2_matches_its_logits(tmp_path):
