@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cardc.build import build_model
+from cardc.build import build_model, checked
 from cardc.checker import check
 from cardc.library import load
 
@@ -256,3 +256,32 @@ def test_a_sum_over_a_prefix_reads_only_the_prefix(tmp_path, fuse):
     x = torch.randn(2, 5, 6, dtype=torch.float64)
     s = (x[..., :2] ** 2).sum(-1, keepdim=True)
     torch.testing.assert_close(model(x), x / torch.sqrt(s + 1) * model.gamma)
+
+
+COLUMN_NORMS = """\
+Algorithm: Y ← ColumnNorms(x | θ)
+/* Column-major embeddings normalised column by column (no product says the layout). */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{D×T}
+Hyperparameters: V, D ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{D×V}
+    γ, β ∈ ℝ^{D}
+1 for t ∈ [T] : E[:, t] ← W_e[:, x[t]]
+2 for t ∈ [T] : Y[:, t] ← LayerNorm(E[:, t] | γ, β)
+3 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_maps_over_positions_make_a_card_column_major(tmp_path, fuse):
+    """Column t of Y is position t: the module returns positions first, as for every
+    column-major card (the interpreter's Y, transposed)."""
+    model = _build(tmp_path, COLUMN_NORMS, fuse, V=11, D=8)
+    x = torch.randint(0, 11, (2, 7))
+    e = model.W_e.mT[x]  # (B, T, D): column x[t] of W_e at position t
+    want = torch.nn.functional.layer_norm(e, (8,), model.gamma, model.beta, 1e-5)
+    torch.testing.assert_close(model(x), want)
+    card = tmp_path / "card.card"
+    lib, checker, _ = checked([str(card)], [str(tmp_path)])
+    assert checker.info(lib.find("ColumnNorms")).sig.layout == "column"

@@ -416,7 +416,31 @@ def _layout(alg: s.Algorithm, env: DeclEnv) -> str | None:
                 value = getattr(e, name)
                 stack += [v for v in (value if isinstance(value, tuple) else (value,))
                           if hasattr(v, "__dataclass_fields__")]
+    if not found:  # no product with a parameter: maps over token positions say it (E[:, t] ←)
+        found = {kind for st in s.nodes(alg.steps) if _over_positions(st, env)
+                 for sub in st.body if (kind := _mapped(sub.stmt, st.var))}
     return found.pop() if len(found) == 1 else None
+
+
+def _over_positions(st: object, env: DeclEnv) -> bool:
+    """A map `for t ∈ [T] : …` whose T is the length of a sequence of token IDs."""
+    if not (isinstance(st, s.For) and st.style == "map" and isinstance(st.over, s.Concat)
+            and len(st.over.items) == 1 and isinstance(st.over.items[0], s.Name)):
+        return False
+    lengths = {str(ty.shape[0]) for ty in env.inputs.values()
+               if isinstance(ty, Ty) and ty.vocab is not None and ty.rank == 1}
+    return st.over.items[0].id in lengths
+
+
+def _mapped(st: s.Stmt, var: str) -> str | None:
+    """"column" for a map's `X[:, t] ← …`, "row" for `X[t, :] ← …`, else None."""
+    target = st.target if isinstance(st, s.Assign) else None
+    if not (isinstance(target, s.Index) and len(target.items) == 2):
+        return None
+    kinds = tuple("var" if getattr(i, "id", None) == var else
+                  "all" if isinstance(i, s.Slice) and i.lo is None and i.hi is None else None
+                  for i in target.items)
+    return {("all", "var"): "column", ("var", "all"): "row"}.get(kinds)
 
 
 def _root_name(e: s.Expr) -> str | None:
