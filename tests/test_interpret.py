@@ -72,6 +72,23 @@ Output: Y ∈ ℝ^{T×T}
     assert Y.tolist() == [[1, 0, 0], [4, 5, 0], [7, 8, 9]]
 
 
+def test_sigmoid_keeps_its_gradient_a_number_far_from_zero(tmp_path):
+    """σ(−800) is 0 in float64 and its gradient σ(1 − σ) is 0: not nan from e^{800}
+    overflowing to ∞ and meeting a 0."""
+    card = _card(tmp_path, """Algorithm: y ← Gate(x)
+Input: x ∈ ℝ^{4}
+Output: y ∈ ℝ^{4}
+1 return y = σ(x)
+""")
+    x = torch.tensor([-800.0, -30.0, 0.0, 40.0], dtype=torch.float64, requires_grad=True)
+    y = interpret(card, inputs=(x,), params={})
+    want = torch.sigmoid(x.detach())
+    torch.testing.assert_close(y, want, rtol=1e-15, atol=0)
+    y.sum().backward()
+    e = torch.exp(-x.detach().abs())
+    torch.testing.assert_close(x.grad, e / (1 + e) ** 2, rtol=1e-14, atol=0)  # σ(1 − σ)
+
+
 def test_a_loop_carried_recurrence_runs_in_order(tmp_path):
     card = _card(tmp_path, """Algorithm: h ← Scan(x)
 Input: x ∈ ℝ^{T}

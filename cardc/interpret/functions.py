@@ -22,7 +22,10 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return 1 / (1 + torch.exp(-x))
+    """1/(1 + e^{−x}), written as e^{x}/(1 + e^{x}) where x < 0: neither exponential can
+    overflow, so σ keeps its relative precision far from 0 and its gradient stays a number."""
+    up, down = torch.exp(-x.clamp(min=0)), torch.exp(x.clamp(max=0))
+    return torch.where(x >= 0, 1 / (1 + up), down / (1 + down))
 
 
 def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
