@@ -350,7 +350,8 @@ class Lowering(Parameters):
             for tname, ty in tensors:
                 args.append(ir.Arg(local_name(tname)))
                 scope.tensors[tname] = ir.Ref(local_name(tname))
-                _note_dims(shapes, local_name(tname), ty.shape, negative=False)
+                # from the end: a map over heads hands a tensor its heads in front (lower.heads)
+                _note_dims(shapes, local_name(tname), ty.shape, negative=True)
         bound = bound_sizes(alg, info)
         given: set[str] = set()  # sizes no argument's shape tells (a window w): passed in
         for hname in card_names(sig):

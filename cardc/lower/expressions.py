@@ -267,6 +267,8 @@ class Expressions:
             return replace(x, ty=ty, flipped=not x.flipped)
         if x.lifted:
             return Val(_method(x.code, "transpose", _int(-2), _int(-1)), ty, True)
+        if self.lead == "…":  # a function's tensor may hold every head in front (lower.heads)
+            return Val(ir.Attr(x.code, "mT"), ty)
         return Val(ir.Attr(x.code, "T"), ty)
 
     def expr_Iverson(self, e: s.Iverson) -> Val:
@@ -329,11 +331,13 @@ class Expressions:
             return self.join(ir.Ref(fam.local), fam.ty, e.sep, ty, flipped=fam.flipped)
         vals = [self.expr(x) for x in items]
         code = ir.Seq(tuple(v.code for v in vals), "list")
+        # a function's values may hold every head, or one for all (lower.heads): they broadcast
+        broadcast = self.lead == "…" and len(vals) > 1 and any(v.lifted for v in vals)
         return self.join(code, vals[0].ty, e.sep, ty, any(v.lifted for v in vals),
-                         vals[0].flipped)
+                         vals[0].flipped, broadcast)
 
     def join(self, items: ir.Expr, item: Ty, sep: str, ty: Ty, lifted: bool = True,
-             flipped: bool = False) -> Val:
+             flipped: bool = False, broadcast: bool = False) -> Val:
         if len(item.shape) == 1:  # vectors become columns (",") or rows (";")
             if self.column:  # a matrix of columns is stored flipped: columns are rows
                 axis, flip = (-1, False) if sep == ";" else (-2, True)
@@ -343,7 +347,8 @@ class Expressions:
         axis = -len(item.shape) if sep == ";" else -1
         if flipped:  # card axis 0 of a flipped matrix is the last physical one
             axis = -1 if sep == ";" else -2
-        return Val(_call("torch.cat", items, dim=_int(axis)), ty, lifted, flipped)
+        cat = "cat_broadcast" if broadcast else "torch.cat"
+        return Val(_call(cat, items, dim=_int(axis)), ty, lifted, flipped)
 
 
 def _unflipped(val: Val) -> Val:

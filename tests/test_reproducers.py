@@ -1,0 +1,141 @@
+"""Cards a researcher writes that `check` and `build` accepted and whose code then crashed:
+each now builds, and its generated module, fused and literal, computes what the reference
+interpreter (cardc.interpret) says the card means, values and gradients, in float64 (and, for
+some, what the same math written out here in plain torch gives)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from cardc.build import checked, instantiate, model_cards
+from cardc.interpret import Program
+from cardc.library import library_roots
+from cardc.names import identifier
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cardparams import card_params  # noqa: E402
+
+RTOL, ATOL = 1e-9, 1e-10  # float64: the two sides differ by rounding alone
+B = 2  # examples through the module at once; the interpreter takes them one by one
+
+
+class Built:
+    """A card's model, checked, with its literal and fused modules holding the same weights."""
+
+    def __init__(self, tmp_path: Path, text: str, **sizes: float):
+        path = tmp_path / "card.card"
+        path.write_text(text, encoding="utf-8")
+        lib, checker, _ = checked([str(path)], library_roots([str(path)], None))
+        (alg,) = model_cards(lib, checker, [str(path)])
+        self.program = Program.of(lib, checker, alg)
+        self.env = self.program.hyperparameters(None, **sizes)
+        values = {identifier(k): v for k, v in self.env.items()}
+        self.literal = instantiate(checker, alg, values, fuse=False)[0].double().eval()
+        self.fused = instantiate(checker, alg, values, fuse=True)[0].double().eval()
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in self.literal.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.5)
+        self.fused.load_state_dict(self.literal.state_dict())
+        self.params = card_params(checker, alg, self.literal)
+
+    def interpreted(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The interpreter's output for each example of the batch `inputs`, stacked."""
+        return torch.stack([self.program(*(x[b] for x in inputs), params=self.params,
+                                         hypers=self.env) for b in range(B)])
+
+    def agree(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Assert both modules equal the interpreter on `inputs`, values and gradients with
+        respect to every parameter; the interpreter's values."""
+        want = self.interpreted(*inputs)
+        weights = torch.linspace(-1, 1, want.numel(), dtype=torch.float64).reshape(want.shape)
+        (want * weights).sum().backward()
+        grads = {n: p.grad.clone() for n, p in self.literal.named_parameters()}
+        for module in (self.literal, self.fused):
+            module.zero_grad()
+            got = module(*inputs)
+            torch.testing.assert_close(got, want.detach(), rtol=RTOL, atol=ATOL)
+            (got * weights).sum().backward()
+            for n, p in module.named_parameters():
+                torch.testing.assert_close(p.grad, grads[n], rtol=RTOL, atol=ATOL, msg=n)
+        return want.detach()
+
+
+def _randn(*shape: int) -> torch.Tensor:
+    return torch.randn(B, *shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+
+SHARED_KEY = """\
+Algorithm: Y ← SharedKey(X | W)
+/* Heads whose keys are their own columns of U beside a key K_r shared by every head. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, H, d_n, d_r ∈ ℕ; d = D/H
+Parameters: W consisting of:
+    W_q ∈ ℝ^{D×H (d_n + d_r)}, W_u ∈ ℝ^{D×H d_n}, W_r ∈ ℝ^{D×d_r}, W_v ∈ ℝ^{D×D}
+1 Q ← X W_q
+2 U ← X W_u
+3 K_r ← X W_r
+4 V ← X W_v
+5 for h ∈ [H] : Y^h ← Head(Q[:, (h − 1)(d_n + d_r) + 1 : h (d_n + d_r)], U[:, (h − 1) d_n + 1 : h d_n], K_r, V[:, (h − 1) d + 1 : h d])
+6 return Y = [Y^1, Y^2, …, Y^H]
+
+Algorithm: Y ← Head(Q, U, K_r, V)
+/* One head: its key is its own part of U beside the part K_r every head shares. */
+Input: Q ∈ ℝ^{T×(d_n + d_r)}, U ∈ ℝ^{T×d_n}, K_r ∈ ℝ^{T×d_r}, V ∈ ℝ^{T×d}
+Output: Y ∈ ℝ^{T×d}
+1 K ← [U[:, 1 : d_n], K_r]
+2 return Y = softmax(Q K^⊺/√(d_n + d_r)) V
+"""
+
+
+def test_a_key_shared_by_every_head_joins_each_heads_own(tmp_path):
+    # was: torch.cat of U's heads (…, H, T, d_n) and K_r (…, 1, T, d_r): sizes must match
+    built = Built(tmp_path, SHARED_KEY, D=6, H=2, d_n=2, d_r=3)
+    X = _randn(5, 6)
+    want = built.agree(X)
+    w = built.literal
+    Q, U, K_r, V = X @ w.W_q, X @ w.W_u, X @ w.W_r, X @ w.W_v
+    heads = []
+    for h in range(2):  # the card's math, head by head
+        K = torch.cat([U[..., 2 * h:2 * h + 2], K_r], dim=-1)
+        S = Q[..., 5 * h:5 * h + 5] @ K.mT / math.sqrt(5)
+        heads.append(torch.softmax(S, dim=-1) @ V[..., 3 * h:3 * h + 3])
+    torch.testing.assert_close(want, torch.cat(heads, dim=-1).detach(), rtol=RTOL, atol=ATOL)
+
+
+ABSORBED = """\
+Algorithm: Y ← Absorbed(X | W)
+/* Heads whose queries are taken into a latent every head shares, through the transpose of each head's own key projection. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, H, D_c ∈ ℕ; d = D/H
+Parameters: W includes all of the following parameters:
+    W_c ∈ ℝ^{D×D_c}
+    For h ∈ [H]:
+        W^h_q ∈ ℝ^{D×d}, W^h_k ∈ ℝ^{D_c×d}
+1 C ← X W_c
+2 for h ∈ [H] : Y^h ← Head(X, C | W^h_q, W^h_k)
+3 return Y = [Y^1, Y^2, …, Y^H]
+
+Algorithm: Y ← Head(X, C | W_q, W_k)
+/* One head attending in the latent space. */
+Input: X ∈ ℝ^{T×D}, C ∈ ℝ^{T×D_c}
+Output: Y ∈ ℝ^{T×d}
+Hyperparameters: D, D_c, d ∈ ℕ
+Parameters: W_q ∈ ℝ^{D×d}, W_k ∈ ℝ^{D_c×d}
+1 Q ← X W_q W_k^⊺  ▷ Q ∈ ℝ^{T×D_c}
+2 return Y = softmax(Q C^⊺/√d) C W_k
+"""
+
+
+def test_the_transpose_of_a_stacked_per_head_parameter_turns_its_last_two_axes(tmp_path):
+    # was: `W_k.T` of the heads' stack (H, D_c, d) reversed all three axes, and d was read
+    # from the stack's second axis (D)
+    built = Built(tmp_path, ABSORBED, D=6, H=2, D_c=4)
+    built.agree(_randn(5, 6))
+
