@@ -9,9 +9,11 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from cardc.build import checked, instantiate, model_cards
+from cardc.diagnostics import CardError
 from cardc.interpret import Program
 from cardc.library import library_roots
 from cardc.names import identifier
@@ -139,3 +141,59 @@ def test_the_transpose_of_a_stacked_per_head_parameter_turns_its_last_two_axes(t
     built = Built(tmp_path, ABSORBED, D=6, H=2, D_c=4)
     built.agree(_randn(5, 6))
 
+
+MIXTURE = """\
+Algorithm: y ← Mixture(x | θ)
+/* One token through a mixture of experts, each expert's output weighed by its gate. */
+Input: x ∈ ℝ^{D}
+Output: y ∈ ℝ^{D}
+Hyperparameters: D, E, D_f ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_g ∈ ℝ^{D×E}, the gate.
+    For e ∈ [E]:
+        φ^e, the parameters of expert e.
+1 g ← softmax(x W_g)
+2 for e ∈ [E] : y^e ← Expert(x | φ^e)
+3 return y = Σ_{e=1}^{E} g[e] · y^e
+
+Algorithm: y ← Expert(x | φ)
+/* A small MLP. */
+Input: x ∈ ℝ^{D}
+Output: y ∈ ℝ^{D}
+Hyperparameters: D, D_f ∈ ℕ
+Parameters: φ consisting of:
+    W_1 ∈ ℝ^{D×D_f}, W_2 ∈ ℝ^{D_f×D}
+1 return y = ReLU(x W_1) W_2
+"""
+
+
+def test_a_map_over_a_family_of_experts_on_one_token(tmp_path):
+    # was: the map over the experts' modules was taken for a stack of layers (y^e never
+    # defined), and a sum over a map's family was refused
+    built = Built(tmp_path, MIXTURE, D=4, E=3, D_f=5)
+    x = _randn(4)
+    want = built.agree(x)
+    m = built.literal
+    g = torch.softmax(x @ m.W_g, dim=-1)
+    experts = [torch.relu(x @ m.phi[e].W_1) @ m.phi[e].W_2 for e in range(3)]
+    expected = sum(g[:, e, None] * experts[e] for e in range(3))
+    torch.testing.assert_close(want, expected.detach(), rtol=RTOL, atol=ATOL)
+
+
+def test_a_map_over_experts_stacked_as_tensors_on_one_token(tmp_path):
+    # was: the map vectorised over the experts broadcast the examples of x (B, 1, D) against
+    # the experts' stack (E, D, D_f): a broadcast error, or a wrong product where B = E
+    card = MIXTURE.replace("φ^e, the parameters of expert e.", "W^e_1 ∈ ℝ^{D×D_f}, "
+                           "W^e_2 ∈ ℝ^{D_f×D}, expert e.").replace("| φ^e)", "| W^e_1, W^e_2)")
+    card = card.replace("(x | φ)", "(x | W_1, W_2)").replace(
+        "Parameters: φ consisting of:\n    W_1", "Parameters: W_1")
+    for experts in (3, 2):  # E = B too
+        built = Built(tmp_path, card, D=4, E=experts, D_f=5)
+        built.agree(_randn(4))
+
+
+def test_a_sum_over_part_of_a_family_is_refused_where_it_is_written(tmp_path):
+    card = MIXTURE.replace("Σ_{e=1}^{E} g[e] · y^e", "Σ_{e=1}^{2} g[e] · y^e")
+    with pytest.raises(CardError, match=r"card\.card:12:14: error: code generation sums a "
+                                        r"family over all its members"):
+        Built(tmp_path, card, D=4, E=3, D_f=5)

@@ -70,6 +70,8 @@ class Expressions:
         current = index in self.family_vars or bool(self.positions and index == self.positions[0])
         if fam is not None and fam.positions and current:
             return fam.stacked
+        if fam is not None and fam.count is not None and index in self.family_vars:
+            return self.members(fam, e)
         if isinstance(found, Family):
             self.fail(e, f"'{display(name)}' is a family of values; concatenate it first")
         if name in self.scope.tensors:
@@ -110,6 +112,17 @@ class Expressions:
             code = ir.Sub(view, (ir.Ref("..."), _int(st.index), h, ir.SliceX(None, None)))
             return Val(code, Ty(st.shape))
         return None
+
+    def members(self, fam: Family, e: s.Name) -> Val:
+        """Every member of a map's family y^e under Σ_e, the members as rows: (…, E, card axes)."""
+        if fam.flipped or fam.merged:
+            self.fail(e, f"code generation sums '{display(e.id)}' over its members only where "
+                         "each is stored as the card writes it")
+        rows = (fam.count,)
+        if fam.stacked is not None:  # every head at once: (…, H, T, w)
+            return replace(fam.stacked, ty=fam.ty, rows=rows)
+        code = _call("torch.stack", ir.Ref(fam.local), dim=_int(-1 - len(fam.ty.shape)))
+        return Val(code, fam.ty, True, False, rows)
 
     def arange(self, var: str) -> Val:
         axis, rank, size = self.point[var]  # t of ∀t counts from 1, as every card index
@@ -297,22 +310,36 @@ class Expressions:
         return Val(_method(body.code, "sum", _int(-1)), Ty(kept), body.lifted)
 
     def sums_family(self, e: s.Sum) -> bool:
-        """Σ_u f(k_u) or Σ_{t=1}^{T} α_t v_t: the index names members of a family."""
+        """Σ_u f(k_u), Σ_{t=1}^{T} α_t v_t or Σ_{e=1}^{E} g[e] · y^e: the index names members
+        of a family (over positions, or made by a map)."""
         members = [self.member(n) for n in _names_in(e.body)]
-        return any(fam is not None and fam.positions and index == e.index
-                   for fam, index in members)
+        return any(fam is not None and (fam.positions or fam.count is not None) and
+                   index == e.index for fam, index in members)
 
     def family_sum(self, e: s.Sum) -> Val:
         """A sum over a family's members: its rows axis, summed."""
-        self.family_vars.add(e.index)
+        self.family_vars[e.index] = self.family_count(e)
         try:
             body = self.expr(e.body)
         finally:
-            self.family_vars.discard(e.index)
+            self.family_vars.pop(e.index, None)
         axis = -1 - len(body.ty.shape)
         keep = {"keepdim": ir.Lit("True")} if not body.ty.shape else {}  # Σ_u: one per example
         code = _method(body.code, "sum", _int(axis), **keep)
         return Val(code, body.ty, body.lifted, False, ())
+
+    def family_count(self, e: s.Sum) -> Dim | None:
+        """How many members of a map's family Σ_{e=1}^{E} sums: all of them, or it is refused."""
+        counts = {fam.count for fam, index in map(self.member, _names_in(e.body))
+                  if fam is not None and fam.count is not None and index == e.index}
+        if not counts:
+            return None
+        hi = self.low.dim_value(self.alg, e.hi) if e.hi is not None else None
+        first = isinstance(e.lo, s.Num) and e.lo.text == "1"
+        if e.over is not None or not first or counts != {hi}:
+            self.fail(e, f"code generation sums a family over all its members, "
+                         f"Σ_{{{display(e.index)}=1}}^{{n}} for its n members")
+        return hi
 
     def expr_Concat(self, e: s.Concat) -> Val:
         items = [x for x in e.items if not isinstance(x, s.Ellipsis_)]

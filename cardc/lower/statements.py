@@ -157,6 +157,8 @@ class Statements:
 
     def stmt_For(self, st: s.For, step: s.Step) -> None:
         stack = self.module_stack(st)
+        if stack is not None and st.style == "map" and self.defines_members(st):
+            return self.map_loop(st, step)  # `y^e ← Expert(x | θ^e)`: a family, member by member
         if stack is not None:
             return self.layer_loop(st, step, stack)
         if self.procedure:
@@ -174,6 +176,14 @@ class Statements:
             if slot.var is not None and self.uses_family(st.body, name, slot.var, st.var):
                 return name, slot
         return None
+
+    @staticmethod
+    def defines_members(st: s.For) -> bool:
+        """Whether every step of the loop defines a member of a family by its variable
+        (`Y^h ← …`): a map whose results are kept side by side, not a stack of layers."""
+        return all(isinstance(sub.stmt, s.Assign) and isinstance(sub.stmt.target, s.Name) and
+                   instance(sub.stmt.target.id, st.var, sub.stmt.target.id) == st.var
+                   for sub in st.body)
 
     @staticmethod
     def uses_family(body, pattern: str, var: str, loop_var: str) -> bool:
@@ -288,13 +298,22 @@ class Statements:
             target = sub.stmt.target if isinstance(sub.stmt, s.Assign) else None
             if isinstance(target, s.Name) and st.var in target.id:
                 fam = Family(st.var, self.fresh(f"{attr_name(target.id, st.var)}_{var}"),
-                             self.ty(sub.stmt.value))
+                             self.ty(sub.stmt.value), count=self.size(st.over.items[0]))
                 self.scope.values[target.id] = fam
                 self.emit(ir.Assign((fam.local,), ir.Seq((), "list"), self.note(step)))
         body = self.child()
         body.loop_index[st.var] = ir.Ref(var)
-        for sub in st.body:
-            body.step(sub)
+        modules = [name for name, slot in self.scope.modules.items()
+                   if slot.var is not None and self.uses_family(st.body, name, slot.var, st.var)]
+        for name in modules:  # each member's own module: `self.experts[e]`
+            attr = ir.Ref(f"self.{self.scope.modules[name].attr}")
+            self.scope.loop_modules[name] = ir.Sub(attr, (ir.Ref(var),))
+        try:
+            for sub in st.body:
+                body.step(sub)
+        finally:
+            for name in modules:
+                self.scope.loop_modules.pop(name, None)
         self.emit(ir.Loop(var, _call("range", count), tuple(body.out), self.note(step)))
 
     def member(self, name: str) -> tuple[Family | None, str | None]:
