@@ -50,16 +50,18 @@ class Built:
         return torch.stack([self.program(*(x[b] for x in inputs), params=self.params,
                                          hypers=self.env) for b in range(B)])
 
-    def agree(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """Assert both modules equal the interpreter on `inputs`, values and gradients with
-        respect to every parameter; the interpreter's values."""
-        want = self.interpreted(*inputs)
+    def agree(self, *inputs: torch.Tensor, tokens: bool = False) -> torch.Tensor:
+        """Assert both modules equal the interpreter on `inputs` (0-based token IDs where
+        `tokens`: the card's are 1-based), values and gradients with respect to every
+        parameter; the interpreter's values."""
+        want = self.interpreted(*(x + 1 for x in inputs) if tokens else inputs)
         weights = torch.linspace(-1, 1, want.numel(), dtype=torch.float64).reshape(want.shape)
         (want * weights).sum().backward()
         grads = {n: p.grad.clone() for n, p in self.literal.named_parameters()}
         for module in (self.literal, self.fused):
             module.zero_grad()
             got = module(*inputs)
+            got = got[0] if isinstance(got, tuple) else got
             torch.testing.assert_close(got, want.detach(), rtol=RTOL, atol=ATOL)
             (got * weights).sum().backward()
             for n, p in module.named_parameters():
@@ -197,3 +199,30 @@ def test_a_sum_over_part_of_a_family_is_refused_where_it_is_written(tmp_path):
     with pytest.raises(CardError, match=r"card\.card:12:14: error: code generation sums a "
                                         r"family over all its members"):
         Built(tmp_path, card, D=4, E=3, D_f=5)
+
+
+CHANNELS = """\
+Algorithm: P ← Channels(x | θ)
+/* Token embeddings, each channel scaled by a decay made from a parameter of its own. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: P ∈ ℝ^{T×V}
+Hyperparameters: V, D ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{V×D}, λ ∈ ℝ^{D}
+1 X ← W_e[x]
+2 for n ∈ [D] : a[n] ← exp(−exp(λ[n]))
+3 A ← a 1^⊺
+4 return P = (X ⊙ A^⊺) W_e^⊺
+"""
+
+
+def test_a_map_over_channels_does_not_bound_the_sequence(tmp_path):
+    # was: `self.max_seq_len = self.D`, and a sequence longer than D refused at run time
+    built = Built(tmp_path, CHANNELS, V=7, D=3)
+    assert not hasattr(built.fused, "max_seq_len")
+    x = torch.randint(0, 7, (B, 6), generator=torch.Generator().manual_seed(1))
+    want = built.agree(x, tokens=True)
+    m = built.literal
+    X = m.W_e[x] * torch.exp(-torch.exp(m.lambda_))
+    torch.testing.assert_close(want, (X @ m.W_e.T).detach(), rtol=RTOL, atol=ATOL)
+

@@ -164,8 +164,10 @@ class Indexing:
             if len(e.items) == 2 and not base.flipped:
                 self.fail(e, "code generation reads columns of flipped matrices only")
             return Val(base.code, ty, True, False, (size,))
-        # a parameter: its first ℓ columns, as rows (W_p[:, t] for t ≤ ℓ)
-        self.max_seq_len = self.max_seq_len or self.dim(base.ty.shape[-1])
+        # a parameter: its first ℓ columns, as rows (W_p[:, t] for t ≤ ℓ); they bound the
+        # sequence only where ℓ is read off the inputs, not in a map over channels n ∈ [N]
+        if size.symbols & self.runtime_used:
+            self.max_seq_len = self.max_seq_len or self.dim(base.ty.shape[-1])
         stored = base.code if len(e.items) == 1 or base.flipped else _mT(base.code)
         return Val(ir.Sub(stored, (ir.SliceX(None, self.dim(size)),)), ty, False, False, (size,))
 
