@@ -226,3 +226,32 @@ def test_a_map_over_channels_does_not_bound_the_sequence(tmp_path):
     X = m.W_e[x] * torch.exp(-torch.exp(m.lambda_))
     torch.testing.assert_close(want, (X @ m.W_e.T).detach(), rtol=RTOL, atol=ATOL)
 
+
+DECAY = """\
+Algorithm: Y ← Decay(X | W_o)
+/* Each channel summed over the past with weights α^{t − t′}: a linear recurrence in closed form. */
+Input: X ∈ ℝ^{T×N}
+Output: Y ∈ ℝ^{T×N}
+Hyperparameters: N ∈ ℕ; α ∈ (0, 1) = 0.5
+Parameters: W_o ∈ ℝ^{N×N}
+1 for t ∈ [T] : for t′ ∈ [T] : G[t, t′] ← t − t′
+2 A ← exp(log(α) · G)
+3 ∀t, t′, if t′ > t then A[t, t′] ← 0
+4 return Y = A X W_o
+"""
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.9])
+def test_a_closed_form_recurrence_over_positions(tmp_path, alpha):
+    # was: refused ("a map over positions holds assignments only"), and `log(α) · G` of the
+    # integer G was float32 in a float64 model: "expected scalar type Float but found Double"
+    built = Built(tmp_path, DECAY, N=3, α=alpha)
+    X = _randn(5, 3)
+    want = built.agree(X)
+    h = torch.zeros(B, 3, dtype=torch.float64)
+    rows = []
+    for t in range(5):  # the recurrence h_t = α h_{t−1} + x_t, step by step
+        h = alpha * h + X[:, t]
+        rows.append(h)
+    expected = torch.stack(rows, dim=1) @ built.literal.W_o
+    torch.testing.assert_close(want, expected.detach(), rtol=RTOL, atol=ATOL)

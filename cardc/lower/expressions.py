@@ -155,6 +155,7 @@ class Expressions:
         ty = self.ty(e)
         if e.op in ARITHMETIC:  # [[·]] counts as 0 or 1: a sum of two is 2, a difference −1
             a, b = _numbers(a, b, e.op), _numbers(b, a, e.op)
+            a, b = self.as_real(a, b, e.right), self.as_real(b, a, e.left)
         if e.op in (" ", "·"):
             op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
             if op == "@" and self.column:
@@ -180,6 +181,15 @@ class Expressions:
             code = _shift(code, 0)  # numbers: `(i + 1) − 1` is `i`
         return Val(code, ty, a.lifted or b.lifted, a.flipped or b.flipped, a.rows or b.rows,
                    a.tensor or b.tensor)
+
+    def as_real(self, val: Val, other: Val, other_node: s.Expr) -> Val:
+        """An integer tensor (`t − t′` over positions) meeting a real number (`log(α) · G`)
+        in the card's real dtype: torch would make it its default dtype, float32 in a float64
+        model."""
+        if val.ty.elem not in ("ℕ", "ℤ") or not _is_tensor(val) or self.dtype is None or \
+                _is_tensor(other) or other.ty.elem != "ℝ" or _whole_number(other_node):
+            return val
+        return replace(val, code=_method(val.code, "to", self.dtype), ty=Ty(val.ty.shape))
 
     def ones_row(self, e: s.BinOp) -> Val:
         """`b 1^⊺`: the column b repeated across columns, which broadcasting does for free
@@ -376,6 +386,13 @@ class Expressions:
             axis = -1 if sep == ";" else -2
         cat = "cat_broadcast" if broadcast else "torch.cat"
         return Val(_call(cat, items, dim=_int(axis)), ty, lifted, flipped)
+
+
+def _whole_number(e: s.Expr) -> bool:
+    """A literal whole number, `2` or `−1`: an integer tensor stays integer with it."""
+    if isinstance(e, s.Unary) and e.op == "−":
+        e = e.operand
+    return isinstance(e, s.Num) and e.text.isdigit()
 
 
 def _unflipped(val: Val) -> Val:

@@ -47,6 +47,7 @@ class BodyState:
     dim_of: Callable[[str], ir.Expr] = _field(SHARED)  # a dimension symbol in Python
     lead: str = _field(SHARED)  # how batch axes read in shape comments: "B" or "…"
     device: ir.Expr | None = _field(SHARED, None)
+    dtype: ir.Expr | None = _field(SHARED, None)  # the card's reals': its first real input's
     runtime_used: set[str] = _field(SHARED, factory=set)  # sizes read off the inputs
     max_seq_len: ir.Expr | None = _field(SHARED, None)
     training: ir.Expr | None = _field(SHARED, None)  # in a module: whether it trains (dropout)

@@ -16,6 +16,7 @@ from .body import (
     _call,
     _int,
     _is_all,
+    _is_tensor,
     _like,
     _method,
     _mT,
@@ -164,6 +165,9 @@ class Statements:
         if self.procedure:
             return self.procedure_loop(st, step)
         if st.style == "map" or isinstance(st.over, s.Concat):
+            nest = _entrywise(st)
+            if nest is not None:
+                return self.entrywise(nest, step)
             if self.indexes_by(st.body, st.var):
                 return self.position_map(st, step)
             if self.fuse_loop(st, step):
@@ -316,6 +320,28 @@ class Statements:
                 self.scope.loop_modules.pop(name, None)
         self.emit(ir.Loop(var, _call("range", count), tuple(body.out), self.note(step)))
 
+    def entrywise(self, nest: tuple[list[s.For], s.Assign], step: s.Step) -> None:
+        """`for t ∈ [T] : for t′ ∈ [T] : G[t, t′] ← t − t′`: every entry at once, each loop
+        variable counting 1, 2, … along its own axis (as under ∀), broadcast to the whole."""
+        loops, assign = nest
+        sizes = [self.size(f.over.items[0]) for f in loops]
+        rank = len(loops)
+        self.point = {f.var: (k, rank, sizes[k]) for k, f in enumerate(loops)}
+        try:
+            val = self.expr(assign.value)
+        finally:
+            self.point = {}
+        if val.lifted or val.rows or val.flipped:
+            self.fail(assign.value, "code generation defines entry by entry only values of "
+                                    "the loop variables and the card's tensors")
+        dims = ir.Seq(tuple(self.dim(d) for d in sizes))
+        code = _call("torch.broadcast_to", val.code, dims) if _is_tensor(val) else \
+            _call("torch.full", dims, val.code, device=self.device_expr())
+        name = local_name(assign.target.base.id)
+        whole = Val(ir.Ref(name), Ty(tuple(sizes), val.ty.elem))
+        self.emit(ir.Assign((name,), code, self.note(step, whole)))
+        self.scope.values[assign.target.base.id] = whole
+
     def member(self, name: str) -> tuple[Family | None, str | None]:
         """The family `name` belongs to, and its index there: k_u → (k_t's family, u)."""
         for pattern, fam in self.scope.values.items():
@@ -366,3 +392,22 @@ class Statements:
     def physical(val: Val, k: int) -> int:
         """Where card axis `k` of a matrix sits among its physical card axes (0-based)."""
         return len(val.ty.shape) + val.axis(k)
+
+
+def _entrywise(st: s.For) -> tuple[list[s.For], s.Assign] | None:
+    """A nest of maps over ranges, one step each, whose innermost step defines one entry
+    of a tensor indexed by exactly the nest's variables in order, `G[t, t′] ← …`."""
+    loops: list[s.For] = []
+    stmt: s.Stmt = st
+    while isinstance(stmt, s.For) and stmt.style == "map" and len(stmt.body) == 1 and \
+            isinstance(stmt.over, s.Concat) and len(stmt.over.items) == 1:
+        loops.append(stmt)
+        stmt = stmt.body[0].stmt
+    if len(loops) < 2 or not isinstance(stmt, s.Assign) or not isinstance(stmt.target, s.Index):
+        return None
+    target = stmt.target
+    names = [getattr(i, "id", None) for i in target.items]
+    if not isinstance(target.base, s.Name) or names != [f.var for f in loops] or \
+            len(set(names)) != len(names):
+        return None
+    return loops, stmt
