@@ -255,3 +255,47 @@ def test_a_closed_form_recurrence_over_positions(tmp_path, alpha):
         rows.append(h)
     expected = torch.stack(rows, dim=1) @ built.literal.W_o
     torch.testing.assert_close(want, expected.detach(), rtol=RTOL, atol=ATOL)
+
+
+PRODUCTS = """\
+Algorithm: y ← Weighed(x | W)
+/* One token through matrices made from it and from the gate's weights. */
+Input: x ∈ ℝ^{D}
+Output: y ∈ ℝ^{D}
+Hyperparameters: D ∈ ℕ
+Parameters: W consisting of:
+    W_1 ∈ ℝ^{D×D}, W_2 ∈ ℝ^{2×D}, W_g ∈ ℝ^{D×2}
+1 M ← [x W_1, x]  ▷ M ∈ ℝ^{D×2}
+2 g ← softmax(x W_g)
+3 return y = (x M) W_2 + M g
+"""
+
+
+def test_a_token_times_a_matrix_computed_from_it_and_back(tmp_path):
+    # was: `x @ M` of x (B, D) and M (B, D, 2) took the examples for the rows of one matrix
+    # (silently (B, B, 2)), and `M @ g` of g (B, 2) failed
+    built = Built(tmp_path, PRODUCTS, D=3)
+    x = _randn(3)
+    want = built.agree(x)
+    w = built.literal
+    M = torch.stack([x @ w.W_1, x], dim=-1)
+    g = torch.softmax(x @ w.W_g, dim=-1)
+    expected = torch.einsum("bd,bdk->bk", x, M) @ w.W_2 + torch.einsum("bdk,bk->bd", M, g)
+    torch.testing.assert_close(want, expected.detach(), rtol=RTOL, atol=ATOL)
+
+
+def test_a_matrix_of_positions_built_from_a_vector_of_them(tmp_path):
+    # was: G = p 1^⊺ − (p 1^⊺)^⊺ of the integer positions p, typed real, stayed integer in the
+    # code, and `log(α) · G` was float32 in a float64 model
+    card = DECAY.replace("1 for t ∈ [T] : for t′ ∈ [T] : G[t, t′] ← t − t′\n2 A ← exp(log(α) · G)"
+                         "\n3 ∀t, t′, if t′ > t then A[t, t′] ← 0\n4 return Y = A X W_o",
+                         "1 for t ∈ [T] : p[t] ← t\n2 G ← p 1^⊺ − (p 1^⊺)^⊺\n"
+                         "3 A ← exp(log(α) · G)\n4 ∀t, t′, if t′ > t then A[t, t′] ← 0\n"
+                         "5 return Y = A X W_o")
+    assert "p 1^⊺" in card
+    built = Built(tmp_path, card, N=3, α=0.7)
+    X = _randn(5, 3)
+    want = built.agree(X)
+    t = torch.arange(5, dtype=torch.float64)
+    A = torch.tril(0.7 ** (t[:, None] - t[None, :]))
+    torch.testing.assert_close(want, (A @ X @ built.literal.W_o).detach(), rtol=RTOL, atol=ATOL)

@@ -156,6 +156,9 @@ class Expressions:
         if e.op in ARITHMETIC:  # [[·]] counts as 0 or 1: a sum of two is 2, a difference −1
             a, b = _numbers(a, b, e.op), _numbers(b, a, e.op)
             a, b = self.as_real(a, b, e.right), self.as_real(b, a, e.left)
+            if e.op in ("+", "−", " ", "·", "⊙") and _is_tensor(a) and _is_tensor(b) and \
+                    {a.ty.elem, b.ty.elem} <= INTEGERS and ty.elem == "ℝ":
+                ty = Ty(ty.shape, a.ty.elem)  # `p 1^⊺ − 1 p^⊺` of positions p: still integers
         if e.op in (" ", "·"):
             op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
             if op == "@" and self.column:
@@ -176,7 +179,7 @@ class Expressions:
             rank = max(len(a.ty.shape), len(b.ty.shape))
             if self.sum_axis or self.point:
                 ty = Ty((a.ty if len(a.ty.shape) == rank else b.ty).shape, ty.elem)
-        code = ir.Bin(op, a.code, b.code)
+        code = _product(a, b) if op == "@" else ir.Bin(op, a.code, b.code)
         if op in "+-" and not (a.lifted or b.lifted or a.ty.shape or b.ty.shape):
             code = _shift(code, 0)  # numbers: `(i + 1) − 1` is `i`
         return Val(code, ty, a.lifted or b.lifted, a.flipped or b.flipped, a.rows or b.rows,
@@ -186,7 +189,7 @@ class Expressions:
         """An integer tensor (`t − t′` over positions) meeting a real number (`log(α) · G`)
         in the card's real dtype: torch would make it its default dtype, float32 in a float64
         model."""
-        if val.ty.elem not in ("ℕ", "ℤ") or not _is_tensor(val) or self.dtype is None or \
+        if val.ty.elem not in INTEGERS or not _is_tensor(val) or self.dtype is None or \
                 _is_tensor(other) or other.ty.elem != "ℝ" or _whole_number(other_node):
             return val
         return replace(val, code=_method(val.code, "to", self.dtype), ty=Ty(val.ty.shape))
@@ -388,6 +391,20 @@ class Expressions:
         return Val(_call(cat, items, dim=_int(axis)), ty, lifted, flipped)
 
 
+def _product(a: Val, b: Val) -> ir.Expr:
+    """A row-major `a @ b` where a vector with batch axes is not taken for a matrix's rows: a
+    matrix times one (…, E) is `(A @ g[..., None])[..., 0]`, one (…, D) times a batched
+    matrix `(x[..., None, :] @ M)[..., 0, :]`."""
+    if len(a.ty.shape) == 2 and len(b.ty.shape) == 1 and b.lifted and not (a.rows or b.rows):
+        column = ir.Sub(b.code, (ir.Ref("..."), ir.SliceX(None, None), ir.Ref("None")))
+        return ir.Sub(ir.Bin("@", a.code, column), (ir.Ref("..."), _int(0)))
+    if len(a.ty.shape) == 1 and len(b.ty.shape) == 2 and a.lifted and b.lifted and \
+            not (a.rows or b.rows):
+        row = ir.Sub(a.code, (ir.Ref("..."), ir.Ref("None"), ir.SliceX(None, None)))
+        return ir.Sub(ir.Bin("@", row, b.code), (ir.Ref("..."), _int(0), ir.SliceX(None, None)))
+    return ir.Bin("@", a.code, b.code)
+
+
 def _whole_number(e: s.Expr) -> bool:
     """A literal whole number, `2` or `−1`: an integer tensor stays integer with it."""
     if isinstance(e, s.Unary) and e.op == "−":
@@ -403,6 +420,7 @@ def _unflipped(val: Val) -> Val:
 
 
 ARITHMETIC = ("+", "−", "⊙", "/", " ", "·")
+INTEGERS = {"ℕ", "ℤ"}
 
 
 def _numbers(val: Val, other: Val, op: str) -> Val:

@@ -333,7 +333,7 @@ class Statements:
             self.point = {}
         if val.lifted or val.rows or val.flipped:
             self.fail(assign.value, "code generation defines entry by entry only values of "
-                                    "the loop variables and the card's tensors")
+                                    "the loop variables, hyperparameters and parameters")
         dims = ir.Seq(tuple(self.dim(d) for d in sizes))
         code = _call("torch.broadcast_to", val.code, dims) if _is_tensor(val) else \
             _call("torch.full", dims, val.code, device=self.device_expr())
