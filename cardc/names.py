@@ -35,7 +35,7 @@ GENERATED = frozenset({
     "omega", "grouped_sdpa", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "rope_table", "TABLES", "turn", "offset_rms_norm",
     "rms_normalize", "RMS_EPS",
-    "shared_mask", "MASKS", "project", "XW", "JOINED_MAX",
+    "shared_mask", "MASKS", "project", "XW", "JOINED_MAX", "cat_broadcast",
     "generate", "pick_token", "filter_logits",  # a decoder's method, the functions it calls
     "hold_stopped", "stop",  # and the stop tokens it holds; a sampling card's caller's stop(y)
 })

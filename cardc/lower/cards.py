@@ -166,6 +166,7 @@ class Lowering(Parameters):
             scope.values[name] = Val(ir.Ref(local_name(name)), ty, False, column and ty.rank == 2)
         if sig.inputs:  # else device_expr() reports the card, where a device is needed
             body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
+        body.dtype = _real_dtype(sig)
         stmts = body.fuse_card() or body.run()
         prologue = [ir.Assign((runtime[d][0],), runtime[d][1]) for d in runtime if d in used]
         if top:
@@ -350,7 +351,8 @@ class Lowering(Parameters):
             for tname, ty in tensors:
                 args.append(ir.Arg(local_name(tname)))
                 scope.tensors[tname] = ir.Ref(local_name(tname))
-                _note_dims(shapes, local_name(tname), ty.shape, negative=False)
+                # from the end: a map over heads hands a tensor its heads in front (lower.heads)
+                _note_dims(shapes, local_name(tname), ty.shape, negative=True)
         bound = bound_sizes(alg, info)
         given: set[str] = set()  # sizes no argument's shape tells (a window w): passed in
         for hname in card_names(sig):
@@ -383,6 +385,7 @@ class Lowering(Parameters):
         body.merged = merged
         if sig.inputs:  # else device_expr() reports the card, where a device is needed
             body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
+        body.dtype = _real_dtype(sig)
         stmts = body.run()
         prologue = [ir.Assign((local_name(k),), v) for k, v in used.items()]
         self.program.functions.append(
@@ -495,6 +498,12 @@ def _stored(sig, shape: tuple) -> tuple:
 
 
 _SIZE = "|size|"  # a placeholder symbol: the size an axis has at run time
+
+
+def _real_dtype(sig) -> ir.Expr | None:
+    """The dtype of the card's first real input: that of the reals it computes."""
+    name = next((n for n, ty in sig.inputs if getattr(ty, "elem", None) == "ℝ"), None)
+    return None if name is None else ir.Attr(ir.Ref(local_name(name)), "dtype")
 
 
 def _note_dims(shapes: dict[str, ir.Expr], arg: str, dims, negative: bool) -> None:

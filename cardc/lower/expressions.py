@@ -70,6 +70,8 @@ class Expressions:
         current = index in self.family_vars or bool(self.positions and index == self.positions[0])
         if fam is not None and fam.positions and current:
             return fam.stacked
+        if fam is not None and fam.count is not None and index in self.family_vars:
+            return self.members(fam, e)
         if isinstance(found, Family):
             self.fail(e, f"'{display(name)}' is a family of values; concatenate it first")
         if name in self.scope.tensors:
@@ -111,6 +113,17 @@ class Expressions:
             return Val(code, Ty(st.shape))
         return None
 
+    def members(self, fam: Family, e: s.Name) -> Val:
+        """Every member of a map's family y^e under Σ_e, the members as rows: (…, E, card axes)."""
+        if fam.flipped or fam.merged:
+            self.fail(e, f"code generation sums '{display(e.id)}' over its members only where "
+                         "each is stored as the card writes it")
+        rows = (fam.count,)
+        if fam.stacked is not None:  # every head at once: (…, H, T, w)
+            return replace(fam.stacked, ty=fam.ty, rows=rows)
+        code = _call("torch.stack", ir.Ref(fam.local), dim=_int(-1 - len(fam.ty.shape)))
+        return Val(code, fam.ty, True, False, rows)
+
     def arange(self, var: str) -> Val:
         axis, rank, size = self.point[var]  # t of ∀t counts from 1, as every card index
         code = _call("torch.arange", _int(1), ir.Bin("+", self.dim(size), _int(1)),
@@ -142,6 +155,10 @@ class Expressions:
         ty = self.ty(e)
         if e.op in ARITHMETIC:  # [[·]] counts as 0 or 1: a sum of two is 2, a difference −1
             a, b = _numbers(a, b, e.op), _numbers(b, a, e.op)
+            a, b = self.as_real(a, b, e.right), self.as_real(b, a, e.left)
+            if e.op in ("+", "−", " ", "·", "⊙") and _is_tensor(a) and _is_tensor(b) and \
+                    {a.ty.elem, b.ty.elem} <= INTEGERS and ty.elem == "ℝ":
+                ty = Ty(ty.shape, a.ty.elem)  # `p 1^⊺ − 1 p^⊺` of positions p: still integers
         if e.op in (" ", "·"):
             op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
             if op == "@" and self.column:
@@ -162,11 +179,20 @@ class Expressions:
             rank = max(len(a.ty.shape), len(b.ty.shape))
             if self.sum_axis or self.point:
                 ty = Ty((a.ty if len(a.ty.shape) == rank else b.ty).shape, ty.elem)
-        code = ir.Bin(op, a.code, b.code)
+        code = _product(a, b) if op == "@" else ir.Bin(op, a.code, b.code)
         if op in "+-" and not (a.lifted or b.lifted or a.ty.shape or b.ty.shape):
             code = _shift(code, 0)  # numbers: `(i + 1) − 1` is `i`
         return Val(code, ty, a.lifted or b.lifted, a.flipped or b.flipped, a.rows or b.rows,
                    a.tensor or b.tensor)
+
+    def as_real(self, val: Val, other: Val, other_node: s.Expr) -> Val:
+        """An integer tensor (`t − t′` over positions) meeting a real number (`log(α) · G`)
+        in the card's real dtype: torch would make it its default dtype, float32 in a float64
+        model."""
+        if val.ty.elem not in INTEGERS or not _is_tensor(val) or self.dtype is None or \
+                _is_tensor(other) or other.ty.elem != "ℝ" or _whole_number(other_node):
+            return val
+        return replace(val, code=_method(val.code, "to", self.dtype), ty=Ty(val.ty.shape))
 
     def ones_row(self, e: s.BinOp) -> Val:
         """`b 1^⊺`: the column b repeated across columns, which broadcasting does for free
@@ -267,6 +293,8 @@ class Expressions:
             return replace(x, ty=ty, flipped=not x.flipped)
         if x.lifted:
             return Val(_method(x.code, "transpose", _int(-2), _int(-1)), ty, True)
+        if self.lead == "…":  # a function's tensor may hold every head in front (lower.heads)
+            return Val(ir.Attr(x.code, "mT"), ty)
         return Val(ir.Attr(x.code, "T"), ty)
 
     def expr_Iverson(self, e: s.Iverson) -> Val:
@@ -295,22 +323,36 @@ class Expressions:
         return Val(_method(body.code, "sum", _int(-1)), Ty(kept), body.lifted)
 
     def sums_family(self, e: s.Sum) -> bool:
-        """Σ_u f(k_u) or Σ_{t=1}^{T} α_t v_t: the index names members of a family."""
+        """Σ_u f(k_u), Σ_{t=1}^{T} α_t v_t or Σ_{e=1}^{E} g[e] · y^e: the index names members
+        of a family (over positions, or made by a map)."""
         members = [self.member(n) for n in _names_in(e.body)]
-        return any(fam is not None and fam.positions and index == e.index
-                   for fam, index in members)
+        return any(fam is not None and (fam.positions or fam.count is not None) and
+                   index == e.index for fam, index in members)
 
     def family_sum(self, e: s.Sum) -> Val:
         """A sum over a family's members: its rows axis, summed."""
-        self.family_vars.add(e.index)
+        self.family_vars[e.index] = self.family_count(e)
         try:
             body = self.expr(e.body)
         finally:
-            self.family_vars.discard(e.index)
+            self.family_vars.pop(e.index, None)
         axis = -1 - len(body.ty.shape)
         keep = {"keepdim": ir.Lit("True")} if not body.ty.shape else {}  # Σ_u: one per example
         code = _method(body.code, "sum", _int(axis), **keep)
         return Val(code, body.ty, body.lifted, False, ())
+
+    def family_count(self, e: s.Sum) -> Dim | None:
+        """How many members of a map's family Σ_{e=1}^{E} sums: all of them, or it is refused."""
+        counts = {fam.count for fam, index in map(self.member, _names_in(e.body))
+                  if fam is not None and fam.count is not None and index == e.index}
+        if not counts:
+            return None
+        hi = self.low.dim_value(self.alg, e.hi) if e.hi is not None else None
+        first = isinstance(e.lo, s.Num) and e.lo.text == "1"
+        if e.over is not None or not first or counts != {hi}:
+            self.fail(e, f"code generation sums a family over all its members, "
+                         f"Σ_{{{display(e.index)}=1}}^{{n}} for its n members")
+        return hi
 
     def expr_Concat(self, e: s.Concat) -> Val:
         items = [x for x in e.items if not isinstance(x, s.Ellipsis_)]
@@ -329,11 +371,13 @@ class Expressions:
             return self.join(ir.Ref(fam.local), fam.ty, e.sep, ty, flipped=fam.flipped)
         vals = [self.expr(x) for x in items]
         code = ir.Seq(tuple(v.code for v in vals), "list")
+        # a function's values may hold every head, or one for all (lower.heads): they broadcast
+        broadcast = self.lead == "…" and len(vals) > 1 and any(v.lifted for v in vals)
         return self.join(code, vals[0].ty, e.sep, ty, any(v.lifted for v in vals),
-                         vals[0].flipped)
+                         vals[0].flipped, broadcast)
 
     def join(self, items: ir.Expr, item: Ty, sep: str, ty: Ty, lifted: bool = True,
-             flipped: bool = False) -> Val:
+             flipped: bool = False, broadcast: bool = False) -> Val:
         if len(item.shape) == 1:  # vectors become columns (",") or rows (";")
             if self.column:  # a matrix of columns is stored flipped: columns are rows
                 axis, flip = (-1, False) if sep == ";" else (-2, True)
@@ -343,7 +387,29 @@ class Expressions:
         axis = -len(item.shape) if sep == ";" else -1
         if flipped:  # card axis 0 of a flipped matrix is the last physical one
             axis = -1 if sep == ";" else -2
-        return Val(_call("torch.cat", items, dim=_int(axis)), ty, lifted, flipped)
+        cat = "cat_broadcast" if broadcast else "torch.cat"
+        return Val(_call(cat, items, dim=_int(axis)), ty, lifted, flipped)
+
+
+def _product(a: Val, b: Val) -> ir.Expr:
+    """A row-major `a @ b` where a vector with batch axes is not taken for a matrix's rows: a
+    matrix times one (…, E) is `(A @ g[..., None])[..., 0]`, one (…, D) times a batched
+    matrix `(x[..., None, :] @ M)[..., 0, :]`."""
+    if len(a.ty.shape) == 2 and len(b.ty.shape) == 1 and b.lifted and not (a.rows or b.rows):
+        column = ir.Sub(b.code, (ir.Ref("..."), ir.SliceX(None, None), ir.Ref("None")))
+        return ir.Sub(ir.Bin("@", a.code, column), (ir.Ref("..."), _int(0)))
+    if len(a.ty.shape) == 1 and len(b.ty.shape) == 2 and a.lifted and b.lifted and \
+            not (a.rows or b.rows):
+        row = ir.Sub(a.code, (ir.Ref("..."), ir.Ref("None"), ir.SliceX(None, None)))
+        return ir.Sub(ir.Bin("@", row, b.code), (ir.Ref("..."), _int(0), ir.SliceX(None, None)))
+    return ir.Bin("@", a.code, b.code)
+
+
+def _whole_number(e: s.Expr) -> bool:
+    """A literal whole number, `2` or `−1`: an integer tensor stays integer with it."""
+    if isinstance(e, s.Unary) and e.op == "−":
+        e = e.operand
+    return isinstance(e, s.Num) and e.text.isdigit()
 
 
 def _unflipped(val: Val) -> Val:
@@ -354,6 +420,7 @@ def _unflipped(val: Val) -> Val:
 
 
 ARITHMETIC = ("+", "−", "⊙", "/", " ", "·")
+INTEGERS = {"ℕ", "ℤ"}
 
 
 def _numbers(val: Val, other: Val, op: str) -> Val:

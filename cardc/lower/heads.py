@@ -232,7 +232,7 @@ def vectorise(body: Steps, st: s.For, step: s.Step) -> bool:
     code = ir.Call(ir.Ref(fn), tuple(a.code for a in args), tuple(kwargs))
     body.emit(ir.Assign((local,), code, body.note(step, None, note)))
     fam = Family(st.var, local, ty, Val(ir.Ref(local), Ty(ty.shape, ty.elem), True),
-                 merged=heads.merged)
+                 merged=heads.merged, count=heads.count)
     body.scope.values[assign.target.id] = fam
     return True
 
@@ -251,6 +251,8 @@ def _lowered(body: Steps, heads: HeadMap, e: s.Call, merged: frozenset[str]
         args += [args[0]] * (len(callee.inputs) - len(args))  # Z = X: self-attention
         rank = max((len(a.ty.shape) for a in args if a.lifted), default=0)
         kwargs = heads.parameters(rank)
+        if rank < 2 and kwargs:  # one vector per example: `x @ W` of every head's W would
+            raise _Declined  # take the examples for a matrix's rows (a loop, member by member)
         if heads.merged and kwargs:
             raise _Declined  # tensors per head beside every group's heads on one axis
     except _Declined:

@@ -42,6 +42,8 @@ class Indexing:
             code = _mT(base.code) if base.flipped else base.code
             return Val(self.summed_prefix(code, base.ty),
                        Ty((*base.ty.shape[:-1], self.sum_axis[1])), base.lifted)
+        if len(e.items) == 1 and self.family_vars.get(getattr(e.items[0], "id", None)):
+            return self.member_index(e)
         if self.point and all(getattr(i, "id", None) in self.point for i in e.items):
             return self.point_index(e)
         if self.positions and len(e.items) in (1, 2) and \
@@ -101,6 +103,17 @@ class Indexing:
         index = ir.Cond(ir.Bin(">", row, _int(0)), ir.Bin("-", row, _int(1)), ir.Ref("None"))
         return _call("F.embedding", tokens, table, padding_idx=index)
 
+    def member_index(self, e: s.Index) -> Val:
+        """`g[e]` under Σ_e over a map's family: g's entries 1 … E, one per member, as rows."""
+        size = self.family_vars[e.items[0].id]
+        base = self.expr(e.base)
+        if len(base.ty.shape) != 1 or base.rows:
+            self.fail(e, f"under a sum over a family's members, code generation indexes "
+                         f"vectors only by '{display(e.items[0].id)}'")
+        code = base.code if base.ty.shape[0] == size else \
+            ir.Sub(base.code, (ir.Ref("..."), ir.SliceX(None, self.dim(size))))
+        return Val(code, Ty(elem=base.ty.elem), base.lifted, False, (size,))
+
     def summed_prefix(self, code: ir.Expr, ty: Ty) -> ir.Expr:
         """The entries 1 … n of the last axis that Σ_{i=1}^{n} reads: all of it where the
         axis is n long, else its first n (`Σ_{i=1}^{K} e[i]` of a D-vector)."""
@@ -151,8 +164,10 @@ class Indexing:
             if len(e.items) == 2 and not base.flipped:
                 self.fail(e, "code generation reads columns of flipped matrices only")
             return Val(base.code, ty, True, False, (size,))
-        # a parameter: its first ℓ columns, as rows (W_p[:, t] for t ≤ ℓ)
-        self.max_seq_len = self.max_seq_len or self.dim(base.ty.shape[-1])
+        # a parameter: its first ℓ columns, as rows (W_p[:, t] for t ≤ ℓ); they bound the
+        # sequence only where ℓ is read off the inputs, not in a map over channels n ∈ [N]
+        if size.symbols & self.runtime_used:
+            self.max_seq_len = self.max_seq_len or self.dim(base.ty.shape[-1])
         stored = base.code if len(e.items) == 1 or base.flipped else _mT(base.code)
         return Val(ir.Sub(stored, (ir.SliceX(None, self.dim(size)),)), ty, False, False, (size,))
 

@@ -47,6 +47,7 @@ class BodyState:
     dim_of: Callable[[str], ir.Expr] = _field(SHARED)  # a dimension symbol in Python
     lead: str = _field(SHARED)  # how batch axes read in shape comments: "B" or "…"
     device: ir.Expr | None = _field(SHARED, None)
+    dtype: ir.Expr | None = _field(SHARED, None)  # the card's reals': its first real input's
     runtime_used: set[str] = _field(SHARED, factory=set)  # sizes read off the inputs
     max_seq_len: ir.Expr | None = _field(SHARED, None)
     training: ir.Expr | None = _field(SHARED, None)  # in a module: whether it trains (dropout)
@@ -65,7 +66,8 @@ class BodyState:
     returned: Val | None = _field(FRESH, None)
     positions: tuple[str, Dim] | None = _field(FRESH, None)  # in a map over positions: t, ℓ
     domain: Val | None = _field(FRESH, None)  # the values of t in `T̃ ← {t ∈ [ℓ] : …}`
-    family_vars: set[str] = _field(FRESH, factory=set)  # Σ_u over a family's members: u
+    # Σ_u over a family's members: u, and how many there are (None: a family over positions)
+    family_vars: dict[str, Dim | None] = _field(FRESH, factory=dict)
     buffers: list[ir.Buffer] = _field(FRESH, factory=list)  # constants made once (RoPE's ω)
     given: dict[int, Val] = _field(FRESH, factory=dict)  # values lowered beforehand (SDPA)
     uses_cache: bool = _field(FRESH, False)  # an attention core reads the KV cache

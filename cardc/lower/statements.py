@@ -16,6 +16,7 @@ from .body import (
     _call,
     _int,
     _is_all,
+    _is_tensor,
     _like,
     _method,
     _mT,
@@ -157,11 +158,16 @@ class Statements:
 
     def stmt_For(self, st: s.For, step: s.Step) -> None:
         stack = self.module_stack(st)
+        if stack is not None and st.style == "map" and self.defines_members(st):
+            return self.map_loop(st, step)  # `y^e ← Expert(x | θ^e)`: a family, member by member
         if stack is not None:
             return self.layer_loop(st, step, stack)
         if self.procedure:
             return self.procedure_loop(st, step)
         if st.style == "map" or isinstance(st.over, s.Concat):
+            nest = _entrywise(st)
+            if nest is not None:
+                return self.entrywise(nest, step)
             if self.indexes_by(st.body, st.var):
                 return self.position_map(st, step)
             if self.fuse_loop(st, step):
@@ -174,6 +180,14 @@ class Statements:
             if slot.var is not None and self.uses_family(st.body, name, slot.var, st.var):
                 return name, slot
         return None
+
+    @staticmethod
+    def defines_members(st: s.For) -> bool:
+        """Whether every step of the loop defines a member of a family by its variable
+        (`Y^h ← …`): a map whose results are kept side by side, not a stack of layers."""
+        return all(isinstance(sub.stmt, s.Assign) and isinstance(sub.stmt.target, s.Name) and
+                   instance(sub.stmt.target.id, st.var, sub.stmt.target.id) == st.var
+                   for sub in st.body)
 
     @staticmethod
     def uses_family(body, pattern: str, var: str, loop_var: str) -> bool:
@@ -288,14 +302,45 @@ class Statements:
             target = sub.stmt.target if isinstance(sub.stmt, s.Assign) else None
             if isinstance(target, s.Name) and st.var in target.id:
                 fam = Family(st.var, self.fresh(f"{attr_name(target.id, st.var)}_{var}"),
-                             self.ty(sub.stmt.value))
+                             self.ty(sub.stmt.value), count=self.size(st.over.items[0]))
                 self.scope.values[target.id] = fam
                 self.emit(ir.Assign((fam.local,), ir.Seq((), "list"), self.note(step)))
         body = self.child()
         body.loop_index[st.var] = ir.Ref(var)
-        for sub in st.body:
-            body.step(sub)
+        modules = [name for name, slot in self.scope.modules.items()
+                   if slot.var is not None and self.uses_family(st.body, name, slot.var, st.var)]
+        for name in modules:  # each member's own module: `self.experts[e]`
+            attr = ir.Ref(f"self.{self.scope.modules[name].attr}")
+            self.scope.loop_modules[name] = ir.Sub(attr, (ir.Ref(var),))
+        try:
+            for sub in st.body:
+                body.step(sub)
+        finally:
+            for name in modules:
+                self.scope.loop_modules.pop(name, None)
         self.emit(ir.Loop(var, _call("range", count), tuple(body.out), self.note(step)))
+
+    def entrywise(self, nest: tuple[list[s.For], s.Assign], step: s.Step) -> None:
+        """`for t ∈ [T] : for t′ ∈ [T] : G[t, t′] ← t − t′`: every entry at once, each loop
+        variable counting 1, 2, … along its own axis (as under ∀), broadcast to the whole."""
+        loops, assign = nest
+        sizes = [self.size(f.over.items[0]) for f in loops]
+        rank = len(loops)
+        self.point = {f.var: (k, rank, sizes[k]) for k, f in enumerate(loops)}
+        try:
+            val = self.expr(assign.value)
+        finally:
+            self.point = {}
+        if val.lifted or val.rows or val.flipped:
+            self.fail(assign.value, "code generation defines entry by entry only values of "
+                                    "the loop variables, hyperparameters and parameters")
+        dims = ir.Seq(tuple(self.dim(d) for d in sizes))
+        code = _call("torch.broadcast_to", val.code, dims) if _is_tensor(val) else \
+            _call("torch.full", dims, val.code, device=self.device_expr())
+        name = local_name(assign.target.base.id)
+        whole = Val(ir.Ref(name), Ty(tuple(sizes), val.ty.elem))
+        self.emit(ir.Assign((name,), code, self.note(step, whole)))
+        self.scope.values[assign.target.base.id] = whole
 
     def member(self, name: str) -> tuple[Family | None, str | None]:
         """The family `name` belongs to, and its index there: k_u → (k_t's family, u)."""
@@ -347,3 +392,22 @@ class Statements:
     def physical(val: Val, k: int) -> int:
         """Where card axis `k` of a matrix sits among its physical card axes (0-based)."""
         return len(val.ty.shape) + val.axis(k)
+
+
+def _entrywise(st: s.For) -> tuple[list[s.For], s.Assign] | None:
+    """A nest of maps over ranges, one step each, whose innermost step defines one entry
+    of a tensor indexed by exactly the nest's variables in order, `G[t, t′] ← …`."""
+    loops: list[s.For] = []
+    stmt: s.Stmt = st
+    while isinstance(stmt, s.For) and stmt.style == "map" and len(stmt.body) == 1 and \
+            isinstance(stmt.over, s.Concat) and len(stmt.over.items) == 1:
+        loops.append(stmt)
+        stmt = stmt.body[0].stmt
+    if len(loops) < 2 or not isinstance(stmt, s.Assign) or not isinstance(stmt.target, s.Index):
+        return None
+    target = stmt.target
+    names = [getattr(i, "id", None) for i in target.items]
+    if not isinstance(target.base, s.Name) or names != [f.var for f in loops] or \
+            len(set(names)) != len(names):
+        return None
+    return loops, stmt

@@ -98,6 +98,7 @@ class Family:
     positions: bool = False  # a map over positions: `stacked` holds every member as rows
     flipped: bool = False  # members are matrices stored flipped
     merged: bool = False  # `stacked` holds the heads of every group on one axis (cardc.lower.heads)
+    count: Dim | None = None  # a map's: how many members (a sum over them must read them all)
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The helpers of generated models: the KV cache, joined projections, RoPE's tables and
-rotations, RMSNorm, masks made once per sizes, and grouped-query SDPA.
+rotations, RMSNorm, joins of values that broadcast, masks made once per sizes, and
+grouped-query SDPA.
 
 `cardc build` copies the ones a model uses into its generated file, by name and as written
 here (cardc.codegen reads this file as text, never imports it), after the model's classes:
@@ -194,6 +195,21 @@ def offset_rms_norm(X, shape, gamma, eps):
     normed = rms_normalize(X, shape, None, eps)
     return torch.addcmul(normed, normed, gamma)
 
+
+
+def cat_broadcast(tensors, dim):
+    """torch.cat along `dim` (negative) of tensors whose other axes broadcast: a value every
+    head shares, (…, 1, T, k), beside one per head, (…, H, T, w), as a head's own columns
+    beside a key shared by every head join."""
+    sizes = [list(t.shape) for t in tensors]
+    for size in sizes:
+        size[dim] = 1
+    shape = list(torch.broadcast_shapes(*sizes))
+    out = []
+    for t in tensors:
+        shape[dim] = t.shape[dim]
+        out.append(t.expand(shape))
+    return torch.cat(out, dim=dim)
 
 MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
 
