@@ -12,7 +12,8 @@ Oracles, each a function of a built case so that more can be added (a reference 
 `runs` — `build` either refuses with one located diagnostic or gives a module that runs on random
 inputs; `fused_equals_literal` — the fused lowering and the literal one (`fuse=False`) agree in
 float64, values and gradients; `cache_equals_recomputation` — a model that offers `new_cache()`
-decodes a few tokens at a time to the logits of full recomputation.
+decodes a few tokens at a time to the logits of full recomputation, and with gradients enabled
+to its gradients (tests/decodecheck.py, check_cached_gradients).
 
 Constructs that meet a known defect of the compiler are left out unless `--known-defects` asks for
 them (each is an expected failure in tests/test_cardgen.py), so that a run's disagreements are new.
@@ -612,8 +613,10 @@ def _gap(a, b) -> str:
 
 
 def cache_equals_recomputation(built: Built) -> None:
-    """Oracle 3: a model with new_cache() decodes chunk by chunk to full recomputation's logits."""
+    """Oracle 3: a model with new_cache() decodes chunk by chunk to full recomputation's logits,
+    and with gradients to its gradients."""
     import torch
+    from decodecheck import check_cached_gradients
 
     model = built.module(True).eval()
     if not hasattr(model, "new_cache"):
@@ -626,6 +629,10 @@ def cache_equals_recomputation(built: Built) -> None:
         rows = torch.cat([model(chunk, cache=cache) for chunk in chunks], dim=1)
     if rows.shape != full.shape or not torch.allclose(rows, full, rtol=1e-7, atol=1e-7):
         raise Disagreement(f"cached decoding differs from recomputation: {_gap(rows, full)}")
+    try:
+        check_cached_gradients(model, [x], (3, 1, 2), tolerance=1e-7)
+    except AssertionError as err:
+        raise Disagreement(str(err)) from None
 
 
 def interpreter_equals_module(built: Built) -> None:
