@@ -19,6 +19,7 @@ from cardc.names import identifier
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cardgen  # noqa: E402
+from decodecheck import check_incremental_decoding  # noqa: E402
 
 BUDGET = 40  # cases of the CI run: about a second each on one core
 SEED = 27
@@ -251,6 +252,7 @@ def test_a_cache_of_keys_that_are_also_queries(tmp_path):
         rows = torch.cat([model(x[:, :3], cache=cache), model(x[:, 3:4], cache=cache),
                           model(x[:, 4:], cache=cache)], dim=1)
     torch.testing.assert_close(rows, want)
+    check_incremental_decoding(model, [torch.randint(0, 11, (2, 12))], tolerance=1e-9)
 
 
 ATTENTION_TWICE = """Algorithm: Y ← AttentionTwice(x | θ)
@@ -290,6 +292,7 @@ def test_a_cache_where_an_attention_is_written_twice(tmp_path):
         cache = model.new_cache()
         rows = torch.cat([model(x[:, :3], cache=cache), model(x[:, 3:], cache=cache)], dim=1)
     torch.testing.assert_close(rows, want)
+    check_incremental_decoding(model, [torch.randint(0, 11, (2, 12))], tolerance=1e-9)
 
 
 TWO_IN_ONE = """Algorithm: Y ← TwoInOne(x | θ)
@@ -328,6 +331,7 @@ def test_a_cache_for_two_attentions_in_one_step(tmp_path):
         cache = model.new_cache()
         rows = torch.cat([model(x[:, :3], cache=cache), model(x[:, 3:], cache=cache)], dim=1)
     torch.testing.assert_close(rows, want)
+    check_incremental_decoding(model, [torch.randint(0, 11, (2, 12))], tolerance=1e-9)
 
 
 CALLED_TWICE = """Algorithm: Y ← CalledTwice(x | θ)
@@ -370,6 +374,7 @@ def test_a_cache_for_a_module_called_twice_in_one_step(tmp_path):
         rows = torch.cat([model(x[:, :3], cache=cache), model(x[:, 3:4], cache=cache),
                           model(x[:, 4:], cache=cache)], dim=1)
     torch.testing.assert_close(rows, want)
+    check_incremental_decoding(model, [torch.randint(0, 11, (2, 12))], tolerance=1e-9)
 
 
 HEAD_KEYS_ARE_QUERIES = """Algorithm: Y ← HeadsOnInput(x | θ)
@@ -420,6 +425,7 @@ def test_a_cache_of_a_heads_keys_that_are_its_queries(tmp_path):
         rows = torch.cat([model(x[:, :3], cache=cache), model(x[:, 3:4], cache=cache),
                           model(x[:, 4:], cache=cache)], dim=1)
     torch.testing.assert_close(rows, want)
+    check_incremental_decoding(model, [torch.randint(0, 11, (2, 12))], tolerance=1e-9)
 
 
 CAPPED_SHARED = """Algorithm: Y ← CappedLive(x | θ)
