@@ -13,7 +13,9 @@ Oracles, each a function of a built case so that more can be added (a reference 
 inputs; `fused_equals_literal` — the fused lowering and the literal one (`fuse=False`) agree in
 float64, values and gradients; `cache_equals_recomputation` — a model that offers `new_cache()`
 decodes a few tokens at a time to the logits of full recomputation, and with gradients enabled
-to its gradients (tests/decodecheck.py, check_cached_gradients).
+to its gradients (tests/decodecheck.py, check_cached_gradients). Some token cards are causal
+language models (every mask hides later keys, the library's attention is causal), which the
+lowering gives a cache where it proves every attention extends it.
 
 Constructs that meet a known defect of the compiler are left out unless `--known-defects` asks for
 them (each is an expected failure in tests/test_cardgen.py), so that a run's disagreements are new.
@@ -411,6 +413,9 @@ class Generator:
         row = rng.random() < 0.7
         lay = Layout(row)
         tokens = not row or rng.random() < 0.6
+        if row and tokens and rng.random() < 0.4:  # a causal language model: it gets a cache
+            self.masks = ["t′ > t"]
+            self.feature("causal language model")
         params: list[str] = []
         w = CardWriter(self, lay, params)
         name = f"Gen{self.seed}"

@@ -48,7 +48,8 @@ def test_the_budget_covers_the_constructs():
     assert {"tokens", "attention", "mask t′ > t", "map over positions", "map over heads",
             "loop over layers", "sub-card", "Σ/mean/var", "slice", "transpose", "norm",
             "scalar", "exp/log/√", "row-major", "column-major", "tied logits",
-            "shared key and value", "attention within an expression"} <= features
+            "shared key and value", "attention within an expression",
+            "causal language model"} <= features
 
 
 def test_generation_is_deterministic_and_seeded():
