@@ -205,6 +205,7 @@ class KVCache:
         self.tokens = None  # those tokens, (B, pos), when they came through new()
         self.joins = {} if joins is None else joins  # project's joined weights, by their ids
         self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.called = 0, {}  # (pos, {module: n}): its calls by the forward at pos so far
         self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
 
     def new(self, x):
@@ -219,10 +220,17 @@ class KVCache:
     def extend(self, layer, K, V, keep=None):
         """The layer's cached keys and values followed by these, which it keeps (the last
         `keep` positions only, under a sliding window). A layer of None is the next attention
-        call of this forward: calls are keyed by their order."""
+        call of this forward: calls are keyed by their order. A module called again by one
+        forward (its output written twice, its weights shared by layers) is another attention
+        each time: its calls are keyed by their order too."""
         if layer is None:
             at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
             layer, self.calls = n, (at, n + 1)
+        else:
+            at, seen = self.called if self.called[0] == self.pos else (self.pos, {})
+            n = seen[layer] = seen.get(layer, -1) + 1
+            self.called = at, seen
+            layer = (layer, n) if n else layer
         if layer in self.kv:
             K_past, V_past = self.kv[layer]
             K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)

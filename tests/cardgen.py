@@ -12,7 +12,10 @@ Oracles, each a function of a built case so that more can be added (a reference 
 `runs` — `build` either refuses with one located diagnostic or gives a module that runs on random
 inputs; `fused_equals_literal` — the fused lowering and the literal one (`fuse=False`) agree in
 float64, values and gradients; `cache_equals_recomputation` — a model that offers `new_cache()`
-decodes a few tokens at a time to the logits of full recomputation.
+decodes a few tokens at a time to the logits of full recomputation, and with gradients enabled
+to its gradients (tests/decodecheck.py, check_cached_gradients). Some token cards are causal
+language models (every mask hides later keys, the library's attention is causal), which the
+lowering gives a cache where it proves every attention extends it.
 
 Constructs that meet a known defect of the compiler are left out unless `--known-defects` asks for
 them (each is an expected failure in tests/test_cardgen.py), so that a run's disagreements are new.
@@ -47,12 +50,8 @@ KNOWN_DEFECTS = {
                             "the layers' output is left row-major and a later product crashes",
     "elementwise map over positions": "`for t ∈ [T] : Y[t, :] ← σ(A[t, :]) ⊙ X[t, :]` is "
                                       "refused: 'this value does not depend on t'",
-    "attention written twice": "`(softmax(S) V) ⊙ (softmax(S) V)` is not cached while the "
-                               "model offers a cache: decoding attends within each chunk only",
-    "two attentions in a step": "`softmax(S) V + softmax(S_2) V_2`, both causal: cached "
-                                "decoding differs from recomputation",
-    "shared key and value": "a cached attention whose keys or values are a value used elsewhere "
-                            "(`softmax(E E^⊺) E`): the cache overwrites it with every position",
+    "column-major shared keys": "`S ← E^⊺ E/√D` of a column-major value held transposed (an "
+                                "embedding, a map over positions) transposes E twice: a crash",
 }
 
 
@@ -216,11 +215,10 @@ class CardWriter:
     def special(self, c: str, depth: int) -> str:
         """exp, log and √ on arguments that keep them finite."""
         a = atom(self.expr(c, depth))
-        if "(" in a:  # written twice below (KNOWN_DEFECTS: attention written twice)
-            if not self.gen.known:
-                a = self.bind(a, c)
-            elif "softmax(" in a or "Attention(" in a:
-                self.gen.feature("attention written twice")
+        if "(" in a and self.rng.random() < 0.5:  # named, or written twice below
+            a = self.bind(a, c)
+        elif "softmax(" in a or "Attention(" in a:
+            self.gen.feature("attention written twice")
         self.gen.feature("exp/log/√")
         return self.rng.choice((f"exp(tanh({a}))", f"log(1 + {a} ⊙ {a})",
                                 f"√({a} ⊙ {a} + α)", f"log(σ({a}))"))
@@ -259,10 +257,12 @@ class CardWriter:
         """softmax of scores, masked by a rule that leaves each query a key, times values."""
         q, k = self.name_of("D"), self.name_of("D")
         v = self.name_of(c)
-        if not self.gen.known:  # keys and values of their own (KNOWN_DEFECTS)
+        shared = self.lay.row or self.gen.known  # KNOWN_DEFECTS: column-major shared keys
+        if not shared or self.rng.random() < 0.7:  # keys and values of their own
             k, v = self.projected(k, "D"), self.projected(v, c)
-        else:
-            self.gen.feature("shared key and value")
+        else:  # values read elsewhere too (a cache must extend a copy)
+            self.gen.feature("shared key and value" if self.lay.row else
+                             "column-major shared keys")
         s = self.fresh("S")
         self.step(f"{s} ← {self.lay.scores(q, k, 'D')}")
         hide = self.rng.choice(self.gen.masks)
@@ -273,8 +273,9 @@ class CardWriter:
                 hide = f"¬[[{NEGATED[hide]}]]"
             self.step(self.lay.mask(s, hide))
         self.gen.feature("attention")
-        if not self.gen.known:  # one attention a step (KNOWN_DEFECTS: two attentions in a step)
+        if self.rng.random() < 0.5:
             return self.bind(self.lay.attend(s, v), c)
+        self.gen.feature("attention within an expression")  # maybe beside another
         return self.lay.attend(s, v)
 
     def projected(self, a: str, c: str) -> str:
@@ -412,6 +413,9 @@ class Generator:
         row = rng.random() < 0.7
         lay = Layout(row)
         tokens = not row or rng.random() < 0.6
+        if row and tokens and rng.random() < 0.4:  # a causal language model: it gets a cache
+            self.masks = ["t′ > t"]
+            self.feature("causal language model")
         params: list[str] = []
         w = CardWriter(self, lay, params)
         name = f"Gen{self.seed}"
@@ -476,6 +480,8 @@ class Generator:
                 "Parameters: θ includes all of the following parameters:",
                 *(f"    {p}" for p in params)]
         steps = [*w.steps, ret]
+        if any(st.count("softmax(") > 1 for st in steps):
+            self.feature("attentions side by side")  # two in one step, or one written twice
         numbered = [f"{k} {s}" for k, s in enumerate(steps, 1)]
         text = "\n".join(head + numbered) + "\n"
         library = "\n\n".join(self.subcards) + "\n" if self.subcards else \
@@ -612,8 +618,10 @@ def _gap(a, b) -> str:
 
 
 def cache_equals_recomputation(built: Built) -> None:
-    """Oracle 3: a model with new_cache() decodes chunk by chunk to full recomputation's logits."""
+    """Oracle 3: a model with new_cache() decodes chunk by chunk to full recomputation's logits,
+    and with gradients to its gradients."""
     import torch
+    from decodecheck import check_cached_gradients
 
     model = built.module(True).eval()
     if not hasattr(model, "new_cache"):
@@ -626,6 +634,10 @@ def cache_equals_recomputation(built: Built) -> None:
         rows = torch.cat([model(chunk, cache=cache) for chunk in chunks], dim=1)
     if rows.shape != full.shape or not torch.allclose(rows, full, rtol=1e-7, atol=1e-7):
         raise Disagreement(f"cached decoding differs from recomputation: {_gap(rows, full)}")
+    try:
+        check_cached_gradients(model, [x], (3, 1, 2), tolerance=1e-7)
+    except AssertionError as err:
+        raise Disagreement(str(err)) from None
 
 
 def interpreter_equals_module(built: Built) -> None:

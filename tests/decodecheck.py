@@ -5,7 +5,9 @@ generator of random cards), and the walk's own helpers.
 `check_incremental_decoding(model, inputs)` feeds the last input in chunks through
 `model.new_cache()` and compares the logits with one forward over the whole input, then
 continues a prompt greedily through the cache and compares each token with the argmax of the
-logits recomputed without a cache. It raises AssertionError saying what differs.
+logits recomputed without a cache, and checks that gradients flow through the cache as
+through full recomputation (`check_cached_gradients`). It raises AssertionError saying what
+differs.
 """
 
 from __future__ import annotations
@@ -30,15 +32,10 @@ def check_incremental_decoding(model, inputs: list[torch.Tensor],
     chunk, drawn through the cache, are those recomputation draws. The other inputs (an
     encoder's source) are given whole at each call."""
     *prefix, x = inputs
-    bounds = [0]
-    for size in chunks:
-        bounds.append(min(bounds[-1] + size, x.shape[-1]))
-    bounds.append(x.shape[-1])
     with torch.no_grad():
         full = model(*prefix, x)
         cache = model.new_cache()
-        rows = torch.cat([model(*prefix, x[..., a:b], cache=cache)
-                          for a, b in zip(bounds, bounds[1:], strict=False) if b > a], dim=-2)
+        rows = _decoded(model, prefix, x, chunks, cache)
         assert cache.pos == x.shape[-1], f"the cache counts {cache.pos} of {x.shape[-1]} tokens"
         worst = (rows - full).abs().max().item()
         assert worst <= tolerance * max(1.0, full.abs().max().item()), \
@@ -46,6 +43,50 @@ def check_incremental_decoding(model, inputs: list[torch.Tensor],
         cached, plain = _greedy(model, prefix, x[..., :chunks[0]], tokens)
     assert torch.equal(cached, plain), \
         f"greedy tokens through the cache {cached.tolist()} != recomputed {plain.tolist()}"
+    check_cached_gradients(model, inputs, chunks, tolerance)
+
+
+def check_cached_gradients(model, inputs: list[torch.Tensor],
+                           chunks: tuple[int, ...] = (5, 1, 1, 4),
+                           tolerance: float = 1e-5) -> None:
+    """In training mode, with gradients: a loss over the logits of every position, the last
+    input fed in chunks through `model.new_cache()`, has the gradients with respect to each
+    parameter that the same loss has over one forward of the whole input, within `tolerance`
+    of the largest of them. A later chunk reads the keys and values the earlier ones left in
+    the cache, so their gradients reach the parameters only if the cache passes them on."""
+    *prefix, x = inputs
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    mode = model.training
+    model.train()
+    try:
+        with torch.enable_grad():
+            full = model(*prefix, x)
+            weight = torch.linspace(-1, 1, full.numel(), dtype=full.dtype).reshape(full.shape)
+            want = torch.autograd.grad((full * weight).sum(), [p for _, p in params],
+                                       allow_unused=True)
+            rows = _decoded(model, prefix, x, chunks, model.new_cache())
+            got = torch.autograd.grad((rows * weight).sum(), [p for _, p in params],
+                                      allow_unused=True)
+    finally:
+        model.train(mode)
+    for (name, _), a, b in zip(params, want, got, strict=True):
+        assert (a is None) == (b is None), f"{name} has a gradient only one way"
+        if a is not None:
+            worst = (a - b).abs().max().item()
+            assert worst <= tolerance * max(1.0, a.abs().max().item()), \
+                f"the gradient of {name} through the cache is {worst:.3g} away from full " \
+                f"recomputation's"
+
+
+def _decoded(model, prefix: list[torch.Tensor], x: torch.Tensor, chunks: tuple[int, ...],
+             cache) -> torch.Tensor:
+    """The logits of x fed through `cache` in chunks of these sizes (the rest last)."""
+    bounds = [0]
+    for size in chunks:
+        bounds.append(min(bounds[-1] + size, x.shape[-1]))
+    bounds.append(x.shape[-1])
+    return torch.cat([model(*prefix, x[..., a:b], cache=cache)
+                      for a, b in zip(bounds, bounds[1:], strict=False) if b > a], dim=-2)
 
 
 def _greedy(model, prefix: list[torch.Tensor], prompt: torch.Tensor, tokens: int):

@@ -10,7 +10,13 @@ from unittest import mock
 
 import pytest
 import torch
-from decodecheck import check_incremental_decoding, is_causal, token_inputs, walk_models
+from decodecheck import (
+    check_cached_gradients,
+    check_incremental_decoding,
+    is_causal,
+    token_inputs,
+    walk_models,
+)
 from torch import nn
 
 import cardc
@@ -83,6 +89,32 @@ def test_cache_gradients_flow_like_full_recomputation(card):
         assert (a is None) == (b is None)
         if a is not None:
             assert (a - b).abs().max().item() < 1e-5
+
+
+def test_the_gradient_check_catches_a_cache_that_cuts_the_graph():
+    """check_cached_gradients (which the walk below runs on every cached model): a cache that
+    held its keys and values detached, as one written in place or under no_grad would, gives
+    later chunks no gradient through earlier ones, and the check says so."""
+    model = small("gpt2")
+    x = torch.randint(0, 97, (2, 12))
+    check_cached_gradients(model, [x])
+    made = model.new_cache
+
+    def detaching():
+        cache = made()
+        extend = cache.extend
+
+        def extend_detached(layer, K, V, keep=None):
+            out = extend(layer, K, V, keep)
+            cache.kv = {k: (a.detach(), b.detach()) for k, (a, b) in cache.kv.items()}
+            return out
+
+        cache.extend = extend_detached
+        return cache
+
+    model.new_cache = detaching
+    with pytest.raises(AssertionError, match="through the cache is .* away from full"):
+        check_cached_gradients(model, [x])
 
 
 def test_encoder_decoder_decodes_its_target_incrementally():

@@ -16,9 +16,23 @@ def test_kvcache_extends_each_layer_with_its_own_keys_and_values():
     cache = mk.KVCache()
     K1, V1, K2, V2 = (torch.randn(1, 2, n, 4) for n in (3, 3, 1, 1))
     assert cache.extend("a", K1, V1)[0] is K1
+    cache.pos += 3  # the next forward, as the model counts its tokens in
     K, V = cache.extend("a", K2, V2)
     assert torch.equal(K, torch.cat([K1, K2], -2)) and torch.equal(V, torch.cat([V1, V2], -2))
     assert cache.extend("b", K2, V2)[0] is K2  # another layer starts empty
+
+
+def test_kvcache_gives_a_module_called_twice_by_one_forward_two_slots():
+    """A module whose output a card writes twice (or whose weights layers share) attends
+    anew at each call: its second call must not read the first's keys as earlier positions."""
+    cache = mk.KVCache()
+    K1, K2 = torch.zeros(1, 1, 2, 2), torch.ones(1, 1, 2, 2)
+    assert cache.extend("a", K1, K1)[0] is K1
+    assert cache.extend("a", K2, K2)[0] is K2  # the same forward: a slot of its own
+    cache.pos += 2
+    K3 = torch.full((1, 1, 1, 2), 2.0)
+    assert torch.equal(cache.extend("a", K3, K3)[0], torch.cat([K1, K3], -2))
+    assert torch.equal(cache.extend("a", K3, K3)[0], torch.cat([K2, K3], -2))
 
 
 def test_kvcache_keeps_only_a_window_when_asked():

@@ -301,7 +301,7 @@ def test_edited_recorded_cards_compile_to_nothing_but_their_math(tmp_path, monke
 # the names of its own locals and arguments. Anything else must come from a card name.
 IMPORTS = {("torch", None), ("torch.nn.functional", "F"), ("math", None), ("torch:nn", None)}
 GENERATOR_NAMES = {
-    "F", "KVCache", "K_past", "PRESETS", "V_past", "ValueError", "_", "__init__", "approximate",
+    "F", "KVCache", "K_past", "seen", "PRESETS", "V_past", "ValueError", "_", "__init__", "approximate",
     "betas", "cache", "decayed", "device", "dict", "dim", "dtype", "enable_gqa", "extend", "float",
     "forward", "fused", "group", "held", "int", "is_causal", "keepdim", "key", "len", "logits", "lr",
     "math", "new", "new_cache", "nn", "optimizer", "past", "persistent", "phi", "range", "report",
@@ -337,7 +337,7 @@ GENERATOR_ATTRS = {
     "cos", "sin", "omega", "append", "clamp", "tolist", "item", "long", "topk", "div", "size",
     "view", "reshape", "unsqueeze", "squeeze", "expand", "masked_fill", "logical_not", "cumsum",
     "rsqrt", "pow", "abs", "square", "randint", "bernoulli", "lerp", "norm", "embedding",
-    "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls",
+    "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls", "called",
     "new_ones", "new_zeros", "get", "isin", "full_like", "is_grad_enabled", "type", "linalg",
     "vector_norm", "hypot", "addcmul_", "dtype",
 }

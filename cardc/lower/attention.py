@@ -2,19 +2,23 @@
 
     S ← Q K^⊺ · scale                  (`/√d`, `· c`, `/ c`: any scale)
     ∀t, t′, if c(t, t′) then S[t, t′] ← −∞      (none or more: causal, windowed, explicit masks)
-    … softmax(S) V …                   (S read nowhere else)
+    … softmax(S) V …                   (S read nowhere else; `softmax(S) V` written once, or
+                                         more than once alike: one attention)
 
 is one `F.scaled_dot_product_attention(Q, K, V, …)`: `is_causal=True` when the only c is
 `t′ > t`, else a boolean `attn_mask` of the positions no c hides (`t′ > t`, then
-`t′ ≤ t − w`, is a sliding window), and `scale=` unless the scale is SDPA's
-own 1/√(width of Q). Whatever comes before (projections, slices of a fused projection, rotary,
-norms on queries and keys) and after is the card's own math, lowered step by step. A core SDPA
-cannot express (a soft cap `c · tanh(S/c)` between the steps) keeps its literal steps, which are
-already batched. In a causal language model (`Lowerer.decoder`) the keys and values that reach
-the core are extended by the KV cache's first (cardc.lower.decoding passes the cache down), and
-mask rules other than plain causality place the queries after the cached positions; a capped
-core then keeps its exact math over the extended keys. Row-major cards only; with `fuse=False`
-nothing is recognised, which is the literal twin the tests compare against.
+`t′ ≤ t − w`, is a sliding window), and `scale=` unless the scale is SDPA's own 1/√(width of
+Q). Whatever comes before (projections, slices of a fused projection, rotary, norms on queries
+and keys) and after is the card's own math, lowered step by step. The step that reads S may
+come after others (another attention's, whose product stands beside this one's) that redefine
+nothing the core reads. A core SDPA cannot express (a soft cap `c · tanh(S/c)` between the
+steps) keeps its literal steps, which are already batched. In a causal language model
+(`Lowerer.decoder`) the keys and values that reach the core are extended by the KV cache's
+first (cardc.lower.decoding passes the cache down; a copy where other steps read them over the
+new positions only, as queries or a residual), and mask rules other than plain causality place
+the queries after the cached positions; a capped core then keeps its exact math over the
+extended keys. Row-major cards only; with `fuse=False` nothing is recognised, which is the
+literal twin the tests compare against.
 """
 
 from __future__ import annotations
@@ -32,17 +36,22 @@ from .values import LowerError, Val, local_name
 @dataclass
 class Core:
     """Steps of one attention core: the score step, an optional mask step, and the product
-    `softmax(S) V` inside the step that reads it."""
+    `softmax(S) V` inside the step that reads it (written once, or more than once alike: one
+    attention, computed once)."""
 
     score: s.Step
     transforms: tuple[s.Step, ...]  # S ← f(S), elementwise with numbers (a soft cap)
     masks: tuple[s.Step, ...]
-    product: s.BinOp
+    products: tuple[s.BinOp, ...]  # equal, each `softmax(S) V`
     reader: s.Step
     q: s.Expr
     k: s.Expr
     v: s.Expr
     scale: tuple[str, s.Expr] | None  # ("/", c) or ("·", c); None: no scale written
+
+    @property
+    def product(self) -> s.BinOp:
+        return self.products[0]
 
     @property
     def waiting(self) -> tuple[s.Step, ...]:
@@ -73,17 +82,42 @@ def _core_at(steps: list[s.Step], i: int, scalars: set[str]) -> Core | None:
     while j < len(steps) and _masks(steps[j].stmt, name):
         j += 1
     masks = tuple(steps[m:j])
-    if j >= len(steps):
+    reader = _reader(steps[j:], name, _names(q) | _names(k) | _names(scale[1] if scale else ()))
+    if reader is None:
         return None
-    reader = steps[j]
-    products = [n for n in s.nodes(reader.stmt) if _is_product(n, name)]
-    if len(products) != 1 or _reads(reader.stmt, name) != 1:
+    products = tuple(n for n in s.nodes(reader.stmt) if _is_product(n, name))
+    if not products or _reads(reader.stmt, name) != len(products) or \
+            any(p != products[0] for p in products):
         return None
-    if any(_reads(later.stmt, name) for later in steps[j + 1:]):
+    if any(_reads(later.stmt, name) for later in steps[steps.index(reader) + 1:]):
         return None  # S is read again: keep it
     if _assigns(reader.stmt, {n for n in _names(q) | _names(k)} - {name}):
         return None
-    return Core(steps[i], transforms, masks, products[0], reader, q, k, products[0].right, scale)
+    return Core(steps[i], transforms, masks, products, reader, q, k, products[0].right, scale)
+
+
+def _reader(steps: list[s.Step], name: str, qk: set[str]) -> s.Step | None:
+    """The first of `steps` that reads the scores `name`; the steps before it (another
+    attention's, beside this one) define neither the scores nor what they were made of, and
+    none defines the values of a product in the reader: the core, lowered at its reader,
+    reads what the card's scores read."""
+    for j, st in enumerate(steps):
+        if _reads(st.stmt, name):
+            values = {n for p in s.nodes(st.stmt) if _is_product(p, name) for n in _names(p.right)}
+            made = {d for before in steps[:j] for d in _defines(before.stmt)}
+            return None if made & (qk | values | {name}) else st
+    return None
+
+
+def _defines(st) -> set[str]:
+    """The names a step assigns, whole or in part, anywhere within it."""
+    out = set()
+    for n in s.nodes(st):
+        if isinstance(n, s.Assign):
+            target = n.target.base if isinstance(n.target, s.Index) else n.target
+            if isinstance(target, s.Name):
+                out.add(target.id)
+    return out
 
 
 def _scores(e: s.Expr) -> tuple[s.Expr, s.Expr, tuple[str, s.Expr] | None] | None:
@@ -152,25 +186,26 @@ def _names(e) -> set[str]:
 WAITING = "waiting"  # a step of a core, lowered with its reader
 
 
-def find(patterns: tuple[str, ...], body: Steps, step: s.Step) -> Core | str | None:
-    """The core whose reader `step` is, or WAITING for a step of a core (a card's own steps,
-    row-major cards only)."""
+def find(patterns: tuple[str, ...], body: Steps, step: s.Step
+         ) -> tuple[Core, ...] | str | None:
+    """The cores whose reader `step` is (two attentions side by side have the same reader), or
+    WAITING for a step of a core (a card's own steps, row-major cards only)."""
     if body.column:
         return None
-    for core in body.low.walk(body.alg, find_cores, frozenset(body.info.sig.hypers)):
-        if any(step is w for w in core.waiting):
-            return WAITING
-        if core.reader is step:
-            return core
-    return None
+    cores = body.low.walk(body.alg, find_cores, frozenset(body.info.sig.hypers))
+    readers = tuple(core for core in cores if core.reader is step)
+    if readers:
+        return readers
+    return WAITING if any(step is w for core in cores for w in core.waiting) else None
 
 
-def lower(body: Steps, step: s.Step, found: Core | str) -> bool:
-    """Nothing for a step of a core; before its reader, the core (`prepare`): True when
-    `step` needs no lowering of its own."""
+def lower(body: Steps, step: s.Step, found: tuple[Core, ...] | str) -> bool:
+    """Nothing for a step of a core; before its reader, each of its cores (`prepare`): True
+    when `step` needs no lowering of its own."""
     if found == WAITING:
         return True
-    prepare(body, found)
+    for core in found:
+        prepare(body, core)
     return False
 
 
@@ -189,14 +224,14 @@ def prepare(body: Steps, core: Core) -> None:
     context = not masking.reads_decoded(body.alg, core.k, core.v)  # an encoder's keys
     cached = body.low.decoder and causal and not context
     scale = _scale(body, core, q) if all(_batched(x) for x in (q, k, v)) else False
-    names = isinstance(core.k, s.Name) and isinstance(core.v, s.Name)
-    literal = scale is False or core.transforms and not (cached and names)
+    own = _own(body.alg, core, core.k) and _own(body.alg, core, core.v)
+    literal = scale is False or core.transforms and not (cached and own)
     cached = cached and not literal  # else keys over the new positions only: no cache
     masking.attention(causal, body.alg, _mask_hypers(body, core),
                       CONTEXT if context else EXTENDS if cached else RECOMPUTES)
-    body.recorded.add(id(core.reader))
+    body.recorded.add(id(core.score))
     if literal or core.transforms:
-        masking.softmaxes += 1  # its own softmax, not SDPA's
+        masking.softmaxes += len(core.products)  # their own softmax, not SDPA's
     if literal:
         return _literal(body, core)  # SDPA cannot take it, and no cache asks for more
     if cached:
@@ -219,8 +254,13 @@ def prepare(body: Steps, core: Core) -> None:
     if body.lead == "…":  # a function: its heads may sit on any axes, its K and V be shared
         sdpa = "grouped_sdpa"
     call = ir.Call(ir.Ref(sdpa), (q.code, k.code, v.code), tuple(kwargs))
+    if len(core.products) > 1:  # written more than once: computed once
+        name = body.fresh("attended")
+        body.emit(ir.Assign((name,), call, body.note(core.score, None)))
+        call = ir.Ref(name)
     ty = body.ty(core.product)
-    body.given[id(core.product)] = Val(call, Ty(ty.shape, ty.elem), True)
+    for product in core.products:
+        body.given[id(product)] = Val(call, Ty(ty.shape, ty.elem), True)
     return None
 
 
@@ -230,12 +270,12 @@ def record_literal(body: Steps, step: s.Step) -> None:
     the row-major (query, key) layout's, its hyperparameter masks where its callers give
     them. It keeps its softmax and reads no cache."""
     for core in body.low.walk(body.alg, find_cores, frozenset(body.info.sig.hypers)):
-        if core.reader is step and id(step) not in body.recorded:
+        if core.reader is step and id(core.score) not in body.recorded:
             causal = not body.column and \
                 any(_causal(m.stmt.body.cond, *m.stmt.vars) for m in core.masks)
             body.low.masking.attention(causal, body.alg, _mask_hypers(body, core))
-            body.low.masking.softmaxes += 1
-            body.recorded.add(id(step))
+            body.low.masking.softmaxes += len(core.products)
+            body.recorded.add(id(core.score))
 
 
 def _mask_hypers(body: Steps, core: Core) -> frozenset[str]:
@@ -337,24 +377,43 @@ def _extend(body: Steps, core: Core, k: Val, v: Val, window: s.Expr | None
     positions the cache keeps the last w − 1 only (`keep=w - 1`), all a new position reads
     before itself, so one decoded token sees every key at hand: the mask rules read positions
     relative to the keys at hand, which a window's rule allows."""
-    names = []
+    names, given = [], []
     for expr, val in ((core.k, k), (core.v, v)):
-        if isinstance(val.code, ir.Ref):
-            names.append(val.code.id)
-            continue
-        name = body.fresh("K" if expr is core.k else "V")
-        body.emit(ir.Assign((name,), val.code, body.note(core.score, None)))
+        own = isinstance(val.code, ir.Ref) and _own(body.alg, core, expr)
+        name = val.code.id if own else body.fresh("K" if expr is core.k else "V")
+        if not isinstance(val.code, ir.Ref):
+            body.emit(ir.Assign((name,), val.code, body.note(core.score, None)))
         names.append(name)
+        given.append(ir.Ref(name) if own or not isinstance(val.code, ir.Ref) else val.code)
     keep = () if window is None else (("keep", ir.Bin("-", body.expr(window).code, ir.Lit("1"))),)
     extend = ir.Assign(tuple(names), ir.Call(ir.Attr(CACHE, "extend"), (
-        ir.Lit("None"), *(ir.Ref(n) for n in names)), keep), ir.Note(
+        ir.Lit("None"), *given), keep), ir.Note(
         text="the cached positions come first", line=body.note(core.score).line))
-    body.emit(ir.If(ir.Bin("is not", CACHE, ir.Lit("None")), (extend,)))
+    copies = [(n, g) for n, g in zip(names, given, strict=True) if g != ir.Ref(n)]
+    plain = ()  # without a cache, the copies are the values themselves
+    if copies:
+        values = tuple(g for _, g in copies)
+        plain = (ir.Assign(tuple(n for n, _ in copies),
+                           values[0] if len(values) == 1 else ir.Seq(values)),)
+    body.emit(ir.If(ir.Bin("is not", CACHE, ir.Lit("None")), (extend,), plain))
     body.uses_cache = True
     for expr, name in zip((core.k, core.v), names, strict=True):
-        if isinstance(expr, s.Name):
+        if isinstance(expr, s.Name) and _own(body.alg, core, expr):
             body.scope.values[expr.id] = replace(body.expr(expr), code=ir.Ref(name))
     return replace(k, code=ir.Ref(names[0])), replace(v, code=ir.Ref(names[1]))
+
+
+def _own(alg: s.Algorithm, core: Core, expr: s.Expr) -> bool:
+    """Whether `expr`, the core's keys or values, is a name that nothing but the core reads:
+    the cache may then extend it in place; otherwise (queries, a residual or another step
+    read it over the new positions) the cache extends a copy under a name of its own."""
+    if not isinstance(expr, s.Name):
+        return False
+    core_reads = {id(core.k), *(id(p.right) for p in core.products)}
+    written = {id(n.target.base if isinstance(n.target, s.Index) else n.target)
+               for n in s.nodes(alg.steps) if isinstance(n, s.Assign)}
+    return all(id(n) in core_reads or id(n) in written for n in s.nodes(alg.steps)
+               if isinstance(n, s.Name) and n.id == expr.id)
 
 
 def _one_sees_all(core: Core, q: Val, mask: ir.Expr) -> ir.Expr:

@@ -63,7 +63,7 @@ class Steps(Protocol):
     ranged: dict[str, Val]
     sum_axis: tuple[str, Dim] | None  # Σ_i: the index and its range
     uses_cache: bool
-    recorded: set[int]  # attention cores recorded (cardc.lower.analysis): their readers' ids
+    recorded: set[int]  # attention cores recorded (cardc.lower.analysis): their score steps' ids
     at_step: s.Step | None  # the step being lowered
 
     def expr(self, e: s.Expr) -> Val: ...

@@ -71,7 +71,7 @@ class BodyState:
     buffers: list[ir.Buffer] = _field(FRESH, factory=list)  # constants made once (RoPE's ω)
     given: dict[int, Val] = _field(FRESH, factory=dict)  # values lowered beforehand (SDPA)
     uses_cache: bool = _field(FRESH, False)  # an attention core reads the KV cache
-    recorded: set[int] = _field(FRESH, factory=set)  # attention cores recorded: their readers' ids
+    recorded: set[int] = _field(FRESH, factory=set)  # attention cores recorded: their score steps' ids
     drawn: str | None = _field(FRESH, None)  # the token a sample step of these steps draws
     at_step: s.Step | None = _field(FRESH, None)  # the step being lowered
     file: Any = _derived()
