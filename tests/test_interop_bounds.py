@@ -203,19 +203,29 @@ def test_a_mapped_hyperparameter_the_card_lacks_is_the_mapping_s_fault(tmp_path,
         "hyperparameter the card GPT2 does not have (it sets V, D, H, D_f, N, ctx, ε)\n")
 
 
-def test_export_names_the_mapping_whose_hyperparameter_the_checkpoint_lacks(tmp_path, capsys):
+def export_with(tmp_path: Path, capsys, mapping: Callable[[dict], None]) -> tuple[int, str]:
+    """`cardc export` of a trained tiny GPT-2 whose card's mapping file is edited in place by
+    `mapping`; a refusal leaves no folder."""
     from cardc.runtime.checkpoint import save_checkpoint
 
     cards = tmp_path / "cards"
     cards.mkdir()
     shutil.copy(ROOT / "cards" / "gpt2.card", cards / "gpt2.card")
     raw = json.loads((ROOT / "cards" / "gpt2.hf.json").read_text())
-    raw["hyperparameters"]["Zeta"] = "n_positions"
+    mapping(raw)
     (cards / "gpt2.hf.json").write_text(json.dumps(raw))
     model = build_model(str(cards / "gpt2.card"), None, SIZES)
     save_checkpoint(tmp_path / "run", model, {**model.card_meta, "run": "0123456789abcdef"})
     code, err = run(capsys, "export", str(tmp_path / "run"), "--to", str(tmp_path / "hf"),
                     "--library", str(cards))
+    assert code == 0 or not (tmp_path / "hf").exists()
+    return code, err
+
+
+def test_export_names_the_mapping_whose_hyperparameter_the_checkpoint_lacks(tmp_path, capsys):
+    code, err = export_with(tmp_path, capsys,
+                            lambda m: m["hyperparameters"].update(Zeta="n_positions"))
+    cards = tmp_path / "cards"
     assert code == 1 and err == (
         f"cardc: error: {cards}/gpt2.hf.json: 'hyperparameters': 'Zeta' is not a "
         "hyperparameter of the checkpoint's GPT2 (it records D, D_f, H, N, V, ctx, eps)\n")
@@ -223,22 +233,18 @@ def test_export_names_the_mapping_whose_hyperparameter_the_checkpoint_lacks(tmp_
 
 
 def test_a_mapping_that_cannot_write_the_model_s_value_is_named_on_export(tmp_path, capsys):
-    from cardc.runtime.checkpoint import save_checkpoint
-
-    cards = tmp_path / "cards"
-    cards.mkdir()
-    shutil.copy(ROOT / "cards" / "gpt2.card", cards / "gpt2.card")
-    raw = json.loads((ROOT / "cards" / "gpt2.hf.json").read_text())
-    raw["hyperparameters"]["D_f"] = {"expr": "1e30"}
-    (cards / "gpt2.hf.json").write_text(json.dumps(raw))
-    model = build_model(str(cards / "gpt2.card"), None, SIZES)
-    save_checkpoint(tmp_path / "run", model, {**model.card_meta, "run": "0123456789abcdef"})
-    code, err = run(capsys, "export", str(tmp_path / "run"), "--to", str(tmp_path / "hf"),
-                    "--library", str(cards))
+    code, err = export_with(tmp_path, capsys,
+                            lambda m: m["hyperparameters"].update(D_f={"expr": "1e30"}))
     assert code == 1 and err == (
-        f"cardc: error: {cards}/gpt2.hf.json: the card's D_f = 16, but the config written "
-        "gives 1e30 = 1000000000000000000000000000000\n")
-    assert not (tmp_path / "hf").exists()
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: the card's D_f = 16, but the config "
+        "written gives 1e30 = 1000000000000000000000000000000\n")
+
+
+def test_a_layer_count_that_cannot_be_computed_names_the_mapping(tmp_path, capsys):
+    code, err = export_with(tmp_path, capsys, lambda m: m.update(layers="N / 0"))
+    assert code == 1 and err == (
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: cannot count the layers (N / 0): "
+        "division by zero in 'N / 0'\n")
 
 
 def test_a_mapped_hyperparameter_s_line_break_stays_on_its_line(tmp_path, hf_folder, capsys):
@@ -247,3 +253,10 @@ def test_a_mapped_hyperparameter_s_line_break_stays_on_its_line(tmp_path, hf_fol
     assert code == 1 and err == (
         f"cardc: error: {tmp_path}/cards/gpt2.hf.json: 'hyperparameters': 'x\\ny' is a "
         "hyperparameter the card GPT2 does not have (it sets V, D, H, D_f, N, ctx, ε)\n")
+
+
+def test_an_expression_s_line_break_stays_on_its_line(tmp_path, hf_folder, capsys):
+    code, err = import_with(tmp_path, hf_folder, capsys, mapping=lambda m: m.update(
+        layers="N\ny"))
+    assert code == 1 and err == (
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: 'layers': unexpected 'y' in 'N\\ny'\n")

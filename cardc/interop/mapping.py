@@ -158,7 +158,7 @@ class Mapping:
             env = {n: ex.exact(hypers[identifier(n)]) for n in ex.names(e)}
             value = ex.evaluate(e, env)
         except (KeyError, ex.ExprError) as err:
-            raise RuntimeInputError(f"cannot count the layers ({self.layers}): "
+            raise RuntimeInputError(f"{self.source}: cannot count the layers ({self.layers}): "
                                     f"{'no ' + repr(err.args[0]) if isinstance(err, KeyError) else err}"
                                     ) from None
         if value.denominator != 1 or value < 0:
