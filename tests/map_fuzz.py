@@ -228,11 +228,14 @@ def mutate(r: random.Random, raw: dict[str, Any]) -> None:
         else:
             target[key] = r.choice(ODD)(r)
     elif section == "constraints":
-        raw["constraints"] = {r.choice([*raw["hyperparameters"], *NAMES[:4]]):
-                              r.choice(CONSTRAINTS)}
+        hypers = raw.get("hyperparameters")  # an earlier mutation may have made it another type
+        raw["constraints"] = {r.choice([*(hypers if isinstance(hypers, dict) else {}),
+                                        *NAMES[:4]]): r.choice(CONSTRAINTS)}
     elif section == "variants":
-        raw.setdefault("variants", {})[r.choice(["V2", raw["card"], "Zeta"])] = \
-            {r.choice(sorted(raw)): r.choice(ODD)(r)}
+        card = raw.get("card") if isinstance(raw.get("card"), str) else "X"
+        variants = raw.get("variants") if isinstance(raw.get("variants"), dict) else {}
+        variants[r.choice(["V2", card, "Zeta"])] = {r.choice(sorted(raw)): r.choice(ODD)(r)}
+        raw["variants"] = variants
     elif section == "layers":
         raw["layers"] = r.choice(EXPRESSIONS + NAMES[:6])
     elif section == "top":
