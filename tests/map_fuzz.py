@@ -47,6 +47,9 @@ from cardc.runtime.checkpoint import save_checkpoint
 from cardc.runtime.errors import RuntimeInputError
 from cardc.runtime.runs import new_run_id
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkonce import cards_checked_once  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 CARDS = ROOT / "cards"
 
@@ -125,26 +128,6 @@ def families(root: Path, only: list[str] | None = None) -> list[Family]:
     paths = sorted(CARDS.glob("*.hf.json"))
     return [family(p, root) for p in paths if only is None or p.name.removesuffix(".hf.json")
             in only]
-
-
-@contextlib.contextmanager
-def cards_checked_once():
-    """`cardc.build.checked` remembered per card: the cards never change between cases (only
-    their mapping files do), and checking them is most of an import's time."""
-    original = cardc.build.checked
-    seen: dict[tuple, Any] = {}
-
-    def checked(paths: list[str], library: Any) -> Any:
-        key = (tuple(map(str, paths)), repr(library))
-        if key not in seen:
-            seen[key] = original(paths, library)
-        return seen[key]
-
-    cardc.build.checked = checked
-    try:
-        yield
-    finally:
-        cardc.build.checked = original
 
 
 # ------------------------------------------------------------------ damage

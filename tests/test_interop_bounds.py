@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,8 +20,18 @@ from cardc.build import build_model
 from cardc.cli import main
 from cardc.interop import load_mapping, write_model_hf
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkonce import cards_checked_once  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = dict(V=16, D=8, H=2, D_f=16, N=2, ctx=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cards_checked_once():
+    """Each card is checked once for the module: only the checkpoints and mappings change."""
+    with cards_checked_once():
+        yield
 
 
 @pytest.fixture(scope="module")
