@@ -271,3 +271,11 @@ def test_an_expression_s_line_break_stays_on_its_line(tmp_path, hf_folder, capsy
         layers="N\ny"))
     assert code == 1 and err == (
         f"cardc: error: {tmp_path}/cards/gpt2.hf.json: 'layers': unexpected 'y' in 'N\\ny'\n")
+
+
+def test_export_keeps_a_mapped_hyperparameter_s_line_break_on_its_line(tmp_path, capsys):
+    code, err = export_with(tmp_path, capsys,
+                            lambda m: m["hyperparameters"].update({"x\ny": "n_positions"}))
+    assert code == 1 and err == (
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: 'hyperparameters': 'x\\ny' is not a "
+        "hyperparameter of the checkpoint's GPT2 (it records D, D_f, H, N, V, ctx, eps)\n")

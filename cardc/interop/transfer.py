@@ -71,8 +71,7 @@ def check_card_hypers(sig: Any, mapping: Mapping) -> None:
     for name in mapping.hyperparameters:
         if name not in declared or name in sig.definitions:
             what = "derives" if name in declared else "does not have"
-            shown = json.dumps(name, ensure_ascii=False)[1:-1]  # a line break stays on the line
-            raise RuntimeInputError(f"{mapping.source}: 'hyperparameters': '{shown}' is a "
+            raise RuntimeInputError(f"{mapping.source}: 'hyperparameters': '{_shown(name)}' is a "
                                     f"hyperparameter the card {mapping.card} {what} (it sets "
                                     f"{', '.join(n for n in declared if n not in sig.definitions)})")
 
@@ -177,8 +176,8 @@ def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
     hypers = meta.get("hyperparameters") or {}
     unknown = [n for n in mapping.hyperparameters if identifier(n) not in hypers]
     if unknown and isinstance(meta.get("hyperparameters"), dict):
-        raise RuntimeInputError(f"{mapping.source}: 'hyperparameters': '{unknown[0]}' is not a "
-                                f"hyperparameter of the checkpoint's {meta.get('name')} (it "
+        raise RuntimeInputError(f"{mapping.source}: 'hyperparameters': '{_shown(unknown[0])}' "
+                                f"is not a hyperparameter of the checkpoint's {meta.get('name')} (it "
                                 f"records {', '.join(hypers)})")
     tensors = from_card_state(mapping, state, _layers(mapping, meta), hypers)  # sizes checked
     try:
@@ -235,3 +234,8 @@ def _layers(mapping: Mapping, meta: dict[str, Any]) -> int:
     if mapping.layers is not None and not isinstance(hypers, dict):
         raise RuntimeInputError("the checkpoint records no hyperparameters (to count its layers)")
     return mapping.layer_count(hypers or {})
+
+
+def _shown(name: str) -> str:
+    """A name from a mapping file for a one-line message: a line break in it escaped."""
+    return json.dumps(name, ensure_ascii=False)[1:-1]
