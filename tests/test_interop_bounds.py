@@ -279,3 +279,11 @@ def test_export_keeps_a_mapped_hyperparameter_s_line_break_on_its_line(tmp_path,
     assert code == 1 and err == (
         f"cardc: error: {tmp_path}/cards/gpt2.hf.json: 'hyperparameters': 'x\\ny' is not a "
         "hyperparameter of the checkpoint's GPT2 (it records D, D_f, H, N, V, ctx, eps)\n")
+
+
+def test_an_empty_list_of_accepted_values_is_refused_by_name(tmp_path, hf_folder, capsys):
+    code, err = import_with(tmp_path, hf_folder, capsys, mapping=lambda m: m["fixed_config"]
+                            .update(activation_function=[]))
+    assert code == 1 and err == (
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: fixed_config 'activation_function': a "
+        "list of accepted values cannot be empty\n")
