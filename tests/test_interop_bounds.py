@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,8 +20,18 @@ from cardc.build import build_model
 from cardc.cli import main
 from cardc.interop import load_mapping, write_model_hf
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkonce import cards_checked_once  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = dict(V=16, D=8, H=2, D_f=16, N=2, ctx=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cards_checked_once():
+    """Each card is checked once for the module: only the checkpoints and mappings change."""
+    with cards_checked_once():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +203,87 @@ def test_a_deeply_nested_checkpoint_metadata_is_one_line(tmp_path, hf_folder, ca
     code, err = run(capsys, "export", str(run_dir), "--to", str(tmp_path / "hf"))
     assert code == 1 and err == (f"cardc: error: '{file}' (its cardc metadata): nested too "
                                  "deeply (more than 64 levels)\n")
+
+
+def test_a_mapped_hyperparameter_the_card_lacks_is_the_mapping_s_fault(tmp_path, hf_folder,
+                                                                        capsys):
+    code, err = import_with(tmp_path, hf_folder, capsys,
+                            mapping=lambda m: m["hyperparameters"].update(Zeta="n_positions"))
+    assert code == 1 and err == (
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: 'hyperparameters': 'Zeta' is a "
+        "hyperparameter the card GPT2 does not have (it sets V, D, H, D_f, N, ctx, ε)\n")
+
+
+def export_with(tmp_path: Path, capsys, mapping: Callable[[dict], None]) -> tuple[int, str]:
+    """`cardc export` of a trained tiny GPT-2 whose card's mapping file is edited in place by
+    `mapping`; a refusal leaves no folder."""
+    from cardc.runtime.checkpoint import save_checkpoint
+
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    shutil.copy(ROOT / "cards" / "gpt2.card", cards / "gpt2.card")
+    raw = json.loads((ROOT / "cards" / "gpt2.hf.json").read_text())
+    mapping(raw)
+    (cards / "gpt2.hf.json").write_text(json.dumps(raw))
+    model = build_model(str(cards / "gpt2.card"), None, SIZES)
+    save_checkpoint(tmp_path / "run", model, {**model.card_meta, "run": "0123456789abcdef"})
+    code, err = run(capsys, "export", str(tmp_path / "run"), "--to", str(tmp_path / "hf"),
+                    "--library", str(cards))
+    assert code == 0 or not (tmp_path / "hf").exists()
+    return code, err
+
+
+def test_export_names_the_mapping_whose_hyperparameter_the_checkpoint_lacks(tmp_path, capsys):
+    code, err = export_with(tmp_path, capsys,
+                            lambda m: m["hyperparameters"].update(Zeta="n_positions"))
+    cards = tmp_path / "cards"
+    assert code == 1 and err == (
+        f"cardc: error: {cards}/gpt2.hf.json: 'hyperparameters': 'Zeta' is not a "
+        "hyperparameter of the checkpoint's GPT2 (it records D, D_f, H, N, V, ctx, eps)\n")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_mapping_that_cannot_write_the_model_s_value_is_named_on_export(tmp_path, capsys):
+    code, err = export_with(tmp_path, capsys,
+                            lambda m: m["hyperparameters"].update(D_f={"expr": "1e30"}))
+    assert code == 1 and err == (
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: the card's D_f = 16, but the config "
+        "written gives 1e30 = 1000000000000000000000000000000\n")
+
+
+def test_a_layer_count_that_cannot_be_computed_names_the_mapping(tmp_path, capsys):
+    code, err = export_with(tmp_path, capsys, lambda m: m.update(layers="N / 0"))
+    assert code == 1 and err == (
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: cannot count the layers (N / 0): "
+        "division by zero in 'N / 0'\n")
+
+
+def test_a_mapped_hyperparameter_s_line_break_stays_on_its_line(tmp_path, hf_folder, capsys):
+    code, err = import_with(tmp_path, hf_folder, capsys,
+                            mapping=lambda m: m["hyperparameters"].update({"x\ny": "n_positions"}))
+    assert code == 1 and err == (
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: 'hyperparameters': 'x\\ny' is a "
+        "hyperparameter the card GPT2 does not have (it sets V, D, H, D_f, N, ctx, ε)\n")
+
+
+def test_an_expression_s_line_break_stays_on_its_line(tmp_path, hf_folder, capsys):
+    code, err = import_with(tmp_path, hf_folder, capsys, mapping=lambda m: m.update(
+        layers="N\ny"))
+    assert code == 1 and err == (
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: 'layers': unexpected 'y' in 'N\\ny'\n")
+
+
+def test_export_keeps_a_mapped_hyperparameter_s_line_break_on_its_line(tmp_path, capsys):
+    code, err = export_with(tmp_path, capsys,
+                            lambda m: m["hyperparameters"].update({"x\ny": "n_positions"}))
+    assert code == 1 and err == (
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: 'hyperparameters': 'x\\ny' is not a "
+        "hyperparameter of the checkpoint's GPT2 (it records D, D_f, H, N, V, ctx, eps)\n")
+
+
+def test_an_empty_list_of_accepted_values_is_refused_by_name(tmp_path, hf_folder, capsys):
+    code, err = import_with(tmp_path, hf_folder, capsys, mapping=lambda m: m["fixed_config"]
+                            .update(activation_function=[]))
+    assert code == 1 and err == (
+        f"cardc: error: {tmp_path}/cards/gpt2.hf.json: fixed_config 'activation_function': a "
+        "list of accepted values cannot be empty\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -30,10 +31,20 @@ from cardc.names import identifier
 from cardc.presets import OverrideError, PresetError, validate
 from cardc.runtime.errors import RuntimeInputError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkonce import cards_checked_once  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 MAPPED = [(path, m.card) for path in sorted((ROOT / "cards").glob("*.hf.json"))
           for m in load_mappings(path.with_name(path.name.removesuffix(".hf.json") + ".card"))]
 REALS = (1e-6, 1e-5, 0.5, 2.0, 30.0, 10000.0, 500000.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cards_checked_once():
+    """Each card is checked once for the module: only the checkpoints and mappings change."""
+    with cards_checked_once():
+        yield
 
 
 def card_of(path: Path) -> str:

@@ -11,6 +11,7 @@ when that name occurs once and only under `+ - * /`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -63,12 +64,17 @@ def parse(text: str) -> Expr:
     """The expression `text`; an ExprError says what is wrong and where."""
     tokens = _tokens(text)
     if len(tokens) > MAX_TOKENS:
-        raise ExprError(f"'{text[:40]}…' is too long (more than {MAX_TOKENS} tokens)")
+        raise ExprError(f"'{_shown(text[:40])}…' is too long (more than {MAX_TOKENS} tokens)")
     parser = _Parser(tokens, text)
     expr = parser.sum()
     if parser.pos < len(tokens):
-        raise ExprError(f"unexpected '{tokens[parser.pos]}' in '{text}'")
+        raise ExprError(f"unexpected '{tokens[parser.pos]}' in '{_shown(text)}'")
     return expr
+
+
+def _shown(text: str) -> str:
+    """`text` for a one-line message: a line break or other control character escaped."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 def _tokens(text: str) -> list[str]:
@@ -78,11 +84,11 @@ def _tokens(text: str) -> list[str]:
         if m is None or m.end() == pos:
             if text[pos:].strip() == "":
                 break
-            raise ExprError(f"unexpected '{text[pos:].strip()[0]}' in '{text}'")
+            raise ExprError(f"unexpected '{_shown(text[pos:].strip()[0])}' in '{_shown(text)}'")
         tok = m.group("num") or m.group("name") or m.group("op")
         if m.group("num") and _too_big(tok):
             raise ExprError(f"the number '{tok[:20]}{'…' if len(tok) > 20 else ''}' in "
-                            f"'{text[:40]}' is too large (at most {MAX_DIGITS} digits and an "
+                            f"'{_shown(text[:40])}' is too large (at most {MAX_DIGITS} digits and an "
                             f"exponent of at most {MAX_DIGITS})")
         out.append(_SPELLING.get(tok, tok))
         pos = m.end()
@@ -112,7 +118,7 @@ class _Parser:
         tok = self.peek()
         if tok is None or (want is not None and tok != want):
             found = "the end" if tok is None else f"'{tok}'"
-            raise ExprError(f"expected {want or 'a value'} but found {found} in '{self.text}'")
+            raise ExprError(f"expected {want or 'a value'} but found {found} in '{_shown(self.text)}'")
         self.pos += 1
         return tok
 
@@ -154,7 +160,7 @@ class _Parser:
                 self.take(")")
                 return Call(tok, tuple(args))
             return Name(tok)
-        raise ExprError(f"unexpected '{tok}' in '{self.text}'")
+        raise ExprError(f"unexpected '{tok}' in '{_shown(self.text)}'")
 
 
 def names(expr: Expr) -> list[str]:

@@ -158,7 +158,7 @@ class Mapping:
             env = {n: ex.exact(hypers[identifier(n)]) for n in ex.names(e)}
             value = ex.evaluate(e, env)
         except (KeyError, ex.ExprError) as err:
-            raise RuntimeInputError(f"cannot count the layers ({self.layers}): "
+            raise RuntimeInputError(f"{self.source}: cannot count the layers ({self.layers}): "
                                     f"{'no ' + repr(err.args[0]) if isinstance(err, KeyError) else err}"
                                     ) from None
         if value.denominator != 1 or value < 0:
@@ -283,6 +283,7 @@ def parse_mapping(raw: Any, source: str) -> Mapping:
         elif isinstance(value, dict) and "cycle" in value:
             cycles[key] = _cycle(key, value, need)
         else:
+            need(value != [], f"fixed_config '{key}': a list of accepted values cannot be empty")
             fixed[key] = value if isinstance(value, list) else [value]
     export = {k: v for k, v in raw.get("export_config", {}).items()
               if v is not None or current_key(k) == k}  # an old spelling's null: nothing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
                                 "the hyperparameters")
     lib, checker, _ = checked([card], library_roots([card], library))
     alg = find_card(lib, checker, card, mapping.card)
+    check_card_hypers(checker.info(alg).sig, mapping)
     check_sizes(checker.info(alg), mapping, hypers, preset, overrides or {}, hf_state)
     if hypers and preset is None:  # the mapping's own count first: it names the layers
         mapping.layer_count({identifier(k): v for k, v in {**hypers, **(overrides or {})}.items()})
@@ -57,6 +59,21 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
     model.card_meta[META_KEY] = {"source": os.fspath(source), "mapping": mapping.raw}
     record_sampler(model.card_meta, lib, checker, alg)
     return model
+
+
+def check_card_hypers(sig: Any, mapping: Mapping) -> None:
+    """Refuse a mapping that gives the card a hyperparameter it does not declare, or one the
+    card derives from others: config.json would be blamed for the mapping's fault."""
+    from .. import syntax as s
+
+    declared = [n for d in sig.alg.decls("Hyperparameters") if isinstance(d, s.Decl)
+                for n in d.names]
+    for name in mapping.hyperparameters:
+        if name not in declared or name in sig.definitions:
+            what = "derives" if name in declared else "does not have"
+            raise RuntimeInputError(f"{mapping.source}: 'hyperparameters': '{_shown(name)}' is a "
+                                    f"hyperparameter the card {mapping.card} {what} (it sets "
+                                    f"{', '.join(n for n in declared if n not in sig.definitions)})")
 
 
 def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: str | None,
@@ -157,9 +174,14 @@ def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
         raise RuntimeInputError(f"'{run_dir}' holds {meta.get('name')}, but {mapping.source} "
                                 f"maps {mapping.card}")
     hypers = meta.get("hyperparameters") or {}
+    unknown = [n for n in mapping.hyperparameters if identifier(n) not in hypers]
+    if unknown and isinstance(meta.get("hyperparameters"), dict):
+        raise RuntimeInputError(f"{mapping.source}: 'hyperparameters': '{_shown(unknown[0])}' "
+                                f"is not a hyperparameter of the checkpoint's {meta.get('name')} (it "
+                                f"records {', '.join(hypers)})")
     tensors = from_card_state(mapping, state, _layers(mapping, meta), hypers)  # sizes checked
     try:
-        config = config_for(mapping, hypers)
+        config = located_config(mapping, hypers)
     except KeyError as err:
         raise RuntimeInputError(f"'{run_dir}' records no hyperparameter {err}") from None
     files = tokenizer.hf_files() if isinstance(tokenizer, HFTokenizer) else {}
@@ -171,7 +193,18 @@ def write_model_hf(mapping: Mapping, state: dict[str, Any], hypers: dict[str, fl
     """A card model's state and hyperparameters, in memory, as a Hugging Face model folder:
     what `export_hf` writes for a checkpoint (the benches export their models this way)."""
     tensors = from_card_state(mapping, state, mapping.layer_count(hypers), hypers)
-    return write_hf(dest, tensors, config_for(mapping, hypers))
+    return write_hf(dest, tensors, located_config(mapping, hypers))
+
+
+def located_config(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
+    """`config_for`, its refusals named by the mapping file whose expressions cannot write
+    the model's values."""
+    try:
+        return config_for(mapping, hypers)
+    except RuntimeInputError as err:
+        if str(err).startswith(mapping.source):
+            raise
+        raise RuntimeInputError(f"{mapping.source}: {err}") from None
 
 
 def checkpoint_mapping(meta: dict[str, Any],
@@ -201,3 +234,8 @@ def _layers(mapping: Mapping, meta: dict[str, Any]) -> int:
     if mapping.layers is not None and not isinstance(hypers, dict):
         raise RuntimeInputError("the checkpoint records no hyperparameters (to count its layers)")
     return mapping.layer_count(hypers or {})
+
+
+def _shown(name: str) -> str:
+    """A name from a mapping file for a one-line message: a line break in it escaped."""
+    return json.dumps(name, ensure_ascii=False)[1:-1]
