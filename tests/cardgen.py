@@ -50,8 +50,6 @@ KNOWN_DEFECTS = {
                             "the layers' output is left row-major and a later product crashes",
     "elementwise map over positions": "`for t ∈ [T] : Y[t, :] ← σ(A[t, :]) ⊙ X[t, :]` is "
                                       "refused: 'this value does not depend on t'",
-    "column-major shared keys": "`S ← E^⊺ E/√D` of a column-major value held transposed (an "
-                                "embedding, a map over positions) transposes E twice: a crash",
 }
 
 
@@ -257,12 +255,10 @@ class CardWriter:
         """softmax of scores, masked by a rule that leaves each query a key, times values."""
         q, k = self.name_of("D"), self.name_of("D")
         v = self.name_of(c)
-        shared = self.lay.row or self.gen.known  # KNOWN_DEFECTS: column-major shared keys
-        if not shared or self.rng.random() < 0.7:  # keys and values of their own
+        if self.rng.random() < 0.7:  # keys and values of their own
             k, v = self.projected(k, "D"), self.projected(v, c)
         else:  # values read elsewhere too (a cache must extend a copy)
-            self.gen.feature("shared key and value" if self.lay.row else
-                             "column-major shared keys")
+            self.gen.feature("shared key and value")
         s = self.fresh("S")
         self.step(f"{s} ← {self.lay.scores(q, k, 'D')}")
         hide = self.rng.choice(self.gen.masks)

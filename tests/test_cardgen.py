@@ -472,9 +472,9 @@ Parameters: θ includes all of the following parameters:
 """
 
 
-@pytest.mark.xfail(strict=True, reason="`E^⊺ E` of a column-major value held transposed "
-                                       "transposes E twice: a crash at run time")
 def test_column_major_scores_of_a_value_with_itself():
+    """No product with a parameter says this card's layout: its map over positions does, so
+    `E^⊺ E` compares positions (it transposed E twice while the layout was unknown)."""
     case = cardgen.Case(0, "ColSelfScores", COLUMN_SELF_SCORES, "/* No sub-cards. */\n", True,
                         "col")
     outcome = cardgen.run_case(case)  # the interpreter (oracle 4) gives the expected values
