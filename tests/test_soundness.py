@@ -256,3 +256,100 @@ def test_a_sum_over_a_prefix_reads_only_the_prefix(tmp_path, fuse):
     x = torch.randn(2, 5, 6, dtype=torch.float64)
     s = (x[..., :2] ** 2).sum(-1, keepdim=True)
     torch.testing.assert_close(model(x), x / torch.sqrt(s + 1) * model.gamma)
+
+
+COLUMN_SLICE_PRODUCT = """\
+Algorithm: Y ← Head(x | θ)
+/* A column-major card: the first K features of each token's embedding, projected. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{K×T}
+Hyperparameters: V, D, K ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{D×V}
+    W ∈ ℝ^{K×K}
+1 for t ∈ [T] : E[:, t] ← W_e[:, x[t]]
+2 return Y = W E[1 : K, :]
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_column_major_row_slice_reads_features(tmp_path, fuse):
+    """E[1 : K, :] of a D×T value is its first K rows (features), whatever its storage;
+    a column-major card's output is stored flipped, (B, T, K)."""
+    model = _build(tmp_path, COLUMN_SLICE_PRODUCT, fuse, V=11, D=6, K=3)
+    x = torch.randint(0, 11, (2, 5))
+    e = model.W_e.detach().mT[x]  # (B, T, D): column t of E is x[t]'s embedding
+    torch.testing.assert_close(model(x), e[..., :3] @ model.W.detach().mT)
+
+
+COLUMN_CALLS_PLAIN = """\
+Algorithm: Y ← Outer(x | θ)
+/* A column-major card handing its D×T value to a card without products of its own. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{K×T}
+Hyperparameters: V, D, K ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{D×V}
+    W ∈ ℝ^{K×K}
+1 for t ∈ [T] : E[:, t] ← W_e[:, x[t]]
+2 return Y = W Top(E)
+
+Algorithm: Z ← Top(X)
+/* The first K rows of a D×T matrix, doubled. */
+Input: X ∈ ℝ^{D×T}
+Output: Z ∈ ℝ^{K×T}
+Hyperparameters: D, K ∈ ℕ
+1 return Z = 2 · X[1 : K, :]
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_card_without_a_layout_reads_its_input_as_declared(tmp_path, fuse):
+    """Top has no products, so no column-major storage: its caller hands it X as declared."""
+    model = _build(tmp_path, COLUMN_CALLS_PLAIN, fuse, V=11, D=6, K=3)
+    x = torch.randint(0, 11, (2, 5))
+    e = model.W_e.detach().mT[x]
+    torch.testing.assert_close(model(x), 2 * e[..., :3] @ model.W.detach().mT)
+
+
+NO_LAYOUT_MAP = """\
+Algorithm: Y ← Columns(x | θ)
+/* Embeddings as columns and nothing else: no product says how the card is laid out. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{D×T}
+Hyperparameters: V, D ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{D×V}
+1 for t ∈ [T] : E[:, t] ← W_e[:, x[t]]
+2 return Y = E
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_card_without_a_layout_returns_its_output_as_declared(tmp_path, fuse):
+    model = _build(tmp_path, NO_LAYOUT_MAP, fuse, V=11, D=6)
+    x = torch.randint(0, 11, (2, 5))
+    torch.testing.assert_close(model(x), model.W_e.detach()[:, x].movedim(0, -2))
+
+
+POSITION_ROWS = """\
+Algorithm: Y ← Positions(X | θ)
+/* Each row gated by the row of a table of positions. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, L ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_p ∈ ℝ^{L×D}
+1 for t ∈ [T] : Y[t, :] ← σ(W_p[t, :]) ⊙ X[t, :]
+2 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_rows_of_a_parameter_in_a_map_over_positions(tmp_path, fuse):
+    """W_p[t, :] for t ∈ [T] is W_p's first T rows, and L bounds T."""
+    model = _build(tmp_path, POSITION_ROWS, fuse, D=4, L=6)
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    torch.testing.assert_close(model(x), torch.sigmoid(model.W_p.detach()[:5]) * x)
+    with pytest.raises(ValueError, match="exceeds the model's 6 positions"):
+        model(torch.randn(1, 7, 4, dtype=torch.float64))
