@@ -353,3 +353,27 @@ def test_rows_of_a_parameter_in_a_map_over_positions(tmp_path, fuse):
     torch.testing.assert_close(model(x), torch.sigmoid(model.W_p.detach()[:5]) * x)
     with pytest.raises(ValueError, match="exceeds the model's 6 positions"):
         model(torch.randn(1, 7, 4, dtype=torch.float64))
+
+
+TOKENS_AS_NUMBERS = """\
+Algorithm: Y ← Counted(x | θ)
+/* Token IDs compared and multiplied as the numbers 1 … V the card declares. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: V, D, k ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{V×D}
+1 E ← W_e[x]
+2 for t ∈ [T] : Y[t, :] ← E[t, :] · [[x[t] ≤ k]] + E[t, :] · x[t] − E[t, :] · [[x[t] ≠ k]]
+3 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_token_ids_count_from_1_as_numbers(tmp_path, fuse):
+    model = _build(tmp_path, TOKENS_AS_NUMBERS, fuse, V=5, D=3, k=2)
+    x = torch.tensor([[0, 1, 2, 4], [1, 1, 3, 0]])  # 0-based in tensors: card tokens 1, 2, 3, 5
+    e = model.W_e.detach()[x]
+    card = (x + 1).to(torch.float64)[..., None]  # the card's token IDs
+    want = e * (card <= 2) + e * card - e * (card != 2)
+    torch.testing.assert_close(model(x), want)

@@ -92,6 +92,12 @@ class Expressions:
             return Val(self.dim_of(name), hyper)
         return self.fail(e, f"cannot generate code for '{display(name)}' here")
 
+    def special(self, e: s.Expr) -> bool:
+        """A special token (`eos_token`), compared as its 0-based ID: with a token the card
+        holds as such, or one it drew (`y ≠ eos_token`), whose type does not say so."""
+        return isinstance(e, s.Name) and e.id in SPECIAL_TOKENS and \
+            e.id not in self.info.sig.hypers
+
     def stacked(self, name: str) -> Val | None:
         for pattern, st in self.scope.stacked.items():
             idx = instance(pattern, st.var, name)
@@ -140,6 +146,11 @@ class Expressions:
             return _like(x, log or _call(ELEMENTWISE[e.left.id], x.code), self.ty(e))
         a, b = self.expr(e.left), self.expr(e.right)
         ty = self.ty(e)
+        if e.op in ARITHMETIC:
+            a, b = _counted(a), _counted(b)
+        elif e.op in COMPARE and _token(a) != _token(b):  # a token beside a number
+            a, b = (x if self.special(side) else _counted(x)
+                    for x, side in ((a, e.left), (b, e.right)))
         if e.op in ARITHMETIC:  # [[·]] counts as 0 or 1: a sum of two is 2, a difference −1
             a, b = _numbers(a, b, e.op), _numbers(b, a, e.op)
         if e.op in (" ", "·"):
@@ -237,6 +248,8 @@ class Expressions:
 
     def expr_Unary(self, e: s.Unary) -> Val:
         x = self.expr(e.operand)
+        if e.op in ("−", "√"):
+            x = _counted(x)
         if e.op == "−":
             return _like(x, ir.Un("-", _numbers(x, x, "−").code))
         if e.op == "¬":
@@ -354,6 +367,18 @@ def _unflipped(val: Val) -> Val:
 
 
 ARITHMETIC = ("+", "−", "⊙", "/", " ", "·")
+
+
+def _token(val: Val) -> bool:
+    return isinstance(val.ty, Ty) and val.ty.vocab is not None
+
+
+def _counted(val: Val) -> Val:
+    """Token IDs as the numbers the card declares, 1 … V: tensors hold them 0-based (as an
+    index picks rows), so a token compared or computed with is one more."""
+    if not _token(val):
+        return val
+    return replace(val, code=ir.Bin("+", val.code, _int(1)), ty=replace(val.ty, vocab=None))
 
 
 def _numbers(val: Val, other: Val, op: str) -> Val:
