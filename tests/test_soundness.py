@@ -377,3 +377,59 @@ def test_token_ids_count_from_1_as_numbers(tmp_path, fuse):
     card = (x + 1).to(torch.float64)[..., None]  # the card's token IDs
     want = e * (card <= 2) + e * card - e * (card != 2)
     torch.testing.assert_close(model(x), want)
+
+
+INPUT_NAMED_LIKE_A_SIZE = """\
+Algorithm: Y ← Outer(X, v | θ)
+/* Hands a sub-card a vector that it names like the count of its rows. */
+Input: X ∈ ℝ^{T×D}
+Input: v ∈ ℝ^{D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, L ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_p ∈ ℝ^{L×D}
+1 Z ← Gate(X, v | W_p)
+2 return Y = Gate(Z, v | W_p)
+
+Algorithm: Y ← Gate(X, T | W_p)
+/* Rows gated by a position table and by an input named like their count. */
+Input: X ∈ ℝ^{T×D}
+Input: T ∈ ℝ^{D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, L ∈ ℕ
+Parameters: W_p ∈ ℝ^{L×D}
+1 for t ∈ [T] : Y[t, :] ← W_p[t, :] ⊙ X[t, :] ⊙ T
+2 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_an_input_named_like_a_size_keeps_its_value(tmp_path, fuse):
+    """The size T read off X is a local of its own: the input T stays the vector it is."""
+    model = _build(tmp_path, INPUT_NAMED_LIKE_A_SIZE, fuse, D=4, L=6)
+    x, v = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)
+    w = model.W_p.detach()[:5]
+    z = w * x * v[:, None]
+    torch.testing.assert_close(model(x, v), w * z * v[:, None])
+
+
+MODEL_INPUT_NAMED_LIKE_A_SIZE = """\
+Algorithm: Y ← Clash(X, T | θ)
+/* A model card with an input named like the size another input gives. */
+Input: X ∈ ℝ^{T×D}
+Input: T ∈ ℝ^{D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, L ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_p ∈ ℝ^{L×D}
+1 for t ∈ [T] : Y[t, :] ← W_p[t, :] ⊙ X[t, :] ⊙ T
+2 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_model_input_named_like_a_size_keeps_its_value(tmp_path, fuse):
+    model = _build(tmp_path, MODEL_INPUT_NAMED_LIKE_A_SIZE, fuse, D=4, L=6)
+    x, v = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)
+    torch.testing.assert_close(model(x, v), model.W_p.detach()[:5] * x * v[:, None])
+
