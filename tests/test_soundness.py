@@ -13,6 +13,7 @@ import torch
 
 from cardc.build import build_model
 from cardc.checker import check
+from cardc.diagnostics import CardError
 from cardc.library import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -433,3 +434,40 @@ def test_a_model_input_named_like_a_size_keeps_its_value(tmp_path, fuse):
     x, v = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)
     torch.testing.assert_close(model(x, v), model.W_p.detach()[:5] * x * v[:, None])
 
+
+SUMMED = """\
+Algorithm: Y ← Model(X | θ)
+/* Rows through a vector card that sums. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    γ ∈ ℝ^{D}
+1 for t ∈ [T] : Y[t, :] ← Vec(X[t, :] | γ)
+2 return Y
+
+Algorithm: y ← Vec(e | γ)
+/* A sum. */
+Input: e ∈ ℝ^{D}
+Output: y ∈ ℝ^{D}
+Hyperparameters: D ∈ ℕ
+Parameters: γ ∈ ℝ^{D}
+1 s ← SUM
+2 return y = e · s ⊙ γ
+"""
+
+
+@pytest.mark.parametrize(("sum_", "where", "message"), [
+    ("Σ_{i=1}^{D} i · e[i]", "17:19",
+     "the sum's index 'i' is read as a number here: code generation reads it only as the "
+     "index of a value, as 'e[i]'"),
+    ("Σ_{i=1}^{D − 1} e[i + 1]", "17:25",
+     "code generation sums a value read at the sum's index 'i' itself, not at an index "
+     "computed from it"),
+])
+def test_a_sum_code_generation_cannot_take_says_why(tmp_path, sum_, where, message):
+    """Each once read 'a sum index can only index the last axis here', which neither is."""
+    with pytest.raises(CardError) as err:
+        _build(tmp_path, SUMMED.replace("SUM", sum_), True, D=4)
+    diags = err.value.diagnostics.errors
+    assert [f"{d.span.line}:{d.span.col}: {d.message}" for d in diags] == [f"{where}: {message}"]

@@ -58,7 +58,9 @@ class Expressions:
                          device=self.device_expr())
             return Val(code, Ty(elem="ℕ"), rows=(size,))
         if self.sum_axis and name == self.sum_axis[0]:
-            self.fail(e, "a sum index can only index the last axis here")
+            v = display(name)
+            self.fail(e, f"the sum's index '{v}' is read as a number here: code generation "
+                         f"reads it only as the index of a value, as 'e[{v}]'")
         if name in self.loop_index:
             return Val(ir.Bin("+", self.loop_index[name], _int(1)), Ty(elem="ℕ"))
         found = self.scope.values.get(name)

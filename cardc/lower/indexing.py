@@ -42,6 +42,8 @@ class Indexing:
             code = _mT(base.code) if base.flipped else base.code
             return Val(self.summed_prefix(code, base.ty),
                        Ty((*base.ty.shape[:-1], self.sum_axis[1])), base.lifted)
+        if self.sum_axis:
+            self.sum_index_read_whole(e)
         if self.point and all(getattr(i, "id", None) in self.point for i in e.items):
             return self.point_index(e)
         if self.positions and len(e.items) in (1, 2) and \
@@ -107,6 +109,25 @@ class Indexing:
         if base.lifted and not base.flipped:  # E[1] of a T×D matrix is its first row: E[..., 0, :]
             items += [ir.SliceX(None, None)] * (len(base.ty.shape) - len(e.items))
         return Val(ir.Sub(base.code, tuple(items)), ty, lifted)
+
+    def sum_index_read_whole(self, e: s.Index) -> None:
+        """Under Σ_i code generation sums a value's last axis: `e[i]` and `C[:, i]` read it;
+        a computed index (`e[i + 1]`), another axis (`A[i, :]`) or a fixed one beside it
+        (`A[1, i]`) it cannot sum: each is refused where it is written."""
+        var = display(self.sum_axis[0])
+        for k, item in enumerate(e.items):
+            if self.sum_axis[0] not in _names_in(item):
+                continue
+            if not isinstance(item, s.Name):
+                self.fail(item, f"code generation sums a value read at the sum's index '{var}' "
+                                f"itself, not at an index computed from it",
+                          hint=f"write the sum over the entries it reads, e.g. "
+                               f"'Σ_{{{var}=2}}^{{D}} e[{var}]' for 'Σ_{{{var}=1}}^{{D − 1}} "
+                               f"e[{var} + 1]'")
+            if k != len(e.items) - 1 or not all(map(_is_all, e.items[:k])):
+                self.fail(item, f"code generation sums a value's last axis: '{var}' must be "
+                                f"its last index, every other ':', as 'e[{var}]' or "
+                                f"'C[:, {var}]'")
 
     def embedding(self, tokens: ir.Expr, table: ir.Expr, pad: str) -> ir.Expr:
         """Rows of `table` picked by tokens, the padding row's receiving no gradient: card
