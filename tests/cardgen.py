@@ -45,11 +45,6 @@ TOLERANCE = 1e-9  # float64: fused and literal lowerings compute the same math i
 # Constructs that meet a known compiler defect, left out unless asked for (tests/test_cardgen.py
 # holds a shrunk card of each as an expected failure).
 KNOWN_DEFECTS = {
-    "column-major slice": "`X[a : b, :]` of a column-major value slices positions, not features",
-    "parameter-free block": "a column-major loop over layers whose block has no parameters: "
-                            "the layers' output is left row-major and a later product crashes",
-    "elementwise map over positions": "`for t ∈ [T] : Y[t, :] ← σ(A[t, :]) ⊙ X[t, :]` is "
-                                      "refused: 'this value does not depend on t'",
 }
 
 
@@ -188,17 +183,16 @@ class CardWriter:
             return self.leaf(c)
         forms = [self.leaf, self.elementwise, self.unary, self.scaled, self.product,
                  self.biased, self.attention, self.special]
-        slices = self.lay.row or self.gen.known  # KNOWN_DEFECTS: column-major slice
         if c == "D":
-            forms += [self.norm, self.call] + ([self.spliced] if slices else [])
-        if c == "K" and slices:
+            forms += [self.norm, self.call, self.spliced]
+        if c == "K":
             forms += [self.sliced, self.sliced]
         return self.rng.choice(forms)(c, depth + 1)
 
     def leaf(self, c: str, depth: int = 0) -> str:
         if self.env[c]:
             return self.rng.choice(self.env[c])
-        if c == "K" and (self.lay.row or self.gen.known):
+        if c == "K":
             return self.sliced(c, depth)
         return self.product(c, MAX_DEPTH)
 
@@ -290,7 +284,7 @@ class CardWriter:
         else:
             call = f"LayerNorm({{}} | {gain}, {self.param('β', 'D')})"
         self.gen.feature("norm")
-        if self.lay.row and self.gen.known and self.rng.random() < 0.3:
+        if self.lay.row and self.rng.random() < 0.3:
             self.gen.feature("elementwise map over positions")
             b = self.name_of("D")
             call = f"σ({{}}) ⊙ {self.lay.position(b)}"
@@ -377,8 +371,8 @@ class Generator:
         w = CardWriter(self, layout, params)
         w.env["D"].append("X")
         out = w.expr("D", 1)
-        if not params and not self.known:  # KNOWN_DEFECTS: a block without parameters
-            out = f"{atom(out)} + {layout.matmul('X', w.param('W', layout.weight('D', 'D')))}"
+        if not params:
+            self.feature("parameter-free block")
         steps = w.steps + [f"return X + {out}"]
         self.hypers |= w.hypers  # the caller declares what its blocks take from it
         self.subcards.append("\n".join([

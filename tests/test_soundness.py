@@ -13,6 +13,7 @@ import torch
 
 from cardc.build import build_model, checked
 from cardc.checker import check
+from cardc.diagnostics import CardError
 from cardc.library import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,6 +257,200 @@ def test_a_sum_over_a_prefix_reads_only_the_prefix(tmp_path, fuse):
     x = torch.randn(2, 5, 6, dtype=torch.float64)
     s = (x[..., :2] ** 2).sum(-1, keepdim=True)
     torch.testing.assert_close(model(x), x / torch.sqrt(s + 1) * model.gamma)
+
+
+COLUMN_SLICE_PRODUCT = """\
+Algorithm: Y ← Head(x | θ)
+/* A column-major card: the first K features of each token's embedding, projected. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{K×T}
+Hyperparameters: V, D, K ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{D×V}
+    W ∈ ℝ^{K×K}
+1 for t ∈ [T] : E[:, t] ← W_e[:, x[t]]
+2 return Y = W E[1 : K, :]
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_column_major_row_slice_reads_features(tmp_path, fuse):
+    """E[1 : K, :] of a D×T value is its first K rows (features), whatever its storage;
+    a column-major card's output is stored flipped, (B, T, K)."""
+    model = _build(tmp_path, COLUMN_SLICE_PRODUCT, fuse, V=11, D=6, K=3)
+    x = torch.randint(0, 11, (2, 5))
+    e = model.W_e.detach().mT[x]  # (B, T, D): column t of E is x[t]'s embedding
+    torch.testing.assert_close(model(x), e[..., :3] @ model.W.detach().mT)
+
+
+COLUMN_CALLS_PLAIN = """\
+Algorithm: Y ← Outer(x | θ)
+/* A column-major card handing its D×T value to a card without products of its own. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{K×T}
+Hyperparameters: V, D, K ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{D×V}
+    W ∈ ℝ^{K×K}
+1 for t ∈ [T] : E[:, t] ← W_e[:, x[t]]
+2 return Y = W Top(E)
+
+Algorithm: Z ← Top(X)
+/* The first K rows of a D×T matrix, doubled. */
+Input: X ∈ ℝ^{D×T}
+Output: Z ∈ ℝ^{K×T}
+Hyperparameters: D, K ∈ ℕ
+1 return Z = 2 · X[1 : K, :]
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_card_without_a_layout_reads_its_input_as_declared(tmp_path, fuse):
+    """Top has no products, so no column-major storage: its caller hands it X as declared."""
+    model = _build(tmp_path, COLUMN_CALLS_PLAIN, fuse, V=11, D=6, K=3)
+    x = torch.randint(0, 11, (2, 5))
+    e = model.W_e.detach().mT[x]
+    torch.testing.assert_close(model(x), 2 * e[..., :3] @ model.W.detach().mT)
+
+
+POSITION_ROWS = """\
+Algorithm: Y ← Positions(X | θ)
+/* Each row gated by the row of a table of positions. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, L ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_p ∈ ℝ^{L×D}
+1 for t ∈ [T] : Y[t, :] ← σ(W_p[t, :]) ⊙ X[t, :]
+2 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_rows_of_a_parameter_in_a_map_over_positions(tmp_path, fuse):
+    """W_p[t, :] for t ∈ [T] is W_p's first T rows, and L bounds T."""
+    model = _build(tmp_path, POSITION_ROWS, fuse, D=4, L=6)
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    torch.testing.assert_close(model(x), torch.sigmoid(model.W_p.detach()[:5]) * x)
+    with pytest.raises(ValueError, match="exceeds the model's 6 positions"):
+        model(torch.randn(1, 7, 4, dtype=torch.float64))
+
+
+TOKENS_AS_NUMBERS = """\
+Algorithm: Y ← Counted(x | θ)
+/* Token IDs compared and multiplied as the numbers 1 … V the card declares. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: V, D, k ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{V×D}
+1 E ← W_e[x]
+2 for t ∈ [T] : Y[t, :] ← E[t, :] · [[x[t] ≤ k]] + E[t, :] · x[t] − E[t, :] · [[x[t] ≠ k]]
+3 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_token_ids_count_from_1_as_numbers(tmp_path, fuse):
+    model = _build(tmp_path, TOKENS_AS_NUMBERS, fuse, V=5, D=3, k=2)
+    x = torch.tensor([[0, 1, 2, 4], [1, 1, 3, 0]])  # 0-based in tensors: card tokens 1, 2, 3, 5
+    e = model.W_e.detach()[x]
+    card = (x + 1).to(torch.float64)[..., None]  # the card's token IDs
+    want = e * (card <= 2) + e * card - e * (card != 2)
+    torch.testing.assert_close(model(x), want)
+
+
+INPUT_NAMED_LIKE_A_SIZE = """\
+Algorithm: Y ← Outer(X, v | θ)
+/* Hands a sub-card a vector that it names like the count of its rows. */
+Input: X ∈ ℝ^{T×D}
+Input: v ∈ ℝ^{D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, L ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_p ∈ ℝ^{L×D}
+1 Z ← Gate(X, v | W_p)
+2 return Y = Gate(Z, v | W_p)
+
+Algorithm: Y ← Gate(X, T | W_p)
+/* Rows gated by a position table and by an input named like their count. */
+Input: X ∈ ℝ^{T×D}
+Input: T ∈ ℝ^{D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, L ∈ ℕ
+Parameters: W_p ∈ ℝ^{L×D}
+1 for t ∈ [T] : Y[t, :] ← W_p[t, :] ⊙ X[t, :] ⊙ T
+2 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_an_input_named_like_a_size_keeps_its_value(tmp_path, fuse):
+    """The size T read off X is a local of its own: the input T stays the vector it is."""
+    model = _build(tmp_path, INPUT_NAMED_LIKE_A_SIZE, fuse, D=4, L=6)
+    x, v = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)
+    w = model.W_p.detach()[:5]
+    z = w * x * v[:, None]
+    torch.testing.assert_close(model(x, v), w * z * v[:, None])
+
+
+MODEL_INPUT_NAMED_LIKE_A_SIZE = """\
+Algorithm: Y ← Clash(X, T | θ)
+/* A model card with an input named like the size another input gives. */
+Input: X ∈ ℝ^{T×D}
+Input: T ∈ ℝ^{D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, L ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_p ∈ ℝ^{L×D}
+1 for t ∈ [T] : Y[t, :] ← W_p[t, :] ⊙ X[t, :] ⊙ T
+2 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_model_input_named_like_a_size_keeps_its_value(tmp_path, fuse):
+    model = _build(tmp_path, MODEL_INPUT_NAMED_LIKE_A_SIZE, fuse, D=4, L=6)
+    x, v = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)
+    torch.testing.assert_close(model(x, v), model.W_p.detach()[:5] * x * v[:, None])
+
+
+SUMMED = """\
+Algorithm: Y ← Model(X | θ)
+/* Rows through a vector card that sums. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    γ ∈ ℝ^{D}
+1 for t ∈ [T] : Y[t, :] ← Vec(X[t, :] | γ)
+2 return Y
+
+Algorithm: y ← Vec(e | γ)
+/* A sum. */
+Input: e ∈ ℝ^{D}
+Output: y ∈ ℝ^{D}
+Hyperparameters: D ∈ ℕ
+Parameters: γ ∈ ℝ^{D}
+1 s ← SUM
+2 return y = e · s ⊙ γ
+"""
+
+
+@pytest.mark.parametrize(("sum_", "where", "message"), [
+    ("Σ_{i=1}^{D} i · e[i]", "17:19",
+     "the sum's index 'i' is read as a number here: code generation reads it only as the "
+     "index of a value, as 'e[i]'"),
+    ("Σ_{i=1}^{D − 1} e[i + 1]", "17:25",
+     "code generation sums a value read at the sum's index 'i' itself, not at an index "
+     "computed from it"),
+])
+def test_a_sum_code_generation_cannot_take_says_why(tmp_path, sum_, where, message):
+    """Each once read 'a sum index can only index the last axis here', which neither is."""
+    with pytest.raises(CardError) as err:
+        _build(tmp_path, SUMMED.replace("SUM", sum_), True, D=4)
+    diags = err.value.diagnostics.errors
+    assert [f"{d.span.line}:{d.span.col}: {d.message}" for d in diags] == [f"{where}: {message}"]
 
 
 COLUMN_NORMS = """\

@@ -21,6 +21,7 @@ from .body import (
     _is_tensor,
     _like,
     _method,
+    _mT,
 )
 from .gelu import literal as literal_gelu
 from .values import (
@@ -148,8 +149,17 @@ class Calls:
 
     def call_args(self, e: s.Call, call: CallInfo) -> list[Val]:
         sig = self.low.checker.info(call.callee).sig
-        args = [self.expr(a) for a in e.args]
+        args = [self.laid_out(self.expr(a), sig.layout == "column") for a in e.args]
         return args + [args[0]] * (len(sig.inputs) - len(args))  # Z = X: self-attention
+
+    @staticmethod
+    def laid_out(arg: Val, flipped: bool) -> Val:
+        """A matrix handed to a card, stored as that card reads its inputs: flipped where it
+        is column-major, in its card layout where it is not (a card without products has no
+        layout of its own, and reads its inputs as declared)."""
+        if len(arg.ty.shape) != 2 or not arg.lifted or arg.flipped == flipped:
+            return arg
+        return replace(arg, code=_mT(arg.code), flipped=flipped)
 
     def module_for(self, e: s.Call, call: CallInfo) -> ir.Expr | None:
         for given in call.params.values():

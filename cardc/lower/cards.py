@@ -196,13 +196,18 @@ class Lowering(Parameters):
             _note_dims(shapes, local_name(name), _stored(sig, ty.shape), negative=True)
         fixed = set(card_names(sig)) | _tree_symbols(sig.tree)  # known when the module is built
         named = {d: n for n, d in bound_sizes(alg, info).items()}
+        # an input named like a size (X ∈ ℝ^{T×D} beside an input T) keeps its name
+        taken = {local_name(n) for n, _ in sig.inputs} | set(map(local_name, card_names(sig)))
         out = {}
         for sym, e in shapes.items():
             if sym in fixed:
                 continue
             alias = named.get(Dim.sym(sym))
             py = local_name(alias) if alias else local_name(sym.strip("|"))
-            out[sym] = (f"len_{py}" if sym.startswith("|") and not alias else py, e)
+            py = f"len_{py}" if sym.startswith("|") and not alias else py
+            while not alias and py in taken:
+                py = f"size_{py}"
+            out[sym] = (py, e)
         return out
 
     @staticmethod
@@ -367,6 +372,13 @@ class Lowering(Parameters):
                     given.add(hname)
         self.passed_sizes[name] = [h for h in card_names(sig) if h in given]
         used: dict[str, ir.Expr] = {}
+        taken = {a.name for a in args}  # an argument named like a size keeps its name
+
+        def local_size(sym: str) -> str:
+            py = local_name(sym)
+            while py in taken and sym not in given:
+                py = f"size_{py}"
+            return py
 
         def dim_of(sym: str) -> ir.Expr:
             sym = sym.lstrip("?")
@@ -379,7 +391,7 @@ class Lowering(Parameters):
             if sym not in shapes:
                 raise LowerError(alg.span, f"cannot tell the size '{sym}' from the arguments")
             used[sym] = shapes[sym]
-            return ir.Ref(local_name(sym))
+            return ir.Ref(local_size(sym))
 
         body = Body(self, alg, info, scope, dim_of, "…")
         body.merged = merged
@@ -387,7 +399,7 @@ class Lowering(Parameters):
             body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
         body.dtype = _real_dtype(sig)
         stmts = body.run()
-        prologue = [ir.Assign((local_name(k),), v) for k, v in used.items()]
+        prologue = [ir.Assign((local_size(k),), v) for k, v in used.items()]
         self.program.functions.append(
             ir.Function(name, _doc(alg), self.origin(alg), args, prologue + stmts))
         return name

@@ -58,7 +58,9 @@ class Expressions:
                          device=self.device_expr())
             return Val(code, Ty(elem="ℕ"), rows=(size,))
         if self.sum_axis and name == self.sum_axis[0]:
-            self.fail(e, "a sum index can only index the last axis here")
+            v = display(name)
+            self.fail(e, f"the sum's index '{v}' is read as a number here: code generation "
+                         f"reads it only as the index of a value, as 'e[{v}]'")
         if name in self.loop_index:
             return Val(ir.Bin("+", self.loop_index[name], _int(1)), Ty(elem="ℕ"))
         found = self.scope.values.get(name)
@@ -93,6 +95,12 @@ class Expressions:
         if hyper is not None and not hyper.shape:
             return Val(self.dim_of(name), hyper)
         return self.fail(e, f"cannot generate code for '{display(name)}' here")
+
+    def special(self, e: s.Expr) -> bool:
+        """A special token (`eos_token`), compared as its 0-based ID: with a token the card
+        holds as such, or one it drew (`y ≠ eos_token`), whose type does not say so."""
+        return isinstance(e, s.Name) and e.id in SPECIAL_TOKENS and \
+            e.id not in self.info.sig.hypers
 
     def stacked(self, name: str) -> Val | None:
         for pattern, st in self.scope.stacked.items():
@@ -153,6 +161,11 @@ class Expressions:
             return _like(x, log or _call(ELEMENTWISE[e.left.id], x.code), self.ty(e))
         a, b = self.expr(e.left), self.expr(e.right)
         ty = self.ty(e)
+        if e.op in ARITHMETIC:
+            a, b = _counted(a), _counted(b)
+        elif e.op in COMPARE and _token(a) != _token(b):  # a token beside a number
+            a, b = (x if self.special(side) else _counted(x)
+                    for x, side in ((a, e.left), (b, e.right)))
         if e.op in ARITHMETIC:  # [[·]] counts as 0 or 1: a sum of two is 2, a difference −1
             a, b = _numbers(a, b, e.op), _numbers(b, a, e.op)
             a, b = self.as_real(a, b, e.right), self.as_real(b, a, e.left)
@@ -263,6 +276,8 @@ class Expressions:
 
     def expr_Unary(self, e: s.Unary) -> Val:
         x = self.expr(e.operand)
+        if e.op in ("−", "√"):
+            x = _counted(x)
         if e.op == "−":
             return _like(x, ir.Un("-", _numbers(x, x, "−").code))
         if e.op == "¬":
@@ -421,6 +436,18 @@ def _unflipped(val: Val) -> Val:
 
 ARITHMETIC = ("+", "−", "⊙", "/", " ", "·")
 INTEGERS = {"ℕ", "ℤ"}
+
+
+def _token(val: Val) -> bool:
+    return isinstance(val.ty, Ty) and val.ty.vocab is not None
+
+
+def _counted(val: Val) -> Val:
+    """Token IDs as the numbers the card declares, 1 … V: tensors hold them 0-based (as an
+    index picks rows), so a token compared or computed with is one more."""
+    if not _token(val):
+        return val
+    return replace(val, code=ir.Bin("+", val.code, _int(1)), ty=replace(val.ty, vocab=None))
 
 
 def _numbers(val: Val, other: Val, op: str) -> Val:

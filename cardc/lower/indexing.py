@@ -44,11 +44,18 @@ class Indexing:
                        Ty((*base.ty.shape[:-1], self.sum_axis[1])), base.lifted)
         if len(e.items) == 1 and self.family_vars.get(getattr(e.items[0], "id", None)):
             return self.member_index(e)
+        if self.sum_axis:
+            self.sum_index_read_whole(e)
         if self.point and all(getattr(i, "id", None) in self.point for i in e.items):
             return self.point_index(e)
         if self.positions and len(e.items) in (1, 2) and \
                 getattr(e.items[-1], "id", None) == self.positions[0]:
             return self.position_index(e)
+        if self.positions and len(e.items) == 2 and _is_all(e.items[1]) and \
+                getattr(e.items[0], "id", None) == self.positions[0]:
+            row = self.row_index(e)
+            if row is not None:
+                return row
         if self.positions and any(self.positions[0] in _names_in(i) and
                                   not isinstance(i, (s.Name, s.Index)) for i in e.items):
             var = display(self.positions[0])  # X[:, t − 1] would tie iterations together
@@ -69,32 +76,60 @@ class Indexing:
                 return Val(code, self.ty(e), idx.lifted, False, idx.rows)
         if self.procedure:
             return self.procedure_index(e, base)
-        items: list[ir.Expr | ir.SliceX] = [ir.Ref("...")] if base.lifted else []
+        axes: list[ir.Expr | ir.SliceX] = []  # one index or slice per card axis
         lifted = base.lifted
         point: tuple[Dim | None, ...] = ()  # the axes of the quantified variables it is read at
         for k, item in enumerate(e.items):
             if isinstance(item, s.Slice):
-                items.append(self.slice(item, base, k))
+                axes.append(self.slice(item, base, k))
                 continue
             if isinstance(item, s.Progression):
-                items.append(self.progression(item, base, k))
+                axes.append(self.progression(item, base, k))
                 continue
             idx = self.expr(item)
             pad = self.ty(e.base).pad
             if idx.ty.shape and pad is not None and len(e.items) == 1 and not base.lifted:
                 return Val(self.embedding(idx.code, base.code, pad), self.ty(e), idx.lifted)
             if idx.ty.shape:  # W_e[x]: token IDs are 0-based in tensors, other indices 1-based
-                items.append(idx.code if idx.ty.vocab is not None else _dec(idx.code))
+                axes.append(idx.code if idx.ty.vocab is not None else _dec(idx.code))
                 lifted = lifted or idx.lifted
                 if getattr(item, "id", None) in self.point:  # A[t′, 1] under ∀t, t′: on t′'s axis
                     point = tuple(a if a is not None else b for a, b in zip(
                         point or (None,) * len(idx.ty.shape), idx.ty.shape, strict=True))
             else:
-                items.append(_dec(idx.code))
+                axes.append(_dec(idx.code))
+        ty = Ty(point, self.ty(e).elem) if point and not self.ty(e).shape else self.ty(e)
+        if base.flipped and len(axes) == len(base.ty.shape) == 2:
+            # a column-major matrix is stored with its card axes swapped: E[1 : K, :] of a
+            # D×T value takes features, the last stored axis; a result that is still a
+            # matrix stays flipped
+            items = [ir.Ref("...")] if base.lifted else []
+            flip = len(ty.shape) == 2
+            return Val(ir.Sub(base.code, (*items, *axes[::-1])), ty, lifted, flip)
+        items = [ir.Ref("...")] if base.lifted else []
+        items += axes
         if base.lifted and not base.flipped:  # E[1] of a T×D matrix is its first row: E[..., 0, :]
             items += [ir.SliceX(None, None)] * (len(base.ty.shape) - len(e.items))
-        ty = Ty(point, self.ty(e).elem) if point and not self.ty(e).shape else self.ty(e)
         return Val(ir.Sub(base.code, tuple(items)), ty, lifted)
+
+    def sum_index_read_whole(self, e: s.Index) -> None:
+        """Under Σ_i code generation sums a value's last axis: `e[i]` and `C[:, i]` read it;
+        a computed index (`e[i + 1]`), another axis (`A[i, :]`) or a fixed one beside it
+        (`A[1, i]`) it cannot sum: each is refused where it is written."""
+        var = display(self.sum_axis[0])
+        for k, item in enumerate(e.items):
+            if self.sum_axis[0] not in _names_in(item):
+                continue
+            if not isinstance(item, s.Name):
+                self.fail(item, f"code generation sums a value read at the sum's index '{var}' "
+                                f"itself, not at an index computed from it",
+                          hint=f"write the sum over the entries it reads, e.g. "
+                               f"'Σ_{{{var}=2}}^{{D}} e[{var}]' for 'Σ_{{{var}=1}}^{{D − 1}} "
+                               f"e[{var} + 1]'")
+            if k != len(e.items) - 1 or not all(map(_is_all, e.items[:k])):
+                self.fail(item, f"code generation sums a value's last axis: '{var}' must be "
+                                f"its last index, every other ':', as 'e[{var}]' or "
+                                f"'C[:, {var}]'")
 
     def embedding(self, tokens: ir.Expr, table: ir.Expr, pad: str) -> ir.Expr:
         """Rows of `table` picked by tokens, the padding row's receiving no gradient: card
@@ -170,6 +205,22 @@ class Indexing:
             self.max_seq_len = self.max_seq_len or self.dim(base.ty.shape[-1])
         stored = base.code if len(e.items) == 1 or base.flipped else _mT(base.code)
         return Val(ir.Sub(stored, (ir.SliceX(None, self.dim(size)),)), ty, False, False, (size,))
+
+    def row_index(self, e: s.Index) -> Val | None:
+        """`X[t, :]` in a map over positions t ∈ [ℓ] of a value stored row by row: its
+        first ℓ rows, the positions axis in front of the card's own; None where X is
+        stored otherwise (read as any other index)."""
+        var, size = self.positions
+        base = self.expr(e.base)
+        if base.rows or base.flipped or len(base.ty.shape) != 2:
+            return None
+        code = base.code
+        if not base.lifted:  # a parameter's rows bound the positions (W_p[t, :] for t ≤ ℓ)
+            self.max_seq_len = self.max_seq_len or self.dim(base.ty.shape[0])
+        if base.ty.shape[0] != size:
+            lead = (ir.Ref("..."),) if base.lifted else ()
+            code = ir.Sub(code, (*lead, ir.SliceX(None, self.dim(size)), ir.SliceX(None, None)))
+        return Val(code, self.ty(e), base.lifted, False, (size,))
 
     def slice(self, item: s.Slice, base: Val, axis: int) -> ir.SliceX:
         """1-based inclusive [lo : hi] → 0-based half-open [lo − 1 : hi]."""

@@ -151,8 +151,9 @@ class Statements:
 
     def stmt_Return(self, st: s.Return, step: s.Step) -> None:
         val = self.expr(st.value)
-        if val.flipped and self.info.sig.layout == "row" and len(val.ty.shape) == 2:
-            val = replace(val, code=_mT(val.code), flipped=False)  # a row-major card's layout
+        column = self.info.sig.layout == "column"  # its callers read a matrix stored so
+        if isinstance(val.ty, Ty) and val.ty.rank == 2 and not val.rows and val.flipped != column:
+            val = replace(val, code=_mT(val.code), flipped=column)
         self.returned = val
         self.emit(ir.Return(val.code, self.note(step, val)))
 
@@ -215,12 +216,27 @@ class Statements:
             local = self.fresh(slot.attr)
             self.scope.loop_modules[pattern] = ir.Ref(local)
             over = ir.Ref(f"self.{slot.attr}")
+        before = dict(self.scope.values)
         for sub in st.body:
             body.step(sub)
+        body.keep_layouts(before)
         for name in used:
             self.scope.loop_modules.pop(name, None)
         self.max_seq_len = self.max_seq_len or body.max_seq_len
         self.emit(ir.Loop(local, over, tuple(body.out), self.note(step)))
+
+    def keep_layouts(self, before: dict) -> None:
+        """A matrix a loop's steps assign stored as it was when the loop began: the steps
+        are lowered once, for the layout of the first iteration's values, so every later
+        iteration must find them stored the same way."""
+        for name, old in before.items():
+            new = self.scope.values.get(name)
+            if not isinstance(old, Val) or not isinstance(new, Val) or new is old or \
+                    len(new.ty.shape) != 2 or not new.lifted or new.flipped == old.flipped:
+                continue
+            local = local_name(name)
+            self.emit(ir.Assign((local,), _mT(new.code), self.note(self.at_step, old)))
+            self.scope.values[name] = replace(new, code=ir.Ref(local), flipped=old.flipped)
 
     def loop_count(self, st: s.For) -> ir.Expr:
         if isinstance(st.over, s.Range):
