@@ -142,6 +142,8 @@ class Expressions:
         ty = self.ty(e)
         if e.op in ARITHMETIC:  # [[·]] counts as 0 or 1: a sum of two is 2, a difference −1
             a, b = _numbers(a, b, e.op), _numbers(b, a, e.op)
+        if e.op == "/":
+            a, b = self.real(a, b), self.real(b, a)
         if e.op in (" ", "·"):
             op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
             if op == "@" and self.column:
@@ -167,6 +169,18 @@ class Expressions:
             code = _shift(code, 0)  # numbers: `(i + 1) − 1` is `i`
         return Val(code, ty, a.lifted or b.lifted, a.flipped or b.flipped, a.rows or b.rows,
                    a.tensor or b.tensor)
+
+    def real(self, val: Val, other: Val) -> Val:
+        """An integer tensor divided by a number is a real: held in the number format of
+        the card's first input (modelkit's real_type: float64 in a float64 model, else
+        float32), where torch would divide into its default format, float32."""
+        if val.ty.elem != "ℕ" or not _is_tensor(val) or \
+                other.ty.elem != "ℕ" and _is_tensor(other):  # a real tensor sets the format
+            return val
+        device = self.device_expr()
+        assert isinstance(device, ir.Attr)  # `X.device` of an input X
+        real = _call("real_type", ir.Attr(device.obj, "dtype"))
+        return replace(val, code=_method(val.code, "to", real), ty=replace(val.ty, elem="ℝ"))
 
     def ones_row(self, e: s.BinOp) -> Val:
         """`b 1^⊺`: the column b repeated across columns, which broadcasting does for free
