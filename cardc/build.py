@@ -18,6 +18,7 @@ from typing import Any
 from . import ir
 from . import syntax as s
 from .checker import Checker, check
+from .checker.reach import files_used, require_clean
 from .codegen import generate
 from .diagnostics import CardError, Diagnostics
 from .library import Library, Roots, library_roots, load, shipped_library
@@ -167,30 +168,6 @@ def checked(paths: list[str], library: Roots) -> tuple[Library, Checker, list[st
     checker, diags = check(lib)
     require_clean(lib, checker, diags, {str(Path(t)) for t in targets})
     return lib, checker, targets
-
-
-def require_clean(lib: Library, checker: Checker, diags: Diagnostics, files: set[str]) -> None:
-    """Raise the errors in `files`, in the cards they call, or in no card file at all."""
-    used = files_used(lib, checker, files)
-    errors = [d for d in diags.errors if d.span.file in used or d.span.file not in
-              {f.path for f in lib.files}]
-    if errors:
-        raise CardError(Diagnostics(errors, diags.sources))
-
-
-def files_used(lib: Library, checker: Checker, files: set[str]) -> set[str]:
-    """The given card files and every file their cards call into, transitively."""
-    used = set(files)
-    todo = [a for f in lib.files if f.path in files for a in f.algorithms]
-    seen: set[int] = set()
-    while todo:
-        alg = todo.pop()
-        if id(alg) in seen or id(alg) not in checker.infos:
-            continue
-        seen.add(id(alg))
-        used.add(lib.file_of(alg).path)
-        todo += [call.callee for call in checker.infos[id(alg)].calls.values()]
-    return used
 
 
 Analyses = dict[s.Algorithm, ir.Analysis]

@@ -32,7 +32,7 @@ GENERATED = frozenset({
     "self", "cache", "targets", "loss", "past", "optimizer", "report", "start",
     "skip", "decayed",
     "undecayed", "group", "new_cache", "max_seq_len", "returns", "card_meta", "training",
-    "omega", "grouped_sdpa", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
+    "omega", "grouped_sdpa", "rotate_half", "rotate_pairs", "rope_angles", "real_type", "ANGLES",
     "rope_table", "TABLES", "turn", "offset_rms_norm",
     "rms_normalize", "RMS_EPS",
     "shared_mask", "MASKS", "project", "XW", "JOINED_MAX", "cat_broadcast",

@@ -231,12 +231,14 @@ class KVCache:
 
     def rotary(self, omega, source, T):
         """cos and sin of the angles of the T new positions by the signed frequencies omega,
-        (T, d) each: computed by the first attention layer that asks, shared by the others
-        whose omega comes from the same hyperparameters (source)."""
-        key = self.pos, T, source
+        (T, d) each, in omega's precision (real_type): computed by the first attention layer
+        that asks, shared by the others whose omega comes from the same hyperparameters
+        (source)."""
+        key = self.pos, T, source, omega.dtype
         if self.angles is None or self.angles[0] != key:
-            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
-            phi = t[:, None] * omega.float()  # (T, d)
+            dtype = real_type(omega.dtype)
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=dtype)
+            phi = t[:, None] * omega.to(dtype)  # (T, d)
             self.angles = key, phi.cos(), phi.sin()
         return self.angles[1:]
 
@@ -244,6 +246,13 @@ class KVCache:
 # Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
 # cost: a decoded row against at most 2^20 weights (4 MiB in float32).
 JOINED_MAX = 1 << 20
+
+
+def real_type(dtype):
+    """The number format of reals computed from integers alone (RoPE's angles, a position
+    divided) beside values of `dtype`: float64 for float64, else float32 (in bfloat16 or
+    float16 a position's angle would lose its digits)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 # How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.

@@ -36,27 +36,14 @@ class GroupedQueryAttention(nn.Module):
         self.W_k = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [gqa.card:10]
         self.W_v = nn.Parameter(torch.empty(D, D * H_kv // H).normal_(0.0, 0.02))  # (D, D H_kv/H)  [gqa.card:10]
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [gqa.card:11]
-        # (d,): −ω, then ω  [gqa.card:15]
-        self.register_buffer(
-            "omega",
-            (torch.tensor([[-1.0], [1.0]]) * self.theta_base ** -(torch.arange(0, self.d, 2) / self.d)).flatten(),
-            persistent=False,
-        )
 
     def forward(self, X, cache=None):
+        past = 0 if cache is None else cache.pos  # tokens decoded before these
         Q = (X @ self.W_q).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H, T, d)  [gqa.card:12]
         K = (X @ self.W_k).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:13]
         V = (X @ self.W_v).unflatten(-1, (-1, self.d)).transpose(-3, -2)  # (B, H_kv, T, d)  [gqa.card:14]
-        if cache is None:
-            # (T, d): the angles, the first half negated  [gqa.card:15]
-            phi = torch.arange(X.shape[-2], device=X.device, dtype=torch.float32)[:, None] * self.omega.float()
-            cos = phi.cos()  # (T, d)  [gqa.card:15]
-            sin = phi.sin()  # (T, d)  [gqa.card:15]
-        else:
-            # the new positions' angles, shared by every layer
-            cos, sin = cache.rotary(self.omega, (self.d, self.theta_base), X.shape[-2])
-        Q = torch.addcmul(Q * cos, Q.roll(self.d // 2, -1), sin)  # [gqa.card:15]
-        K = torch.addcmul(K * cos, K.roll(self.d // 2, -1), sin)  # [gqa.card:15]
+        Q = rotate_half(Q, self.theta_base, past=past)  # [gqa.card:15]
+        K = rotate_half(K, self.theta_base, past=past)  # [gqa.card:15]
         if cache is not None:
             K, V = cache.extend(self, K, V)  # the cached positions come first
         # (B, H, T, d)  [gqa.card:15]
@@ -260,12 +247,14 @@ class KVCache:
 
     def rotary(self, omega, source, T):
         """cos and sin of the angles of the T new positions by the signed frequencies omega,
-        (T, d) each: computed by the first attention layer that asks, shared by the others
-        whose omega comes from the same hyperparameters (source)."""
-        key = self.pos, T, source
+        (T, d) each, in omega's precision (real_type): computed by the first attention layer
+        that asks, shared by the others whose omega comes from the same hyperparameters
+        (source)."""
+        key = self.pos, T, source, omega.dtype
         if self.angles is None or self.angles[0] != key:
-            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
-            phi = t[:, None] * omega.float()  # (T, d)
+            dtype = real_type(omega.dtype)
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=dtype)
+            phi = t[:, None] * omega.to(dtype)  # (T, d)
             self.angles = key, phi.cos(), phi.sin()
         return self.angles[1:]
 
@@ -273,6 +262,83 @@ class KVCache:
 # Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
 # cost: a decoded row against at most 2^20 weights (4 MiB in float32).
 JOINED_MAX = 1 << 20
+
+
+ANGLES = {}  # (convention, positions, widths, base, device, type) → RoPE's cos and sin
+
+
+TABLES = {}  # (convention, widths, base, device, type) → the same for positions 0, 1, …, n − 1
+
+
+def real_type(dtype):
+    """The number format of reals computed from integers alone (RoPE's angles, a position
+    divided) beside values of `dtype`: float64 for float64, else float32 (in bfloat16 or
+    float16 a position's angle would lose its digits)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def rope_angles(pairs, X, theta_base, past, width=None):
+    """RoPE's tables at X's rows, those of the angles (past + t) θ_base^{−2i/r}: cos (T, d),
+    its columns after the first r = width (all d by default) 1; sin (T, r), each plane's
+    first sine negated, the planes those of the convention; the same sine (T, d), 0 after
+    column r; and each column's partner in its plane (d,). Sliced from a table over every
+    position so far: a decoded token costs no trigonometry."""
+    T, d = X.shape[-2], X.shape[-1]
+    dtype = real_type(X.dtype)
+    key = pairs, past, T, d, width, theta_base, X.device, dtype
+    found = ANGLES.get(key)
+    if found is None:
+        if len(ANGLES) > 64:
+            ANGLES.clear()
+        r = d if width is None else width
+        table = rope_table(pairs, d, r, theta_base, X.device, past + T, dtype)
+        found = ANGLES[key] = *(rows[past:past + T] for rows in table[:3]), table[3]
+    return found
+
+
+def rope_table(pairs, d, r, theta_base, device, positions, dtype=torch.float32):
+    """rope_angles' tables, for at least `positions` positions (grown by doubling), computed
+    in `dtype` from the frequencies on."""
+    key = pairs, d, r, float(theta_base), device, dtype
+    table = TABLES.get(key)
+    if table is None or table[0].shape[0] < positions:
+        n = max(positions, 64 if table is None else 2 * table[0].shape[0])
+        omega = theta_base ** -(torch.arange(0, r, 2, device=device, dtype=dtype) / r)
+        phi = torch.arange(n, device=device, dtype=dtype)[:, None] * omega
+        cos, sin = phi.cos(), phi.sin()  # (n, r/2)
+        columns = torch.arange(d, device=device)
+        partners = columns[:r].view(-1, 2).flip(-1).flatten() if pairs else columns[:r].roll(r // 2)
+        if pairs:
+            cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
+        else:
+            cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
+        table = TABLES[key] = (torch.cat([cos, cos.new_ones(n, d - r)], -1), sin,
+                               torch.cat([sin, sin.new_zeros(n, d - r)], -1),
+                               torch.cat([partners, columns[r:]]))
+    return table
+
+
+def turn(X, cos, sin, wide_sin, partners, pairs):
+    """X cos plus, in the first r columns (as many as sin has), each column's partner in its
+    plane times its sine: the halves of those columns swapped, or each pair (`pairs`). With
+    no backward to come (decoding) the partners are gathered, one dispatch; else they are
+    rolled into place, a copy whose backward is a roll too, where a gather's is a scatter."""
+    if not X.requires_grad:
+        return (X * cos).addcmul_(X[..., partners], wide_sin)
+    r = sin.shape[-1]
+    part = X if r == X.shape[-1] else X[..., :r]
+    partner = part.unflatten(-1, (-1, 2)).roll(1, -1).flatten(-2) if pairs else \
+        part.roll(r // 2, -1)
+    Y = X * cos
+    (Y if part is X else Y[..., :r]).addcmul_(partner, sin)
+    return Y
+
+
+def rotate_half(X, theta_base, past=0, width=None):
+    """RoPE in the rotate-half convention on the first `width` columns of X (all by default),
+    row t at position past + t (from 0), turned in the planes (X[t, i], X[t, r/2 + i]); the
+    rest pass through."""
+    return turn(X, *rope_angles(False, X, theta_base, past, width), pairs=False)
 
 
 RMS_EPS = {}  # (ε, D) → √ε and 1/√D as CPU tensors: a Python number costs a tensor each use

@@ -292,12 +292,14 @@ class KVCache:
 
     def rotary(self, omega, source, T):
         """cos and sin of the angles of the T new positions by the signed frequencies omega,
-        (T, d) each: computed by the first attention layer that asks, shared by the others
-        whose omega comes from the same hyperparameters (source)."""
-        key = self.pos, T, source
+        (T, d) each, in omega's precision (real_type): computed by the first attention layer
+        that asks, shared by the others whose omega comes from the same hyperparameters
+        (source)."""
+        key = self.pos, T, source, omega.dtype
         if self.angles is None or self.angles[0] != key:
-            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=torch.float32)
-            phi = t[:, None] * omega.float()  # (T, d)
+            dtype = real_type(omega.dtype)
+            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=dtype)
+            phi = t[:, None] * omega.to(dtype)  # (T, d)
             self.angles = key, phi.cos(), phi.sin()
         return self.angles[1:]
 
@@ -307,10 +309,17 @@ class KVCache:
 JOINED_MAX = 1 << 20
 
 
-ANGLES = {}  # (convention, positions, widths, base, device) → RoPE's cos and sin
+ANGLES = {}  # (convention, positions, widths, base, device, type) → RoPE's cos and sin
 
 
-TABLES = {}  # (convention, widths, base, device) → the same for positions 0, 1, …, n − 1
+TABLES = {}  # (convention, widths, base, device, type) → the same for positions 0, 1, …, n − 1
+
+
+def real_type(dtype):
+    """The number format of reals computed from integers alone (RoPE's angles, a position
+    divided) beside values of `dtype`: float64 for float64, else float32 (in bfloat16 or
+    float16 a position's angle would lose its digits)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def rope_angles(pairs, X, theta_base, past, width=None):
@@ -320,24 +329,27 @@ def rope_angles(pairs, X, theta_base, past, width=None):
     column r; and each column's partner in its plane (d,). Sliced from a table over every
     position so far: a decoded token costs no trigonometry."""
     T, d = X.shape[-2], X.shape[-1]
-    key = pairs, past, T, d, width, theta_base, X.device
+    dtype = real_type(X.dtype)
+    key = pairs, past, T, d, width, theta_base, X.device, dtype
     found = ANGLES.get(key)
     if found is None:
         if len(ANGLES) > 64:
             ANGLES.clear()
-        table = rope_table(pairs, d, d if width is None else width, theta_base, X.device, past + T)
+        r = d if width is None else width
+        table = rope_table(pairs, d, r, theta_base, X.device, past + T, dtype)
         found = ANGLES[key] = *(rows[past:past + T] for rows in table[:3]), table[3]
     return found
 
 
-def rope_table(pairs, d, r, theta_base, device, positions):
-    """rope_angles' tables, for at least `positions` positions (grown by doubling)."""
-    key = pairs, d, r, float(theta_base), device
+def rope_table(pairs, d, r, theta_base, device, positions, dtype=torch.float32):
+    """rope_angles' tables, for at least `positions` positions (grown by doubling), computed
+    in `dtype` from the frequencies on."""
+    key = pairs, d, r, float(theta_base), device, dtype
     table = TABLES.get(key)
     if table is None or table[0].shape[0] < positions:
         n = max(positions, 64 if table is None else 2 * table[0].shape[0])
-        omega = theta_base ** -(torch.arange(0, r, 2, device=device, dtype=torch.float32) / r)
-        phi = torch.arange(n, device=device, dtype=torch.float32)[:, None] * omega
+        omega = theta_base ** -(torch.arange(0, r, 2, device=device, dtype=dtype) / r)
+        phi = torch.arange(n, device=device, dtype=dtype)[:, None] * omega
         cos, sin = phi.cos(), phi.sin()  # (n, r/2)
         columns = torch.arange(d, device=device)
         partners = columns[:r].view(-1, 2).flip(-1).flatten() if pairs else columns[:r].roll(r // 2)

@@ -274,6 +274,20 @@ def test_literal_rope_equals_rotate_half(rope_model, base):
     torch.testing.assert_close(got.double(), _rotate_half(x, base), atol=1e-5, rtol=1e-5)
 
 
+def test_rope_in_a_float64_model_turns_by_float64_angles(rope_model):
+    """In float64 the angles (t − 1) ω_i are float64 in both lowerings, to the last digits:
+    the literal's ω = θ^{−2(i − 1)/d} divides integers in the input's format (torch's
+    default, float32, was 1e-8 off), the fused attention's tables are float64."""
+    _, fused, literal = rope_model
+    x = torch.randn(3, 40, 16, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    torch.testing.assert_close(literal.RoPE(x, theta_base=10000.0), _rotate_half(x, 10000.0),
+                               atol=1e-14, rtol=1e-13)
+    a, b = _pair(_attention_class(fused), _attention_class(literal), **GQA, theta_base=1e4)
+    a, b = a.double(), b.double()
+    x = torch.randn(2, 40, 32, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    torch.testing.assert_close(a(x), b(x), atol=1e-14, rtol=1e-12)
+
+
 def _attention_class(module):
     return getattr(module, "GroupedQueryAttention", None) or module.GroupedQueryAttentionBiased
 

@@ -21,6 +21,7 @@ from torch import nn
 
 import cardc
 from cardc import build
+from cardc.runtime.modelkit import KVCache
 from cardc.runtime.sample import generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,24 +146,21 @@ def test_grouped_query_cache_holds_the_key_value_heads():
         assert k.shape == v.shape == (2, 2, 5, 8)  # (B, H_kv, positions, d)
 
 
-def test_layers_share_the_rotary_angles_of_equal_frequencies():
-    """With a cache, RoPE's angles of the new positions are computed once per forward and
-    shared by the layers whose frequencies come from the same hyperparameters; others get
-    their own."""
-    model = small("llama")
-    cache = model.new_cache()
-    with torch.no_grad():
-        model(torch.randint(0, 97, (1, 5)), cache=cache)
-    first, second = (block.attn for block in model.block)
-    assert first.omega is not second.omega
-    cos, sin = cache.rotary(first.omega, (first.d, first.theta_base), 2)
-    shared = cache.rotary(second.omega, (second.d, second.theta_base), 2)
+def test_the_rotary_angles_of_the_new_positions_are_shared_and_in_omegas_precision():
+    """KVCache.rotary computes the angles of the new positions once per forward for the
+    layers whose frequencies come from the same hyperparameters, in the frequencies' own
+    precision (float64 ones: float64 angles); others get their own."""
+    cache = KVCache()
+    omega = 10000.0 ** -(torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    cos, sin = cache.rotary(omega, (8, 10000.0), 2)
+    shared = cache.rotary(omega.clone(), (8, 10000.0), 2)
     assert shared[0] is cos and shared[1] is sin
-    other = first.omega * 2
-    cos, sin = cache.rotary(other, (first.d, first.theta_base / 4), 2)
-    angles = torch.arange(5, 7, dtype=torch.float32)[:, None] * other  # positions 5 and 6
+    assert cos.dtype == torch.float64
+    assert torch.equal(cos, (torch.arange(2, dtype=torch.float64)[:, None] * omega).cos())
+    other = omega.float() * 2
+    cos, sin = cache.rotary(other, (8, 10000.0 / 4), 2)
+    angles = torch.arange(2, dtype=torch.float32)[:, None] * other
     assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
-    assert not torch.equal(cos, shared[0])
 
 
 def test_rotate_half_computes_its_angle_tables_once():
@@ -183,14 +181,14 @@ def test_rotate_half_computes_its_angle_tables_once():
         for _ in range(3):
             model(torch.randint(0, 97, (1, 1)), cache=cache)
     assert len(calls) == 1  # two layers, queries and keys, four steps: one table
-    (pairs, d, width, base, _), = tables
-    assert (pairs, d, width, base) == (False, 8, 8, model.theta_base)
-    cos, sin, *_ = angles[pairs, 0, 5, d, None, model.theta_base, torch.device("cpu")]
+    (pairs, d, width, base, _, dtype), = tables
+    assert (pairs, d, width, base, dtype) == (False, 8, 8, model.theta_base, torch.float32)
+    cos, sin, *_ = angles[pairs, 0, 5, d, None, model.theta_base, torch.device("cpu"), dtype]
     phi = torch.arange(5, dtype=torch.float32)[:, None] * base ** -(
         torch.arange(0, d, 2, dtype=torch.float32) / d)
     assert torch.allclose(cos, phi.cos().repeat(1, 2))
     assert torch.allclose(sin, torch.cat([-phi.sin(), phi.sin()], dim=-1))
-    cos, *_ = angles[pairs, 7, 1, d, None, model.theta_base, torch.device("cpu")]
+    cos, *_ = angles[pairs, 7, 1, d, None, model.theta_base, torch.device("cpu"), dtype]
     phi = 7 * base ** -(torch.arange(0, d, 2, dtype=torch.float32) / d)  # the 8th position
     assert torch.allclose(cos[0], phi.cos().repeat(2))
 

@@ -110,6 +110,36 @@ def test_rotate_half_and_rotate_pairs_follow_the_formula_with_and_without_gradie
                                        _rope_reference(X, 100.0, 3, r, pairs=True))
 
 
+def _rope_reference64(X, base, past, r, pairs):
+    """_rope_reference with its angles in float64, exact to the last digits."""
+    T = X.shape[-2]
+    phi = torch.arange(past, past + T, dtype=torch.float64)[:, None] * \
+        base ** -(torch.arange(0, r, 2, dtype=torch.float64) / r)
+    cos, sin = phi.cos(), phi.sin()
+    a, b = (X[..., 0:r:2], X[..., 1:r:2]) if pairs else (X[..., : r // 2], X[..., r // 2: r])
+    ya, yb = a * cos - b * sin, b * cos + a * sin
+    turned = torch.stack([ya, yb], -1).flatten(-2) if pairs else torch.cat([ya, yb], -1)
+    return torch.cat([turned, X[..., r:]], -1)
+
+
+def test_rope_angles_follow_a_float64_model_and_float32_ones_are_unchanged():
+    """In float64 the angles (past + t) ω_i are float64 (float32 ones were 1e-8 off at these
+    sizes); in float32 the tables are those of float32 arithmetic, bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(2, 40, 12, generator=g, dtype=torch.float64)
+    for helper, pairs in ((mk.rotate_half, False), (mk.rotate_pairs, True)):
+        for width in (None, 8):
+            r = 12 if width is None else width
+            want = _rope_reference64(X, 10000.0, 5, r, pairs)
+            torch.testing.assert_close(helper(X, 10000.0, past=5, width=width), want,
+                                       rtol=1e-13, atol=1e-14)
+            cos, sin, *_ = mk.rope_angles(pairs, X.float(), 10000.0, 5, width)
+            assert cos.dtype == sin.dtype == torch.float32
+            phi = torch.arange(5, 45, dtype=torch.float32)[:, None] * \
+                10000.0 ** -(torch.arange(0, r, 2, dtype=torch.float32) / r)
+            assert torch.equal(cos[:, :r:2] if pairs else cos[:, : r // 2], phi.cos())
+
+
 def test_rms_normalize_equals_rms_norm():
     X, gamma = torch.randn(2, 3, 16), torch.randn(16)
     for g in (gamma, None):

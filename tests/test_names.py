@@ -310,6 +310,7 @@ GENERATOR_NAMES = {
     "padding_idx", "start", "end", "step", "skip",
     # the file's attention and RoPE helpers (cardc.lower.attention, cardc.lower.intrinsics)
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
+    "real_type",
     "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
     "keys", "numbers", "visible", "hidden", "drop", "mask", "rope_table", "TABLES", "width", "found",
     "table", "rest", "positions", "r", "turn", "part", "partner", "Y", "wide_sin", "partners",
@@ -327,7 +328,7 @@ GENERATOR_ATTRS = {
     "Module", "joins", "joined", "split_with_sizes", "numel", "requires_grad", "flip", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
     "Generator", "Tensor", "no_grad", "scatter", "sort", "to", "values",
     "arange", "argmax", "as_tensor", "backward", "bool", "cat", "cross_entropy", "detach",
-    "device", "empty", "equal", "extend", "flatten", "float", "float32", "full", "gather", "gelu",
+    "device", "empty", "equal", "extend", "flatten", "float", "float32", "float64", "full", "gather", "gelu",
     "linear", "mT", "max_seq_len", "movedim", "multinomial", "ndim", "new", "new_cache",
     "normal_", "ones", "optim", "param_groups", "parameters", "pos", "rand_like",
     "register_buffer", "relu", "returns", "rms_norm", "roll", "rotary", "scaled_dot_product_attention",

@@ -36,7 +36,7 @@ import torch
 
 from .. import syntax as s
 from ..checker import Checker, check
-from ..diagnostics import CardError, Diagnostics
+from ..checker.reach import require_clean
 from ..info import PresetError, preset_values
 from ..library import Library, Roots, library_roots, load
 from ..types import BundleTy, Entry, FamilyTy, Ty
@@ -111,23 +111,9 @@ def interpret(card: str | Path, preset: str | None = None, library: Roots = None
 
 def _checked(card: str, roots: Roots) -> tuple[Library, Checker]:
     """The library, checked: errors in the card's file or anything it calls raise."""
-    lib, _ = load([card], root=roots)
+    lib, targets = load([card], root=roots)
     checker, diags = check(lib)
-    errors = [d for d in diags.errors if d.span.file == card or
-              d.span.file not in {f.path for f in lib.files}]
-    used = {card}
-    todo = [a for f in lib.files if f.path == card for a in f.algorithms]
-    seen: set[int] = set()
-    while todo:  # the files of every card it calls
-        alg = todo.pop()
-        if id(alg) in seen or id(alg) not in checker.infos:
-            continue
-        seen.add(id(alg))
-        used.add(lib.file_of(alg).path)
-        todo += [c.callee for c in checker.infos[id(alg)].calls.values()]
-    errors += [d for d in diags.errors if d.span.file in used and d not in errors]
-    if errors:
-        raise CardError(Diagnostics(errors, diags.sources))
+    require_clean(lib, checker, diags, {card, *(str(Path(t)) for t in targets)})
     return lib, checker
 
 

@@ -182,6 +182,14 @@ class Evaluator(Statements, Calls):
             return value.to(self.dtype)
         return torch.tensor(float(value), dtype=self.dtype)
 
+    def tensor(self, value: Value) -> torch.Tensor:
+        """A value as a tensor; a Python real in `dtype`, not torch's default float32, which
+        would round it."""
+        if isinstance(value, torch.Tensor):
+            return value
+        return torch.tensor(value, dtype=self.dtype) if isinstance(value, float) else \
+            torch.as_tensor(value)
+
     def expr_Unary(self, e: s.Unary, frame: Frame) -> Value:
         x = self.expr(frame, e.operand)
         if e.op == "−":

@@ -48,7 +48,7 @@ class Statements:
         new, and grown where the part lies beyond it (`for i ∈ [n] : ω[i] ← …` makes ω)."""
         name = self.concrete(frame, target.base.id)
         old = frame.locals.get(name)
-        v = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        v = self.tensor(value)
         if v.dtype == torch.bool or v.is_floating_point():
             v = v.to(self.dtype)
         key = self.index_key(frame, target, old, grow=True)

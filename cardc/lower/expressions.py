@@ -172,6 +172,8 @@ class Expressions:
             if e.op in ("+", "−", " ", "·", "⊙") and _is_tensor(a) and _is_tensor(b) and \
                     {a.ty.elem, b.ty.elem} <= INTEGERS and ty.elem == "ℝ":
                 ty = Ty(ty.shape, a.ty.elem)  # `p 1^⊺ − 1 p^⊺` of positions p: still integers
+        if e.op == "/":
+            a, b = self.real(a, b), self.real(b, a)
         if e.op in (" ", "·"):
             op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
             if op == "@" and self.column:
@@ -206,6 +208,21 @@ class Expressions:
                 _is_tensor(other) or other.ty.elem != "ℝ" or _whole_number(other_node):
             return val
         return replace(val, code=_method(val.code, "to", self.dtype), ty=Ty(val.ty.shape))
+
+    def real(self, val: Val, other: Val) -> Val:
+        """An integer tensor divided by a number is a real: held in the number format of
+        the card's first input (modelkit's real_type: float64 in a float64 model, else
+        float32), where torch would divide into its default format, float32."""
+        if val.ty.elem != "ℕ" or not _is_tensor(val) or \
+                other.ty.elem != "ℕ" and _is_tensor(other):  # a real tensor sets the format
+            return val
+        if self.dtype is not None:  # the card's first real input's
+            real = _call("real_type", self.dtype)
+        else:
+            device = self.device_expr()
+            assert isinstance(device, ir.Attr)  # `X.device` of an input X
+            real = _call("real_type", ir.Attr(device.obj, "dtype"))
+        return replace(val, code=_method(val.code, "to", real), ty=replace(val.ty, elem="ℝ"))
 
     def ones_row(self, e: s.BinOp) -> Val:
         """`b 1^⊺`: the column b repeated across columns, which broadcasting does for free

@@ -78,42 +78,20 @@ class GroupedQuery:
         name = local_name(self.ren[role.replace("W_", "").upper()])
         return self.emit(name, code, step, f"(B, {count}, T, d)")
 
-    def rotary(self, step: s.Step) -> tuple[ir.Ref, ir.Ref]:
-        """cos and sin of the angles (t − 1) ω_i, ω_i = θ_base^{−2(i − 1)/d}, over both halves;
-        the first half's angles negated, so that sin carries rotate-half's sign. The signed
-        frequencies are a buffer: computed once, not per call and layer."""
-        d = self.hyper("d")
-        freq = ir.Bin("**", self.hyper("θ_base"), ir.Un("-", ir.Bin(
-            "/", _call("torch.arange", ir.Lit("0"), d, ir.Lit("2")), d)))
-        signs = _call("torch.tensor", ir.Seq((ir.Seq((ir.Lit("-1.0"),), "list"),
-                                              ir.Seq((ir.Lit("1.0"),), "list")), "list"))
-        signed = _method(ir.Bin("*", signs, freq), "flatten")
-        self.body.buffers.append(ir.Buffer("omega", signed, self.body.note(
-            self.body.alg.steps[3], None, "(d,): −ω, then ω")))
-        device = ir.Attr(self.x, "device")
-        t = _call("torch.arange", ir.Sub(ir.Attr(self.x, "shape"), (ir.Lit("-2"),)),
-                  device=device, dtype=ir.Lit("torch.float32"))
-        angles = ir.Bin("*", ir.Sub(t, (ir.SliceX(None, None), ir.Lit("None"))),
-                        _method(ir.Ref("self.omega"), "float"))
-        phi = self.emit("phi", angles, step, "(T, d): the angles, the first half negated")
-        return (self.emit("cos", _method(phi, "cos"), step, "(T, d)"),
-                self.emit("sin", _method(phi, "sin"), step, "(T, d)"))
-
-    def rotate(self, x: ir.Ref, cos: ir.Ref, sin: ir.Ref, step: s.Step) -> None:
-        """x cos + rotate_half(x) sin with rotate_half(x) = [−x_2, x_1]: the halves swapped by
-        a roll, the sign in sin."""
-        half = ir.Bin("//", self.hyper("d"), ir.Lit("2"))
-        rolled = _method(x, "roll", half, ir.Lit("-1"))
-        self.emit(x.id, _call("torch.addcmul", ir.Bin("*", x, cos), rolled, sin), step)
+    def rotate(self, x: ir.Ref, step: s.Step) -> None:
+        """RoPE on every head of x: the generated file's `rotate_half`, whose angle tables, in
+        the model's precision (float64 in a float64 model), are made once per positions and
+        base and shared by queries, keys and every layer; decoding with a KV cache starts
+        the positions after the cached ones (cardc.lower.decoding)."""
+        self.emit(x.id, _call("rotate_half", x, self.hyper("θ_base")), step)
 
     def lower(self) -> list[ir.Stmt]:
         steps = self.body.alg.steps
         q = self.heads("W_q", "H", steps[0])
         k = self.heads("W_k", "H_kv", steps[1])
         v = self.heads("W_v", "H_kv", steps[2])
-        cos, sin = self.rotary(steps[3])
-        self.rotate(q, cos, sin, steps[3])
-        self.rotate(k, cos, sin, steps[3])
+        self.rotate(q, steps[3])
+        self.rotate(k, steps[3])
         # each key/value head serves the G query heads of its group, unrepeated
         sdpa = _call("F.scaled_dot_product_attention", q, k, v, is_causal=ir.Lit("True"),
                      enable_gqa=ir.Lit("True"))
