@@ -148,4 +148,6 @@ def _shapes(entry: Entry, hypers: dict[str, Any], span: s.Span) -> Any:
 def _input(x: Any, ty: Any, dtype: torch.dtype) -> Any:
     if isinstance(ty, Ty) and ty.elem == "ℝ" and isinstance(x, torch.Tensor):
         return x.to(dtype)
+    if isinstance(ty, Ty) and ty.elem == "ℝ" and isinstance(x, list):  # a family e_t
+        return [v.to(dtype) if isinstance(v, torch.Tensor) else v for v in x]
     return x

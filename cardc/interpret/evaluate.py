@@ -45,6 +45,9 @@ class Evaluator(Statements, Calls):
         info = self.checker.info(alg)
         frame = Frame(alg, info, dict(nums), params, outer=dict(outer or {}))
         for (name, ty), value in zip(info.sig.inputs, args, strict=True):
+            if isinstance(value, list) and isinstance(ty, Ty):
+                self.bind_family(frame, name, ty, value)
+                continue
             frame.locals[name] = value
             if isinstance(ty, Ty) and isinstance(value, torch.Tensor):
                 self.bind_shape(frame, ty, value)
@@ -56,6 +59,25 @@ class Evaluator(Statements, Calls):
         except Return as ret:
             return ret.value
         raise InterpretError(alg.span, f"'{alg.label}' ended without a return step")
+
+    def bind_family(self, frame: Frame, name: str, ty: Ty, members: list) -> None:
+        """An input `e_t` given as a list: members e_1, e_2, … by name, t's range their count,
+        and the size its declaration names (`t ∈ [T]`) that count too."""
+        var = next((v for _, v in reversed(split_name(name)[1]) if not v.isdigit()), None)
+        if var is None:
+            raise InterpretError(frame.alg.span, f"'{display(name)}' is given as a list of "
+                                                 f"values but is not a family")
+        for i, member in enumerate(members, 1):
+            frame.loops[var] = i
+            frame.locals[self.concrete(frame, name)] = member
+            self.bind_shape(frame, ty, member)
+        frame.loops.pop(var)
+        frame.ranges[var] = len(members)
+        decl = next(d for b in frame.alg.blocks if b.kind == "Input" for d in b.items
+                    if name in d.names)
+        size = re.search(rf"(?<!\w){re.escape(var)} ∈ \[(\w+)\]", decl.prose or "")
+        if size and size.group(1) not in frame.nums:
+            frame.nums[size.group(1)] = len(members)
 
     def bind_shape(self, frame: Frame, ty: Ty, value: torch.Tensor) -> None:
         """Sizes written as a single symbol (T, D) take the size of the value given."""
@@ -369,8 +391,11 @@ class Evaluator(Statements, Calls):
             values = self.domain(frame, e.over, e.span)
         elif e.lo is not None and e.hi is not None:
             values = list(range(self.integer(frame, e.lo), self.integer(frame, e.hi) + 1))
-        else:
-            return self.unsupported(e, "a sum over an unstated family")
+        else:  # Σ_u: over the family its body reads
+            n = frame.ranges.get(e.index) or self.family_range(frame, e.body, e.index)
+            if n is None:
+                return self.unsupported(e, "a sum over an unstated family")
+            values = list(range(1, n + 1))
         total: Value = 0
         saved = frame.loops.get(e.index)
         for i in values:
@@ -382,6 +407,23 @@ class Evaluator(Statements, Calls):
         else:
             frame.loops[e.index] = saved
         return total
+
+    def family_range(self, frame: Frame, body: s.Expr, var: str) -> int | None:
+        """The range of an index written only as a family's subscript (Σ_u … k_u …): the
+        length of that family (k_1, k_2, … as they are defined)."""
+        for node in s.nodes(body):
+            if isinstance(node, s.Name) and any(v == var for _, v in split_name(node.id)[1]):
+                n = 0
+                while True:
+                    frame.loops[var] = n + 1
+                    found = self.concrete(frame, node.id) in frame.locals
+                    frame.loops.pop(var)
+                    if not found:
+                        break
+                    n += 1
+                if n:
+                    return n
+        return None
 
     def expr_Norm(self, e: s.Norm, frame: Frame) -> Value:
         x = self.expr(frame, e.operand)

@@ -43,6 +43,7 @@ class Frame:
     locals: dict[str, Value] = field(default_factory=dict)
     loops: dict[str, int] = field(default_factory=dict)  # bound indices: loop variables
     outer: dict[str, Value] = field(default_factory=dict)  # the callers' hyperparameters
+    ranges: dict[str, int] = field(default_factory=dict)  # t of an input family e_t: its length
 
     @property
     def column(self) -> bool:

@@ -98,6 +98,8 @@ class Statements:
             frame.loops.pop(v, None)
 
     def forall_size(self, frame: Frame, st: s.ForAll, var: str) -> int:
+        if var in frame.ranges:  # ∀t over the members of an input family e_t
+            return frame.ranges[var]
         for node in s.nodes(st.body):
             if isinstance(node, s.Index) and isinstance(node.base, s.Name):
                 for axis, item in enumerate(node.items):
