@@ -299,7 +299,7 @@ def _refs(program: ir.Program) -> set[str]:
     for m in program.modules:
         nodes += [*m.body, *(a.default for a in [*m.hypers, *m.inputs] if a.default is not None)]
         nodes += [*(v for _, v in m.derived), *(q.init for q in m.params)]
-        nodes += [*(b.value for b in m.buffers), *(v for s in m.submodules for _, v in s.kwargs)]
+        nodes += [v for s in m.submodules for _, v in s.kwargs]
     return ir.ref_ids(nodes)
 
 

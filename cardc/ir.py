@@ -180,16 +180,6 @@ class Param:
 
 
 @dataclass
-class Buffer:
-    """A constant tensor computed once from the constructor's arguments, moved with the module
-    and kept out of its state dict (RoPE's frequencies)."""
-
-    name: str
-    value: Expr
-    note: Note = Note()
-
-
-@dataclass
 class Submodule:
     name: str
     cls: str
@@ -234,7 +224,6 @@ class Module:
     probabilities: bool = False  # forward returns a softmax (the paper's P), not logits
     cached: bool = False  # a causal decoder: forward(x, cache=…) reads only the new tokens
     generates: bool = False  # and decoder-only: generate(idx, …) continues idx through the cache
-    buffers: list[Buffer] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -192,7 +192,6 @@ class KVCache:
         self.joins = {} if joins is None else joins  # project's joined weights, by their ids
         self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
         self.called = 0, {}  # (pos, {module: n}): its calls by the forward at pos so far
-        self.angles = None  # ((pos, T, source), cos, sin): RoPE's angles of the new positions
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
@@ -244,19 +243,6 @@ class KVCache:
         if q == 1:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
-
-    def rotary(self, omega, source, T):
-        """cos and sin of the angles of the T new positions by the signed frequencies omega,
-        (T, d) each, in omega's precision (real_type): computed by the first attention layer
-        that asks, shared by the others whose omega comes from the same hyperparameters
-        (source)."""
-        key = self.pos, T, source, omega.dtype
-        if self.angles is None or self.angles[0] != key:
-            dtype = real_type(omega.dtype)
-            t = torch.arange(self.pos, self.pos + T, device=omega.device, dtype=dtype)
-            phi = t[:, None] * omega.to(dtype)  # (T, d)
-            self.angles = key, phi.cos(), phi.sin()
-        return self.angles[1:]
 
 
 # Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its

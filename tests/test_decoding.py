@@ -21,7 +21,6 @@ from torch import nn
 
 import cardc
 from cardc import build
-from cardc.runtime.modelkit import KVCache
 from cardc.runtime.sample import generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,23 +143,6 @@ def test_grouped_query_cache_holds_the_key_value_heads():
     assert len(cache.kv) == 2  # one entry per layer
     for k, v in cache.kv.values():
         assert k.shape == v.shape == (2, 2, 5, 8)  # (B, H_kv, positions, d)
-
-
-def test_the_rotary_angles_of_the_new_positions_are_shared_and_in_omegas_precision():
-    """KVCache.rotary computes the angles of the new positions once per forward for the
-    layers whose frequencies come from the same hyperparameters, in the frequencies' own
-    precision (float64 ones: float64 angles); others get their own."""
-    cache = KVCache()
-    omega = 10000.0 ** -(torch.arange(0, 8, 2, dtype=torch.float64) / 8)
-    cos, sin = cache.rotary(omega, (8, 10000.0), 2)
-    shared = cache.rotary(omega.clone(), (8, 10000.0), 2)
-    assert shared[0] is cos and shared[1] is sin
-    assert cos.dtype == torch.float64
-    assert torch.equal(cos, (torch.arange(2, dtype=torch.float64)[:, None] * omega).cos())
-    other = omega.float() * 2
-    cos, sin = cache.rotary(other, (8, 10000.0 / 4), 2)
-    angles = torch.arange(2, dtype=torch.float32)[:, None] * other
-    assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
 
 
 def test_rotate_half_computes_its_angle_tables_once():

@@ -175,7 +175,6 @@ class Lowering(Parameters):
             stmts = self.language_model(m, body, prologue, stmts)
             prologue = []
         m.body = prologue + stmts
-        m.buffers = body.buffers
         self._modules[id(alg)] = m
         self.program.modules.append(m)
         return m

@@ -52,7 +52,6 @@ class Steps(Protocol):
     info: CardInfo
     scope: Scope
     out: list[ir.Stmt]
-    buffers: list[ir.Buffer]
     dim_of: Callable[[str], ir.Expr]
     lead: str
     merged: frozenset[str]

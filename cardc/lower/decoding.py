@@ -60,7 +60,6 @@ def add_kv_cache(program: ir.Program, top: ir.Module, masking: Masking) -> None:
     for m in program.modules:  # callees first
         attends = _cache_attention(m)
         if attends:
-            _share_rotary(m)
             m.body = _offset_positions(m, m.body)
         calls = _pass_cache(m, cached, functions)
         if attends or calls or _reads_cache(m.body):
@@ -259,32 +258,6 @@ def _with_past(body: list[ir.Stmt]) -> list[ir.Stmt]:
 def _past() -> ir.Assign:
     return ir.Assign(("past",), ir.Cond(NO_CACHE, ir.Lit("0"), ir.Attr(CACHE, "pos")),
                      ir.Note(text="tokens decoded before these"))
-
-
-def _share_rotary(m: ir.Module) -> bool:
-    """RoPE's `phi ← positions ⊗ self.omega; cos, sin` (the fused attention's) → with a cache,
-    `cache.rotary(self.omega, (self.d, self.theta_base), T)`: the angles of the new positions,
-    computed once per forward for every layer whose frequencies come from the same
-    hyperparameters, rather than once per layer; without a cache, as before."""
-    omega = next((b for b in m.buffers if b.name == "omega"), None)
-    if omega is None:
-        return False
-    rows = ir.Sub(ir.Attr(ir.Ref(m.inputs[0].name), "shape"), (ir.Lit("-2"),))
-    body = list(m.body)
-    for j, st in enumerate(body[:-2]):
-        cos, sin = body[j + 1], body[j + 2]
-        if not (_assigns(st, "phi") and "self.omega" in _refs(st.value) and
-                _assigns(cos, "cos", _method("phi", "cos")) and
-                _assigns(sin, "sin", _method("phi", "sin"))):
-            continue
-        source = ir.Seq(tuple(ir.Ref(r) for r in sorted(_refs(omega.value))))
-        shared = ir.Assign(("cos", "sin"), ir.Call(ir.Attr(CACHE, "rotary"),
-                                                   (ir.Ref("self.omega"), source, rows)),
-                           ir.Note(text="the new positions' angles, shared by every layer"))
-        body[j:j + 3] = [ir.If(NO_CACHE, (st, cos, sin), (shared,))]
-        m.body = body
-        return True
-    return False
 
 
 def _assigns(st: ir.Stmt, target: str, value: ir.Expr | None = None) -> bool:

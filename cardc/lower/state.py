@@ -68,7 +68,6 @@ class BodyState:
     domain: Val | None = _field(FRESH, None)  # the values of t in `T̃ ← {t ∈ [ℓ] : …}`
     # Σ_u over a family's members: u, and how many there are (None: a family over positions)
     family_vars: dict[str, Dim | None] = _field(FRESH, factory=dict)
-    buffers: list[ir.Buffer] = _field(FRESH, factory=list)  # constants made once (RoPE's ω)
     given: dict[int, Val] = _field(FRESH, factory=dict)  # values lowered beforehand (SDPA)
     uses_cache: bool = _field(FRESH, False)  # an attention core reads the KV cache
     recorded: set[int] = _field(FRESH, factory=set)  # attention cores recorded: their score steps' ids
