@@ -535,3 +535,36 @@ def test_row_t_of_a_call_of_whole_values_is_its_rows(tmp_path, fuse):
         torch.testing.assert_close(
             torch.autograd.grad((out * weights).sum(), (x, model.W_p)), expected)
 
+
+FIRST_TOKEN = """\
+Algorithm: Y ← Firsts(x | θ)
+/* Embeddings kept where the token differs from the sequence's first. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: V, D ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{V×D}
+1 E ← W_e[x]
+2 for t ∈ [T] : Y[t, :] ← E[t, :] · [[x[t] ≠ x[1]]] + E[t, :] · x[1]
+3 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_fixed_token_in_a_map_is_one_per_example(tmp_path, fuse):
+    """`x[1]` beside `x[t]`: each example's first token, the same at every position of that
+    example (it was compared with the batch as if it were the positions)."""
+    model = _build(tmp_path, FIRST_TOKEN, fuse, V=5, D=3)
+    x = torch.tensor([[0, 1, 0, 4], [1, 1, 3, 0], [4, 2, 2, 4]])  # card tokens 1 … 5, 0-based
+    w = model.W_e.detach().clone().requires_grad_()
+    e = w[x]
+    first = x[:, :1, None]
+    want = e * (x[..., None] != first) + e * (first + 1)
+    got, card = model(x), _interpreted(tmp_path, model, "Firsts", list(x + 1), V=5, D=3)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(card, want)
+    weights = torch.randn_like(want)
+    expected = torch.autograd.grad((want * weights).sum(), w)
+    for out in (got, card):
+        torch.testing.assert_close(torch.autograd.grad((out * weights).sum(), model.W_e),
+                                   expected)
