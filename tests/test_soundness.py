@@ -6,6 +6,7 @@ message."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,11 @@ import torch
 from cardc.build import build_model, checked
 from cardc.checker import check
 from cardc.diagnostics import CardError
+from cardc.interpret import Program
 from cardc.library import load
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cardparams import card_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOWERINGS = [pytest.param(True, id="fused"), pytest.param(False, id="literal")]
@@ -480,3 +485,86 @@ def test_maps_over_positions_make_a_card_column_major(tmp_path, fuse):
     card = tmp_path / "card.card"
     lib, checker, _ = checked([str(card)], [str(tmp_path)])
     assert checker.info(lib.find("ColumnNorms")).sig.layout == "column"
+
+
+def _interpreted(tmp_path: Path, model, name: str, examples: list, **values: float):
+    """The card `name` of tmp_path/card.card run by the reference interpreter on each example,
+    with the module's own parameters (so gradients reach them), stacked as a batch."""
+    lib, checker, _ = checked([str(tmp_path / "card.card")], [str(tmp_path)])
+    alg = lib.find(name)
+    program = Program.of(lib, checker, alg)
+    params = card_params(checker, alg, model)
+    hypers = program.hyperparameters(**values)
+    return torch.stack([program(x, params=params, hypers=hypers) for x in examples])
+
+
+GATED = """\
+Algorithm: Z ← Gated(X | θ)
+/* Each row of X gated by the same row of a gate computed once for every position. */
+Input: X ∈ ℝ^{T×D}
+Output: Z ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_p ∈ ℝ^{D×D}
+1 for t ∈ [T] : Z[t, :] ← Gate(X | W_p)[t, :] ⊙ X[t, :]
+2 return Z
+
+Algorithm: G ← Gate(X | W)
+/* A gate for every position. */
+Input: X ∈ ℝ^{T×D}
+Output: G ∈ ℝ^{T×D}
+Parameters: W ∈ ℝ^{D×D}
+1 return G = σ(X W)
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_row_t_of_a_call_of_whole_values_is_its_rows(tmp_path, fuse):
+    """`Gate(X)[t, :]` in a map over t: the call reads all of X, once; its row t is position
+    t's (it was taken for a value per position, and indexed again at every position)."""
+    model = _build(tmp_path, GATED, fuse, D=3)
+    x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    w = model.W_p.detach().clone().requires_grad_()
+    want = torch.sigmoid(x @ w) * x
+    got, card = model(x), _interpreted(tmp_path, model, "Gated", list(x), D=3)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(card, want)
+    weights = torch.randn_like(want)
+    expected = torch.autograd.grad((want * weights).sum(), (x, w))
+    for out in (got, card):
+        torch.testing.assert_close(
+            torch.autograd.grad((out * weights).sum(), (x, model.W_p)), expected)
+
+
+FIRST_TOKEN = """\
+Algorithm: Y ← Firsts(x | θ)
+/* Embeddings kept where the token differs from the sequence's first. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: V, D ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{V×D}
+1 E ← W_e[x]
+2 for t ∈ [T] : Y[t, :] ← E[t, :] · [[x[t] ≠ x[1]]] + E[t, :] · x[1]
+3 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_fixed_token_in_a_map_is_one_per_example(tmp_path, fuse):
+    """`x[1]` beside `x[t]`: each example's first token, the same at every position of that
+    example (it was compared with the batch as if it were the positions)."""
+    model = _build(tmp_path, FIRST_TOKEN, fuse, V=5, D=3)
+    x = torch.tensor([[0, 1, 0, 4], [1, 1, 3, 0], [4, 2, 2, 4]])  # card tokens 1 … 5, 0-based
+    w = model.W_e.detach().clone().requires_grad_()
+    e = w[x]
+    first = x[:, :1, None]
+    want = e * (x[..., None] != first) + e * (first + 1)
+    got, card = model(x), _interpreted(tmp_path, model, "Firsts", list(x + 1), V=5, D=3)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(card, want)
+    weights = torch.randn_like(want)
+    expected = torch.autograd.grad((want * weights).sum(), w)
+    for out in (got, card):
+        torch.testing.assert_close(torch.autograd.grad((out * weights).sum(), model.W_e),
+                                   expected)

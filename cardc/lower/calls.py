@@ -127,7 +127,7 @@ class Calls:
         ty = self.ty(e)
         flipped = len(ty.shape) == 2 and \
             self.low.checker.info(call.callee).sig.layout == "column"
-        rows = (self.positions[1],) if self.positions else ()
+        rows = (self.positions[1],) if self.positions and self.reads_position(e) else ()
         fused = self.fuse_call(e, call)
         if fused is not None:
             return Val(fused, ty, True, flipped, rows)
@@ -142,6 +142,14 @@ class Calls:
         kwargs = self.call_params(e, call) + self.call_sizes(e, call, fn)
         return Val(ir.Call(ir.Ref(fn), tuple(a.code for a in args), tuple(kwargs)), ty, True,
                    flipped, rows)
+
+    def reads_position(self, e: s.Call) -> bool:
+        """Whether a call in a map over positions t reads t (`f(X[:, t])`, `f(e_t)`): its
+        result then has a row per position. A call of whole values (`Gate(X)[t, :]`) is
+        computed once, and its rows are the card's own."""
+        var = self.positions[0]
+        return any(isinstance(n, s.Name) and (n.id == var or self.member(n.id)[1] == var)
+                   for n in s.nodes(e))
 
     def module_inputs(self, callee: s.Algorithm) -> list[str]:
         """Tensor hyperparameters (a Mask) a module takes with its inputs at call time."""

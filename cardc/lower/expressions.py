@@ -275,8 +275,9 @@ class Expressions:
         if a.rows and pad > 0:  # (t − 1) ω over positions t: the positions axis stays in front
             code = ir.Sub(a.code, (ir.Ref("..."), *[ir.Ref("None")] * pad))
             return replace(a, code=code, ty=Ty(a.ty.shape + (None,) * pad, a.ty.elem))
-        if other.rows and not a.rows and a.lifted and a.ty.shape:
-            a = self.beside_rows(a)  # x ≥ j over j: x for every j, the j axis before x's own
+        if other.rows and not a.rows and a.lifted:
+            a = self.beside_rows(a)  # x ≥ j over j: x for every j, the j axis before x's own;
+            # x[1] of each example beside x[t]: one entry, the same at every position
             pad = len(other.ty.shape) - len(a.ty.shape)
         if not a.lifted or pad <= 0:
             return a
@@ -368,9 +369,8 @@ class Expressions:
             body = self.expr(e.body)
         finally:
             self.family_vars.pop(e.index, None)
-        axis = -1 - len(body.ty.shape)
-        keep = {"keepdim": ir.Lit("True")} if not body.ty.shape else {}  # Σ_u: one per example
-        code = _method(body.code, "sum", _int(axis), **keep)
+        axis = -1 - len(body.ty.shape)  # Σ_u of numbers: one per example, which `align`
+        code = _method(body.code, "sum", _int(axis))  # stands beside the rows of a map
         return Val(code, body.ty, body.lifted, False, ())
 
     def family_count(self, e: s.Sum) -> Dim | None:

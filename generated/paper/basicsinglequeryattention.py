@@ -36,5 +36,5 @@ class BasicSingleQueryAttention(nn.Module):
         # (B, T)  [single_query_attention.card:10]
         alpha = torch.exp((q[..., None, :] * k).sum(-1) / math.sqrt(self.d_attn)) / torch.exp(
             (q[..., None, :] * k).sum(-1) / math.sqrt(self.d_attn)
-        ).sum(-1, keepdim=True)
+        ).sum(-1)[..., None]
         return (alpha[..., None] * v).sum(-2)  # (B, d_out)  [single_query_attention.card:11]
