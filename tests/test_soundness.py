@@ -568,3 +568,28 @@ def test_a_fixed_token_in_a_map_is_one_per_example(tmp_path, fuse):
     for out in (got, card):
         torch.testing.assert_close(torch.autograd.grad((out * weights).sum(), model.W_e),
                                    expected)
+
+
+FIRST_MAX = """\
+Algorithm: Y ← FirstMax(x | θ)
+/* Each position's embedding scaled by the larger of its token and the first. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: V, D ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{V×D}
+1 E ← W_e[x]
+2 for t ∈ [T] : Y[t, :] ← E[t, :] · FUNC(x[t], x[1])
+3 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+@pytest.mark.parametrize(("func", "pick"), [("max", torch.maximum), ("min", torch.minimum)])
+def test_max_of_a_token_and_the_first_is_a_number_at_every_position(tmp_path, fuse, func, pick):
+    """max(x[t], x[1]) of tokens 1 … V: one number per position (x[1] the same at each), on
+    the card's 1-based token IDs."""
+    model = _build(tmp_path, FIRST_MAX.replace("FUNC", func), fuse, V=11, D=4)
+    x = torch.tensor([[3, 1, 7, 0], [0, 5, 2, 2]])  # 0-based: card tokens 4, 2, 8, 1 and 1, 6, 3, 3
+    n = pick(x + 1, x[:, :1] + 1).double()
+    torch.testing.assert_close(model(x), model.W_e[x] * n[..., None])

@@ -27,6 +27,7 @@ from .gelu import literal as literal_gelu
 from .values import (
     LowerError,
     Val,
+    counted,
     local_name,
 )
 
@@ -110,10 +111,11 @@ class Calls:
 
     def pairwise(self, e: s.Call) -> Val:
         """min(a, b), max(a, b): Python's for numbers, torch's element-wise for tensors."""
-        a, b = (self.expr(x) for x in e.args)
-        if a.lifted or b.lifted:
+        a, b = (counted(self.expr(x)) for x in e.args)  # token IDs as the numbers 1 … V
+        if a.lifted or b.lifted:  # lined up as a binary operator's sides are
+            a, b = self.align(a, b), self.align(b, a)
             func = "torch.minimum" if e.func == "min" else "torch.maximum"
-            return Val(_call(func, a.code, b.code), Ty(), True)
+            return Val(_call(func, a.code, b.code), self.ty(e), True, rows=a.rows or b.rows)
         if a.tensor or b.tensor:  # a number held on a device stays there: no wait for it
             if a.tensor and b.tensor:
                 func = "torch.minimum" if e.func == "min" else "torch.maximum"

@@ -34,6 +34,8 @@ from .values import (
     Family,
     Gradient,
     Val,
+    counted,
+    is_token,
     num_lit,
 )
 
@@ -162,9 +164,9 @@ class Expressions:
         a, b = self.expr(e.left), self.expr(e.right)
         ty = self.ty(e)
         if e.op in ARITHMETIC:
-            a, b = _counted(a), _counted(b)
-        elif e.op in COMPARE and _token(a) != _token(b):  # a token beside a number
-            a, b = (x if self.special(side) else _counted(x)
+            a, b = counted(a), counted(b)
+        elif e.op in COMPARE and is_token(a) != is_token(b):  # a token beside a number
+            a, b = (x if self.special(side) else counted(x)
                     for x, side in ((a, e.left), (b, e.right)))
         if e.op in ARITHMETIC:  # [[·]] counts as 0 or 1: a sum of two is 2, a difference −1
             a, b = _numbers(a, b, e.op), _numbers(b, a, e.op)
@@ -295,7 +297,7 @@ class Expressions:
     def expr_Unary(self, e: s.Unary) -> Val:
         x = self.expr(e.operand)
         if e.op in ("−", "√"):
-            x = _counted(x)
+            x = counted(x)
         if e.op == "−":
             return _like(x, ir.Un("-", _numbers(x, x, "−").code))
         if e.op == "¬":
@@ -453,18 +455,6 @@ def _unflipped(val: Val) -> Val:
 
 ARITHMETIC = ("+", "−", "⊙", "/", " ", "·")
 INTEGERS = {"ℕ", "ℤ"}
-
-
-def _token(val: Val) -> bool:
-    return isinstance(val.ty, Ty) and val.ty.vocab is not None
-
-
-def _counted(val: Val) -> Val:
-    """Token IDs as the numbers the card declares, 1 … V: tensors hold them 0-based (as an
-    index picks rows), so a token compared or computed with is one more."""
-    if not _token(val):
-        return val
-    return replace(val, code=ir.Bin("+", val.code, _int(1)), ty=replace(val.ty, vocab=None))
 
 
 def _numbers(val: Val, other: Val, op: str) -> Val:

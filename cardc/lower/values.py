@@ -22,7 +22,7 @@ projection in one product.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import ir
 from .. import syntax as s
@@ -198,3 +198,15 @@ def card_names(sig: Signature) -> list[str]:
                 and not any(n in sig.run for n in item.names):
             names += [n for n in item.names if n not in names]
     return names
+
+
+def is_token(val: Val) -> bool:
+    return isinstance(val.ty, Ty) and val.ty.vocab is not None
+
+
+def counted(val: Val) -> Val:
+    """Token IDs as the numbers the card declares, 1 … V: tensors hold them 0-based (as an
+    index picks rows), so a token compared or computed with is one more."""
+    if not is_token(val):
+        return val
+    return replace(val, code=ir.Bin("+", val.code, ir.Lit("1")), ty=replace(val.ty, vocab=None))
