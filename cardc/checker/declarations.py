@@ -427,14 +427,22 @@ def _over_positions(st: object, env: DeclEnv) -> bool:
     if not (isinstance(st, s.For) and st.style == "map" and isinstance(st.over, s.Concat)
             and len(st.over.items) == 1 and isinstance(st.over.items[0], s.Name)):
         return False
-    lengths = {str(ty.shape[0]) for ty in env.inputs.values()
-               if isinstance(ty, Ty) and ty.vocab is not None and ty.rank == 1}
+    tokens = {n for n, ty in env.inputs.items()
+              if isinstance(ty, Ty) and ty.vocab is not None and ty.rank == 1}
+    lengths = {str(env.inputs[n].shape[0]) for n in tokens} | {  # and ℓ ← length(x)
+        a.target.id for a in s.nodes(env.alg.steps)
+        if isinstance(a, s.Assign) and isinstance(a.target, s.Name)
+        and isinstance(a.value, s.Call) and a.value.func == "length"
+        and [getattr(x, "id", None) for x in a.value.args] in ([n] for n in tokens)}
     return st.over.items[0].id in lengths
 
 
 def _mapped(st: s.Stmt, var: str) -> str | None:
-    """"column" for a map's `X[:, t] ← …`, "row" for `X[t, :] ← …`, else None."""
+    """"column" for a map's `X[:, t] ← …` and for the paper's family of column vectors
+    `e_t ← …` (`[e_1, …, e_ℓ]` their matrix), "row" for `X[t, :] ← …`, else None."""
     target = st.target if isinstance(st, s.Assign) else None
+    if isinstance(target, s.Name) and any(v == var for _, v in split_name(target.id)[1]):
+        return "column"
     if not (isinstance(target, s.Index) and len(target.items) == 2):
         return None
     kinds = tuple("var" if getattr(i, "id", None) == var else
