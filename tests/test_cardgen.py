@@ -64,6 +64,29 @@ def test_the_summary_line():
                                        "build, 0 disagreements, 0 run-time crashes")
 
 
+def test_the_oracles_allow_rounding_at_a_tensors_scale():
+    """An entry that cancels to 5e-4 among entries of 1.4e3 carries a float64 rounding error
+    near 1e3 · ε, whichever order the terms were added in (case 1000958 of the long run: a
+    gradient of v12.W_qkv, 3.3e-9 apart). A wrong entry, small or large, still differs."""
+    want = torch.tensor([1416.0, -1416.0, 5e-4, 0.3], dtype=torch.float64)
+    rounded = want + torch.tensor([0.0, 2e-13, 3.3e-9, 0.0], dtype=torch.float64)
+    assert cardgen.close(rounded, want)
+    assert not torch.allclose(rounded, want, rtol=cardgen.TOLERANCE, atol=cardgen.TOLERANCE)
+    for k, wrong in [(2, 1e-3), (3, 1e-5), (0, 1e-3)]:
+        off = want.clone()
+        off[k] += wrong
+        assert not cardgen.close(off, want), k
+    assert not cardgen.close(want * 1.000001, want)
+    assert not cardgen.close(want, want[:3]) and cardgen.close(want[:0], want[:0])
+    nan = torch.tensor([float("nan"), 1.0], dtype=torch.float64)
+    assert cardgen.close(nan, nan.clone()) and not cardgen.close(nan, torch.ones(2).double())
+
+
+def test_the_long_runs_rounding_case_agrees():
+    assert cardgen.run_case(cardgen.generate(1000958), [cardgen.fused_equals_literal]).kind \
+        == "agreed"
+
+
 def _fails_on_sigma(built: cardgen.Built) -> None:
     if "σ(" in built.case.text:
         raise cardgen.Disagreement("σ")
