@@ -593,3 +593,31 @@ def test_max_of_a_token_and_the_first_is_a_number_at_every_position(tmp_path, fu
     x = torch.tensor([[3, 1, 7, 0], [0, 5, 2, 2]])  # 0-based: card tokens 4, 2, 8, 1 and 1, 6, 3, 3
     n = pick(x + 1, x[:, :1] + 1).double()
     torch.testing.assert_close(model(x), model.W_e[x] * n[..., None])
+
+
+SHARE = """\
+Algorithm: Y ← Share(x | W_e)
+/* Each token's embedding scaled by its position over 3. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: V, D ∈ ℕ
+Parameters: W_e ∈ ℝ^{V×D}
+1 for t ∈ [T] : Y[t, :] ← W_e[x[t], :] · (t / 3)
+2 return Y
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_row_of_tokens_scaled_by_a_position(tmp_path, fuse):
+    """Three silent defects of one line, each fixed: a row times a number made the card
+    column-major (its output came back transposed); `W_e[x[t], :]` took the row before each
+    token (x − 1: the last row for the first token); and `t / 3` was divided in float32 in a
+    float64 model whose only input is tokens."""
+    model = _build(tmp_path, SHARE, fuse, V=7, D=4)
+    x = torch.tensor([[0, 6, 2, 2, 5], [3, 1, 0, 4, 6]])  # card tokens 1, 7, 3, 3, 6 and …
+    share = torch.arange(1, 6, dtype=torch.float64) / 3
+    want = model.W_e[x] * share[:, None]
+    got = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-15, atol=0)
+    card = _interpreted(tmp_path, model, "Share", list(x + 1), V=7, D=4)
+    torch.testing.assert_close(card, want, rtol=1e-15, atol=0)

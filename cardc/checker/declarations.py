@@ -399,12 +399,14 @@ def _whole(elem: str, item: s.Dataset) -> str:
 def _layout(alg: s.Algorithm, env: DeclEnv) -> str | None:
     """Row-major cards multiply parameters from the right (X W), column-major from the left."""
     params = set(_flat_names(env.params))
+    numbers = {n for n, ty in env.hypers.items() if isinstance(ty, Ty) and ty.rank == 0} | {
+        st.var for st in s.nodes(alg.steps) if isinstance(st, s.For)}
     found: set[str] = set()
     stack: list = list(alg.steps)
     while stack:  # products under the steps, through fields and tuples of nodes
         e = stack.pop()
         if isinstance(e, s.BinOp):
-            if e.op in (" ", "·"):
+            if e.op in (" ", "·") and not (_number(e.left, numbers) or _number(e.right, numbers)):
                 left, right = _root_name(e.left), _root_name(e.right)
                 if left in params and right not in params:
                     found.add("column")
@@ -449,6 +451,20 @@ def _mapped(st: s.Stmt, var: str) -> str | None:
                   "all" if isinstance(i, s.Slice) and i.lo is None and i.hi is None else None
                   for i in target.items)
     return {("all", "var"): "column", ("var", "all"): "row"}.get(kinds)
+
+
+def _number(e: s.Expr, numbers: set[str]) -> bool:
+    """Whether `e` is a number (a literal, a scalar hyperparameter, a loop variable, or
+    arithmetic of those): a product with one scales, it says nothing of the layout."""
+    if isinstance(e, s.Num):
+        return True
+    if isinstance(e, s.Name):
+        return e.id in numbers
+    if isinstance(e, s.Unary):
+        return _number(e.operand, numbers)
+    if isinstance(e, s.BinOp):
+        return _number(e.left, numbers) and _number(e.right, numbers)
+    return False
 
 
 def _root_name(e: s.Expr) -> str | None:

@@ -166,7 +166,7 @@ class Lowering(Parameters):
             scope.values[name] = Val(ir.Ref(local_name(name)), ty, False, column and ty.rank == 2)
         if sig.inputs:  # else device_expr() reports the card, where a device is needed
             body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
-        body.dtype = _real_dtype(sig)
+        body.dtype = _real_dtype(sig, scope)
         stmts = body.fuse_card() or body.run()
         prologue = [ir.Assign((runtime[d][0],), runtime[d][1]) for d in runtime if d in used]
         if top:
@@ -396,7 +396,7 @@ class Lowering(Parameters):
         body.merged = merged
         if sig.inputs:  # else device_expr() reports the card, where a device is needed
             body.device = ir.Attr(ir.Ref(local_name(sig.inputs[0][0])), "device")
-        body.dtype = _real_dtype(sig)
+        body.dtype = _real_dtype(sig, scope)
         stmts = body.run()
         prologue = [ir.Assign((local_size(k),), v) for k, v in used.items()]
         self.program.functions.append(
@@ -511,10 +511,14 @@ def _stored(sig, shape: tuple) -> tuple:
 _SIZE = "|size|"  # a placeholder symbol: the size an axis has at run time
 
 
-def _real_dtype(sig) -> ir.Expr | None:
-    """The dtype of the card's first real input: that of the reals it computes."""
+def _real_dtype(sig, scope: Scope) -> ir.Expr | None:
+    """The number format of the reals the card computes: its first real input's, else (a
+    card of token IDs) its first parameter's, as `.double()` leaves it."""
     name = next((n for n, ty in sig.inputs if getattr(ty, "elem", None) == "ℝ"), None)
-    return None if name is None else ir.Attr(ir.Ref(local_name(name)), "dtype")
+    if name is not None:
+        return ir.Attr(ir.Ref(local_name(name)), "dtype")
+    first = next(iter(scope.tensors.values()), None)
+    return None if first is None else ir.Attr(first, "dtype")
 
 
 def _note_dims(shapes: dict[str, ir.Expr], arg: str, dims, negative: bool) -> None:

@@ -96,8 +96,8 @@ class Indexing:
                 if getattr(item, "id", None) in self.point:  # A[t′, 1] under ∀t, t′: on t′'s axis
                     point = tuple(a if a is not None else b for a, b in zip(
                         point or (None,) * len(idx.ty.shape), idx.ty.shape, strict=True))
-            else:
-                axes.append(_dec(idx.code))
+            else:  # a token (x[t] in a map, x[1]) is 0-based in tensors too
+                axes.append(idx.code if idx.ty.vocab is not None else _dec(idx.code))
         ty = Ty(point, self.ty(e).elem) if point and not self.ty(e).shape else self.ty(e)
         if base.flipped and len(axes) == len(base.ty.shape) == 2:
             # a column-major matrix is stored with its card axes swapped: E[1 : K, :] of a
