@@ -621,3 +621,37 @@ def test_a_row_of_tokens_scaled_by_a_position(tmp_path, fuse):
     torch.testing.assert_close(got, want, rtol=1e-15, atol=0)
     card = _interpreted(tmp_path, model, "Share", list(x + 1), V=7, D=4)
     torch.testing.assert_close(card, want, rtol=1e-15, atol=0)
+
+
+SAME_ROW = """\
+Algorithm: y ← Squash(w)
+/* A squashing of a vector. */
+Input: w ∈ ℝ^{D}
+Output: y ∈ ℝ^{D}
+Hyperparameters: D ∈ ℕ
+1 return y = tanh(w) · 2
+
+Algorithm: Y ← SameRow(X | W)
+/* The input plus one squashed parameter, the same at every position. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: W ∈ ℝ^{D}
+1 for t ∈ [T] : R[t, :] ← Squash(W)
+2 return Y = X + R
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+def test_a_map_step_that_reads_no_position(tmp_path, fuse):
+    """`R[t, :] ← Squash(W)`: a call of parameters alone, the same row at every position
+    (refused at build before: 'this value does not depend on t')."""
+    model = _build(tmp_path, SAME_ROW, fuse, D=3)
+    X = torch.randn(2, 5, 3, dtype=torch.float64)
+    want = X + 2 * torch.tanh(model.W)
+    torch.testing.assert_close(model(X), want, rtol=1e-15, atol=0)
+    card = _interpreted(tmp_path, model, "SameRow", list(X), D=3)
+    torch.testing.assert_close(card, want, rtol=1e-15, atol=0)
+    g, = torch.autograd.grad(model(X).sum(), model.W)
+    torch.testing.assert_close(g, 5 * 2 * 2 * (1 - torch.tanh(model.W) ** 2), rtol=1e-12,
+                               atol=0)

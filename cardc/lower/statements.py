@@ -275,10 +275,13 @@ class Statements:
         val = self.expr(st.value)
         if size is None and val.rows:  # a map over a family: its members are the rows
             size = val.rows[0]
-        if val.rows != (size,):
-            self.fail(st.value, f"this value does not depend on '{display(var)}'")
         target = st.target
         kind = self.mapped_target(target, var)
+        if val.rows != (size,):
+            if val.rows or val.lifted and self.reads_inputs(st.value) or val.flipped or \
+                    kind is None:
+                self.fail(st.value, f"this value does not depend on '{display(var)}'")
+            val = self.every_position(val, size)
         if kind is not None:  # X̃[:, t], X̃[t, :] or x[t] ← v: X̃ (x) holds every t's value
             name = target.base.id
             if kind == "column":  # the matrix of all columns, stored flipped
@@ -298,6 +301,21 @@ class Statements:
             v = display(var)
             self.fail(target, f"a map over '{v}' assigns 'X[:, {v}]', 'X[{v}, :]', 'x[{v}]' "
                               f"or a value named for '{v}'")
+
+    def reads_inputs(self, e: s.Expr) -> bool:
+        """Whether `e` reads a value computed from the inputs (one per example); a call of
+        parameters alone is lifted as if it did."""
+        return any(isinstance(n, s.Name) and getattr(self.scope.values.get(n.id), "lifted", True)
+                   and n.id not in self.scope.tensors and n.id in self.scope.values
+                   for n in s.nodes(e))
+
+    def every_position(self, val: Val, size: Dim) -> Val:
+        """A value no position changes (`Y[t, :] ← f(W)` of parameters alone), the same at
+        every position: the positions axis in front of its own."""
+        dims = ir.Seq((self.dim(size), *(self.dim(d) for d in val.ty.shape)))
+        code = _call("torch.broadcast_to", val.code, dims) if _is_tensor(val) else \
+            _call("torch.full", dims, val.code, device=self.device_expr())
+        return replace(val, code=code, rows=(size,), lifted=False)
 
     @staticmethod
     def mapped_target(target: s.Expr, var: str) -> str | None:
