@@ -126,12 +126,12 @@ CASES = {
         None, set_tensor("transformer.h.{i}.attn.c_attn.weight", {"fused": {
             "axis": 1, "groups": "1000000000", "parts": ["block.{i}.attn.W_qkv",
                                                          "block.{i}.attn.W_qkv"]}}),
-        "tensor 'transformer.h.0.attn.c_attn.weight': the card's block.0.attn.W_qkv has 24 "
+        "cards/gpt2.hf.json: tensor 'transformer.h.0.attn.c_attn.weight': the card's block.0.attn.W_qkv has 24 "
         "along axis 1, not 2 × 1000000000 groups of 2.4e-08"),
     "mapping: axis 99": (
         None, set_tensor("transformer.h.{i}.ln_1.weight", {"card": "block.{i}.gamma1",
                                                            "axis": 99}),
-        "tensor 'transformer.h.0.ln_1.weight': axis 99 is not an axis of the card's "
+        "cards/gpt2.hf.json: tensor 'transformer.h.0.ln_1.weight': axis 99 is not an axis of the card's "
         "block.0.gamma1 of shape (8,)"),
     "mapping: axis -5": (
         None, set_tensor("transformer.h.{i}.ln_1.weight", {"card": "block.{i}.gamma1",
@@ -141,7 +141,7 @@ CASES = {
     "mapping: a fused axis of 99": (
         None, set_tensor("transformer.h.{i}.attn.c_attn.weight", {"fused": {
             "axis": 99, "parts": ["block.{i}.attn.W_qkv", "block.{i}.attn.W_qkv"]}}),
-        "tensor 'transformer.h.0.attn.c_attn.weight': fused axis 99 is not an axis of the "
+        "cards/gpt2.hf.json: tensor 'transformer.h.0.attn.c_attn.weight': fused axis 99 is not an axis of the "
         "card's block.0.attn.W_qkv of shape (8, 24)"),
 }
 

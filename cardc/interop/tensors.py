@@ -3,6 +3,8 @@ tensors split by group (every move exact: import then export gives the very byte
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -29,10 +31,30 @@ def to_card_state(mapping: Mapping, hf_state: dict[str, torch.Tensor],
     _check_names(mapping, entries, hf_state, set(expected), n_layers)
     parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
     axis: dict[str, int] = {}
+    with _naming(mapping):
+        _read_entries(entries, hf_state, expected, hypers or {}, parts, axis)
+    return {card: _joined([t for _, t in sorted(ts, key=lambda kt: kt[0])], axis[card])
+            for card, ts in parts.items()}
+
+
+@contextmanager
+def _naming(mapping: Mapping) -> Iterator[None]:
+    """A tensor's error names the mapping file whose entry read or wrote it."""
+    try:
+        yield
+    except RuntimeInputError as err:
+        if str(err).startswith(f"{mapping.source}:"):
+            raise
+        raise RuntimeInputError(f"{mapping.source}: {err}") from None
+
+
+def _read_entries(entries: list[Entry], hf_state: dict[str, torch.Tensor],
+                  expected: dict[str, torch.Tensor], hypers: Hypers,
+                  parts: dict[str, list[tuple[int, torch.Tensor]]], axis: dict[str, int]) -> None:
     for e in entries:
         got = hf_state[e.hf]
         if e.parts:
-            for card, k, t in _split_fused(e, got, expected, hypers or {}):
+            for card, k, t in _split_fused(e, got, expected, hypers):
                 parts.setdefault(card, []).append((k, t))
                 axis[card] = e.axis
             continue
@@ -44,8 +66,6 @@ def to_card_state(mapping: Mapping, hf_state: dict[str, torch.Tensor],
         got = got.reshape(expected[e.card].shape) if e.shape is not None else got
         parts.setdefault(e.card, []).append((e.chunk[0], got.T if e.transpose else got))
         axis[e.card] = e.axis
-    return {card: _joined([t for _, t in sorted(ts, key=lambda kt: kt[0])], axis[card])
-            for card, ts in parts.items()}
 
 
 def _joined(pieces: list[torch.Tensor], axis: int) -> torch.Tensor:
@@ -228,20 +248,23 @@ def from_card_state(mapping: Mapping, state: dict[str, torch.Tensor], n_layers: 
     unmapped = sorted(set(state) - {c for e in entries for c in e.cards})
     if unmapped:
         raise RuntimeInputError(f"{mapping.source} does not map the card's tensor '{unmapped[0]}'")
-    out = {}
-    for e in entries:
-        lacking = [c for c in e.cards if c not in state]
-        if lacking:
-            raise RuntimeInputError(f"the checkpoint lacks the card's tensor '{lacking[0]}'")
-        if e.parts:
-            out[e.hf] = _join_fused(e, state, hypers or {}).contiguous().clone().cpu()
-            continue
-        t = state[e.card].detach()
-        _check_axis(e, t.shape)
-        k, n = e.chunk
-        t = t.chunk(n, dim=e.axis)[k] if n > 1 else t
-        t = t.reshape(e.shape) if e.shape is not None else t
-        out[e.hf] = (t.T if e.transpose else t).contiguous().clone().cpu()
+    with _naming(mapping):
+        out = {e.hf: _written(e, state, hypers or {}) for e in entries}
     if mapping.base_model and mapping.base_prefix:
         out = {name.removeprefix(mapping.base_prefix): t for name, t in out.items()}
     return out
+
+
+def _written(e: Entry, state: dict[str, torch.Tensor], hypers: Hypers) -> torch.Tensor:
+    """The Hugging Face tensor of entry `e`, made from the card's."""
+    lacking = [c for c in e.cards if c not in state]
+    if lacking:
+        raise RuntimeInputError(f"the checkpoint lacks the card's tensor '{lacking[0]}'")
+    if e.parts:
+        return _join_fused(e, state, hypers).contiguous().clone().cpu()
+    t = state[e.card].detach()
+    _check_axis(e, t.shape)
+    k, n = e.chunk
+    t = t.chunk(n, dim=e.axis)[k] if n > 1 else t
+    t = t.reshape(e.shape) if e.shape is not None else t
+    return (t.T if e.transpose else t).contiguous().clone().cpu()
