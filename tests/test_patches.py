@@ -114,3 +114,25 @@ def test_misused_patches_get_located_messages(tmp_path):
     assert "bad.card:14:26: error: the block size of patches is a whole number ≥ 1 (a " \
            "hyperparameter or a number), not ℝ" in out
     assert "bad.card:22:8: error: S^2/p^2 = 64/9 (S = 8, p = 3) is not a whole number" in out
+
+
+CLASS_TOKEN = """\
+Algorithm: E ← ClassFirst(X | θ)
+/* A learned row put before the rows of an input, as ViT puts its class token first. */
+Input: X ∈ ℝ^{T×D}
+Output: E ∈ ℝ^{(T + 1)×D}
+Hyperparameters: T, D ∈ ℕ
+Parameters: θ consisting of:
+    c ∈ ℝ^{1×D}, W ∈ ℝ^{D×D}
+1 return E = [c; X W]
+"""
+
+
+def test_a_parameter_row_put_before_a_batched_matrix(tmp_path):
+    """[c; X W] joined a parameter (1, D) with a batched (B, T, D) by torch.cat, which
+    crashed: the parameter's row now stands before every example's rows."""
+    built = Built(tmp_path, CLASS_TOKEN, T=3, D=4)
+    X = torch.randn(B, 3, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    got = built.agree(X)
+    want = torch.cat([built.literal.c.expand(B, 1, 4), X @ built.literal.W], dim=1)
+    torch.testing.assert_close(got, want.detach())
