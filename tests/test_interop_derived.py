@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cardc.cli import main
 from cardc.interop import (
     config_for,
     from_card_state,
@@ -131,3 +132,25 @@ def test_malformed_shapes_name_the_tensor(spec, message):
     with pytest.raises(RuntimeInputError, match=message):
         mapping({"D": "d"}, {"w": spec})
 
+
+def test_cardc_import_of_a_config_with_a_bad_label_list_is_one_line(tmp_path, capsys,
+                                                                    monkeypatch):
+    """A ViT checkpoint whose id2label is a number: one line naming the key, no traceback."""
+    from safetensors.torch import save_file
+    monkeypatch.chdir(ROOT)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    config = {"model_type": "vit", "architectures": ["ViTForImageClassification"],
+              "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "intermediate_size": 16, "image_size": 8, "patch_size": 4, "num_channels": 3,
+              "layer_norm_eps": 1e-12, "hidden_act": "gelu", "qkv_bias": True, "id2label": 5}
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({"classifier.bias": torch.zeros(5)}, str(folder / "model.safetensors"))
+    code = main(["import", "cards/vit.card", "--from", str(folder), "--out",
+                 str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert err.strip().splitlines() == [
+        "cardc: error: config.json has id2label = 5 (the card's K counts its entries); "
+        "expected an object or a list"]
+    assert not (tmp_path / "run").exists()
