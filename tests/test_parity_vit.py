@@ -196,6 +196,46 @@ def test_a_config_without_labels_has_transformers_two_classes():
     assert transformers.ViTConfig(**raw).num_labels == 2
 
 
+def test_info_counts_the_flops_of_a_whole_image(tmp_path):
+    """An image has no sequence length: `cardc info` gives the FLOPs of one example (it said
+    "per token"), and they are the matrix products the generated model runs on one image,
+    counted by torch's FlopCounterMode."""
+    import subprocess
+    import sys
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from cardc.build import checked, find_card
+    from cardc.flops import card_cost
+    from cardc.info import summarize
+    from cardc.library import library_roots
+
+    run = subprocess.run([sys.executable, "-m", "cardc", "info", "cards/vit.card", "--preset",
+                          "tiny"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    lib, checker, _ = checked([str(CARD)], library_roots([str(CARD)], None))
+    alg = find_card(lib, checker, str(CARD), "ViT")
+    summary = summarize(checker.info(alg).sig, "tiny", {}, card_cost(checker, alg))
+    forward = summary.compute.per_token.evaluate({})
+    assert f"FLOPs per example: forward {int(forward):,}, training {3 * int(forward):,}" \
+        in run.stdout
+    model = build_model(str(CARD), "tiny", {}, library=str(ROOT / "cards"), name="ViT").eval()
+    sdpa = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    with FlopCounterMode(display=False, custom_mapping={sdpa: _sdpa_flops}) as counter, \
+            torch.no_grad():
+        model(torch.randn(2, 3, 32, 32))
+    assert forward == counter.get_total_flops() / 2
+
+
+def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """Softmax attention's two products, Q K^⊺ and P V, over every key."""
+    *batch, tq, d = query_shape
+    heads = 1
+    for n in batch:
+        heads *= n
+    return 2 * heads * tq * key_shape[-2] * (d + value_shape[-1])
+
+
 def test_cardc_train_says_no_training_card_fits_an_image_model(tmp_path):
     """The library's recipes train language models: `cardc train` of ViT is one line naming
     what is missing (a training card that calls ViT), no traceback, nothing written."""
