@@ -120,6 +120,9 @@ class ViT(nn.Module):
         )  # [vit.card:12]
 
     def forward(self, x):
+        size_x = tuple(x.shape[-3:])
+        if size_x != (self.C, self.S, self.S):
+            raise ValueError(f"x has sizes {size_x}; the model takes ℝ^{{C×S×S}}, C = {self.C}, S = {self.S}")
         E = F.linear(cut_patches(x, self.p), self.W_p.T, self.b_p)  # (B, S^2/p^2, D)  [vit.card:17]
         E = cat_broadcast([self.c, E], dim=-2) + self.W_pos  # (B, S^2/p^2 + 1, D)  [vit.card:18]
         for block in self.block:  # [vit.card:19]

@@ -63,8 +63,22 @@ def test_blocks_of_a_one_channel_image_wider_than_high(tmp_path):
     assert got[0, 3].tolist() == [12.0, 13.0, 18.0, 19.0]  # block (2, 1): three blocks across
 
 
+FREE = """\
+Algorithm: E ← AnySize(x | θ)
+/* Images of any height and width that p divides, cut into patches and embedded. */
+Input: x ∈ ℝ^{C×h×w}, an image of C channels.
+Output: E ∈ ℝ^{h w/(p p)×D}, one row per patch.
+Hyperparameters: C, p, D ∈ ℕ
+Parameters: θ consisting of:
+    W ∈ ℝ^{C p p×D}
+1 return E = patches(x | p) W
+"""
+
+
 def test_an_image_the_block_does_not_divide_is_refused_when_run(tmp_path):
-    built = Built(tmp_path, EMBED, C=3, S=8, p=4, D=5)
+    built = Built(tmp_path, FREE, C=3, p=4, D=5)
+    built.agree(torch.randn(B, 3, 8, 12, generator=torch.Generator().manual_seed(3),
+                            dtype=torch.float64))
     x = torch.randn(B, 3, 9, 8, dtype=torch.float64)
     for module in (built.literal, built.fused):
         with pytest.raises(ValueError, match=r"an image of 9×8 pixels does not cut into 4×4 "
@@ -72,6 +86,17 @@ def test_an_image_the_block_does_not_divide_is_refused_when_run(tmp_path):
             module(x)
     with pytest.raises(InterpretError, match="an image of 9×8 does not cut into blocks of 4×4"):
         built.interpreted(x)
+
+
+def test_an_image_of_another_size_than_the_card_fixes_is_refused_when_run(tmp_path):
+    """An image the block divides but of another size than ℝ^{C×S×S}: named with the sizes the
+    model takes (it failed later, adding the positions, or not at all)."""
+    built = Built(tmp_path, EMBED, C=3, S=8, p=4, D=5)
+    for module in (built.literal, built.fused):
+        with pytest.raises(ValueError) as err:
+            module(torch.randn(B, 3, 12, 12, dtype=torch.float64))
+        assert str(err.value) == "x has sizes (3, 12, 12); the model takes ℝ^{C×S×S}, C = 3, " \
+                                 "S = 8"
 
 
 BAD = """\
