@@ -56,6 +56,10 @@ TABLE = (
     # dropout(X | p): while a model trains, each entry of X zeroed with probability p and the
     # others scaled by 1/(1 − p); in evaluation (and sampling) X itself
     Builtin("dropout", "dropout", params=1, upright=False),
+    # patches(X | p): an image X ∈ ℝ^{C×H×W} (or ℝ^{H×W}, one channel) cut into p×p blocks,
+    # one row per block, blocks row by row; each row the block's entries channel by channel,
+    # then row by row: ℝ^{(H/p)(W/p)×C p p}, as ViT's patch embedding reads an image
+    Builtin("patches", "patches", params=1),
     # θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ): an update a training card may name instead of
     # writing θ − η · ∇loss(θ); its hyperparameters are the learning rate, the two decay rates
     # of the moment estimates and the weight decay (Loshchilov & Hutter), trailing ones omitted
@@ -74,6 +78,7 @@ FILTERS = dict(zip(s.FILTERS, (("k", "how many of the largest entries it keeps")
                    strict=True))
 BUILTINS = {b.name for b in TABLE if b.rule in ("elementwise", "reducing", "length", "filter")}
 DROPOUT = "dropout"
+PATCHES = "patches"
 OPTIMIZERS = {b.name: b.params for b in TABLE if b.rule == "optimizer"}
 TORCH = {b.name: b.torch for b in TABLE if b.torch is not None}
 MATH = {b.name: b.math for b in TABLE if b.math is not None}

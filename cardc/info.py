@@ -92,7 +92,9 @@ class Compute:
             fwd = self.per_token.evaluate(env)
             where = "" if t is None else f" at {display(t)} = {self.seq}"
             acts = self.values.evaluate(env) * self.batch
-            return [f"  FLOPs per token{where}: forward {figure(fwd)}, training {figure(3 * fwd)}",
+            # inputs with no free length (an image ℝ^{C×S×S}): the cost of a whole example
+            per = "example" if t is None else "token"
+            return [f"  FLOPs per {per}{where}: forward {figure(fwd)}, training {figure(3 * fwd)}",
                     f"  activations{where}, batch {self.batch}: " +
                     ", ".join(f"{byte_size(acts * n)} {k}" for k, n in DTYPES.items())]
         return [f"  FLOPs per token: forward {polynomial(self.per_token, t)}, training 3× that "

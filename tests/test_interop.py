@@ -393,9 +393,9 @@ def test_malformed_mapping_is_reported():
         parse_mapping({**raw, "fixed_confg": {}}, "bad.hf.json")
     with pytest.raises(RuntimeInputError, match="'chunk' must be"):
         parse_mapping({**raw, "tensors": {"x": {"card": "W_e", "chunk": [3, 3]}}}, "bad.hf.json")
-    with pytest.raises(RuntimeInputError, match="'shape' cannot be combined"):
+    with pytest.raises(RuntimeInputError, match="'shape' cannot be combined with 'chunk'"):
         parse_mapping({**raw, "tensors": {"x": {"card": "W_e", "shape": [1, -1],
-                                                "transpose": True}}}, "bad.hf.json")
+                                                "chunk": [0, 2]}}}, "bad.hf.json")
     with pytest.raises(RuntimeInputError, match="'same' must be a list"):
         parse_mapping({**raw, "hyperparameters": {"V": {"key": "vocab_size", "same": "x"}}},
                       "bad.hf.json")

@@ -318,7 +318,8 @@ def _compare(rel: str, name: str) -> None:
     lib, checker = _checked(rel)
     alg = next(a for a in model_cards(lib, checker, [rel]) if a.label == name)
     program = Program.of(lib, checker, alg)
-    given = {k: v for k, v in SMALL.items() if k in program.sig.hypers}
+    given = {k: v for k, v in SMALL.items()
+             if k in program.sig.hypers and k not in program.sig.definitions}
     preset = "tiny" if any(p.name == "tiny" for p in program.alg.presets) else None
     env = program.hyperparameters(preset, **given)
     g = torch.Generator().manual_seed(0)

@@ -27,7 +27,7 @@ from .scope import BodyState, Expressions, Part
 from .shapes import _d, _members, _same_entry, dims_equal
 
 # the rule that checks a call to a builtin: its own for a filter, dropout or an optimizer
-_KINDS = {b.name: b.rule if b.rule in ("filter", "dropout", "optimizer") else "builtin"
+_KINDS = {b.name: b.rule if b.rule in ("filter", "dropout", "optimizer", "patches") else "builtin"
           for b in TABLE}
 
 
@@ -43,7 +43,8 @@ class CallChecker(Part):
         kind, target = self.callee(e.func)
         rule = {"model": self.call_model, "function": self.apply_function, "card": self.call_card,
                 "optimizer": self.apply_optimizer, "filter": self.apply_filter,
-                "dropout": self.apply_dropout, "builtin": self.call_builtin,
+                "dropout": self.apply_dropout, "patches": self.apply_patches,
+                "builtin": self.call_builtin,
                 "value": self.not_a_function, "unknown": self.unknown_callee}[kind]
         return rule(e, target)
 
@@ -161,6 +162,41 @@ class CallChecker(Part):
                                    f"{given.text if isinstance(given, s.Num) else p}", hint=usage)
             raise CheckError
         return Ty(x.shape, "ℝ")
+
+    def apply_patches(self, e: s.Call, _: None = None) -> Ty:
+        """patches(X | p): X ∈ ℝ^{C×H×W} (or ℝ^{H×W}) cut into p×p blocks, one flattened block
+        a row: ℝ^{(H/p)(W/p)×C p p}. p is a whole number that divides H and W."""
+        usage = "write patches(X | p): X ∈ ℝ^{C×H×W} cut into p×p blocks, one row per block"
+        if len(e.args) != 1 or len(e.params) != 1 or isinstance(e.params[0], s.Arg):
+            self.error(e.span, "patches takes one image, then its block size after '|'",
+                       hint=usage)
+            raise CheckError
+        x = self.exprs.tensor(e.args[0])
+        if x.rank not in (2, 3) or None in x.shape:
+            self.error(e.args[0].span, f"patches cuts an image ℝ^{{C×H×W}} or ℝ^{{H×W}}, not {x}",
+                       hint=usage)
+            raise CheckError
+        p = self.exprs.tensor(e.params[0])
+        if p.shape or p.elem != "ℕ" or p.value is None or not p.value.terms:
+            self.error(e.params[0].span, "the block size of patches is a whole number ≥ 1 (a "
+                                         f"hyperparameter or a number), not {p}", hint=usage)
+            raise CheckError
+        *channels, height, width = x.shape
+        blocks = [self.blocks(side, p.value, e.params[0]) for side in (height, width)]
+        area = p.value * p.value
+        return Ty((blocks[0] * blocks[1], channels[0] * area if channels else area))
+
+    def blocks(self, side: Dim, size: Dim, given: s.Expr) -> Dim:
+        """How many blocks of `size` a side cuts into; a size that does not divide a side
+        whose length is a number is an error here (presets check the others)."""
+        count = side / size
+        value = None if count is None else count.constant()
+        if count is None or value is not None and (value.denominator != 1 or value < 1):
+            self.error(given.span, f"a block of {display(str(size))} does not divide a side of "
+                                   f"{display(str(side))}",
+                       hint="the block size must divide the image's height and width")
+            raise CheckError
+        return count
 
     def filter_bound(self, func: str, given: s.Expr) -> None:
         """k of top_k is a whole number ≥ 1; p of top_p a number in (0, 1]."""

@@ -33,7 +33,13 @@ and because the files it describes (`config.json`, the safetensors index) are JS
     `["rope_theta", "10000"]`);
     `"null": n` instead makes the hyperparameter n then, and export writes the solved key as
     null for n (`"P": {"expr": "pad_token_id + 1", "null": 0}`: no pad token is 0, token ID k
-    is k + 1). A value that is not a whole number where the card declares ℕ is refused, named.
+    is k + 1). A value that is not a whole number where the card declares ℕ is refused, named;
+  - `{"count": K}`: how many entries the object or list K holds, a value the config gives by
+    its structure (a classifier's class count: `"K": {"count": "id2label"}`), with an optional
+    `"default"` for K absent or null (`"2"`: transformers' two labels). A K that is neither
+    an object nor a list is refused, named; export writes K with that many entries, numbered
+    from 0 and named `LABEL_0`, `LABEL_1`, … (as transformers names labels it was not told;
+    a checkpoint's own label names are not kept).
 - `constraints`: card hyperparameter → the values the card computes correctly, beyond what
   the card declares: `{"min": EXPR, "max": EXPR, "multiple_of": EXPR, "power_of_two": true,
   "one_of": [n, …]}`, any of them (bounds inclusive, EXPR of the card's hyperparameters).
@@ -80,7 +86,11 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   the card's transposed (nn.Linear stores (out, in), cards are row-major (in, out)), and/or the
   k-th of n equal slices of it along axis a of the card's layout (separate q/k/v projections of
   a fused W_qkv). `"shape": [1, -1]` instead: the Hugging Face tensor is the card's reshaped
-  so (BART's final_logits_bias, a (1, V) buffer, is the card's b_f ∈ ℝ^{V}).
+  so (BART's final_logits_bias, a (1, V) buffer, is the card's b_f ∈ ℝ^{V}); its entries
+  are whole numbers or expressions of the card's hyperparameters, and with `"transpose": true`
+  the card's tensor is transposed first (ViT's patch embedding, a convolution's (D, C, p, p)
+  weight, is the card's W_p ∈ ℝ^{C p p×D}: `{"card": "W_p", "transpose": true, "shape": ["D",
+  "C", "p", "p"]}`).
   `{"fused": {"axis": a, "groups": EXPR, "parts": [P1, P2, …]}, "transpose": …}`: one Hugging
   Face tensor holds several card tensors laid out group by group. Along axis a (of the card's
   layout, after any transpose) it is EXPR groups (an expression of the card's hyperparameters;

@@ -11,6 +11,7 @@ from ..spelling import canonical_name
 from . import expr as ex
 from .constraints import names as constraint_names
 from .constraints import violation
+from .derived import counted, entries
 from .harmless import harmless
 from .mapping import Hyper, Mapping
 from .renamed import current_config, current_key
@@ -98,7 +99,9 @@ def broken_constraint(mapping: Mapping, hypers: dict[str, Any],
 def hyper_value(config: dict[str, Any], spec: Hyper, what: str) -> ex.Number:
     """The value config.json gives one hyperparameter: a key's value as it is written, an
     expression's computed exactly (an int when whole)."""
-    env, missing = _env(config, ex.names(spec.expr), what)
+    if spec.count and lookup(config, spec.key) is not None:
+        return counted(lookup(config, spec.key), spec.key, what)
+    env, missing = ({}, spec.key) if spec.count else _env(config, ex.names(spec.expr), what)
     if missing is not None:
         if spec.null is not None:
             return spec.null
@@ -291,8 +294,9 @@ def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
         if spec.computed:
             computed.append((name, spec))
             continue
+        value = hypers[identifier(name)]
         for key in spec.keys:
-            store(config, key, hypers[identifier(name)])
+            store(config, key, entries(value, key, f"the card's {name}") if spec.count else value)
     for key, accepted in mapping.fixed_config.items():
         if accepted[0] is not None or "." not in key:  # a nested null: absent (no {type: null})
             store(config, key, accepted[0])

@@ -20,6 +20,7 @@ from ..spelling import canonical_name
 from . import expr as ex
 from .constraints import Constraint, parse_constraint
 from .constraints import names as constraint_names
+from .derived import COUNT
 from .renamed import current_key
 
 MAPPING_SUFFIX = ".hf.json"
@@ -43,7 +44,9 @@ class Entry:
     transpose: bool = False
     chunk: tuple[int, int] = (0, 1)
     axis: int = 0
-    shape: tuple[int, ...] | None = None  # the Hugging Face layout, a reshape of the card's
+    # the Hugging Face layout, a reshape of the card's (transposed first where `transpose`):
+    # whole numbers, or expressions of the card's hyperparameters (a convolution's D, C, p, p)
+    shape: tuple[int | str, ...] | None = None
     groups: str | None = None  # fused: how many times the parts repeat along `axis`
     parts: tuple[Part, ...] = ()  # fused: the roles within one group, in order
 
@@ -100,6 +103,7 @@ class Hyper:
     solve: str | None = None
     computed: bool = False  # written as {"expr": …}, not as a key
     real: bool = False  # export writes the solved key as a float even when whole
+    count: bool = False  # {"count": K}: how many entries the object or list K holds
 
     @property
     def key(self) -> str:
@@ -392,7 +396,7 @@ def _check_indices(name: str, where: str, need: Need) -> None:
             need(False, f"{where}: layer index '{{{m.group(1)}}}' in '{name}': {err}")
 
 
-_HYPER_KEYS = {"key", "default", "same", "expr", "null", "solve", "type"}
+_HYPER_KEYS = {"key", "default", "same", "expr", "null", "solve", "type", COUNT}
 
 
 def _defaults(spec: Any, where: str, need: Need) -> tuple[ex.Expr, ...]:
@@ -406,8 +410,11 @@ def _defaults(spec: Any, where: str, need: Need) -> tuple[ex.Expr, ...]:
 def _hyper(name: str, spec: Any, need: Need) -> Hyper:
     where = f"hyperparameter '{name}'"
     spec = {"key": spec} if isinstance(spec, str) else spec
+    if isinstance(spec, dict) and COUNT in spec:
+        return _count(where, spec, need)
     need(isinstance(spec, dict) and (isinstance(spec.get("key"), str) != ("expr" in spec)),
-         f"{where} must name a config key (\"key\") or compute it (\"expr\")")
+         f"{where} must name a config key (\"key\"), compute it (\"expr\") or count the "
+         "entries of one (\"count\")")
     unknown = sorted(set(spec) - _HYPER_KEYS)
     need(not unknown, f"{where}: unknown key '{unknown[0] if unknown else ''}'")
     same = spec.get("same", [])
@@ -430,6 +437,16 @@ def _hyper(name: str, spec: Any, need: Need) -> Hyper:
         why = ex.solvable(parsed, solve)
         need(why is None, f"{where}: cannot solve '{text}' for '{solve}': {why}")
     return Hyper(text, parsed, default, (), null, solve, True, spec.get("type") == "float")
+
+
+def _count(where: str, spec: dict[str, Any], need: Need) -> Hyper:
+    """`{"count": K}`, with an optional `"default"` for K absent or null."""
+    key = spec[COUNT]
+    need(isinstance(key, str) and key != "", f"{where}: 'count' must name a config key")
+    others = sorted(set(spec) - {COUNT, "default"})
+    need(not others, f"{where}: 'count' cannot be combined with '{others[0] if others else ''}'")
+    default = _defaults(spec.get("default", []), f"{where}: 'default'", need)
+    return Hyper(key, ex.Name(key), default, solve=key, count=True)
 
 
 def _with_solved_keys(hypers: dict[str, Hyper], written: set[str], need: Need) -> dict[str, Hyper]:
@@ -488,10 +505,13 @@ def _entry(hf: str, spec: Any, need: Need) -> Entry:
     need(type(axis) is int and axis >= 0, f"tensor '{hf}': 'axis' must be an integer ≥ 0 "
          "(0: the card's first axis)")
     shape = spec.get("shape")
-    need(shape is None or isinstance(shape, list) and all(type(n) is int for n in shape),
-         f"tensor '{hf}': 'shape' must be a list of integers")
-    need(shape is None or not spec.get("transpose") and chunk == [0, 1],
-         f"tensor '{hf}': 'shape' cannot be combined with 'transpose' or 'chunk'")
+    need(shape is None or isinstance(shape, list) and all(type(n) in (int, str) for n in shape),
+         f"tensor '{hf}': 'shape' must be a list of integers and expressions")
+    for n in shape if isinstance(shape, list) else []:
+        if isinstance(n, str):
+            _parse(n, f"tensor '{hf}': 'shape'", need)
+    need(shape is None or chunk == [0, 1],
+         f"tensor '{hf}': 'shape' cannot be combined with 'chunk'")
     return Entry(hf, spec["card"], spec.get("transpose", False) is True, (chunk[0], chunk[1]), axis,
                  None if shape is None else tuple(shape))
 

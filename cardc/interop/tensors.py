@@ -59,11 +59,11 @@ def _read_entries(entries: list[Entry], hf_state: dict[str, torch.Tensor],
                 axis[card] = e.axis
             continue
         _check_axis(e, expected[e.card].shape)
-        want = _hf_shape(e, expected[e.card].shape)
+        want = _hf_shape(e, expected[e.card].shape, hypers)
         if tuple(got.shape) != want:
             raise RuntimeInputError(f"tensor '{e.hf}' has shape {tuple(got.shape)}; the card's "
                                     f"{e.card} needs {want}")
-        got = got.reshape(expected[e.card].shape) if e.shape is not None else got
+        got = got.reshape(_card_layout(e, expected[e.card].shape)) if e.shape is not None else got
         parts.setdefault(e.card, []).append((e.chunk[0], got.T if e.transpose else got))
         axis[e.card] = e.axis
 
@@ -131,13 +131,26 @@ def _check_axis(e: Entry, card_shape: torch.Size) -> None:
                                 f"{e.card} of shape {tuple(card_shape)}")
 
 
-def _hf_shape(e: Entry, card_shape: torch.Size) -> tuple[int, ...]:
+def _card_layout(e: Entry, card_shape: torch.Size) -> tuple[int, ...]:
+    """The card tensor's shape as a reshape sees it: transposed first where the entry says."""
+    return tuple(reversed(card_shape)) if e.transpose else tuple(card_shape)
+
+
+def _reshaped(e: Entry, hypers: Hypers) -> tuple[int, ...]:
+    """An entry's `shape`, each expression evaluated on the card's hyperparameters."""
+    where = f"tensor '{e.hf}': 'shape'"
+    return tuple(n if isinstance(n, int) else _size(n, hypers, where) for n in e.shape or ())
+
+
+def _hf_shape(e: Entry, card_shape: torch.Size, hypers: Hypers) -> tuple[int, ...]:
     if e.shape is not None:  # the reshape a meta tensor takes: an impossible one names the tensor
+        shape = _reshaped(e, hypers)
         try:
-            return tuple(torch.empty(card_shape, device="meta").reshape(e.shape).shape)
+            return tuple(torch.empty(_card_layout(e, card_shape), device="meta")
+                         .reshape(shape).shape)
         except RuntimeError:
             raise RuntimeInputError(f"tensor '{e.hf}': the card's {e.card} of shape "
-                                    f"{tuple(card_shape)} has no shape {list(e.shape)}") from None
+                                    f"{tuple(card_shape)} has no shape {list(shape)}") from None
     shape = list(card_shape)
     k, n = e.chunk
     if n > 1:
@@ -266,5 +279,6 @@ def _written(e: Entry, state: dict[str, torch.Tensor], hypers: Hypers) -> torch.
     _check_axis(e, t.shape)
     k, n = e.chunk
     t = t.chunk(n, dim=e.axis)[k] if n > 1 else t
-    t = t.reshape(e.shape) if e.shape is not None else t
-    return (t.T if e.transpose else t).contiguous().clone().cpu()
+    t = t.T if e.transpose else t
+    t = t.reshape(_reshaped(e, hypers)) if e.shape is not None else t
+    return t.contiguous().clone().cpu()

@@ -8,7 +8,7 @@ from itertools import product
 import torch
 
 from .. import syntax as s
-from ..builtins import DROPOUT
+from ..builtins import DROPOUT, PATCHES
 from ..checker import CallInfo
 from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
@@ -25,10 +25,23 @@ class Calls:
             return self.call_card(e, call, frame)
         if e.func == DROPOUT and len(e.args) == 1:  # in evaluation, its input itself
             return self.expr(frame, e.args[0])
+        if e.func == PATCHES and len(e.args) == 1 and len(e.params) == 1:
+            return self.patches(e, frame)
         if e.bar and e.params or len(e.args) != 1 and e.func not in ("max", "min"):
             return self.unsupported(e, f"the call of '{display(e.func)}'")
         args = [self.expr(frame, a) for a in e.args]
         return self.builtin(e, e.func, args, frame)
+
+    def patches(self, e: s.Call, frame: Frame) -> Value:
+        """patches(X | p), the image cut into blocks the size p names; a size that does not
+        divide the image's sides is named."""
+        x = self.expr(frame, e.args[0])
+        p = self.expr(frame, e.params[0])
+        size = int(p)
+        if size != p or size < 1 or any(n % size for n in x.shape[-2:]):
+            raise InterpretError(e.span, f"an image of {x.shape[-2]}×{x.shape[-1]} does not cut "
+                                         f"into blocks of {p}×{p}")
+        return functions.patches(x, size)
 
     def builtin(self, e: s.Expr, name: str, args: list[Value], frame: Frame) -> Value:
         return functions.apply(self, e, name, args, frame)

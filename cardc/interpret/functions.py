@@ -36,6 +36,21 @@ def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     return e / e.sum(dim=dim, keepdim=True)
 
 
+def patches(x: torch.Tensor, p: int) -> torch.Tensor:
+    """patches(X | p) from its definition, one entry at a time: X ∈ ℝ^{C×H×W} (a matrix is
+    one channel) cut into p×p blocks; row (i − 1)·W/p + j, column (c − 1)·p² + (a − 1)·p + b
+    is X[c, (i − 1)·p + a, (j − 1)·p + b] (counted from 0 below)."""
+    x = x if x.dim() == 3 else x.unsqueeze(0)
+    channels, height, width = x.shape
+    rows, cols = height // p, width // p
+    out = []
+    for i in range(rows):
+        for j in range(cols):
+            out.append(torch.stack([x[c, i * p + a, j * p + b] for c in range(channels)
+                                    for a in range(p) for b in range(p)]))
+    return torch.stack(out)
+
+
 ELEMENTWISE = {
     "GELU": gelu,
     "GELU_tanh": gelu_tanh,

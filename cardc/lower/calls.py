@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from .. import ir
 from .. import syntax as s
+from ..builtins import PATCHES
 from ..checker import DROPOUT, FILTERS, PAIRWISE, CallInfo, instance
 from ..dims import Dim
 from ..spelling import display
@@ -24,6 +25,7 @@ from .body import (
     _mT,
 )
 from .gelu import literal as literal_gelu
+from .patches import literal as literal_patches
 from .values import (
     LowerError,
     Val,
@@ -56,6 +58,8 @@ class Calls:
             return _like(x, _call(f"torch.{e.func}", x.code), self.ty(e))
         if e.func == DROPOUT:
             return self.dropout(e)
+        if e.func == PATCHES:
+            return literal_patches(self, e)
         if e.func in FILTERS:  # a distribution: the softmax of the filtered logits
             logits, base, _ = self.logits(e)
             return _like(base, _call("torch.softmax", logits, dim=_int(-1)), self.ty(e))

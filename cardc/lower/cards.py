@@ -170,7 +170,8 @@ class Lowering(Parameters):
         stmts = body.fuse_card() or body.run()
         prologue = [ir.Assign((runtime[d][0],), runtime[d][1]) for d in runtime if d in used]
         if top:
-            prologue = [*prologue, *self.length_guard(m, body, prologue)]
+            prologue = [*self.size_guard(sig, body), *prologue,
+                        *self.length_guard(m, body, prologue)]
         if top and self.is_language_model(sig):
             stmts = self.language_model(m, body, prologue, stmts)
             prologue = []
@@ -220,6 +221,30 @@ class Lowering(Parameters):
             return False
         scores = sig.output.shape[0 if sig.layout == "column" else -1]
         return scores is not None and any(x.vocab == scores for _, x in sig.inputs)
+
+    @staticmethod
+    def size_guard(sig, body: Body) -> list[ir.Stmt]:
+        """An input of real numbers whose every size the hyperparameters fix (an image
+        ℝ^{C×S×S}) is checked against them: one of another size is refused, naming both,
+        before a step meets it."""
+        guard: list[ir.Stmt] = []
+        fixed = set(card_names(sig)) | _tree_symbols(sig.tree)  # known when it is built
+        for name, ty in sig.inputs:
+            dims = _stored(sig, ty.shape)
+            if ty.elem != "ℝ" or not dims or any(d is None or d.symbols - fixed for d in dims):
+                continue
+            x = local_name(name)
+            got = f"size_{x}"
+            shape = ir.Sub(ir.Attr(ir.Ref(x), "shape"), (ir.SliceX(ir.Lit(str(-len(dims))), None),))
+            syms = sorted({sym for d in dims for sym in d.symbols})
+            values = ", ".join(f"{display(sym)} = {{self.{local_name(sym)}}}" for sym in syms)
+            shown = "×".join(display(str(d)) for d in ty.shape)
+            msg = ir.Lit(f'f"{display(name)} has sizes {{{got}}}; the model takes '
+                         f'ℝ^{{{{{shown}}}}}{", " + values if values else ""}"')
+            want = ir.Seq(tuple(body.dim(d) for d in dims))
+            guard += [ir.Assign((got,), ir.Call(ir.Ref("tuple"), (shape,), ())),
+                      ir.If(ir.Bin("!=", ir.Ref(got), want), (ir.Raise("ValueError", msg),))]
+        return guard
 
     @staticmethod
     def length_guard(m: ir.Module, body: Body, prologue) -> list[ir.Stmt]:

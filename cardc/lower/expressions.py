@@ -405,8 +405,10 @@ class Expressions:
             return self.join(ir.Ref(fam.local), fam.ty, e.sep, ty, flipped=fam.flipped)
         vals = [self.expr(x) for x in items]
         code = ir.Seq(tuple(v.code for v in vals), "list")
-        # a function's values may hold every head, or one for all (lower.heads): they broadcast
-        broadcast = self.lead == "…" and len(vals) > 1 and any(v.lifted for v in vals)
+        # a function's values may hold every head, or one for all (lower.heads): they
+        # broadcast; so do a parameter's rows beside a value with batch axes ([c; E])
+        lifted = [v.lifted for v in vals]
+        broadcast = len(vals) > 1 and any(lifted) and (self.lead == "…" or not all(lifted))
         return self.join(code, vals[0].ty, e.sep, ty, any(v.lifted for v in vals),
                          vals[0].flipped, broadcast)
 

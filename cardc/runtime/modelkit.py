@@ -203,6 +203,42 @@ def offset_rms_norm(X, shape, gamma, eps):
 
 
 
+def patch_grid(X, p):
+    """The blocks of p×p pixels an image X (…, C, H, W) cuts into, down and across; an image
+    that p does not divide is refused, naming both."""
+    H, W = X.shape[-2:]
+    if H % p or W % p:
+        raise ValueError(f"an image of {H}×{W} pixels does not cut into {p}×{p} patches")
+    return H // p, W // p
+
+
+def cut_patches(X, p):
+    """patches(X | p) of an image X (…, C, H, W): one row per p×p block, blocks down then
+    across, each the block's entries channel by channel, then row by row, (…, N, C·p·p). A
+    view of X split and permuted, then one copy: what a matrix product with the patch
+    embedding needs (measured against a convolution in bench/patches.py)."""
+    rows, cols = patch_grid(X, p)
+    *lead, C, _, _ = X.shape
+    blocks = X.reshape(*lead, C, rows, p, cols, p)
+    n = len(lead)
+    order = (*range(n), n + 1, n + 3, n, n + 2, n + 4)
+    return blocks.permute(order).reshape(*lead, rows * cols, C * p * p)
+
+
+def gather_patches(X, p):
+    """patches(X | p) entry by entry, as the card's notation defines it: row (i − 1)·W/p + j,
+    column (c − 1)·p² + (a − 1)·p + b holds X[c, (i − 1)·p + a, (j − 1)·p + b] (counted from
+    0 here), gathered through one index of every entry."""
+    rows, cols = patch_grid(X, p)
+    C, H, W = X.shape[-3:]
+    block = torch.arange(rows * cols, device=X.device)
+    entry = torch.arange(C * p * p, device=X.device)
+    i, j = block // cols, block % cols
+    c, a, b = entry // (p * p), entry // p % p, entry % p
+    index = (c * H + (i * p)[:, None] + a) * W + (j * p)[:, None] + b
+    return X.flatten(-3)[..., index]
+
+
 def cat_broadcast(tensors, dim):
     """torch.cat along `dim` (negative) of tensors whose other axes broadcast: a value every
     head shares, (…, 1, T, k), beside one per head, (…, H, T, w), as a head's own columns

@@ -30,6 +30,12 @@ class BasicSingleQueryAttention(nn.Module):
         self.b_v = nn.Parameter(torch.zeros(d_out))  # (d_out,)  [single_query_attention.card:6]
 
     def forward(self, e, e_t):
+        size_e = tuple(e.shape[-1:])
+        if size_e != (self.d_in,):
+            raise ValueError(f"e has sizes {size_e}; the model takes ℝ^{{d_in}}, d_in = {self.d_in}")
+        size_e_t = tuple(e_t.shape[-1:])
+        if size_e_t != (self.d_in,):
+            raise ValueError(f"e_t has sizes {size_e_t}; the model takes ℝ^{{d_in}}, d_in = {self.d_in}")
         q = F.linear(e, self.W_q) + self.b_q  # (B, d_attn)  [single_query_attention.card:7]
         k = F.linear(e_t, self.W_k) + self.b_k  # (B, T, d_attn)  [single_query_attention.card:8]
         v = F.linear(e_t, self.W_v) + self.b_v  # (B, T, d_out)  [single_query_attention.card:9]

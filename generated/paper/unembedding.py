@@ -19,4 +19,7 @@ class Unembedding(nn.Module):
         self.W_u = nn.Parameter(torch.empty(N_V, d_e).normal_(0.0, 0.02))  # (N_V, d_e)  [unembedding.card:4]
 
     def forward(self, e):
+        size_e = tuple(e.shape[-1:])
+        if size_e != (self.d_e,):
+            raise ValueError(f"e has sizes {size_e}; the model takes ℝ^{{d_e}}, d_e = {self.d_e}")
         return torch.softmax(F.linear(e, self.W_u), dim=-1)  # (B, N_V)  [unembedding.card:5]
