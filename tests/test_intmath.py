@@ -2,7 +2,8 @@
 min(max(x, a), b)), and a `∀` step that states its ranges and so defines a value. Each parses
 in the paper's spelling and in ASCII alike, renders in the four renderers (golden files), types
 as the math does, and runs: the generated module, fused and literal, equals the reference
-interpreter and the same math written here in plain torch, in float64.
+interpreter and the same math written here in plain torch, in float64. The showcase is T5's
+relative-position buckets (Raffel et al. 2020), `cards/nn/relative.card`.
 
 The golden files are regenerated with
 
@@ -22,6 +23,7 @@ import torch
 from cardc.build import checked
 from cardc.checker import check
 from cardc.diagnostics import Diagnostics
+from cardc.interpret import Program
 from cardc.library import library_roots, load
 from cardc.parser import parse
 from cardc.render.html import render_html
@@ -202,3 +204,72 @@ def test_a_quantifier_with_ranges_defines_a_value_as_a_map_does(tmp_path):
     torch.testing.assert_close(got, X * (t[:, None] - t[None, :]) + built.literal.w.detach())
     nested = FORALL.replace("∀t ∈ [T], t′ ∈ [T] :", "for t ∈ [T] : for t′ ∈ [T] :")
     torch.testing.assert_close(Built(tmp_path, nested, T=T).agree(X), got)
+
+
+# ------------------------------------------------------------------ T5's buckets
+
+
+def t5_buckets(T: int, n_buckets: int, d_max: int, bidirectional: bool) -> torch.Tensor:
+    """Raffel et al. (2020), section 2.1, from the formula: the bucket (counted from 1) of key
+    position t′ seen from query position t, as entry [t, t′]. Bidirectional: half the buckets
+    for keys after the query. In each half, distances below half its buckets exact, then
+    logarithmic up to d_max, the last bucket from there on."""
+    pos = torch.arange(T)
+    rel = pos[None, :] - pos[:, None]  # key − query
+    if bidirectional:
+        half, offset, dist = n_buckets // 2, (rel > 0).long() * (n_buckets // 2), rel.abs()
+    else:
+        half, offset, dist = n_buckets, torch.zeros_like(rel), (-rel).clamp(min=0)
+    exact = half // 2
+    far = exact + torch.floor(torch.log(dist.clamp(min=1).double() / exact)
+                              / math.log(d_max / exact) * (half - exact)).long()
+    bucket = torch.where(dist < exact, dist, far.clamp(max=half - 1))
+    return offset + bucket + 1
+
+
+BIAS = """\
+Algorithm: B ← T5Biases(X | w_b, w_c)
+/* Two heads' score biases looked up by T5's buckets, one bidirectional, one causal. */
+Input: X ∈ ℝ^{T×D}
+Output: B ∈ ℝ^{T×T}
+Hyperparameters: N_b ∈ ℕ, d_max ∈ ℕ
+Parameters: w_b ∈ ℝ^{N_b}, w_c ∈ ℝ^{N_b}
+1 β ← RelativeBuckets(X | N_b = N_b, d_max = d_max)
+2 γ ← CausalRelativeBuckets(X | N_b = N_b, d_max = d_max)
+3 return B = w_b[β] + w_c[γ]
+"""
+
+
+@pytest.mark.parametrize(("T", "n_buckets", "d_max"), [(12, 8, 6), (20, 16, 12), (9, 6, 4)])
+def test_t5_buckets_as_the_formula_says(tmp_path, T, n_buckets, d_max):
+    """The library's bucket cards, generated fused and literal and interpreted, equal the
+    formula for every pair of positions, distances past d_max included (d_max lies past the
+    exact buckets of a half, as T5 requires)."""
+    built = Built(tmp_path, BIAS, T=T, D=3, N_b=n_buckets, d_max=d_max)
+    X = _x(T, 3)
+    lib, checker, _ = checked([str(tmp_path / "card.card")],
+                              library_roots([str(tmp_path / "card.card")], None))
+    for name, bidirectional in (("RelativeBuckets", True), ("CausalRelativeBuckets", False)):
+        want = t5_buckets(T, n_buckets, d_max, bidirectional)
+        assert int(want.min()) == 1 and int(want.max()) == n_buckets  # d_max < T: all used
+        for module in (built.literal, built.fused):
+            function = type(module).forward.__globals__[name]
+            got = function(X, N_b=n_buckets, d_max=d_max)
+            assert got.dtype == torch.long and torch.equal(got, want.expand(B, T, T)), name
+        alg = lib.find(name)
+        program = Program.of(lib, checker, alg)
+        hypers = program.hyperparameters(None, N_b=n_buckets, d_max=d_max)
+        got = program(X[0], params={}, hypers=hypers)
+        assert torch.equal(got.long(), want), name
+
+
+def test_a_bias_table_looked_up_by_buckets(tmp_path):
+    """w_b[β]: row β of the table, β counted from 1 as the card counts; its gradient adds up
+    over the pairs that fall in each bucket."""
+    T, n_buckets, d_max = 12, 8, 6
+    built = Built(tmp_path, BIAS, T=T, D=3, N_b=n_buckets, d_max=d_max)
+    got = built.agree(_x(T, 3))
+    w_b, w_c = built.literal.w_b.detach(), built.literal.w_c.detach()
+    want = w_b[t5_buckets(T, n_buckets, d_max, True) - 1] + \
+        w_c[t5_buckets(T, n_buckets, d_max, False) - 1]
+    torch.testing.assert_close(got, want.expand(B, T, T))

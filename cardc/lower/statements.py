@@ -154,8 +154,23 @@ class Statements:
         column = self.info.sig.layout == "column"  # its callers read a matrix stored so
         if isinstance(val.ty, Ty) and val.ty.rank == 2 and not val.rows and val.flipped != column:
             val = replace(val, code=_mT(val.code), flipped=column)
+        val = self.per_example(val)
         self.returned = val
         self.emit(ir.Return(val.code, self.note(step, val)))
+
+    def per_example(self, val: Val) -> Val:
+        """A card's output is one value per example: a tensor that no input varies (a table
+        of position buckets) is given the batch axes of the card's first input, as a view."""
+        inputs = self.info.sig.inputs
+        if self.procedure or not inputs or val.lifted or val.rows or \
+                not isinstance(val.ty, Ty) or not val.ty.shape or None in val.ty.shape:
+            return val
+        name, ty = inputs[0]
+        batch = ir.Sub(ir.Attr(ir.Ref(local_name(name)), "shape"),
+                       (ir.SliceX(None, _int(-ty.rank) if ty.rank else None),))
+        dims = val.ty.shape[:-2] + val.ty.shape[:-3:-1] if val.flipped else val.ty.shape
+        shape = ir.Bin("+", batch, ir.Seq(tuple(self.dim(d) for d in dims)))
+        return replace(val, code=_method(val.code, "expand", shape), lifted=True)
 
     def stmt_For(self, st: s.For, step: s.Step) -> None:
         stack = self.module_stack(st)
