@@ -16,7 +16,7 @@ class Builtin:
     """A function a card may call, or apply by juxtaposition (`log p`), undeclared.
 
     `rule` is how the checker types it: "elementwise" (the argument's shape), "reducing" (the
-    last axis summed away; with two numbers, the pairwise min or max), "length" (a whole
+    last axis summed away; with two arguments, the min or max entry by entry), "length" (a whole
     number), "filter" (a distribution of the weights' shape), "dropout" (its tensor's shape),
     "optimizer" (parameters and their gradient in, parameters out)."""
 
@@ -27,6 +27,9 @@ class Builtin:
     torch: str | None = None  # the torch function it lowers to, where that is all it is
     math: str | None = None  # the Python function it is on a number (a hyperparameter's)
     upright: bool = True  # set upright, as a function, by LaTeX and MathML
+    # the kind of number an element-wise builtin gives: "ℝ", "ℕ" (a whole number, as ⌊x⌋),
+    # or "same" (its argument's, as |x|)
+    result: str = "ℝ"
 
 
 TABLE = (
@@ -41,10 +44,17 @@ TABLE = (
     Builtin("cos", "elementwise"),
     Builtin("sin", "elementwise"),
     Builtin("softmax", "elementwise"),  # over the first index, eq. 2 of the paper
+    # ⌊x⌋, ⌈x⌉ (whole numbers), |x| (the argument's kind of number), log₂ x; the card's text
+    # writes them so, ASCII floor(x), ceil(x), abs(x), log2(x)
+    Builtin("floor", "elementwise", torch="torch.floor", math="math.floor", result="ℕ"),
+    Builtin("ceil", "elementwise", torch="torch.ceil", math="math.ceil", result="ℕ"),
+    Builtin("abs", "elementwise", torch="torch.abs", math="abs", result="same"),
+    Builtin("log2", "elementwise", torch="torch.log2", math="math.log2"),
     Builtin("mean", "reducing"),
     Builtin("var", "reducing"),
-    # max(x), min(x) of a vector; max(a, b), min(a, b) of two numbers, as a learning-rate
-    # schedule writes them
+    # max(x), min(x): the largest, smallest entry of a vector (one argument); max(a, b),
+    # min(a, b): of two numbers, as a learning-rate schedule writes them, or entry by entry of
+    # tensors (a tensor and a number broadcast); clamping is min(max(x, a), b)
     Builtin("max", "reducing", args=(1, 2)),
     Builtin("min", "reducing", args=(1, 2)),
     Builtin("length", "length"),
@@ -84,6 +94,11 @@ TORCH = {b.name: b.torch for b in TABLE if b.torch is not None}
 MATH = {b.name: b.math for b in TABLE if b.math is not None}
 # names set upright: the builtins', and words the paper's prose uses as functions
 UPRIGHT = {b.name for b in TABLE if b.upright} | {"erf", "sigmoid"}
+# the builtins the paper writes as brackets around their argument: name → (open, close)
+BRACKETS = {"floor": ("⌊", "⌋"), "ceil": ("⌈", "⌉"), "abs": ("|", "|")}
+# the builtins the paper writes as a name with a subscript: name → that spelling
+SUBSCRIPTED = {"log2": "log₂"}
+RESULT = {b.name: b.result for b in TABLE}
 
 CONSTANTS = {"π": "math.pi"}  # a constant → its Python spelling
 

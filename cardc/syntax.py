@@ -419,6 +419,9 @@ class For:
 class ForAll:
     vars: tuple[str, ...]
     body: Stmt
+    # each variable's range where the card states one (∀t ∈ [T], t′ ∈ [T]), None where it
+    # does not; () where none is stated (∀t, t′)
+    over: tuple[Expr | None, ...] = ()
     span: Span = _span()
 
 

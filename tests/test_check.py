@@ -424,8 +424,14 @@ def test_schedules_compare_numbers_with_min_and_max(tmp_path):
             "Hyperparameters: D, N ∈ ℕ\n"
             "1 return y = min(1, (1 + cos(π · max(0, D − N)/N))/2) · max(x)\n")
     assert _check_text(card, tmp_path) == []
+    # two arguments compare entry by entry, one reduces: min(x, c) of a vector is a vector
     vector = card.replace("min(1, (1", "min(x, (1")
-    assert _check_text(vector, tmp_path) == ["min(a, b) compares two numbers, given ℝ^{D} and ℝ"]
+    assert _check_text(vector, tmp_path) == ["returns ℝ^{D} but Output declares ℝ"]
+    assert _check_text(vector.replace("y ∈ ℝ\n", "y ∈ ℝ^{D}\n"), tmp_path) == []
+    unlike = card.replace("Schedule(x)", "Schedule(x | W)").replace(
+        "ℕ\n", "ℕ\nParameters: W ∈ ℝ^{N×N}\n").replace("min(1, (1", "min(x, W ⊙ (1")
+    assert _check_text(unlike, tmp_path) == [
+        "min(a, b) compares entry by entry; cannot compare ℝ^{D} with ℝ^{N×N}"]
 
 
 def test_a_sum_over_a_datasets_examples_binds_them(tmp_path):

@@ -158,6 +158,10 @@ Hyperparameters: T ∈ ℕ
 """
     assert _errors(tmp_path, card) == [
         "6:14: '∀t' gives 't' no range, so this step cannot define 'n'"]
+    # with the ranges stated, as a map states them (tests/test_intmath.py runs it)
+    assert _errors(tmp_path, card.replace("∀t, t′ :", "∀t ∈ [T], t′ ∈ [T] :")) == []
+    assert _errors(tmp_path, card.replace("∀t, t′ :", "∀t ∈ [T], t′ :")) == [
+        "6:23: '∀t′' gives 't′' no range, so this step cannot define 'n'"]
 
 
 SHRINK = """\

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import syntax as s
-from ..builtins import BUILTINS, BY_NAME, FILTERS, OPTIMIZERS, TABLE
+from ..builtins import BUILTINS, BY_NAME, FILTERS, OPTIMIZERS, RESULT, TABLE
 from ..dims import ONE, Dim, solve
 from ..library import shown_folders
 from ..spelling import display
@@ -24,7 +24,7 @@ from .messages import (
 )
 from .results import MAX_CALL_DEPTH, CallInfo, CheckError, ModelTy, Signature
 from .scope import BodyState, Expressions, Part
-from .shapes import _d, _members, _same_entry, dims_equal
+from .shapes import _d, _members, _same_entry, broadcast_shape, dims_equal
 
 # the rule that checks a call to a builtin: its own for a filter, dropout or an optimizer
 _KINDS = {b.name: b.rule if b.rule in ("filter", "dropout", "optimizer", "patches") else "builtin"
@@ -215,14 +215,11 @@ class CallChecker(Part):
 
     def apply_builtin(self, name: str, args: list[Ty], e: s.Expr) -> Ty:
         """An element-wise builtin keeps its argument's shape, a reducing one drops the last
-        axis (min and max of two numbers compare them), length is a whole number."""
+        axis (min and max of two arguments compare them entry by entry), length is a whole
+        number."""
         builtin = BY_NAME[name]
         if len(args) == 2 and 2 in builtin.args:
-            if any(a.shape for a in args):
-                self.error(e.span, f"{name}(a, b) compares two numbers, given {args[0]} and "
-                                   f"{args[1]}", hint=f"{name}(x) takes the {name} of a vector")
-                raise CheckError
-            return Ty(elem="ℕ") if all(a.elem == "ℕ" for a in args) else Ty()
+            return self.pairwise(name, args, e)
         if len(args) != 1:
             self.error(e.span, f"{name} takes one argument")
             raise CheckError
@@ -231,7 +228,21 @@ class CallChecker(Part):
             return Ty(elem="ℕ", value=x.shape[0] if x.shape else ONE)
         if builtin.rule == "reducing":
             return Ty(x.shape[:-1])
-        return Ty(x.shape)
+        kind = RESULT[name]
+        return Ty(x.shape, x.elem if kind == "same" and x.elem != "𝔹" else
+                  "ℕ" if kind != "ℝ" else "ℝ")
+
+    def pairwise(self, name: str, args: list[Ty], e: s.Expr) -> Ty:
+        """max(a, b), min(a, b): entry by entry, the shapes broadcast as a sum's do (a number
+        beside a tensor bounds every entry); whole numbers stay whole."""
+        a, b = args
+        shape = broadcast_shape(a.shape, b.shape)
+        if shape is None:
+            self.error(e.span, f"{name}(a, b) compares entry by entry; cannot compare {a} with {b}",
+                       hint=f"shapes must match, or one must be a number or a trailing part of "
+                            f"the other; {name}(x) takes the {name} of a vector")
+            raise CheckError
+        return Ty(shape, "ℕ" if all(x.elem == "ℕ" for x in args) else "ℝ")
 
     def call_card(self, e: s.Call, callee: s.Algorithm) -> Entry:
         if len(self.c.active) >= MAX_CALL_DEPTH and id(callee) not in self.c.infos:

@@ -143,8 +143,8 @@ class StepChecker(Part):
                         v = display(item.id)
                         self.error(item.span, f"'∀{v}' gives '{v}' no range, so this step "
                                               f"cannot define '{display(name)}'",
-                                   hint=f"define '{display(name)}' in an earlier step, or "
-                                        f"write a loop over a range: 'for {v} ∈ [T] : …'")
+                                   hint=f"state its range, '∀{v} ∈ [T], …', or define "
+                                        f"'{display(name)}' in an earlier step")
                         raise CheckError
                     shape.append(size)
                 else:
@@ -250,17 +250,26 @@ class StepChecker(Part):
         return var
 
     def stmt_ForAll(self, st: s.ForAll) -> None:
-        # ∀t binds t as a loop does (k_t ← … defines the family k_t), over a set left unsaid
+        # ∀t binds t as a loop does (k_t ← … defines the family k_t), over a set left unsaid;
+        # ∀t ∈ [T] over the set it states, so that its step may define a value entry by entry
         outer = {v: self.state.loop_vars[v] for v in st.vars if v in self.state.loop_vars}
-        self.state.loop_vars.update({v: Dim.sym(f"|{v}|") for v in st.vars})
-        self.state.scopes.append({v: Ty(elem="ℕ") for v in st.vars})
+        over = st.over or (None,) * len(st.vars)
+        sizes = {v: Dim.sym(f"|{v}|") if o is None else self.exprs.set_size(o)
+                 for v, o in zip(st.vars, over, strict=True)}
+        self.state.loop_vars.update(sizes)
+        self.state.scopes.append({v: Ty(elem="ℕ", value=None if o is None else Dim.sym(v))
+                                  for v, o in zip(st.vars, over, strict=True)})
         try:
             self.stmt(st.body)
         finally:
-            self.state.scopes.pop()
+            inner = self.state.scopes.pop()
             for v in st.vars:
                 self.state.loop_vars.pop(v, None)
             self.state.loop_vars.update(outer)
+        if st.over:  # a value it defines entry by entry is visible after it, as a loop's
+            for name, entry in inner.items():
+                if name not in st.vars:
+                    self.state.bind(name, entry)
 
     def stmt_If(self, st: s.If) -> None:
         cond = self.exprs.expr(st.cond)

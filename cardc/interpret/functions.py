@@ -65,6 +65,13 @@ ELEMENTWISE = {
 }
 
 
+def whole(x: Any) -> bool:
+    """Whether a value is a whole number or a tensor of them (not a truth value)."""
+    if isinstance(x, torch.Tensor):
+        return not x.is_floating_point() and x.dtype != torch.bool
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def apply(ev: Any, e: s.Expr, name: str, args: list[Any], frame: Any) -> Any:
     """`name(args…)` for a builtin (`ev`, `frame`: the evaluator and the card's frame): element-wise, reducing over the last axis, softmax over
     the first index of a column-major card (the paper's eq. 2) and the last of a row-major one."""
@@ -72,13 +79,23 @@ def apply(ev: Any, e: s.Expr, name: str, args: list[Any], frame: Any) -> Any:
         a, b = args
         if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
             f = torch.maximum if name == "max" else torch.minimum
+            if whole(a) and whole(b):  # whole numbers stay whole: they may index
+                return f(torch.as_tensor(a), torch.as_tensor(b))
             return f(ev.real(a), ev.real(b))
         return max(a, b) if name == "max" else min(a, b)
     if len(args) != 1:
         return ev.unsupported(e, f"'{display(name)}' with {len(args)} arguments")
     (x,) = args
-    if name in ("cos", "sin", "exp", "log", "tanh") and not isinstance(x, torch.Tensor):
+    if name in ("cos", "sin", "exp", "log", "tanh", "log2") and not isinstance(x, torch.Tensor):
         return getattr(math, name)(x)
+    if name in ("floor", "ceil"):  # a whole number: an int, or a tensor of integers
+        if isinstance(x, torch.Tensor):
+            return x if whole(x) else getattr(torch, name)(x).long()
+        return getattr(math, name)(x)
+    if name == "abs":  # the argument's kind of number
+        return x.abs() if isinstance(x, torch.Tensor) else abs(x)
+    if name == "log2":
+        return torch.log2(ev.real(x))
     if name == "length":
         return x.shape[0] if isinstance(x, torch.Tensor) else len(x)
     if name in ELEMENTWISE:

@@ -87,9 +87,11 @@ class Statements:
         raise InterpretError(over.span, "a loop over something that is not a set of indices")
 
     def stmt_ForAll(self, st: s.ForAll, frame: Frame) -> None:
-        """`∀t, t′: stmt`: every combination of values, each variable's range the size of
-        the axis it indexes in the statement."""
-        ranges = [range(1, self.forall_size(frame, st, v) + 1) for v in st.vars]
+        """`∀t, t′: stmt`: every combination of values, each variable's range the one it is
+        given (`∀t ∈ [T]`), else the size of the axis it indexes in the statement."""
+        over = st.over or (None,) * len(st.vars)
+        ranges = [range(1, self.forall_size(frame, st, v) + 1) if o is None else
+                  self.domain(frame, o, st.span) for v, o in zip(st.vars, over, strict=True)]
         for values in product(*ranges):
             self.tick(st.span)
             frame.loops.update(zip(st.vars, values, strict=True))

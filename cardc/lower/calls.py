@@ -34,6 +34,7 @@ from .values import (
 )
 
 GELUS = ("GELU", "GELU_tanh")
+NUMBER_KIND = ("floor", "ceil", "abs", "log2")  # builtins that set their kind of number
 
 
 class Calls:
@@ -69,11 +70,13 @@ class Calls:
         ty = self.ty(e)
         if (e.func in ELEMENTWISE or e.func in GELUS) and not _is_tensor(x) and \
                 not self.sum_axis:
-            x = self.on_number(e.func, x)
+            x = self.on_number(e.func, x, ty)
             if not x.tensor:
                 return x
         if e.func in GELUS:
             return _like(x, literal_gelu(self, x.code, e.func == "GELU_tanh"), ty)
+        if e.func in NUMBER_KIND:
+            return self.number_kind(e.func, x, ty)
         if e.func in ELEMENTWISE:
             return _like(x, _call(ELEMENTWISE[e.func], x.code), ty)
         if e.func == "softmax":  # over the first index in the paper's layout (its eq. 2)
@@ -94,13 +97,14 @@ class Calls:
             return Val(ir.Sub(ir.Attr(x.code, "shape"), (_int(-1),)), Ty(elem="ℕ"))
         return self.fail(e, f"code generation does not know '{e.func}' yet")
 
-    def on_number(self, func: str, x: Val) -> Val:
+    def on_number(self, func: str, x: Val, ty: Ty | None = None) -> Val:
         """An elementwise builtin of a number (log(δ/μ) of hyperparameters): Python's math
         where it has the function, else the number as a 0-d float64 tensor for torch's, which
         never changes the number format of the tensors it meets."""
         if func in ON_NUMBERS:
-            self.low.program.imports.add("math")
-            return Val(_call(ON_NUMBERS[func], x.code), Ty())
+            if ON_NUMBERS[func].startswith("math."):
+                self.low.program.imports.add("math")
+            return Val(_call(ON_NUMBERS[func], x.code), Ty(elem=ty.elem) if ty else Ty())
         number = _call("torch.tensor", x.code, dtype=ir.Ref("torch.float64"))
         return Val(number, Ty(), tensor=True)
 
@@ -113,21 +117,40 @@ class Calls:
         x, p = self.expr(e.args[0]), self.expr(e.params[0])
         return _like(x, _call("F.dropout", x.code, p.code, self.training), self.ty(e))
 
+    def number_kind(self, func: str, x: Val, ty: Ty) -> Val:
+        """⌊x⌋, ⌈x⌉ of a tensor: whole numbers, held as integers (as positions are), so that
+        they index; of whole numbers, the numbers themselves. |x| keeps x's kind of number,
+        log₂ of whole numbers is a real in the card's number format."""
+        ty = Ty(x.ty.shape, ty.elem) if self.point or self.sum_axis else ty
+        if func in ("floor", "ceil"):
+            if x.ty.elem in ("ℕ", "ℤ"):
+                return _like(x, x.code, ty)
+            return _like(x, _method(_call(ELEMENTWISE[func], x.code), "long"), ty)
+        if func == "log2":
+            x = self.real(x, x)
+        return _like(x, _call(ELEMENTWISE[func], x.code), ty)
+
     def pairwise(self, e: s.Call) -> Val:
-        """min(a, b), max(a, b): Python's for numbers, torch's element-wise for tensors."""
+        """min(a, b), max(a, b): Python's for numbers, torch's entry by entry for tensors; a
+        number beside a tensor bounds each entry (torch.clamp), and a number held on a device
+        stays there: no wait for it."""
         a, b = (counted(self.expr(x)) for x in e.args)  # token IDs as the numbers 1 … V
-        if a.lifted or b.lifted:  # lined up as a binary operator's sides are
-            a, b = self.align(a, b), self.align(b, a)
-            func = "torch.minimum" if e.func == "min" else "torch.maximum"
-            return Val(_call(func, a.code, b.code), self.ty(e), True, rows=a.rows or b.rows)
-        if a.tensor or b.tensor:  # a number held on a device stays there: no wait for it
-            if a.tensor and b.tensor:
-                func = "torch.minimum" if e.func == "min" else "torch.maximum"
-                return Val(_call(func, a.code, b.code), Ty(), tensor=True)
-            x, bound = (a, b) if a.tensor else (b, a)
+        ty = self.ty(e)
+        if not _is_tensor(a) and not _is_tensor(b):
+            return Val(_call(e.func, a.code, b.code), ty)
+        if not _is_tensor(a) or not _is_tensor(b):
+            x, bound = (a, b) if _is_tensor(a) else (b, a)
+            if self.point or self.sum_axis:
+                ty = Ty(x.ty.shape, ty.elem)
             limit = {"max" if e.func == "min" else "min": bound.code}
-            return Val(_call("torch.clamp", x.code, **limit), Ty(), tensor=True)
-        return Val(_call(e.func, a.code, b.code), Ty())
+            return _like(x, _call("torch.clamp", x.code, **limit), ty)
+        a, b = self.align(a, b), self.align(b, a)  # lined up as a binary operator's sides are
+        a, b = self.same_layout(a, b), self.same_layout(b, a)
+        if self.point or self.sum_axis:
+            ty = Ty((a.ty if len(a.ty.shape) >= len(b.ty.shape) else b.ty).shape, ty.elem)
+        func = "torch.minimum" if e.func == "min" else "torch.maximum"
+        return Val(_call(func, a.code, b.code), ty, a.lifted or b.lifted, a.flipped or b.flipped,
+                   a.rows or b.rows, a.tensor and b.tensor)
 
     def call_card(self, e: s.Call, call: CallInfo) -> Val:
         ty = self.ty(e)

@@ -178,6 +178,8 @@ class Expressions:
             a, b = self.real(a, b), self.real(b, a)
         if e.op in (" ", "·"):
             op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
+            if op == "@":  # a product of matrices takes one number format: no promotion
+                a, b = self.real_beside(a, b), self.real_beside(b, a)
             if op == "@" and self.column:
                 return self.matmul(e, a, b, ty)
         elif e.op in COMPARE:
@@ -218,6 +220,10 @@ class Expressions:
         if val.ty.elem != "ℕ" or not _is_tensor(val) or \
                 other.ty.elem != "ℕ" and _is_tensor(other):  # a real tensor sets the format
             return val
+        return self.to_real(val)
+
+    def to_real(self, val: Val) -> Val:
+        """An integer tensor as reals in the card's number format (modelkit's real_type)."""
         if self.dtype is not None:  # the card's first real input's
             real = _call("real_type", self.dtype)
         else:
@@ -225,6 +231,13 @@ class Expressions:
             assert isinstance(device, ir.Attr)  # `X.device` of an input X
             real = _call("real_type", ir.Attr(device.obj, "dtype"))
         return replace(val, code=_method(val.code, "to", real), ty=replace(val.ty, elem="ℝ"))
+
+    def real_beside(self, val: Val, other: Val) -> Val:
+        """An integer tensor multiplied by a real matrix (`m X` of position distances m) in
+        the card's real number format: torch's matrix product does not mix formats."""
+        if val.ty.elem not in INTEGERS or other.ty.elem != "ℝ" or not _is_tensor(other):
+            return val
+        return self.to_real(val)
 
     def ones_row(self, e: s.BinOp) -> Val:
         """`b 1^⊺`: the column b repeated across columns, which broadcasting does for free

@@ -154,8 +154,23 @@ class Statements:
         column = self.info.sig.layout == "column"  # its callers read a matrix stored so
         if isinstance(val.ty, Ty) and val.ty.rank == 2 and not val.rows and val.flipped != column:
             val = replace(val, code=_mT(val.code), flipped=column)
+        val = self.per_example(val)
         self.returned = val
         self.emit(ir.Return(val.code, self.note(step, val)))
+
+    def per_example(self, val: Val) -> Val:
+        """A card's output is one value per example: a tensor that no input varies (a table
+        of position buckets) is given the batch axes of the card's first input, as a view."""
+        inputs = self.info.sig.inputs
+        if self.procedure or not inputs or val.lifted or val.rows or \
+                not isinstance(val.ty, Ty) or not val.ty.shape or None in val.ty.shape:
+            return val
+        name, ty = inputs[0]
+        batch = ir.Sub(ir.Attr(ir.Ref(local_name(name)), "shape"),
+                       (ir.SliceX(None, _int(-ty.rank) if ty.rank else None),))
+        dims = val.ty.shape[:-2] + val.ty.shape[:-3:-1] if val.flipped else val.ty.shape
+        shape = ir.Bin("+", batch, ir.Seq(tuple(self.dim(d) for d in dims)))
+        return replace(val, code=_method(val.code, "expand", shape), lifted=True)
 
     def stmt_For(self, st: s.For, step: s.Step) -> None:
         stack = self.module_stack(st)
@@ -354,13 +369,14 @@ class Statements:
                 self.scope.loop_modules.pop(name, None)
         self.emit(ir.Loop(var, _call("range", count), tuple(body.out), self.note(step)))
 
-    def entrywise(self, nest: tuple[list[s.For], s.Assign], step: s.Step) -> None:
-        """`for t ∈ [T] : for t′ ∈ [T] : G[t, t′] ← t − t′`: every entry at once, each loop
-        variable counting 1, 2, … along its own axis (as under ∀), broadcast to the whole."""
-        loops, assign = nest
-        sizes = [self.size(f.over.items[0]) for f in loops]
-        rank = len(loops)
-        self.point = {f.var: (k, rank, sizes[k]) for k, f in enumerate(loops)}
+    def entrywise(self, nest: tuple[list[str], list[s.Concat], s.Assign], step: s.Step) -> None:
+        """`for t ∈ [T] : for t′ ∈ [T] : G[t, t′] ← t − t′`, or `∀t ∈ [T], t′ ∈ [T] : …`:
+        every entry at once, each variable counting 1, 2, … along its own axis, broadcast to
+        the whole."""
+        names, sets, assign = nest
+        sizes = [self.size(o.items[0]) for o in sets]
+        rank = len(names)
+        self.point = {v: (k, rank, sizes[k]) for k, v in enumerate(names)}
         try:
             val = self.expr(assign.value)
         finally:
@@ -392,6 +408,9 @@ class Statements:
         """`∀t, t′, if c then S[t, t′] ← v`: a masked fill of S where c holds. `∀t: k_t ← f(e_t)`
         (one variable, a family on each side) is a map over the family's members."""
         body = st.body
+        nest = _ranged(st)
+        if nest is not None:
+            return self.entrywise(nest, step)
         if len(st.vars) == 1 and isinstance(body, s.Assign):
             outer, self.positions = self.positions, (st.vars[0], None)
             try:
@@ -428,7 +447,31 @@ class Statements:
         return len(val.ty.shape) + val.axis(k)
 
 
-def _entrywise(st: s.For) -> tuple[list[s.For], s.Assign] | None:
+def _ranged(st: s.ForAll) -> tuple[list[str], list[s.Concat], s.Assign] | None:
+    """`∀t ∈ [T], t′ ∈ [T] : G[t, t′] ← …`: every variable given a range [n], the step
+    defining one entry of a tensor indexed by exactly the variables in order."""
+    if not st.over or not all(_whole_range(o) for o in st.over):
+        return None
+    body = st.body
+    if not isinstance(body, s.Assign) or not _indexed_by(body.target, list(st.vars)):
+        return None
+    return list(st.vars), list(st.over), body
+
+
+def _whole_range(over: s.Expr | None) -> bool:
+    """Whether a set is written [n]: 1, 2, …, n."""
+    return isinstance(over, s.Concat) and over.sep == "," and len(over.items) == 1 and \
+        not isinstance(over.items[0], s.Ellipsis_)
+
+
+def _indexed_by(target: s.Expr, names: list[str]) -> bool:
+    """Whether `target` is a name indexed by exactly `names`, in order, each once."""
+    return isinstance(target, s.Index) and isinstance(target.base, s.Name) and \
+        [getattr(i, "id", None) for i in target.items] == names and \
+        len(set(names)) == len(names)
+
+
+def _entrywise(st: s.For) -> tuple[list[str], list[s.Concat], s.Assign] | None:
     """A nest of maps over ranges, one step each, whose innermost step defines one entry
     of a tensor indexed by exactly the nest's variables in order, `G[t, t′] ← …`."""
     loops: list[s.For] = []
@@ -437,11 +480,7 @@ def _entrywise(st: s.For) -> tuple[list[s.For], s.Assign] | None:
             isinstance(stmt.over, s.Concat) and len(stmt.over.items) == 1:
         loops.append(stmt)
         stmt = stmt.body[0].stmt
-    if len(loops) < 2 or not isinstance(stmt, s.Assign) or not isinstance(stmt.target, s.Index):
+    if len(loops) < 2 or not isinstance(stmt, s.Assign) or \
+            not _indexed_by(stmt.target, [f.var for f in loops]):
         return None
-    target = stmt.target
-    names = [getattr(i, "id", None) for i in target.items]
-    if not isinstance(target.base, s.Name) or names != [f.var for f in loops] or \
-            len(set(names)) != len(names):
-        return None
-    return loops, stmt
+    return [f.var for f in loops], [f.over for f in loops], stmt

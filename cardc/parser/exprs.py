@@ -154,6 +154,22 @@ class _Exprs(_Rules):
         return s.Norm(c[1], span=self.sp(meta))
 
     @_meta
+    def floor(self, meta, c):
+        return s.Call("floor", (c[1],), span=self.sp(meta))
+
+    @_meta
+    def ceil(self, meta, c):
+        return s.Call("ceil", (c[1],), span=self.sp(meta))
+
+    @_meta
+    def abs(self, meta, c):
+        return s.Call("abs", (c[1],), span=self.sp(meta))
+
+    @_meta
+    def log2(self, meta, c):
+        return s.Call("log2", (c[1],), span=self.sp(meta))
+
+    @_meta
     def concat(self, meta, c):
         sep, items = next(x for x in c if isinstance(x, tuple))
         return s.Concat(items, sep, span=self.sp(meta))

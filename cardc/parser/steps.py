@@ -118,16 +118,22 @@ class _Steps(_Rules):
 
     @_meta
     def forall(self, meta, c):
-        names, body = c[1]
+        pairs, body = c[1]
         body = self._inline(body)
-        return _lift_where(body, lambda b: s.ForAll(tuple(names), b, span=self.sp(meta)))
+        names = tuple(name for name, _ in pairs)
+        over = tuple(o for _, o in pairs) if any(o is not None for _, o in pairs) else ()
+        return _lift_where(body, lambda b: s.ForAll(names, b, over, span=self.sp(meta)))
 
     def forall_tail(self, c):
-        name = str(c[0])
+        var = c[0]
         rest = c[-1]
         if isinstance(rest, tuple):
-            return ([name, *rest[0]], rest[1])
-        return ([name], rest)
+            return ([var, *rest[0]], rest[1])
+        return ([var], rest)
+
+    def forall_var(self, c):
+        """A quantified variable and its range (`t′ ∈ [T]`), or None where it has none."""
+        return (str(c[0]), c[-1] if len(c) > 1 else None)
 
     @_meta
     def if_(self, meta, c):

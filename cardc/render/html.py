@@ -54,10 +54,14 @@ from .mathml import (
     tag,
     with_class,
 )
-from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TIGHT
+from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TIGHT, notation
 
 Link = Callable[[s.Algorithm], str | None]
 _TRIANGLE = '<span class="tri">▷</span>'
+
+
+# ⌊x⌋, ⌈x⌉, |x|: the builtin → its delimiters
+_BRACKETS = {"floor": ("⌊", "⌋"), "ceil": ("⌈", "⌉"), "abs": ("|", "|")}
 
 
 class HtmlRenderer(LatexRenderer):
@@ -203,6 +207,12 @@ class HtmlRenderer(LatexRenderer):
         return row(self.sub(node.target, POSTFIX), mo(node.op), self.text(node.value))
 
     def text_Call(self, node: s.Call, tail: bool) -> str:
+        written = notation(node)
+        if written in _BRACKETS:  # ⌊x⌋, ⌈x⌉, |x|
+            return fenced(self.text(node.args[0]), *_BRACKETS[written])
+        if written == "log2":
+            return row(tag("msub", function("log"), tag("mn", "2")),
+                       self.sub(node.args[0], TIGHT, tail))
         args = [self.text(a) for a in node.args]
         inner = joined(args)
         if node.params or node.bar:
@@ -377,7 +387,9 @@ class HtmlRenderer(LatexRenderer):
             return f"{_kw('sample')} a token {self.math(self.symbol(node.var))} from " \
                    f"{self.math(dist)}"
         if isinstance(node, s.ForAll):
-            names = joined(self.symbol(v) for v in node.vars)
+            over = node.over or (None,) * len(node.vars)
+            names = joined(self.symbol(v) if o is None else row(self.symbol(v), mo("∈"), self.text(o))
+                           for v, o in zip(node.vars, over, strict=True))
             return f"{self.math(row(mo('∀'), names))}, {self.stmt_tex(node.body)}"
         if isinstance(node, s.If):
             return f"{_kw('if')} {self.math(self.sub(node.cond, CONJ))} {_kw('then')} " \

@@ -27,7 +27,7 @@ from .. import syntax as s
 from ..builtins import UPRIGHT
 from ..checker import Checker, split_name
 from ..types import Ty
-from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TEXT, TIGHT, Renderer
+from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TEXT, TIGHT, Renderer, notation
 
 PREAMBLE = r"""\usepackage{amsmath,amssymb}
 \usepackage[ruled,lined,linesnumbered]{algorithm2e}
@@ -182,6 +182,10 @@ def _math_char(c: str) -> str:
     return r"\text{?}"
 
 
+# ⌊x⌋, ⌈x⌉, |x|: the builtin → its delimiters' macros
+_BRACKETS = {"floor": ("lfloor", "rfloor"), "ceil": ("lceil", "rceil"), "abs": ("lvert", "rvert")}
+
+
 class LatexRenderer(Renderer):
     """Card AST → LaTeX; `bold` holds the names the checker types as vectors or matrices."""
 
@@ -270,6 +274,12 @@ class LatexRenderer(Renderer):
         return f"{self.sub(node.target, POSTFIX)} {op} {self.text(node.value)}"
 
     def text_Call(self, node: s.Call, tail: bool) -> str:
+        written = notation(node)
+        if written in _BRACKETS:  # ⌊x⌋, ⌈x⌉, |x|
+            left, right = _BRACKETS[written]
+            return rf"\{left} {self.text(node.args[0])} \{right}"
+        if written == "log2":
+            return r"\log_2 " + self.sub(node.args[0], TIGHT, tail)
         args = ", ".join(self.text(a) for a in node.args)
         if node.params or node.bar:
             params = ", ".join(self.text(p) for p in node.params)
@@ -474,8 +484,7 @@ class LatexRenderer(Renderer):
             return rf"\KwSample{{}} a token ${symbol(node.var)}$ from ${symbol(node.dist)} " \
                    rf"\propto {self.weights_text(node.weights)}$"
         if isinstance(node, s.ForAll):
-            names = ", ".join(symbol(v) for v in node.vars)
-            return rf"$\forall {names}$, {self.stmt_tex(node.body)}"
+            return rf"$\forall {self.quantified(node)}$, {self.stmt_tex(node.body)}"
         if isinstance(node, s.If):
             return rf"\textbf{{if}} ${self.sub(node.cond, CONJ)}$ \textbf{{then}} " \
                    f"{self.stmt_tex(node.then)}"
@@ -486,6 +495,12 @@ class LatexRenderer(Renderer):
 
     def weights_text(self, node: s.Expr) -> str:
         return self.text(node)
+
+    def quantified(self, node: s.ForAll) -> str:
+        """The variables of `∀`, each with its range where the card states one."""
+        over = node.over or (None,) * len(node.vars)
+        return ", ".join(symbol(v) if o is None else rf"{symbol(v)} \in {self.text(o)}"
+                         for v, o in zip(node.vars, over, strict=True))
 
     def loop_head(self, node: s.For) -> str:
         binder = {"∈": r"\in", "=": "=", "←": r"\gets"}.get(node.binder, node.binder)

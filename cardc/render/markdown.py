@@ -72,8 +72,7 @@ class MarkdownRenderer(LatexRenderer):
             return f"**sample** a token {_math(symbol(node.var))} from " + \
                 _math(rf"{symbol(node.dist)} \propto {tex.text(node.weights)}")
         if isinstance(node, s.ForAll):
-            names = ", ".join(symbol(v) for v in node.vars)
-            return _math(rf"\forall {names}") + ", " + self.stmt(node.body)
+            return _math(rf"\forall {tex.quantified(node)}") + ", " + self.stmt(node.body)
         if isinstance(node, s.If):
             return f"**if** {_math(tex.sub(node.cond, CONJ))} **then** {self.stmt(node.then)}"
         if isinstance(node, s.For):

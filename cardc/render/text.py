@@ -39,6 +39,7 @@ import unicodedata
 from functools import cache
 
 from .. import syntax as s
+from ..builtins import BRACKETS, SUBSCRIPTED
 from ..diagnostics import Diagnostics
 from ..spelling import display
 
@@ -89,6 +90,8 @@ class Renderer:
             return CHOICE
         if isinstance(node, _POSTFIX_NODES):
             return POSTFIX
+        if isinstance(node, s.Call) and notation(node) in SUBSCRIPTED:
+            return TIGHT  # log₂ x binds as √x does
         return ATOM
 
     def sub(self, node: object, min_prec: int, tail: bool = True) -> str:
@@ -183,6 +186,13 @@ class Renderer:
         return f"{self.sub(node.target, POSTFIX)} {node.op} {self.text(node.value)}"
 
     def text_Call(self, node: s.Call, tail: bool) -> str:
+        written = notation(node)
+        if written in BRACKETS:  # ⌊x⌋, ⌈x⌉, |x|
+            left, right = BRACKETS[written]
+            return f"{left}{self.text(node.args[0])}{right}"
+        if written in SUBSCRIPTED:  # log₂ x, as √x: its operand binds tightly
+            operand = self.sub(node.args[0], TIGHT, tail)
+            return SUBSCRIPTED[written] + ("" if operand.startswith("(") else " ") + operand
         return self.called(node, ", ".join(self.text(a) for a in node.args))
 
     def called(self, node: s.Call, args: str) -> str:
@@ -424,7 +434,9 @@ class Renderer:
         return f"while {self.sub(node.cond, CONJ)} do"
 
     def text_ForAll(self, node: s.ForAll, tail: bool) -> str:
-        names = ", ".join(node.vars)
+        names = ", ".join(v if o is None else f"{v} ∈ {self.text(o)}"
+                          for v, o in zip(node.vars, node.over or (None,) * len(node.vars),
+                                          strict=True))
         if isinstance(node.body, s.If):  # ∀t_z, t_x, if … then …
             return f"∀{names}, {self.text(node.body)}"
         return f"∀{names}: {self.text(node.body)}"
@@ -581,3 +593,12 @@ def format_source(text: str, file: str = "<card>") -> tuple[str, Diagnostics]:
     if diags.errors:
         return text, diags
     return render_card(card), diags
+
+
+def notation(node: s.Call) -> str | None:
+    """The builtin a call writes in the paper's own notation (⌊x⌋, |x|, log₂ x), if any: one
+    argument and no parameters."""
+    if len(node.args) == 1 and not node.params and not node.bar and \
+            (node.func in BRACKETS or node.func in SUBSCRIPTED):
+        return node.func
+    return None
