@@ -71,9 +71,10 @@ FUSED = Pipeline(
           Recogniser("heads vectorised", heads.find, heads.lower)),
     call=(Recogniser("norm", norms.find, norms.lower,
                      ("layer_norm_ε", "layer_norm", "rms_norm", "rms_norm_offset")),
-          Recogniser("rotary", rotary.find_call, rotary.lower_call, ("rope", "rope_pairs"))),
+          Recogniser("rotary", rotary.find_call, rotary.lower_call,
+                     ("rope", "rope_pairs", "rope_by", "rope_pairs_by"))),
     expression=(Recogniser("partial rotary", rotary.find_partial, rotary.lower_partial,
-                           ("rope", "rope_pairs")),
+                           ("rope", "rope_pairs", "rope_by", "rope_pairs_by")),
                 Recogniser("GELU", gelu.find, gelu.lower)),
     passes=(_fold_bias, join_for_cache, add_kv_cache),
 )
