@@ -33,7 +33,7 @@ GENERATED = frozenset({
     "skip", "decayed",
     "undecayed", "group", "new_cache", "max_seq_len", "returns", "card_meta", "training",
     "omega", "grouped_sdpa", "rotate_half", "rotate_pairs", "rope_angles", "real_type", "ANGLES",
-    "rope_table", "TABLES", "turn", "offset_rms_norm",
+    "rope_table", "rope_frequencies", "TABLES", "turn", "offset_rms_norm",
     "rms_normalize", "RMS_EPS",
     "shared_mask", "MASKS", "project", "XW", "JOINED_MAX", "cat_broadcast",
     "generate", "pick_token", "filter_logits",  # a decoder's method, the functions it calls

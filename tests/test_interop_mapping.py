@@ -821,9 +821,10 @@ def test_a_malformed_constraint_is_named(constraint, message):
     assert str(err.value).startswith("x.hf.json: ") and message in str(err.value)
 
 
-def test_stablelm2_refuses_a_rotary_width_of_the_whole_head(tmp_path, capsys):
-    """partial_rotary_factor 1 leaves d − d_r = 0 columns unturned: the mapping's constraint
-    names the config key at import; without it, the card's own size check does."""
+def test_stablelm2_refuses_a_rotary_width_wider_than_the_head(tmp_path, capsys):
+    """partial_rotary_factor 1.5 asks d_r = 12 columns of a head of 8: the mapping's
+    constraint names the config key at import; without it, the card's own size check does.
+    (A factor of 1, d_r = d, is legal: tests/test_parity_stablelm2.py imports it.)"""
     from cardc.build import build_model
     from cardc.cli import main
     from cardc.interop import load_mapping, write_model_hf
@@ -834,7 +835,7 @@ def test_stablelm2_refuses_a_rotary_width_of_the_whole_head(tmp_path, capsys):
                    model.card_meta["hyperparameters"], tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["rope_parameters"]["partial_rotary_factor"] == 0.5  # d_r = 4 of d = 8
-    config["rope_parameters"]["partial_rotary_factor"] = 1.0
+    config["rope_parameters"]["partial_rotary_factor"] = 1.5
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     cards = tmp_path / "cards"
     cards.mkdir()
@@ -853,10 +854,10 @@ def test_stablelm2_refuses_a_rotary_width_of_the_whole_head(tmp_path, capsys):
         errors.append(err)
     assert errors[0] == (
         "cardc: error: config.json gives hidden_size / num_attention_heads * "
-        "rope_parameters.partial_rotary_factor = 8, but cards/stablelm2.hf.json maps only a "
-        "card's d_r that is ≤ D / H - 1 = 7\n")
-    assert errors[1].startswith("cardc: error: config.json has hidden_size = 16: d − d_r = 0 "
-                                "(d = 8, d_r = 8) is not positive: a size is at least 1")
+        "rope_parameters.partial_rotary_factor = 12, but cards/stablelm2.hf.json maps only a "
+        "card's d_r that is ≤ D / H = 8\n")
+    assert errors[1].startswith("cardc: error: config.json has hidden_size = 16: d − d_r = -4 "
+                                "(d = 8, d_r = 12) is not positive"), errors[1]
 
 
 def test_a_model_is_built_by_card_name_and_a_bad_override_is_named():

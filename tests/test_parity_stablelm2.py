@@ -38,11 +38,11 @@ PAD = 5  # a pad token (0-based, as transformers counts) that the input holds
 MAPPING = load_mapping(ROOT / "cards" / "stablelm2.card")
 
 
-def make_hf():
+def make_hf(factor: float = FACTOR):
     config = transformers.StableLmConfig(
         vocab_size=V, hidden_size=D, num_hidden_layers=N, num_attention_heads=H,
         num_key_value_heads=H_KV, intermediate_size=D_F, max_position_embeddings=CTX,
-        rope_theta=THETA, partial_rotary_factor=FACTOR, layer_norm_eps=EPS, use_qkv_bias=True,
+        rope_theta=THETA, partial_rotary_factor=factor, layer_norm_eps=EPS, use_qkv_bias=True,
         qk_layernorm=False, use_parallel_residual=False, tie_word_embeddings=False,
         attention_dropout=0.0, hidden_dropout=0.0, pad_token_id=PAD)
     config._attn_implementation = "eager"
@@ -115,8 +115,10 @@ def test_the_mapping_computes_the_rotary_width():
     stored = {identifier(k): v for k, v in hypers.items()}
     back = config_for(MAPPING, stored)
     assert back["rope_parameters"]["partial_rotary_factor"] == FACTOR
-    with pytest.raises(RuntimeInputError, match=r"maps only a card's d_r that is ≤ D / H - 1"):
-        config_for(MAPPING, {**stored, "d_r": D // H})  # the card leaves d − d_r > 0 unrotated
+    whole = config_for(MAPPING, {**stored, "d_r": D // H})  # no column left unturned
+    assert whole["rope_parameters"]["partial_rotary_factor"] == 1.0
+    with pytest.raises(RuntimeInputError, match=r"maps only a card's d_r that is ≤ D / H"):
+        config_for(MAPPING, {**stored, "d_r": D // H + 1})
 
 
 def test_cardc_import_of_a_saved_stablelm2_matches_its_logits(tmp_path):
@@ -132,6 +134,28 @@ def test_cardc_import_of_a_saved_stablelm2_matches_its_logits(tmp_path):
     with torch.no_grad():
         diff = max_diff(logits_of_run(tmp_path / "run", idx), hf(idx).logits)
     assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
+
+
+def test_rotary_on_the_whole_head_imports_matches_and_samples(tmp_path, cli):
+    """partial_rotary_factor 1: d_r = d, the slice of the columns after d_r empty. The card
+    takes it (was: 'd − d_r = 0 is not positive'), matches transformers and samples."""
+    from test_interop import cardc, logits_of_run
+
+    hf = make_hf(factor=1.0)
+    hf.save_pretrained(tmp_path / "hf")
+    r = cardc("import", "cards/stablelm2.card", "--from", str(tmp_path / "hf"),
+              "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(7))
+    idx[:, ::4] = PAD
+    with torch.no_grad():
+        got = logits_of_run(tmp_path / "run", idx)
+        diff = max_diff(got, hf(idx).logits)
+        partial = max_diff(got, make_hf()(idx).logits)  # the same weights, a quarter turned
+    assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
+    assert partial > 1e-3, f"turning a quarter of each head changed the logits by {partial:.3e}"
+    s = cli("sample", str(tmp_path / "run"), "--seed", "0", "--tokens", "8")
+    assert s.returncode == 0, s.stderr
 
 
 def test_a_tiny_stablelm2_trains_and_samples(tmp_path, cli):

@@ -107,8 +107,12 @@ class _Walk:
         return value
 
     def steps(self, alg: s.Algorithm, info, vals: _Values) -> None:
-        """The shape of every value a step computes, where the values determine it."""
-        for d, node, ty in _step_shapes(alg, info, self.cache):
+        """The shape of every value a step computes, where the values determine it: positive,
+        but for a slice that is a part of a concatenation, which may be empty (the columns
+        after d_r of `[RoPE(X[:, 1 : d_r]), X[:, d_r + 1 : d]]` at d_r = d)."""
+        for d, node, ty, may_be_empty in _step_shapes(alg, info, self.cache):
+            if may_be_empty and _dim_value(d, vals) == 0:
+                continue
             self.size(d, vals, lambda n=node, ty=ty: (n.span, f"a value of shape {ty} in "
                                                                f"'{alg.label}'"))
 
@@ -143,16 +147,23 @@ class _Walk:
         return vals
 
 
-def _step_shapes(alg: s.Algorithm, info, cache: dict) -> list[tuple[Dim, object, Ty]]:
-    """Each distinct size of a value the card's steps compute, with the first node of it."""
+def _step_shapes(alg: s.Algorithm, info, cache: dict) -> list[tuple[Dim, object, Ty, bool]]:
+    """Each distinct size of a value the card's steps compute, with the first node of it, and
+    whether every value of that size is a slice concatenated with others (which may be
+    empty: the concatenation is the other parts)."""
     if id(alg) not in cache:
-        found: dict[Dim, tuple[Dim, object, Ty]] = {}
+        parts = {id(item) for node in s.nodes(alg.steps)
+                 if isinstance(node, s.Concat) and len(node.items) > 1
+                 for item in node.items if isinstance(item, s.Index) and
+                 any(isinstance(i, s.Slice) for i in item.items)}
+        found: dict[Dim, tuple[Dim, object, Ty, bool]] = {}
         for node in s.nodes(alg.steps):
             ty = info.types.get(id(node))
             if isinstance(ty, Ty):
                 for d in ty.shape:
-                    if d is not None and d.symbols and d not in found:
-                        found[d] = (d, node, ty)
+                    if d is not None and d.symbols:
+                        first = found.get(d, (d, node, ty, True))
+                        found[d] = (*first[:3], first[3] and id(node) in parts)
         cache[id(alg)] = list(found.values())
     return cache[id(alg)]
 

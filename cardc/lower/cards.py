@@ -395,6 +395,8 @@ class Lowering(Parameters):
                 if hty.value is not None:
                     given.add(hname)
         self.passed_sizes[name] = [h for h in card_names(sig) if h in given]
+        # calls give hyperparameters by name: those with a default go last, as Python wants
+        args.sort(key=lambda a: a.default is not None)
         used: dict[str, ir.Expr] = {}
         taken = {a.name for a in args}  # an argument named like a size keeps its name
 
