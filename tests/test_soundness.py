@@ -659,3 +659,27 @@ def test_a_map_step_that_reads_no_position(tmp_path, fuse):
     g, = torch.autograd.grad(model(X).sum(), model.W)
     torch.testing.assert_close(g, 5 * 2 * 2 * (1 - torch.tanh(model.W) ** 2), rtol=1e-12,
                                atol=0)
+
+
+SCALE = """\
+Algorithm: y ← Scale(x | w)
+/* A vector scaled by one learned number. */
+Input: x ∈ ℝ^{D}
+Output: y ∈ ℝ^{D}
+Hyperparameters: D ∈ ℕ
+Parameters: w ∈ ℝINIT
+1 return y = w x
+"""
+
+
+@pytest.mark.parametrize("fuse", LOWERINGS)
+@pytest.mark.parametrize(("init", "value"), [("", 0.0), (" = 1", 1.0), (" = 0.5", 0.5)])
+def test_a_parameter_that_is_one_number(tmp_path, fuse, init, value):
+    """`w ∈ ℝ`: a 0-d parameter (its module called torch.zeros() and crashed)."""
+    model = _build(tmp_path, SCALE.replace("INIT", init), fuse, D=3)
+    assert model.w.shape == () and model.w.item() == value
+    with torch.no_grad():
+        model.w.fill_(1.5)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    torch.testing.assert_close(model(x), 1.5 * x, rtol=0, atol=0)
+    torch.testing.assert_close(_interpreted(tmp_path, model, "Scale", list(x), D=3), 1.5 * x)

@@ -173,6 +173,7 @@ def _do_loops(alg: s.Algorithm) -> tuple[tuple[str, frozenset[str]], ...]:
 def _init(name: str, ty: Ty, shape: tuple[ir.Expr, ...]) -> ir.Expr:
     """Declared `= c` or `~ 𝒩(μ, σ²)`; otherwise 𝒩(0, 0.02²) for matrices, γ = 1, others 0."""
     dims = ir.Seq(shape)
+    shape = shape or (dims,)  # a number: torch.zeros(()), which torch.zeros() is not
     if ty.init is not None and isinstance(ty.init, s.Num):
         value = ty.init.value
         if value in (0.0, 1.0):
