@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from .. import ir
 from .. import syntax as s
+from ..builtins import ARGTOP
 from ..checker import DROPOUT, FILTERS, PAIRWISE, CallInfo, instance
 from ..dims import Dim
 from ..spelling import display
@@ -23,6 +24,7 @@ from .body import (
     _method,
     _mT,
 )
+from .experts import argtop
 from .gelu import literal as literal_gelu
 from .values import (
     LowerError,
@@ -56,6 +58,8 @@ class Calls:
             return _like(x, _call(f"torch.{e.func}", x.code), self.ty(e))
         if e.func == DROPOUT:
             return self.dropout(e)
+        if e.func == ARGTOP:
+            return argtop(self, e)
         if e.func in FILTERS:  # a distribution: the softmax of the filtered logits
             logits, base, _ = self.logits(e)
             return _like(base, _call("torch.softmax", logits, dim=_int(-1)), self.ty(e))
@@ -63,6 +67,9 @@ class Calls:
             self.fail(e, f"'{e.func}' takes one argument")
         x = self.expr(e.args[0])
         ty = self.ty(e)
+        if self.sum_axis and len(x.ty.shape) > len(ty.shape) and e.func not in ("mean", "var",
+                                                                             "max", "min"):
+            ty = Ty(x.ty.shape, ty.elem)  # exp(x[i]) under Σ_i: on the summed axis, as x[i]
         if (e.func in ELEMENTWISE or e.func in GELUS) and not _is_tensor(x) and \
                 not self.sum_axis:
             x = self.on_number(e.func, x)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import ir
-from . import attention, gelu, grouped, heads, norms, rotary, sdpa_heads
+from . import attention, experts, gelu, grouped, heads, norms, rotary, sdpa_heads
 from .analysis import Masking
 from .decoding import add_kv_cache, join_for_cache
 from .peephole import fold_bias
@@ -74,7 +74,8 @@ FUSED = Pipeline(
           Recogniser("rotary", rotary.find_call, rotary.lower_call, ("rope", "rope_pairs"))),
     expression=(Recogniser("partial rotary", rotary.find_partial, rotary.lower_partial,
                            ("rope", "rope_pairs")),
-                Recogniser("GELU", gelu.find, gelu.lower)),
+                Recogniser("GELU", gelu.find, gelu.lower),
+                Recogniser("sparse experts", experts.find, experts.lower)),
     passes=(_fold_bias, join_for_cache, add_kv_cache),
 )
 
