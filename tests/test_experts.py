@@ -203,3 +203,18 @@ def test_the_ascii_spelling_formats_to_the_canonical_card():
     assert render_card(parse(canonical, "card.card")) == canonical
     assert "I ← argtop_k(r | k)" in canonical and "Σ_{e∈I} (exp(r[e])/z) · Expert(x | θ^e)" \
         in canonical
+
+
+def test_info_counts_the_active_flops_of_k_of_e_experts():
+    """Mixtral 8x7B: each token through 2 of 8 experts, ≈ 25.5 GFLOP a token forward, not the
+    ≈ 93 of every expert; counted here by hand from its sizes."""
+    run = subprocess.run([sys.executable, "-m", "cardc", "info", "cards/mixtral.card",
+                          "--preset", "mixtral-8x7b-v0.1"], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    V, D, H, H_kv, d, D_f, N, E, k = 32000, 4096, 32, 8, 128, 14336, 32, 8, 2
+    attention = 2 * D * (H * d + 2 * H_kv * d) + 2 * H * d * D
+    experts = k * 2 * 3 * D * D_f
+    forward = N * (attention + 2 * D * E + experts) + 2 * D * V
+    assert f"forward {forward:,} + 524,288·T" in run.stdout, run.stdout
+    assert "parameters: 46,702,792,704" in run.stdout  # transformers' count for the model

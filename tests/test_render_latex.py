@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "latex"
 CARDS = sorted(p.relative_to(ROOT) for folder in ("cards", "tests/cards/heads")
                for p in (ROOT / folder).rglob("*.card"))
-GOLDEN_CARDS = ["cards/paper/attention.card", "cards/gpt2.card", "cards/mistral.card",
+GOLDEN_CARDS = ["cards/paper/attention.card", "cards/gpt2.card", "cards/mistral.card", "cards/mixtral.card",
                 "cards/paper/dtraining.card", "cards/recipes/lm_training.card"]
 
 
@@ -167,7 +167,7 @@ def _md(path: str | Path) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("card", ["cards/paper/attention.card", "cards/gpt2.card"])
+@pytest.mark.parametrize("card", ["cards/paper/attention.card", "cards/gpt2.card", "cards/mixtral.card"])
 def test_markdown_golden(card):
     run = _md(card)
     assert run.returncode == 0, run.stderr

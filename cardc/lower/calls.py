@@ -81,6 +81,7 @@ class Calls:
             return _like(x, _call(ELEMENTWISE[e.func], x.code), ty)
         if e.func == "softmax":  # over the first index in the paper's layout (its eq. 2)
             axis = x.axis(0) if self.column and x.ty.shape else -1
+            self.count_fixed_softmax(x)
             return _like(x, _call("torch.softmax", x.code, dim=_int(axis)), ty)
         if e.func in ("mean", "var"):
             return Val(_method(x.code, e.func, _int(-1), **(
@@ -96,6 +97,17 @@ class Calls:
                     pass
             return Val(ir.Sub(ir.Attr(x.code, "shape"), (_int(-1),)), Ty(elem="ℕ"))
         return self.fail(e, f"code generation does not know '{e.func}' yet")
+
+    def count_fixed_softmax(self, x: Val) -> None:
+        """A softmax over an axis whose size the card's hyperparameters fix (a router's over
+        its E experts) mixes no positions: it is no attention a KV cache must account for."""
+        if not x.ty.shape or self.sum_axis:
+            return
+        size = x.ty.shape[0 if self.column else -1]
+        hypers = self.info.sig.hypers
+        if size is not None and size.symbols and all(
+                sym in hypers and not hypers[sym].shape for sym in size.symbols):
+            self.low.masking.fixed_softmaxes += 1
 
     def on_number(self, func: str, x: Val) -> Val:
         """An elementwise builtin of a number (log(δ/μ) of hyperparameters): Python's math
