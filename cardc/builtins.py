@@ -63,6 +63,10 @@ TABLE = (
     # p = 1 keeps every entry
     Builtin("top_k", "filter", params=1, upright=False),
     Builtin("top_p", "filter", params=1, upright=False),
+    # I ← argtop_k(r | k): the set of the indices of r's k largest entries (of two equal
+    # entries, the first), a subset of [n] for r ∈ ℝ^{n}, as Σ_{e ∈ I} and a mixture of
+    # experts's router read it
+    Builtin("argtop_k", "argtop", params=1, upright=False),
     # dropout(X | p): while a model trains, each entry of X zeroed with probability p and the
     # others scaled by 1/(1 − p); in evaluation (and sampling) X itself
     Builtin("dropout", "dropout", params=1, upright=False),
@@ -86,7 +90,9 @@ PAIRWISE = {b.name for b in TABLE if b.rule == "reducing" and 2 in b.args}
 FILTERS = dict(zip(s.FILTERS, (("k", "how many of the largest entries it keeps"),
                                ("p", "the share of the weights its largest entries must reach")),
                    strict=True))
-BUILTINS = {b.name for b in TABLE if b.rule in ("elementwise", "reducing", "length", "filter")}
+BUILTINS = {b.name for b in TABLE
+            if b.rule in ("elementwise", "reducing", "length", "filter", "argtop")}
+ARGTOP = "argtop_k"
 DROPOUT = "dropout"
 PATCHES = "patches"
 OPTIMIZERS = {b.name: b.params for b in TABLE if b.rule == "optimizer"}

@@ -238,6 +238,7 @@ _RUNTIME = Path(__file__).parent / "runtime"
 HELPER_SOURCES = {
     _RUNTIME / "modelkit.py": "# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.",
     _RUNTIME / "logits.py": "# How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.",
+    _RUNTIME / "experts.py": "# How tokens are routed to experts: cardc/runtime/experts.py's, copied by name.",
 }
 # What the methods the template writes itself call: new_cache() and generate().
 METHOD_HELPERS = {"cached": ("KVCache",), "generates": ("pick_token", "hold_stopped")}

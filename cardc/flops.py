@@ -6,7 +6,9 @@ m×k and a k×n value is 2mkn. Elementwise steps, norms and softmaxes are left o
 A step inside `for ℓ = 1, …, N` or a map `for h ∈ [H] : …` counts N or H times, and a call
 counts its card's products in the caller's sizes, once per row it is mapped over. The count
 is a polynomial in the card's hyperparameters and its sequence length; divided by the sequence
-length it is per token. A training step costs three forwards (the backward pass computes two
+length it is per token. A sum over the set argtop_k(r | k) chooses, `Σ_{e ∈ I} c_e ·
+Expert(x | θ^e)`, counts its body k times: the FLOPs of the experts a token is routed to, not
+of all E (the active FLOPs of a sparse mixture of experts). A training step costs three forwards (the backward pass computes two
 products per forward one), the usual estimate.
 
 Activation memory is estimated as every value the card's steps compute (each step's result, at
@@ -20,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import syntax as s
+from .builtins import ARGTOP
 from .checker import CardInfo, Checker, expr_dim
 from .dims import Dim
 from .types import Ty, subst_dim
@@ -39,28 +42,65 @@ class Cost:
 def card_cost(checker: Checker, alg: s.Algorithm, depth: int = 0) -> Cost:
     """The forward FLOPs and computed values of one call of `alg`."""
     info = checker.info(alg)
+    sets = _chosen(alg, info)
     total = Cost(ZERO, ZERO)
     for step in alg.steps:
-        total = _add(total, _step(checker, info, step, depth))
+        total = _add(total, _step(checker, info, step, depth, sets))
     return total
 
 
-def _step(checker: Checker, info: CardInfo, step: s.Step, depth: int) -> Cost:
+def _chosen(alg: s.Algorithm, info: CardInfo) -> dict[str, Dim]:
+    """The sets the card's steps make with argtop_k, by name: how many members each holds."""
+    out = {}
+    for node in s.nodes(alg.steps):
+        if isinstance(node, s.Assign) and isinstance(node.target, s.Name):
+            k = _argtop_k(node.value, info)
+            if k is not None:
+                out[node.target.id] = k
+    return out
+
+
+def _argtop_k(e: s.Expr, info: CardInfo) -> Dim | None:
+    """k of argtop_k(r | k), where it is a size of the card."""
+    if isinstance(e, s.Call) and e.func == ARGTOP and len(e.params) == 1 and \
+            id(e) not in info.calls:
+        return expr_dim(e.params[0], info.sig.definitions)
+    return None
+
+
+def _weights(st: s.Stmt, info: CardInfo, sets: dict[str, Dim]) -> dict[int, Dim]:
+    """How many times each node of a step counts: k times under a sum over a chosen set."""
+    out: dict[int, Dim] = {}
+    for node in s.nodes(st):
+        if not isinstance(node, s.Sum) or node.over is None:
+            continue
+        k = sets.get(node.over.id) if isinstance(node.over, s.Name) else \
+            _argtop_k(node.over, info)
+        if k is None:
+            continue
+        for inner in s.nodes(node.body):
+            out[id(inner)] = out.get(id(inner), Dim.const(1)) * k
+    return out
+
+
+def _step(checker: Checker, info: CardInfo, step: s.Step, depth: int,
+          sets: dict[str, Dim]) -> Cost:
     st = step.stmt
     if isinstance(st, s.For):
         inner = Cost(ZERO, ZERO)
         for sub in st.body:
-            inner = _add(inner, _step(checker, info, sub, depth))
+            inner = _add(inner, _step(checker, info, sub, depth, sets))
         times = _times(st.over, info)
         return Cost(inner.flops * times, inner.values * times)
     flops, values = ZERO, ZERO
+    weights = _weights(st, info, sets)
     for node in s.nodes(st):
         if isinstance(node, s.BinOp) and node.op in PRODUCTS:
-            flops = flops + _product(info, node)
+            flops = flops + _product(info, node) * weights.get(id(node), Dim.const(1))
         elif isinstance(node, s.Call) and id(node) in info.calls and depth < 32:
             call = info.calls[id(node)]
             inner = card_cost(checker, call.callee, depth + 1)
-            times = Dim.const(1)
+            times = weights.get(id(node), Dim.const(1))
             for d in call.lift:
                 times = times * d
             flops = flops + subst_dim(inner.flops, call.bind) * times

@@ -973,3 +973,70 @@ def test_a_solved_factor_a_float_cannot_hold_is_refused_on_export():
         "config.json cannot hold exactly")
     written = config_for(m, {"D": 28, "H": 4, "d_r": 7})  # in the current spelling
     assert written["rope_parameters"]["partial_rotary_factor"] == 1.0
+
+
+# ------------------------------------------------------------------ further indices (experts)
+
+
+EXPERTS = {"model.layers.{i}.moe.experts.{j}.w1.weight": {"card": "block.{i}.moe.theta.{j}.W_1",
+                                                          "transpose": True},
+           "model.layers.{i}.moe.gate.weight": {"card": "block.{i}.moe.W_g", "transpose": True},
+           "shared.{2j + 1}.w": "shared.{j}.W"}
+
+
+def test_a_second_index_expands_each_expert_of_each_layer():
+    """`indices` {"j": "E"}: one line maps every expert of every layer."""
+    m = mapping({"N": "num_hidden_layers", "E": "num_local_experts"}, EXPERTS, layers="N",
+                indices={"j": "E"})
+    counts = m.index_counts({"N": 2, "E": 3})
+    assert counts == {"j": 3}
+    got = {e.hf: e.card for e in m.entries(2, counts)}
+    assert got["model.layers.1.moe.experts.2.w1.weight"] == "block.1.moe.theta.2.W_1"
+    assert got["model.layers.0.moe.gate.weight"] == "block.0.moe.W_g"
+    assert got["shared.5.w"] == "shared.2.W"
+    assert len(got) == 2 * 3 + 2 + 3
+
+
+def test_experts_import_and_export_bit_exact_and_a_missing_one_is_named():
+    m = mapping({"N": "num_hidden_layers", "E": "num_local_experts"},
+                {"l.{i}.e.{j}.w": {"card": "b.{i}.t.{j}.W", "transpose": True}}, layers="N",
+                indices={"j": "E"})
+    hf = {f"l.{i}.e.{j}.w": torch.randn(3, 2) * (i + 2 * j + 1) for i in range(2)
+          for j in range(3)}
+    expected = {f"b.{i}.t.{j}.W": torch.empty(2, 3) for i in range(2) for j in range(3)}
+    state = to_card_state(m, hf, expected, 2, {"N": 2, "E": 3})
+    assert torch.equal(state["b.1.t.2.W"], hf["l.1.e.2.w"].T)
+    back = from_card_state(m, state, 2, {"N": 2, "E": 3})
+    assert sorted(back) == sorted(hf) and all(torch.equal(back[k], hf[k]) for k in hf)
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "missing tensor 'l.0.e.3.w' (the card's b.0.t.3.W): the checkpoint's sizes give 4 "
+            "members of 'j' (E)")):
+        to_card_state(m, hf, expected, 2, {"N": 2, "E": 4})
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "the checkpoint's sizes give 1,000,000,000 members of 'j' (E), but it holds 6 "
+            "tensors")):
+        to_card_state(m, hf, expected, 2, {"N": 2, "E": 10**9})
+
+
+@pytest.mark.parametrize("indices, tensors, message", [
+    ({"j": "F"}, EXPERTS, "x.hf.json: 'indices' 'j': 'F' is not a hyperparameter of this "
+                          "mapping"),
+    ({"i": "E"}, EXPERTS, "x.hf.json: 'indices': 'i' cannot name an index"),
+    ({"j k": "E"}, EXPERTS, "x.hf.json: 'indices': 'j k' cannot name an index"),
+    ({"j": 3}, EXPERTS, "x.hf.json: 'indices' 'j': its count must be a string"),
+    (["j"], EXPERTS, "x.hf.json: 'indices' must be an object: index → its count"),
+    ({"j": "E"}, {"l.{i}.e.{k}.w": "b.{i}.t.{k}.W"},
+     "x.hf.json: tensor 'l.{i}.e.{k}.w': index '{k}' in 'l.{i}.e.{k}.w': an index reads one "
+     "of i or j, not 'k'"),
+    ({"j": "E"}, {"l.{i}.e.{j}.w": "b.{i}.t.W"},
+     "x.hf.json: tensor 'l.{i}.e.{j}.w': index '{j}' is in only one of it and the card's "
+     "'b.{i}.t.W'"),
+    ({"j": "E"}, {"l.{i + j}.w": "b.{i}.t.{j}.W"},
+     "x.hf.json: tensor 'l.{i + j}.w': index '{i + j}' in 'l.{i + j}.w': an index reads one "
+     "of i or j, not 'j'"),
+])
+def test_a_bad_second_index_is_one_clear_error(indices, tensors, message):
+    with pytest.raises(RuntimeInputError) as err:
+        mapping({"N": "num_hidden_layers", "E": "num_local_experts"}, tensors, layers="N",
+                indices=indices)
+    assert str(err.value) == message or str(err.value).startswith(message), err.value

@@ -27,7 +27,8 @@ GOLDEN = ROOT / "tests" / "golden" / "latex"
 CARDS = sorted(p.relative_to(ROOT) for folder in ("cards", "tests/cards/heads")
                for p in (ROOT / folder).rglob("*.card"))
 GOLDEN_CARDS = ["cards/paper/attention.card", "cards/gpt2.card", "cards/mistral.card",
-                "cards/paper/dtraining.card", "cards/recipes/lm_training.card", "cards/vit.card"]
+                "cards/mixtral.card", "cards/paper/dtraining.card", "cards/recipes/lm_training.card",
+                "cards/vit.card"]
 
 
 def _latex(path: str | Path, *flags: str) -> subprocess.CompletedProcess:
@@ -168,7 +169,7 @@ def _md(path: str | Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("card", ["cards/paper/attention.card", "cards/gpt2.card",
-                                  "cards/vit.card"])
+                                  "cards/mixtral.card", "cards/vit.card"])
 def test_markdown_golden(card):
     run = _md(card)
     assert run.returncode == 0, run.stderr

@@ -12,7 +12,7 @@ from ..builtins import BUILTINS, BY_NAME, FILTERS, OPTIMIZERS, RESULT, TABLE
 from ..dims import ONE, Dim, solve
 from ..library import shown_folders
 from ..spelling import display
-from ..types import BundleTy, Entry, FamilyTy, FuncTy, Ty, subst_dim, substitute
+from ..types import BundleTy, Entry, FamilyTy, FuncTy, SetTy, Ty, subst_dim, substitute
 from .messages import (
     _card_like,
     _entry_text,
@@ -27,7 +27,8 @@ from .scope import BodyState, Expressions, Part
 from .shapes import _d, _members, _same_entry, broadcast_shape, dims_equal
 
 # the rule that checks a call to a builtin: its own for a filter, dropout or an optimizer
-_KINDS = {b.name: b.rule if b.rule in ("filter", "dropout", "optimizer", "patches") else "builtin"
+_KINDS = {b.name: b.rule if b.rule in ("filter", "argtop", "dropout", "optimizer", "patches")
+          else "builtin"
           for b in TABLE}
 
 
@@ -43,6 +44,7 @@ class CallChecker(Part):
         kind, target = self.callee(e.func)
         rule = {"model": self.call_model, "function": self.apply_function, "card": self.call_card,
                 "optimizer": self.apply_optimizer, "filter": self.apply_filter,
+                "argtop": self.apply_argtop,
                 "dropout": self.apply_dropout, "patches": self.apply_patches,
                 "builtin": self.call_builtin,
                 "value": self.not_a_function, "unknown": self.unknown_callee}[kind]
@@ -146,6 +148,27 @@ class CallChecker(Part):
             raise CheckError
         self.filter_bound(e.func, e.params[0])
         return Ty(weights.shape)
+
+    def apply_argtop(self, e: s.Call, _: None = None) -> SetTy:
+        """argtop_k(r | k): a vector of scores in, the set of its k best indices out."""
+        usage = f"write {display(e.func)}(r | k): the indices of the k largest entries of r"
+        if len(e.args) != 1 or len(e.params) != 1 or isinstance(e.params[0], s.Arg):
+            self.error(e.span, f"{display(e.func)} takes one vector of scores, then k after '|'",
+                       hint=usage)
+            raise CheckError
+        scores = self.exprs.tensor(e.args[0])
+        if scores.rank != 1 or scores.elem == "𝔹":
+            self.error(e.args[0].span, f"{display(e.func)} ranks the entries of a vector of "
+                                       f"numbers, not {scores}", hint=usage)
+            raise CheckError
+        k = self.exprs.tensor(e.params[0])
+        given = e.params[0]
+        if k.shape or k.elem != "ℕ" or isinstance(given, s.Num) and given.value < 1:
+            shown = given.text if isinstance(given, s.Num) else str(k)
+            self.error(given.span, f"the k of {display(e.func)} is a whole number ≥ 1, not "
+                                   f"{shown}", hint=usage)
+            raise CheckError
+        return SetTy(scores.shape[0])
 
     def apply_dropout(self, e: s.Call, _: None = None) -> Ty:
         """dropout(X | p): a tensor in, one of its shape out; p a number in [0, 1)."""

@@ -64,27 +64,29 @@ class _Decl:
     name: str
     span: s.Span
     family: str | None  # the variable of the family (For h ∈ [H]:) it is declared in
+    own: bool = False  # the card's own bundle (`| θ`, declared at the top): the module itself
 
 
 def _declared(alg: s.Algorithm, sources: dict[str, str]) -> list[_Decl]:
     out: list[_Decl] = []
 
-    def walk(kind: str, item: s.Item, family: str | None) -> None:
+    def walk(kind: str, item: s.Item, family: str | None, top: bool = False) -> None:
         if isinstance(item, s.Decl):
             out.extend(_Decl(kind, n, _name_span(item.span, n, sources), family)
                        for n in item.names)
         elif isinstance(item, s.Bundle):
+            own = top and kind == "Parameters" and item.name in alg.params
             out.append(_Decl("Bundle", item.name, _name_span(item.span, item.name, sources),
-                             family))
+                             family, own))
             for sub in item.items:
                 walk(kind, sub, family)
         elif isinstance(item, s.Family):
             for sub in item.items:
-                walk(kind, sub, item.index)
+                walk(kind, sub, item.index, top=False)
 
     for block in alg.blocks:
         for item in block.items:
-            walk(block.kind, item, None)
+            walk(block.kind, item, None, top=True)
     return out
 
 
@@ -124,7 +126,7 @@ def _attributes(declared: list[_Decl]) -> list[Named]:
     for d in declared:
         if d.kind == "Hyperparameters":
             out.append(Named(d.name, d.span, identifier(d.name)))
-        elif d.kind in ("Parameters", "Bundle"):  # a bundle handed to a card: a submodule
+        elif d.kind in ("Parameters", "Bundle") and not d.own:  # a bundle: a submodule
             out.append(Named(d.name, d.span, attribute(*split_name(d.name), d.family)))
     return out
 

@@ -80,6 +80,15 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   θ^local_ℓ, θ^global_ℓ, so transformers' `model.layers.{2i}.…` is the card's `local.{i}.…` and
   `model.layers.{2i+1}.…` its `global_.{i}.…`. An index that is not of that form, or two names
   that expand to the same tensor, is refused, named.
+- `indices`: further indices of tensor names, each with its count, an expression of the card's
+  hyperparameters as `layers` is: `{"j": "E"}` makes transformers'
+  `model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight` the card's
+  `block.{i}.moe.theta.{j}.W_1` for every expert j = 0 … E − 1 of every layer, one line for all
+  of them. An index of a name reads one index (`{j}`, `{2j + 1}`), and a tensor and its card
+  name read the same further indices; a name that is not an identifier (or is i), an unknown
+  hyperparameter, an index that reads another name, or an index in only one of the two names is
+  refused, named; import refuses a checkpoint that lacks the last member's tensors before it
+  makes every name.
 - `tensors`: Hugging Face name → the generated module's parameter name, or
   `{"card": NAME, "transpose": true, "chunk": [k, n], "axis": a}` (a ≥ 0, an axis of the card
   tensor): the Hugging Face tensor is

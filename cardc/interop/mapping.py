@@ -57,36 +57,74 @@ class Entry:
 
     @property
     def per_layer(self) -> bool:
-        return _INDEX.search(self.hf) is not None
+        return "i" in index_vars(self.hf)
 
-    def at(self, i: int) -> Entry:
-        parts = tuple(Part(layer_name(p.card, i), p.size) for p in self.parts)
-        return Entry(layer_name(self.hf, i), layer_name(self.card, i), self.transpose, self.chunk,
-                     self.axis, self.shape, self.groups, parts)
+    def at(self, i: int, **more: int) -> Entry:
+        """This entry at layer i, and at the values `more` gives further indices."""
+        return self.where({"i": i, **more})
+
+    def where(self, values: dict[str, int]) -> Entry:
+        """This entry with each index `values` gives evaluated, the others as written."""
+        parts = tuple(Part(index_name(p.card, values), p.size) for p in self.parts)
+        return Entry(index_name(self.hf, values), index_name(self.card, values), self.transpose,
+                     self.chunk, self.axis, self.shape, self.groups, parts)
 
 
 _INDEX = re.compile(r"\{([^{}]*)\}")  # a layer index in a name: {i}, {2i}, {2*i + 1}
-_IMPLICIT = re.compile(r"(?<![\w.])(\d+)\s*(?=i\b)")  # 2i is 2*i
 
 
-def layer_index(text: str) -> ex.Expr:
-    """The index `{text}` stands for, an affine a·i + b of the layer i with whole a, b ≥ 0,
-    so that it names layer 0, 1, … of its own stack exactly once each; ExprError otherwise."""
-    e = ex.parse(_IMPLICIT.sub(r"\1*", text))
-    if set(ex.names(e)) - {"i"}:
-        raise ex.ExprError(f"an index may only read the layer i, not '{ex.names(e)[0]}'")
-    f0, f1, f2 = (ex.evaluate(e, {"i": Fraction(k)}) for k in range(3))
+def layer_index(text: str, names: tuple[str, ...] = ("i",)) -> ex.Expr:
+    """The index `{text}` stands for, an affine a·v + b of one index v of `names` (the layer
+    i, or an index the mapping's `indices` declare) with whole a, b ≥ 0, so that it names
+    member 0, 1, … of its own family exactly once each; ExprError otherwise."""
+    e = _index_expr(text)
+    read = ex.names(e)
+    if set(read) - set(names) or len(set(read)) > 1:
+        other = next((n for n in read if n not in names), read[-1] if read else "")
+        known = " or ".join(names)
+        raise ex.ExprError(f"an index reads one of {known}, not '{other}'" if len(names) > 1
+                           else f"an index may only read the layer i, not '{other}'")
+    var = read[0] if read else names[0]
+    f0, f1, f2 = (ex.evaluate(e, {var: Fraction(k)}) for k in range(3))
     if f1 - f0 != f2 - f1 or any(v.denominator != 1 for v in (f0, f1 - f0)) \
             or f0 < 0 or f1 - f0 < 0:
-        raise ex.ExprError(f"'{text}' is not a·i + b with whole a, b ≥ 0")
+        raise ex.ExprError(f"'{text}' is not a·{var} + b with whole a, b ≥ 0")
     return e
+
+
+def _index_expr(text: str) -> ex.Expr:
+    """An index as an expression: `2i` is 2*i, `3j + 1` is 3*j + 1."""
+    return ex.parse(_IMPLICIT.sub(r"\1*", text))
+
+
+_IMPLICIT = re.compile(r"(?<![\w.])(\d+)\s*(?=[^\W\d]\w*\b)")  # 2i is 2*i
+
+
+def index_vars(template: str) -> list[str]:
+    """The index each `{…}` of a name reads, in order (one that reads none: i)."""
+    out = []
+    for m in _INDEX.finditer(template):
+        try:
+            out.append((ex.names(_index_expr(m.group(1))) or ["i"])[0])
+        except ex.ExprError:
+            out.append("i")  # refused where the mapping is read (_check_indices)
+    return out
+
+
+def index_name(template: str, values: dict[str, int]) -> str:
+    """`template` with each index `{…}` whose variable `values` gives evaluated."""
+    def sub(m: re.Match[str]) -> str:
+        e = _index_expr(m.group(1))
+        var = (ex.names(e) or ["i"])[0]
+        if var not in values:
+            return m.group(0)
+        return str(int(ex.evaluate(e, {var: Fraction(values[var])})))
+    return _INDEX.sub(sub, template)
 
 
 def layer_name(template: str, i: int) -> str:
     """`template` with each index `{…}` evaluated for layer i (checked by `layer_index`)."""
-    def sub(m: re.Match[str]) -> str:
-        return str(int(ex.evaluate(layer_index(m.group(1)), {"i": Fraction(i)})))
-    return _INDEX.sub(sub, template)
+    return index_name(template, {"i": i})
 
 
 @dataclass(frozen=True)
@@ -139,12 +177,15 @@ class Mapping:
     harmless: tuple[str, ...] = ()
     cycles: dict[str, tuple[tuple[Any, ...], ex.Expr]] = field(default_factory=dict)
     constraints: dict[str, Constraint] = field(default_factory=dict)  # by hyperparameter
+    indices: dict[str, str] = field(default_factory=dict)  # index → its count, beside {i}
 
-    def entries(self, n_layers: int) -> list[Entry]:
-        """The table with each layer index expanded for layers 0 … n_layers − 1."""
+    def entries(self, n_layers: int, counts: dict[str, int] | None = None) -> list[Entry]:
+        """The table with each layer index expanded for layers 0 … n_layers − 1, and each
+        further index v for 0 … counts[v] − 1 (`index_counts`)."""
         out = []
         for e in self.tensors:
-            out += [e.at(i) for i in range(n_layers)] if e.per_layer else [e]
+            layers = [e.at(i) for i in range(n_layers)] if e.per_layer else [e]
+            out += [x for layer in layers for x in self.members(layer, counts or {})]
         seen: dict[str, str] = {}
         for e in out:
             if e.hf in seen:
@@ -153,23 +194,47 @@ class Mapping:
             seen[e.hf] = e.card
         return out
 
-    def layer_count(self, hypers: dict[str, Any]) -> int:
-        """How many layers `{i}` runs over, from the card's hyperparameters (by Python name)."""
-        if self.layers is None:
-            return 0
-        e = ex.parse(self.layers)
+    def members(self, e: Entry, counts: dict[str, int]) -> list[Entry]:
+        """`e` at every value of each further index it reads (an expert's tensors, each)."""
+        out = [e]
+        for var in dict.fromkeys(v for v in index_vars(e.hf) if v in self.indices):
+            if var not in counts:
+                raise RuntimeInputError(f"{self.source}: the members of '{var}' are not counted "
+                                        f"(its count is {self.indices[var]})")
+            out = [x.where({var: k}) for x in out for k in range(counts[var])]
+        return out
+
+    def index_counts(self, hypers: dict[str, Any]) -> dict[str, int]:
+        """How many members each index of `indices` runs over, from the card's
+        hyperparameters (by Python name)."""
+        return {var: self.count(text, f"the members of '{var}'", hypers)
+                for var, text in self.indices.items()}
+
+    def last_indices(self, counts: dict[str, int]) -> dict[str, int]:
+        """The last member of each further index: the names checked before all are made."""
+        return {var: n - 1 for var, n in counts.items() if n > 0}
+
+    def count(self, text: str, what: str, hypers: dict[str, Any]) -> int:
+        """A count the mapping writes as an expression of the card's hyperparameters."""
+        e = ex.parse(text)
         try:
             env = {n: ex.exact(hypers[identifier(n)]) for n in ex.names(e)}
             value = ex.evaluate(e, env)
         except (KeyError, ex.ExprError) as err:
-            raise RuntimeInputError(f"{self.source}: cannot count the layers ({self.layers}): "
+            raise RuntimeInputError(f"{self.source}: cannot count {what} ({text}): "
                                     f"{'no ' + repr(err.args[0]) if isinstance(err, KeyError) else err}"
                                     ) from None
         if value.denominator != 1 or value < 0:
             given = ", ".join(f"{n} = {ex.number(v)}" for n, v in env.items())
-            raise RuntimeInputError(f"the layers of {self.source} number {self.layers} = "
+            raise RuntimeInputError(f"{what} of {self.source} number {text} = "
                                     f"{ex.number(value)} ({given}), not a whole number")
         return int(value)
+
+    def layer_count(self, hypers: dict[str, Any]) -> int:
+        """How many layers `{i}` runs over, from the card's hyperparameters (by Python name)."""
+        if self.layers is None:
+            return 0
+        return self.count(self.layers, "the layers", hypers)
 
     def ignored(self, name: str) -> bool:
         return any(re.fullmatch(r"\d+".join(map(re.escape, _INDEX.split(p)[::2])), name)
@@ -267,11 +332,14 @@ def parse_mapping(raw: Any, source: str) -> Mapping:
     hypers = {canonical_name(name): _hyper(name, spec, need)
               for name, spec in raw["hyperparameters"].items()}
     tensors = tuple(_entry(hf, spec, need) for hf, spec in raw["tensors"].items())
+    indices = _indices(raw.get("indices", {}), hypers, need)
+    names = ("i", *indices)
     for e in tensors:
         for name in (e.hf, *e.cards):
-            _check_indices(name, f"tensor '{e.hf}'", need)
+            _check_indices(name, f"tensor '{e.hf}'", need, names)
+        _check_same_indices(e, indices, need)
     for name in raw.get("ignore", []):
-        _check_indices(name, "'ignore'", need)
+        _check_indices(name, "'ignore'", need, names)
     layers = _layers(raw.get("layers"), hypers, need)
     need(layers is not None or not any(e.per_layer for e in tensors),
          "names with {i} need 'layers', the hyperparameter (or an expression of them) that "
@@ -299,7 +367,7 @@ def parse_mapping(raw: Any, source: str) -> Mapping:
                    str(raw.get("base_prefix", "")), tuple(raw.get("ignore", [])),
                    raw.get("base_model", False) is True, derived,
                    tuple(raw.get("harmless", [])), cycles,
-                   _constraints(raw.get("constraints", {}), hypers, need))
+                   _constraints(raw.get("constraints", {}), hypers, need), indices)
 
 
 def _constraints(raw: Any, hypers: dict[str, Hyper], need: Need) -> dict[str, Constraint]:
@@ -334,7 +402,7 @@ def _cycle(key: str, value: dict[str, Any], need: Need) -> tuple[tuple[Any, ...]
 
 _KEYS = {"about", "card", "architecture", "model_type", "hyperparameters", "fixed_config",
          "export_config", "layers", "tensors", "tied", "base_prefix", "ignore", "variants",
-         "base_model", "harmless", "constraints"}
+         "base_model", "harmless", "constraints", "indices"}
 
 
 def _check_keys(raw: Any, need: Need) -> None:
@@ -387,13 +455,43 @@ def _renamed(e: ex.Expr, canon: dict[str, str]) -> ex.Expr:
     return e
 
 
-def _check_indices(name: str, where: str, need: Need) -> None:
-    """Every layer index `{…}` of a name is a·i + b."""
+def _check_indices(name: str, where: str, need: Need, names: tuple[str, ...] = ("i",)) -> None:
+    """Every index `{…}` of a name is a·v + b of one index v: the layer i or one of
+    `indices`."""
     for m in _INDEX.finditer(name):
         try:
-            layer_index(m.group(1))
+            layer_index(m.group(1), names)
         except ex.ExprError as err:
-            need(False, f"{where}: layer index '{{{m.group(1)}}}' in '{name}': {err}")
+            kind = "layer index" if len(names) == 1 else "index"
+            need(False, f"{where}: {kind} '{{{m.group(1)}}}' in '{name}': {err}")
+
+
+def _indices(raw: Any, hypers: dict[str, Hyper], need: Need) -> dict[str, str]:
+    """`indices`: each further index of tensor names (`{"j": "E"}`: an expert's `{j}`), a
+    name other than i, and its count, an expression of the card's hyperparameters as
+    `layers` is (in canonical spelling)."""
+    need(isinstance(raw, dict), "'indices' must be an object: index → its count")
+    out = {}
+    for var, count in raw.items():
+        need(var.isidentifier() and var != "i",
+             f"'indices': '{var}' cannot name an index (a letter and letters or digits, not i)")
+        need(isinstance(count, str), f"'indices' '{var}': its count must be a string")
+        where = f"'indices' '{var}'"
+        out[var] = _layers(count, hypers, lambda ok, what, where=where: need(
+            ok, what.replace("'layers'", where)))
+    return out
+
+
+def _check_same_indices(e: Entry, indices: dict[str, str], need: Need) -> None:
+    """A tensor name and its card tensor read the same further indices: each member of the
+    family is one tensor of each."""
+    hf = {v for v in index_vars(e.hf) if v in indices}
+    for card in e.cards:
+        mine = {v for v in index_vars(card) if v in indices}
+        if hf != mine:
+            missing = sorted(hf ^ mine)[0]
+            need(False, f"tensor '{e.hf}': index '{{{missing}}}' is in only one of it and "
+                        f"the card's '{card}'")
 
 
 _HYPER_KEYS = {"key", "default", "same", "expr", "null", "solve", "type", COUNT}

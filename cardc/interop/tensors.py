@@ -13,7 +13,7 @@ from ..names import identifier
 from ..runtime.errors import RuntimeInputError
 from ..spelling import canonical_name
 from . import expr as ex
-from .mapping import Entry, Mapping
+from .mapping import Entry, Mapping, index_vars
 
 Hypers = dict[str, Any]  # the card's hyperparameters by Python name, as a checkpoint records them
 
@@ -26,8 +26,9 @@ def to_card_state(mapping: Mapping, hf_state: dict[str, torch.Tensor],
     `expected` is the card model's state dict (for shapes); `hypers` the values a fused
     tensor's group count and sizes read. Every mismatch names the tensor."""
     hf_state = _normalise(mapping, hf_state)
-    _check_count(mapping, hf_state, n_layers)
-    entries = mapping.entries(n_layers)
+    counts = mapping.index_counts(hypers or {})
+    _check_count(mapping, hf_state, n_layers, counts)
+    entries = mapping.entries(n_layers, counts)
     _check_names(mapping, entries, hf_state, set(expected), n_layers)
     parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
     axis: dict[str, int] = {}
@@ -72,14 +73,16 @@ def _joined(pieces: list[torch.Tensor], axis: int) -> torch.Tensor:
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=axis)
 
 
-def _check_count(mapping: Mapping, hf_state: dict[str, torch.Tensor], n_layers: int) -> None:
+def _check_count(mapping: Mapping, hf_state: dict[str, torch.Tensor], n_layers: int,
+                 counts: dict[str, int]) -> None:
     """Before the names of every layer are made: the last layer's are in the checkpoint, and
     it holds a tensor for each layer at least (a layer count of 10^9 is refused at once)."""
+    _check_members(mapping, hf_state, counts, n_layers)
     per_layer = [e for e in mapping.tensors if e.per_layer]
     if not per_layer or n_layers == 0:
         return
     for e in per_layer:
-        last = e.at(n_layers - 1)
+        last = e.at(n_layers - 1, **mapping.last_indices(counts))
         if last.hf not in hf_state:
             raise RuntimeInputError(f"missing tensor '{last.hf}' (the card's {last.card}) of "
                                     f"layer {n_layers - 1}: the checkpoint's sizes give "
@@ -87,6 +90,24 @@ def _check_count(mapping: Mapping, hf_state: dict[str, torch.Tensor], n_layers: 
     if n_layers > len(hf_state):  # each layer has a tensor of its own: the names are bounded
         raise RuntimeInputError(f"the checkpoint's sizes give {n_layers:,} layers, but it "
                                 f"holds {len(hf_state):,} tensors")
+
+
+def _check_members(mapping: Mapping, hf_state: dict[str, torch.Tensor],
+                   counts: dict[str, int], n_layers: int) -> None:
+    """Likewise for each further index (`indices`): its last member's tensors are in the
+    checkpoint, and it holds a tensor for each member at least."""
+    for var, n in counts.items():
+        if n > len(hf_state):
+            raise RuntimeInputError(f"the checkpoint's sizes give {n:,} members of '{var}' "
+                                    f"({mapping.indices[var]}), but it holds "
+                                    f"{len(hf_state):,} tensors")
+        for e in mapping.tensors:
+            if n and var in index_vars(e.hf) and (n_layers or not e.per_layer):
+                last = e.where({var: n - 1, "i": 0})
+                if last.hf not in hf_state:
+                    raise RuntimeInputError(f"missing tensor '{last.hf}' (the card's "
+                                            f"{last.card}): the checkpoint's sizes give {n:,} "
+                                            f"members of '{var}' ({mapping.indices[var]})")
 
 
 def _check_names(mapping: Mapping, entries: list[Entry], hf_state: dict[str, torch.Tensor],
@@ -251,13 +272,15 @@ def from_card_state(mapping: Mapping, state: dict[str, torch.Tensor], n_layers: 
                     hypers: Hypers | None = None) -> dict[str, torch.Tensor]:
     """The card's state dict under Hugging Face names, each tensor contiguous and unshared;
     a bare base model's names without the base prefix, as its checkpoints have them."""
-    for e in (e.at(n_layers - 1) for e in mapping.tensors if e.per_layer and n_layers > 0):
+    counts = mapping.index_counts(hypers or {})
+    last = mapping.last_indices(counts)
+    for e in (e.at(n_layers - 1, **last) for e in mapping.tensors if e.per_layer and n_layers > 0):
         lacking = [c for c in e.cards if c not in state]
         if lacking:  # before the names of every layer are made
             raise RuntimeInputError(f"the checkpoint lacks the card's tensor '{lacking[0]}' of "
                                     f"layer {n_layers - 1}: its hyperparameters give "
                                     f"{n_layers:,} layers")
-    entries = mapping.entries(n_layers)
+    entries = mapping.entries(n_layers, counts)
     unmapped = sorted(set(state) - {c for e in entries for c in e.cards})
     if unmapped:
         raise RuntimeInputError(f"{mapping.source} does not map the card's tensor '{unmapped[0]}'")

@@ -8,7 +8,7 @@ from itertools import product
 import torch
 
 from .. import syntax as s
-from ..builtins import DROPOUT, PATCHES
+from ..builtins import ARGTOP, DROPOUT, PATCHES
 from ..checker import CallInfo
 from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
@@ -27,6 +27,9 @@ class Calls:
             return self.expr(frame, e.args[0])
         if e.func == PATCHES and len(e.args) == 1 and len(e.params) == 1:
             return self.patches(e, frame)
+        if e.func == ARGTOP and len(e.args) == 1 and len(e.params) == 1:
+            scores = self.expr(frame, e.args[0])
+            return functions.argtop(scores, self.integer(frame, e.params[0]))
         if e.bar and e.params or len(e.args) != 1 and e.func not in ("max", "min"):
             return self.unsupported(e, f"the call of '{display(e.func)}'")
         args = [self.expr(frame, a) for a in e.args]

@@ -51,6 +51,14 @@ def patches(x: torch.Tensor, p: int) -> torch.Tensor:
     return torch.stack(out)
 
 
+def argtop(x: torch.Tensor, k: int) -> list[int]:
+    """The indices (from 1) of the k largest entries of the vector x, in increasing order:
+    of equal entries the first is larger; k ≥ the entries keeps them all."""
+    values = [float(v) for v in x.detach().reshape(-1)]
+    best = sorted(range(len(values)), key=lambda i: (-values[i], i))[:k]
+    return sorted(i + 1 for i in best)
+
+
 ELEMENTWISE = {
     "GELU": gelu,
     "GELU_tanh": gelu_tanh,

@@ -53,6 +53,8 @@ class Masking:
     given: dict[tuple[int, str], list[Given]] = field(default_factory=dict)
     caching: list[str] = field(default_factory=list)  # one entry per attention: EXTENDS, …
     softmaxes: int = 0  # attentions recorded that keep their own softmax (a soft-capped core)
+    fixed_softmaxes: int = 0  # over an axis the model's sizes fix (a router's, over its
+    # experts), never over positions: no attention
     decoded: dict[int, frozenset[str]] = field(default_factory=dict)  # see decoded_names
 
     def attention(self, causal: bool, card: s.Algorithm | None = None,
@@ -80,7 +82,8 @@ class Masking:
     def unrecognised(self, program: ir.Program, top: ir.Module) -> bool:
         """Whether the program computes a softmax that no recorded attention accounts for,
         besides the paper's P: an attention no rule recognised."""
-        return literal_softmaxes(program) > self.softmaxes + int(top.probabilities)
+        return literal_softmaxes(program) > \
+            self.softmaxes + self.fixed_softmaxes + int(top.probabilities)
 
     def cacheable(self) -> bool:
         """Some attention reads the KV cache, and every one extends it or needs none."""

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from .. import ir
 from .. import syntax as s
-from ..builtins import PATCHES
+from ..builtins import ARGTOP, PATCHES
 from ..checker import DROPOUT, FILTERS, PAIRWISE, CallInfo, instance
 from ..dims import Dim
 from ..spelling import display
@@ -24,6 +24,7 @@ from .body import (
     _method,
     _mT,
 )
+from .experts import argtop
 from .gelu import literal as literal_gelu
 from .patches import literal as literal_patches
 from .values import (
@@ -61,6 +62,8 @@ class Calls:
             return self.dropout(e)
         if e.func == PATCHES:
             return literal_patches(self, e)
+        if e.func == ARGTOP:
+            return argtop(self, e)
         if e.func in FILTERS:  # a distribution: the softmax of the filtered logits
             logits, base, _ = self.logits(e)
             return _like(base, _call("torch.softmax", logits, dim=_int(-1)), self.ty(e))
@@ -68,6 +71,9 @@ class Calls:
             self.fail(e, f"'{e.func}' takes one argument")
         x = self.expr(e.args[0])
         ty = self.ty(e)
+        if self.sum_axis and len(x.ty.shape) > len(ty.shape) and e.func not in ("mean", "var",
+                                                                             "max", "min"):
+            ty = Ty(x.ty.shape, ty.elem)  # exp(x[i]) under Σ_i: on the summed axis, as x[i]
         if (e.func in ELEMENTWISE or e.func in GELUS) and not _is_tensor(x) and \
                 not self.sum_axis:
             x = self.on_number(e.func, x, ty)
@@ -81,6 +87,7 @@ class Calls:
             return _like(x, _call(ELEMENTWISE[e.func], x.code), ty)
         if e.func == "softmax":  # over the first index in the paper's layout (its eq. 2)
             axis = x.axis(0) if self.column and x.ty.shape else -1
+            self.count_fixed_softmax(x)
             return _like(x, _call("torch.softmax", x.code, dim=_int(axis)), ty)
         if e.func in ("mean", "var"):
             return Val(_method(x.code, e.func, _int(-1), **(
@@ -96,6 +103,17 @@ class Calls:
                     pass
             return Val(ir.Sub(ir.Attr(x.code, "shape"), (_int(-1),)), Ty(elem="ℕ"))
         return self.fail(e, f"code generation does not know '{e.func}' yet")
+
+    def count_fixed_softmax(self, x: Val) -> None:
+        """A softmax over an axis whose size the card's hyperparameters fix (a router's over
+        its E experts) mixes no positions: it is no attention a KV cache must account for."""
+        if not x.ty.shape or self.sum_axis:
+            return
+        size = x.ty.shape[0 if self.column else -1]
+        hypers = self.info.sig.hypers
+        if size is not None and size.symbols and all(
+                sym in hypers and not hypers[sym].shape for sym in size.symbols):
+            self.low.masking.fixed_softmaxes += 1
 
     def on_number(self, func: str, x: Val, ty: Ty | None = None) -> Val:
         """An elementwise builtin of a number (log(δ/μ) of hyperparameters): Python's math

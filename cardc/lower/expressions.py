@@ -11,7 +11,7 @@ from .. import syntax as s
 from ..checker import CONSTANTS, instance
 from ..dims import Dim
 from ..spelling import display
-from ..types import Ty
+from ..types import SetTy, Ty
 from .body import (
     COMPARE,
     ELEMENTWISE,
@@ -29,6 +29,7 @@ from .body import (
     _shift,
     _varies,
 )
+from .experts import set_sum
 from .gradients import listed, norm
 from .values import (
     Family,
@@ -357,6 +358,8 @@ class Expressions:
             return self.ranged_sum(e)
         if e.over is None and self.sums_family(e):
             return self.family_sum(e)
+        if isinstance(self.info.types.get(id(e.over)), SetTy):  # Σ_{e ∈ I}, I ← argtop_k(…)
+            return set_sum(self, e)
         if e.over is not None or not (isinstance(e.lo, s.Num) and e.lo.text == "1"):
             self.fail(e, "code generation handles sums Σ_{i=1}^{n} only")
         size = self.low.dim_value(self.alg, e.hi)

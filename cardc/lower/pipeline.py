@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import ir
-from . import attention, gelu, grouped, heads, norms, patches, rotary, sdpa_heads
+from . import attention, experts, gelu, grouped, heads, norms, patches, rotary, sdpa_heads
 from .analysis import Masking
 from .decoding import add_kv_cache, join_for_cache
 from .peephole import fold_bias
@@ -77,7 +77,8 @@ FUSED = Pipeline(
     expression=(Recogniser("partial rotary", rotary.find_partial, rotary.lower_partial,
                            ("rope", "rope_pairs", "rope_by", "rope_pairs_by")),
                 Recogniser("GELU", gelu.find, gelu.lower),
-                Recogniser("patches", patches.find, patches.lower)),
+                Recogniser("patches", patches.find, patches.lower),
+                Recogniser("sparse experts", experts.find, experts.lower)),
     passes=(_fold_bias, join_for_cache, add_kv_cache),
 )
 

@@ -1,0 +1,58 @@
+"""The helpers of generated models that route tokens to experts: the set of each token's k
+best-scored experts, as a mask, and the sum over those experts of their weighted outputs,
+sparse (each expert run on the tokens that chose it) or dense (every expert on every token, the
+card's math as written, for the literal lowering).
+
+`cardc build` copies the ones a model uses into its generated file, by name and as written
+here (cardc.codegen reads this file as text, never imports it); each uses torch alone.
+"""
+
+import torch
+
+
+def top_mask(scores, k):
+    """argtop_k(scores | k) of every row: True at the k largest entries of the last axis."""
+    best = scores.topk(min(k, scores.shape[-1]), dim=-1).indices
+    return torch.zeros_like(scores, dtype=torch.bool).scatter(-1, best, True)
+
+
+def route(x, chosen, weight, experts):
+    """Σ over each token's chosen experts e of weight[e] · experts[e](token): the tokens are
+    gathered once, in order of the expert that chose them, each expert runs once on its own
+    run of them, and the weighted outputs are added back at their tokens in one scatter (one
+    gather and one scatter for all experts, in the backward pass too). x is (…, D), chosen
+    and weight (…, E)."""
+    lead = chosen.shape[:-1]
+    tokens = x.expand(*lead, x.shape[-1]).reshape(-1, x.shape[-1])
+    chosen = chosen.reshape(-1, chosen.shape[-1])
+    weight = torch.as_tensor(weight, dtype=x.dtype, device=x.device)
+    weight = weight.expand(*lead, chosen.shape[-1]).reshape(chosen.shape)
+    expert_of, token = chosen.T.nonzero(as_tuple=True)  # grouped by expert
+    counts = torch.bincount(expert_of, minlength=len(experts)).tolist()
+    runs = tokens[token].split(counts)
+    y = torch.cat([on_rows(expert, run) for expert, run in zip(experts, runs, strict=True)])
+    y = y * weight[token, expert_of].reshape(-1, *[1] * (y.dim() - 1))
+    out = y.new_zeros(tokens.shape[0], *y.shape[1:]).index_add(0, token, y)
+    return out.reshape(*lead, *y.shape[1:])
+
+
+# Rows a run of tokens is padded to a multiple of: CPU kernels compute a product of fewer
+# than 4 rows, and the last entries of an element-wise op (past the last full vector of 16),
+# another way, whose rounding differs
+ROWS = 16
+
+
+def on_rows(expert, run):
+    """expert(run), the run padded with zero rows to a multiple of ROWS first: a token's
+    output is then the same to the bit however many other tokens chose its expert (so a
+    position's logits never depend, even in rounding, on the tokens after it)."""
+    short = -run.shape[0] % ROWS
+    if short == 0:
+        return expert(run)
+    return expert(torch.cat([run, run.new_zeros(short, *run.shape[1:])]))[:run.shape[0]]
+
+
+def route_dense(x, chosen, weight, experts):
+    """The same sum with every expert on every token, weighted 0 where not chosen."""
+    weight = torch.where(chosen, torch.as_tensor(weight, dtype=x.dtype, device=x.device), 0)
+    return sum(weight[..., e, None] * expert(x) for e, expert in enumerate(experts))
