@@ -384,7 +384,8 @@ def real_type(dtype):
 
 
 def rope_angles(pairs, X, theta_base, past, width=None):
-    """RoPE's tables at X's rows, those of the angles (past + t) θ_base^{−2i/r}: cos (T, d),
+    """RoPE's tables at X's rows, those of the angles (past + t) ω_i, ω_i = θ_base^{−2i/r}
+    (or a card's frequencies: rope_frequencies): cos (T, d),
     its columns after the first r = width (all d by default) 1; sin (T, r), each plane's
     first sine negated, the planes those of the convention; the same sine (T, d), 0 after
     column r; and each column's partner in its plane (d,). Sliced from a table over every
@@ -405,11 +406,12 @@ def rope_angles(pairs, X, theta_base, past, width=None):
 def rope_table(pairs, d, r, theta_base, device, positions, dtype=torch.float32):
     """rope_angles' tables, for at least `positions` positions (grown by doubling), computed
     in `dtype` from the frequencies on."""
-    key = pairs, d, r, float(theta_base), device, dtype
+    key = pairs, d, r, theta_base if isinstance(theta_base, tuple) else float(theta_base), \
+        device, dtype
     table = TABLES.get(key)
     if table is None or table[0].shape[0] < positions:
         n = max(positions, 64 if table is None else 2 * table[0].shape[0])
-        omega = theta_base ** -(torch.arange(0, r, 2, device=device, dtype=dtype) / r)
+        omega = rope_frequencies(theta_base, r, device, dtype)
         phi = torch.arange(n, device=device, dtype=dtype)[:, None] * omega
         cos, sin = phi.cos(), phi.sin()  # (n, r/2)
         columns = torch.arange(d, device=device)
@@ -422,6 +424,16 @@ def rope_table(pairs, d, r, theta_base, device, positions, dtype=torch.float32):
                                torch.cat([sin, sin.new_zeros(n, d - r)], -1),
                                torch.cat([partners, columns[r:]]))
     return table
+
+
+def rope_frequencies(theta_base, r, device, dtype):
+    """RoPE's r/2 frequencies: θ_base^{−2i/r} for a base, or a card's own for
+    (function, its hyperparameters…): function(r, …, device, dtype), the card's steps that
+    compute them (a base written as a number, a rescaling)."""
+    if isinstance(theta_base, tuple):
+        function, *hypers = theta_base
+        return function(r, *hypers, device, dtype).to(device, dtype)
+    return theta_base ** -(torch.arange(0, r, 2, device=device, dtype=dtype) / r)
 
 
 def turn(X, cos, sin, wide_sin, partners, pairs):
