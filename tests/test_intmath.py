@@ -140,8 +140,10 @@ def test_min_and_max_of_tensors_are_entry_by_entry_and_shapes_must_broadcast(tmp
 
 
 @pytest.mark.parametrize("renderer", ["text", "latex", "html", "md"])
-def test_rendered_golden(renderer):
-    lib, checker, _ = checked([str(NOTATION)], library_roots([str(NOTATION)], None))
+def test_rendered_golden(renderer, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the page names the card by its path from the repository's root
+    card = str(NOTATION.relative_to(ROOT))
+    lib, checker, _ = checked([card], library_roots([card], None))
     (card_file,) = [f for f in lib.files if Path(f.path).resolve() == NOTATION]
     out = {"text": lambda: render_card(card_file),
            "latex": lambda: render_latex(card_file, checker),
