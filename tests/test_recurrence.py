@@ -222,6 +222,8 @@ def test_linear_scan_equals_the_loop_for_any_gate(T):
     torch.testing.assert_close(linear_scan(a, b, h, -2), _loop(a, b, h), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(linear_scan(a, b, 0, -2), _loop(a, b, torch.zeros(5)),
                                rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(linear_scan(-0.5, b, h, -2), _loop(torch.full_like(a, -0.5), b, h),
+                               rtol=1e-12, atol=1e-12)
 
 
 def test_linear_scan_stays_as_accurate_as_the_loop_over_long_sequences():
@@ -310,6 +312,7 @@ def test_a_loop_over_a_vectors_entries_runs_within_each_token_and_carries_nothin
     for module in (built.literal, built.fused):
         torch.testing.assert_close(module(x), want, rtol=RTOL, atol=ATOL)
     assert not hasattr(built.fused, "new_cache") and "cache" not in built.sources[True]
+    assert "linear_scan(0.5, e, s, -1)" in built.sources[True]  # `0.5 · s`: a number decays it
 
 
 READS_OUTPUT = """\

@@ -20,6 +20,7 @@ the model decodes, the state the last position left is carried in the KV cache
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .. import ir
@@ -107,9 +108,10 @@ def numbered(st: s.For) -> bool:
                for n in s.nodes(st.body))
 
 
-def linear_step(st: s.For) -> Linear | str:
+def linear_step(st: s.For, number: Callable[[s.Expr], bool]) -> Linear | str:
     """The loop's one state and its update `h ← a ⊙ h + b` (either order of the product
-    and of the sum), the first step to read h, whose a and b read no state; else why not."""
+    and of the sum; `a · h` where `number(a)`, a number), the first step to read h, whose a
+    and b read no state; else why not."""
     states = carried(st)
     if len(states) != 1:
         return "it carries more than one state" if states else "it carries no state"
@@ -120,21 +122,24 @@ def linear_step(st: s.For) -> Linear | str:
                isinstance(step.stmt.target, s.Name) and step.stmt.target.id == h]
     if len(updates) != 1 or updates[0] is not steps[0]:
         return "a step reads the state before its update"
-    parts = _affine(first.value, h)
+    parts = _affine(first.value, h, number)
     if parts is None:
         return "the state enters non-linearly"
     return Linear(steps[0], h, *parts)
 
 
-def _affine(e: s.Expr, h: str) -> tuple[s.Expr, s.Expr] | None:
-    """(a, b) of `a ⊙ h + b`, `h ⊙ a + b`, `b + a ⊙ h` or `b + h ⊙ a`, a and b free of h."""
+def _affine(e: s.Expr, h: str, number: Callable[[s.Expr], bool]
+            ) -> tuple[s.Expr, s.Expr] | None:
+    """(a, b) of `a ⊙ h + b`, `h ⊙ a + b`, `b + a ⊙ h` or `b + h ⊙ a`, a and b free of h;
+    `·` for ⊙ where a is a number."""
     if not (isinstance(e, s.BinOp) and e.op == "+"):
         return None
     for prod, b in ((e.left, e.right), (e.right, e.left)):
-        if h in _names(b) or not (isinstance(prod, s.BinOp) and prod.op == "⊙"):
+        if h in _names(b) or not (isinstance(prod, s.BinOp) and prod.op in ("⊙", "·")):
             continue
         for x, a in ((prod.right, prod.left), (prod.left, prod.right)):
-            if isinstance(x, s.Name) and x.id == h and h not in _names(a):
+            if isinstance(x, s.Name) and x.id == h and h not in _names(a) and \
+                    (prod.op == "⊙" or number(a)):
                 return a, b
     return None
 
@@ -142,7 +147,7 @@ def _affine(e: s.Expr, h: str) -> tuple[s.Expr, s.Expr] | None:
 # ------------------------------------------------------------------ the scan (fused)
 def find(patterns: tuple[str, ...], body: Steps, st: s.For, step: s.Step) -> Linear | None:
     """A recurrence whose state's update is linear in the state."""
-    found = linear_step(st)
+    found = linear_step(st, lambda e: body.ty(e).rank == 0)
     return found if isinstance(found, Linear) else None
 
 
@@ -278,7 +283,7 @@ class Recurrences:
             else:
                 child.step(sub)
         self.emit(ir.Loop(var, _call("range", count), tuple(child.out),
-                          self.note(step, None, _why_a_loop(st) if self.low.fuse else None)))
+                          self.note(step, None, _why_a_loop(self, st) if self.low.fuse else None)))
         for h, key in held.items():
             _hold(self, key, ir.Ref(local_name(h)))
         for sub in st.body:
@@ -318,9 +323,9 @@ class Recurrences:
         self.scope.values[name] = whole
 
 
-def _why_a_loop(st: s.For) -> str:
+def _why_a_loop(body: Steps, st: s.For) -> str:
     """What the fused lowering says of a recurrence it keeps as a loop."""
-    found = linear_step(st)
+    found = linear_step(st, lambda e: body.ty(e).rank == 0)
     why = found if isinstance(found, str) else "a step reads a position other than t's"
     return f"no scan, {why}: one position at a time"
 

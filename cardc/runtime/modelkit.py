@@ -271,6 +271,8 @@ def linear_scan(a, b, h, dim):
     (a, b) then (a′, b′) = (a′ a, a′ b + b′)): no logarithm and no division, so a gate may be
     0 or negative and nothing overflows; each state is rounded at most ⌈log₂ T⌉ times more
     than the loop rounds it."""
+    like = b if torch.is_tensor(b) else a  # a gate or an input may be a number
+    a, b = (torch.as_tensor(x, dtype=like.dtype, device=like.device) for x in (a, b))
     a, b = torch.broadcast_tensors(a, b)
     if torch.is_tensor(h) and h.dim() > 0:
         h = h.unsqueeze(dim)
