@@ -339,3 +339,59 @@ def test_a_loop_that_reads_the_output_it_writes_row_by_row_is_refused_where_it_r
     with pytest.raises(CardError, match=r"card\.card:12:21: error: code generation writes "
                                         r"'Y' position by position and reads it only after"):
         Built(tmp_path, READS_OUTPUT, D=3)
+
+
+TWO_STATES = """\
+Algorithm: Y ← WeightedMean(X | W)
+/* Two states with one decay: a decayed sum of weighted values and of the weights, their ratio read at every position. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: W consisting of:
+    W_k, W_v ∈ ℝ^{D×D}, w ∈ ℝ^{D}
+1 K ← exp(X W_k)
+2 V ← X W_v
+3 n ← 0
+4 d ← 0
+5 for t = 1, …, T do
+6     n ← w ⊙ n + K[t, :] ⊙ V[t, :]
+7     d ← w ⊙ d + K[t, :]
+8     Y[t, :] ← n/d
+9 end
+10 return Y
+"""
+
+
+def test_two_states_each_updated_linearly_are_two_scans(tmp_path):
+    built = Built(tmp_path, TWO_STATES, D=3)
+    with torch.no_grad():  # decays in (0, 1); the interpreter reads the same tensors
+        built.literal.w.copy_(torch.tensor([0.9, 0.5, 0.1], dtype=torch.float64))
+        built.fused.w.copy_(built.literal.w)
+    built.agree(_randn(6, 3))
+    fused = built.sources[True]
+    assert loops_in_forward(fused) == 0 and fused.count("linear_scan(") == 3  # two, and its def
+
+
+ROW_BY_ROW = """\
+Algorithm: Y ← RowByRow(X | W)
+/* A loop that carries nothing: each row on its own. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: W consisting of:
+    W_1 ∈ ℝ^{D×D}
+1 for t = 1, …, T do
+2     u ← X[t, :] W_1
+3     Y[t, :] ← u ⊙ X[t, :]
+4 end
+5 return Y
+"""
+
+
+def test_a_sequential_loop_that_carries_nothing_is_a_map(tmp_path):
+    built = Built(tmp_path, ROW_BY_ROW, D=3)
+    X = _randn(4, 3)
+    want = built.agree(X)
+    assert loops_in_forward(built.sources[True]) == 0
+    w = built.literal
+    torch.testing.assert_close(want, (X @ w.W_1 * X).detach(), rtol=RTOL, atol=ATOL)

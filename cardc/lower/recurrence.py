@@ -9,8 +9,9 @@ vector, a number), the fusion rule `find`/`lower` computes every position at onc
 and b as maps over the positions, then every state by `linear_scan` (cardc/runtime/modelkit.py:
 ⌈log₂ T⌉ rounds of whole-tensor products and sums, no logarithms and no division, so a gate
 may be 0 or negative and nothing overflows), then the steps after the update as maps over the
-positions. A loop whose state enters non-linearly keeps its Python loop (`cardc build` notes
-which in the generated code).
+positions. Each state a loop carries gets its own scan (a sum and a normaliser decayed alike),
+and a loop that carries none is a map. A loop whose state enters non-linearly, or is read
+before its update, keeps its Python loop, and the generated code says why on its line.
 
 Both lowerings record the recurrence with the model's analysis (cardc.lower.analysis): a loop
 that reads every value at its own position t only, never t as a number, is causal, and where
@@ -108,24 +109,22 @@ def numbered(st: s.For) -> bool:
                for n in s.nodes(st.body))
 
 
-def linear_step(st: s.For, number: Callable[[s.Expr], bool]) -> Linear | str:
-    """The loop's one state and its update `h ← a ⊙ h + b` (either order of the product
-    and of the sum; `a · h` where `number(a)`, a number), the first step to read h, whose a
-    and b read no state; else why not."""
-    states = carried(st)
-    if len(states) != 1:
-        return "it carries more than one state" if states else "it carries no state"
-    h = states[0]
-    steps = [step for step in st.body if h in _names(step.stmt)]
-    first = steps[0].stmt
-    updates = [step for step in st.body if isinstance(step.stmt, s.Assign) and
-               isinstance(step.stmt.target, s.Name) and step.stmt.target.id == h]
-    if len(updates) != 1 or updates[0] is not steps[0]:
-        return "a step reads the state before its update"
-    parts = _affine(first.value, h, number)
-    if parts is None:
-        return "the state enters non-linearly"
-    return Linear(steps[0], h, *parts)
+def linear_steps(st: s.For, number: Callable[[s.Expr], bool]) -> tuple[Linear, ...] | str:
+    """Each state the loop carries and its update `h ← a ⊙ h + b` (either order of the
+    product and of the sum; `a · h` where `number(a)`, a number), the first step to read
+    that state, whose a and b read no state before its update; else why not."""
+    found = []
+    for h in carried(st):
+        steps = [step for step in st.body if h in _names(step.stmt)]
+        updates = [step for step in st.body if isinstance(step.stmt, s.Assign) and
+                   isinstance(step.stmt.target, s.Name) and step.stmt.target.id == h]
+        if len(updates) != 1 or updates[0] is not steps[0]:
+            return "a step reads a state before its update"
+        parts = _affine(steps[0].stmt.value, h, number)
+        if parts is None:
+            return "the state enters non-linearly"
+        found.append(Linear(steps[0], h, *parts))
+    return tuple(found)
 
 
 def _affine(e: s.Expr, h: str, number: Callable[[s.Expr], bool]
@@ -145,23 +144,23 @@ def _affine(e: s.Expr, h: str, number: Callable[[s.Expr], bool]
 
 
 # ------------------------------------------------------------------ the scan (fused)
-def find(patterns: tuple[str, ...], body: Steps, st: s.For, step: s.Step) -> Linear | None:
-    """A recurrence whose state's update is linear in the state."""
-    found = linear_step(st, lambda e: body.ty(e).rank == 0)
-    return found if isinstance(found, Linear) else None
+def find(patterns: tuple[str, ...], body: Steps, st: s.For, step: s.Step
+         ) -> tuple[Linear, ...] | None:
+    """A recurrence whose every state's update is linear in that state."""
+    found = linear_steps(st, lambda e: body.ty(e).rank == 0)
+    return found if isinstance(found, tuple) else None
 
 
-def lower(body: Steps, st: s.For, step: s.Step, linear: Linear) -> bool:
-    """Every position at once: the steps before the update as maps over the positions, every
-    state by `linear_scan`, then the steps after it as maps reading them. Declines (the Python
-    loop) where a step cannot be read as a map: it reads another position or a value the
-    loop writes row by row."""
+def lower(body: Steps, st: s.For, step: s.Step, linear: tuple[Linear, ...]) -> bool:
+    """Every position at once: the steps before an update as maps over the positions, every
+    state by `linear_scan`, the steps after it as maps reading them. Declines (the Python
+    loop) where a step cannot be read as a map: it reads another position than t's."""
     size = body.size(st.over.last)
     values, out = dict(body.scope.values), len(body.out)
     outer = body.positions
     body.positions = (st.var, size)
     try:
-        scanned = _scan_steps(body, st, linear, size)
+        scanned = _scan_steps(body, st, {id(x.step): x for x in linear}, size)
     except LowerError:
         scanned = None
     finally:
@@ -171,34 +170,26 @@ def lower(body: Steps, st: s.For, step: s.Step, linear: Linear) -> bool:
         body.scope.values.update(values)
         del body.out[out:]
         return False
-    h, states, held = scanned
-    rank = len(states.ty.shape)
-    last = ir.Sub(states.code, (ir.Ref("..."), _int(-1), *[ir.SliceX(None, None)] * rank))
-    _hold(body, held, last)
+    for states, held in scanned:
+        rank = len(states.ty.shape)
+        _hold(body, held, ir.Sub(states.code, (ir.Ref("..."), _int(-1),
+                                               *[ir.SliceX(None, None)] * rank)))
     _keep_last(body, st)
     return True
 
 
-def _scan_steps(body: Steps, st: s.For, linear: Linear, size: Dim
-                ) -> tuple[str, Val, str | None] | None:
-    h = linear.state
-    start = body.expr(s.Name(h, span=linear.step.span))
-    states: Val | None = None
-    held: str | None = None
+def _scan_steps(body: Steps, st: s.For, updates: dict[int, Linear], size: Dim
+                ) -> list[tuple[Val, str | None]] | None:
+    """The loop's steps as maps over its positions, each state's update a scan: every
+    position's states, and the names the cache holds their last under."""
+    scanned = []
     for sub in st.body:
-        if sub is linear.step:
-            a, b = body.expr(linear.a), body.expr(linear.b)
-            if not (a.rows or b.rows) or a.flipped or b.flipped or start.flipped:
+        linear = updates.get(id(sub))
+        if linear is not None:
+            found = _scan(body, st, sub, linear, size)
+            if found is None:
                 return None
-            ty = body.ty(sub.stmt.value)
-            rank = len(ty.shape)
-            dim = _int(-rank - 1)
-            h0, held = _resumed(body, st, sub, h, start)
-            code = _call("linear_scan", _positioned(a, dim), _positioned(b, dim), h0, dim)
-            local = body.fresh(f"{local_name(h)}_all")
-            states = Val(ir.Ref(local), ty, True, False, (size,))
-            body.emit(ir.Assign((local,), code, body.note(sub, states, "every position's state")))
-            body.scope.values[h] = states
+            scanned.append(found)
         elif row_write(sub.stmt, st.var) is not None:
             body.position_step(sub, st.var, size)
         elif isinstance(sub.stmt, s.Assign) and isinstance(sub.stmt.target, s.Name):
@@ -208,7 +199,26 @@ def _scan_steps(body: Steps, st: s.For, linear: Linear, size: Dim
             body.scope.values[sub.stmt.target.id] = replace(val, code=ir.Ref(local))
         else:
             return None
-    return (h, states, held) if states else None
+    return scanned
+
+
+def _scan(body: Steps, st: s.For, sub: s.Step, linear: Linear, size: Dim
+          ) -> tuple[Val, str | None] | None:
+    """`h ← a ⊙ h + b` at every position: `linear_scan` from the state before the loop."""
+    h = linear.state
+    start = body.expr(s.Name(h, span=sub.span))
+    a, b = body.expr(linear.a), body.expr(linear.b)
+    if not (a.rows or b.rows) or a.flipped or b.flipped or start.flipped:
+        return None
+    ty = body.ty(sub.stmt.value)
+    dim = _int(-len(ty.shape) - 1)
+    h0, held = _resumed(body, st, sub, h, start)
+    code = _call("linear_scan", _positioned(a, dim), _positioned(b, dim), h0, dim)
+    states = Val(ir.Ref(body.fresh(f"{local_name(h)}_all")), ty, True, False, (size,))
+    body.emit(ir.Assign((states.code.id,), code,
+                        body.note(sub, states, "every position's state")))
+    body.scope.values[h] = states
+    return states, held
 
 
 def _positioned(v: Val, dim: ir.Expr) -> ir.Expr:
@@ -325,7 +335,7 @@ class Recurrences:
 
 def _why_a_loop(body: Steps, st: s.For) -> str:
     """What the fused lowering says of a recurrence it keeps as a loop."""
-    found = linear_step(st, lambda e: body.ty(e).rank == 0)
+    found = linear_steps(st, lambda e: body.ty(e).rank == 0)
     why = found if isinstance(found, str) else "a step reads a position other than t's"
     return f"no scan, {why}: one position at a time"
 
