@@ -395,3 +395,47 @@ def test_a_sequential_loop_that_carries_nothing_is_a_map(tmp_path):
     assert loops_in_forward(built.sources[True]) == 0
     w = built.literal
     torch.testing.assert_close(want, (X @ w.W_1 * X).detach(), rtol=RTOL, atol=ATOL)
+
+
+READS_BEFORE = """\
+Algorithm: Y ← ReadsBefore(X | W)
+/* The output at t reads the state before position t's update. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: W consisting of:
+    W_a, W_B, W_C ∈ ℝ^{D×D}, h_0 ∈ ℝ^{D}
+1 h ← h_0
+2 for t = 1, …, T do
+3     Y[t, :] ← h W_C + X[t, :]
+4     h ← σ(X[t, :] W_a) ⊙ h + X[t, :] W_B
+5 end
+6 return Y
+"""
+
+
+def test_a_step_that_reads_the_state_before_its_update_reads_the_previous_states(tmp_path):
+    """Y at t reads h_{t−1} (h_0 at the first position): the scan's states shifted by one."""
+    built = Built(tmp_path, READS_BEFORE, D=3)
+    X = _randn(5, 3)
+    want = built.agree(X)
+    assert loops_in_forward(built.sources[True]) == 0
+    w = built.literal
+    h, rows = w.h_0.expand(B, 3), []
+    for t in range(5):
+        rows.append(h @ w.W_C + X[:, t])
+        h = torch.sigmoid(X[:, t] @ w.W_a) * h + X[:, t] @ w.W_B
+    torch.testing.assert_close(want, torch.stack(rows, 1).detach(), rtol=RTOL, atol=ATOL)
+
+
+FEEDS_UPDATE = READS_BEFORE.replace("""3     Y[t, :] ← h W_C + X[t, :]
+4     h ← σ(X[t, :] W_a) ⊙ h + X[t, :] W_B""", """3     u ← h W_C
+4     h ← σ(X[t, :] W_a) ⊙ h + u ⊙ (X[t, :] W_B)
+5     Y[t, :] ← u""").replace("5 end\n6 return", "6 end\n7 return")
+
+
+def test_a_state_read_before_its_update_that_feeds_the_update_keeps_the_loop(tmp_path):
+    """h_t = σ(…) ⊙ h_{t−1} + (h_{t−1} W_C) ⊙ (…) is linear in h but not diagonal: no scan."""
+    built = Built(tmp_path, FEEDS_UPDATE, D=3)
+    built.agree(_randn(5, 3))
+    assert "no scan, a state read before its update feeds the update" in built.sources[True]

@@ -10,8 +10,10 @@ and b as maps over the positions, then every state by `linear_scan` (cardc/runti
 ⌈log₂ T⌉ rounds of whole-tensor products and sums, no logarithms and no division, so a gate
 may be 0 or negative and nothing overflows), then the steps after the update as maps over the
 positions. Each state a loop carries gets its own scan (a sum and a normaliser decayed alike),
-and a loop that carries none is a map. A loop whose state enters non-linearly, or is read
-before its update, keeps its Python loop, and the generated code says why on its line.
+and a loop that carries none is a map; a step before an update may read the state before
+it (h_{t−1}: `previous_states`). A loop whose state enters non-linearly, or whose state read
+before its update feeds the update, keeps its Python loop, and the generated code says why on
+its line.
 
 Both lowerings record the recurrence with the model's analysis (cardc.lower.analysis): a loop
 that reads every value at its own position t only, never t as a number, is causal, and where
@@ -46,6 +48,7 @@ class Linear:
     state: str
     a: s.Expr
     b: s.Expr
+    early: tuple[s.Step, ...] = ()  # steps before it that read the state before its update
 
 
 # ------------------------------------------------------------------ what a loop is
@@ -111,20 +114,34 @@ def numbered(st: s.For) -> bool:
 
 def linear_steps(st: s.For, number: Callable[[s.Expr], bool]) -> tuple[Linear, ...] | str:
     """Each state the loop carries and its update `h ← a ⊙ h + b` (either order of the
-    product and of the sum; `a · h` where `number(a)`, a number), the first step to read
-    that state, whose a and b read no state before its update; else why not."""
+    product and of the sum; `a · h` where `number(a)`, a number), whose a and b read no
+    state before its update; else why not. Steps before the update may read the state
+    before it (h_{t−1}) where nothing up to the update reads what they assign."""
     found = []
     for h in carried(st):
-        steps = [step for step in st.body if h in _names(step.stmt)]
-        updates = [step for step in st.body if isinstance(step.stmt, s.Assign) and
+        updates = [k for k, step in enumerate(st.body) if isinstance(step.stmt, s.Assign) and
                    isinstance(step.stmt.target, s.Name) and step.stmt.target.id == h]
-        if len(updates) != 1 or updates[0] is not steps[0]:
-            return "a step reads a state before its update"
-        parts = _affine(steps[0].stmt.value, h, number)
+        if len(updates) != 1:
+            return "a state is updated more than once"
+        u = updates[0]
+        early = tuple(step for step in st.body[:u] if h in _names(step.stmt))
+        feeds = {_target(step.stmt) for step in early}
+        if any(not isinstance(step.stmt, s.Assign) or _target(step.stmt) in carried(st)
+               for step in early) or \
+                any(feeds & _names(step.stmt.value) for step in st.body[:u + 1]
+                    if isinstance(step.stmt, s.Assign)):
+            return "a state read before its update feeds the update"
+        parts = _affine(st.body[u].stmt.value, h, number)
         if parts is None:
             return "the state enters non-linearly"
-        found.append(Linear(steps[0], h, *parts))
+        found.append(Linear(st.body[u], h, *parts, early))
     return tuple(found)
+
+
+def _target(st: s.Stmt) -> str | None:
+    """The name a step assigns, whole or part by part."""
+    target = st.target.base if isinstance(st.target, s.Index) else st.target
+    return target.id if isinstance(target, s.Name) else None
 
 
 def _affine(e: s.Expr, h: str, number: Callable[[s.Expr], bool]
@@ -181,8 +198,10 @@ def lower(body: Steps, st: s.For, step: s.Step, linear: tuple[Linear, ...]) -> b
 def _scan_steps(body: Steps, st: s.For, updates: dict[int, Linear], size: Dim
                 ) -> list[tuple[Val, str | None]] | None:
     """The loop's steps as maps over its positions, each state's update a scan: every
-    position's states, and the names the cache holds their last under."""
+    position's states, and the names the cache holds their last under. A step that reads a
+    state before its update comes after the scan, reading every position's state before."""
     scanned = []
+    later = {id(step) for linear in updates.values() for step in linear.early}
     for sub in st.body:
         linear = updates.get(id(sub))
         if linear is not None:
@@ -190,21 +209,40 @@ def _scan_steps(body: Steps, st: s.For, updates: dict[int, Linear], size: Dim
             if found is None:
                 return None
             scanned.append(found)
-        elif row_write(sub.stmt, st.var) is not None:
-            body.position_step(sub, st.var, size)
-        elif isinstance(sub.stmt, s.Assign) and isinstance(sub.stmt.target, s.Name):
-            val = body.expr(sub.stmt.value)
-            local = local_name(sub.stmt.target.id)
-            body.emit(ir.Assign((local,), val.code, body.note(sub, val)))
-            body.scope.values[sub.stmt.target.id] = replace(val, code=ir.Ref(local))
-        else:
+            states, h0 = body.scope.values[linear.state], found[2]
+            if linear.early:
+                dim = _int(-len(states.ty.shape) - 1)
+                before = replace(states, code=ir.Ref(body.fresh(f"{states.code.id}_before")))
+                body.emit(ir.Assign((before.code.id,), _call("previous_states", states.code, h0,
+                                                              dim), body.note(sub, before)))
+                body.scope.values[linear.state] = before
+            for early in linear.early:
+                if not _map_step(body, st, early, size):
+                    return None
+            body.scope.values[linear.state] = states
+        elif id(sub) not in later and not _map_step(body, st, sub, size):
             return None
-    return scanned
+    return [(states, held) for states, held, _ in scanned]
+
+
+def _map_step(body: Steps, st: s.For, sub: s.Step, size: Dim) -> bool:
+    """A step of the loop as a map over its positions; False where it is no assignment."""
+    if row_write(sub.stmt, st.var) is not None:
+        body.position_step(sub, st.var, size)
+    elif isinstance(sub.stmt, s.Assign) and isinstance(sub.stmt.target, s.Name):
+        val = body.expr(sub.stmt.value)
+        local = local_name(sub.stmt.target.id)
+        body.emit(ir.Assign((local,), val.code, body.note(sub, val)))
+        body.scope.values[sub.stmt.target.id] = replace(val, code=ir.Ref(local))
+    else:
+        return False
+    return True
 
 
 def _scan(body: Steps, st: s.For, sub: s.Step, linear: Linear, size: Dim
-          ) -> tuple[Val, str | None] | None:
-    """`h ← a ⊙ h + b` at every position: `linear_scan` from the state before the loop."""
+          ) -> tuple[Val, str | None, ir.Expr] | None:
+    """`h ← a ⊙ h + b` at every position: `linear_scan` from the state before the loop;
+    with the name the cache holds the last state under, and that first state."""
     h = linear.state
     start = body.expr(s.Name(h, span=sub.span))
     a, b = body.expr(linear.a), body.expr(linear.b)
@@ -218,7 +256,7 @@ def _scan(body: Steps, st: s.For, sub: s.Step, linear: Linear, size: Dim
     body.emit(ir.Assign((states.code.id,), code,
                         body.note(sub, states, "every position's state")))
     body.scope.values[h] = states
-    return states, held
+    return states, held, h0
 
 
 def _positioned(v: Val, dim: ir.Expr) -> ir.Expr:
@@ -279,6 +317,8 @@ class Recurrences:
                 self.emit(ir.Assign((writes[id(sub)],), ir.Seq((), "list"), self.note(sub)))
         lifted = any(isinstance(v, Val) and v.lifted for n, v in self.scope.values.items()
                      if n in _names(st.body))
+        uneven = lifted and any(isinstance(v, Val) and not v.lifted for h, v in
+                                self.scope.values.items() if h in carried(st))
         held = {h: self.start_state(st, step, h, lifted) for h in carried(st)}
         child = self.child()
         child.loop_index[st.var] = ir.Ref(var)
@@ -299,7 +339,7 @@ class Recurrences:
         for sub in st.body:
             if id(sub) in writes:
                 self.stack_rows(sub, st.var, self.size(st.over.last), writes[id(sub)],
-                                rows[id(sub)])
+                                rows[id(sub)], uneven)
 
     def start_state(self, st: s.For, step: s.Step, h: str, lifted: bool) -> str | None:
         """The state before the first position, in a local of its own (the loop's steps
@@ -318,12 +358,16 @@ class Recurrences:
         self.scope.values[h] = Val(ir.Ref(local), self.ty(update), lifted or start.lifted)
         return held
 
-    def stack_rows(self, sub: s.Step, var: str, size: Dim, rows: str, val: Val) -> None:
+    def stack_rows(self, sub: s.Step, var: str, size: Dim, rows: str, val: Val,
+                   uneven: bool) -> None:
         """The output a loop wrote position by position: its rows stacked, positions in
-        front of the card's own axes (a column-major matrix's columns: stored flipped)."""
+        front of the card's own axes (a column-major matrix's columns: stored flipped).
+        `uneven`: a state starts without the batch axes it has later (a parameter), so the
+        first rows may lack them too: `stack_broadcast`."""
         kind = row_write(sub.stmt, var)
         rank = len(val.ty.shape)
-        code = _call("torch.stack", ir.Ref(rows), dim=_int(-rank - 1))
+        code = _call("stack_broadcast" if uneven else "torch.stack", ir.Ref(rows),
+                     dim=_int(-rank - 1))
         name = sub.stmt.target.base.id
         flipped = kind == "column"
         ty = Ty((*val.ty.shape, size), val.ty.elem) if flipped else \

@@ -287,3 +287,17 @@ def linear_scan(a, b, h, dim):
             a = torch.cat([a.narrow(dim, 0, step), a_late * a.narrow(dim, 0, rest)], dim)
         step *= 2
     return b
+
+
+def previous_states(states, h, dim):
+    """Each position's state before its update: h (h_0, without the positions axis `dim`),
+    then the states of linear_scan but the last."""
+    first = torch.zeros_like(states.narrow(dim, 0, 1))
+    first = first + (h.unsqueeze(dim) if torch.is_tensor(h) and h.dim() > 0 else h)
+    return torch.cat([first, states.narrow(dim, 0, states.shape[dim] - 1)], dim)
+
+
+def stack_broadcast(rows, dim):
+    """Rows a loop over positions collected, stacked on a new axis `dim`: the first may lack
+    batch axes that later ones carry (a state that starts as a parameter)."""
+    return torch.stack(torch.broadcast_tensors(*rows), dim)
