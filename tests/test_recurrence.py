@@ -439,3 +439,12 @@ def test_a_state_read_before_its_update_that_feeds_the_update_keeps_the_loop(tmp
     built = Built(tmp_path, FEEDS_UPDATE, D=3)
     built.agree(_randn(5, 3))
     assert "no scan, a state read before its update feeds the update" in built.sources[True]
+
+
+def test_a_recurrence_that_reads_another_position_is_refused_where_it_reads(tmp_path):
+    """`X[t + 1, :]` at the last position is past X's rows (the module raised IndexError),
+    and `X[t − 1, :]` at the first would read row 0, Python's last: refused, located."""
+    card = GATED.replace("X[t, :] W_B", "X[t + 1, :] W_B")
+    with pytest.raises(CardError, match=r"card\.card:12:27: error: code generation reads "
+                                        r"position 't' itself in a loop over positions"):
+        Built(tmp_path, card, D=3, D_h=4)

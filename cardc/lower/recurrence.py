@@ -171,7 +171,7 @@ def find(patterns: tuple[str, ...], body: Steps, st: s.For, step: s.Step
 def lower(body: Steps, st: s.For, step: s.Step, linear: tuple[Linear, ...]) -> bool:
     """Every position at once: the steps before an update as maps over the positions, every
     state by `linear_scan`, the steps after it as maps reading them. Declines (the Python
-    loop) where a step cannot be read as a map: it reads another position than t's."""
+    loop) where a step cannot be lowered as a map over the positions."""
     size = body.size(st.over.last)
     values, out = dict(body.scope.values), len(body.out)
     outer = body.positions
@@ -300,6 +300,14 @@ class Recurrences:
                              f"and reads it only after the loop",
                           hint=f"carry what position {v} needs from the one before in a "
                                f"state: 'h ← …' before the loop and in it")
+        for n in s.nodes(st.body):
+            for item in n.items if isinstance(n, s.Index) else ():
+                if st.var in _names(item) and getattr(item, "id", None) != st.var:
+                    v = display(st.var)
+                    self.fail(item, f"code generation reads position '{v}' itself in a loop "
+                                    f"over positions, as 'X[{v}, :]'",
+                              hint=f"at '{v} = 1' or at the last position another index may "
+                                   f"fall outside the value; carry what '{v}' needs in a state")
         _record(self, st)
         if self.fuse_recurrence(st, step):
             return
@@ -380,7 +388,7 @@ class Recurrences:
 def _why_a_loop(body: Steps, st: s.For) -> str:
     """What the fused lowering says of a recurrence it keeps as a loop."""
     found = linear_steps(st, lambda e: body.ty(e).rank == 0)
-    why = found if isinstance(found, str) else "a step reads a position other than t's"
+    why = found if isinstance(found, str) else "a step is not a map over the positions"
     return f"no scan, {why}: one position at a time"
 
 
