@@ -38,6 +38,7 @@ GENERATED = frozenset({
     "shared_mask", "MASKS", "project", "XW", "JOINED_MAX", "cat_broadcast",
     "generate", "pick_token", "filter_logits",  # a decoder's method, the functions it calls
     "hold_stopped", "stop",  # and the stop tokens it holds; a sampling card's caller's stop(y)
+    "linear_scan", "previous_states", "stack_broadcast",  # a recurrence over positions
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and
 # shadowing none is simpler to see than which ones it calls.

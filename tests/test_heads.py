@@ -37,12 +37,17 @@ def _compile(path: Path) -> list[tuple[str, str, str, bool]]:
         return out
 
 
+# helpers whose loop runs ⌈log₂ T⌉ rounds over whole tensors, not one pass per position
+ROUNDS = {"linear_scan"}
+
+
 def _loops(text: str) -> list[str]:
     """Python loops in the forward methods and functions of a generated module, except stacks
-    of layers (`for block in self.block`, or an index into a module list `self.block[l]`)."""
+    of layers (`for block in self.block`, or an index into a module list `self.block[l]`)
+    and the rounds of a helper in ROUNDS."""
     found = []
     tree = ast.parse(text)
-    bodies = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    bodies = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name not in ROUNDS]
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
         bodies += [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward"]
     for fn in bodies:

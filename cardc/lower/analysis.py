@@ -17,7 +17,9 @@ own steps are recorded all the same as they are lowered step by step
 
 A model decodes with a KV cache only where the lowering proved it, attention by attention: each
 records how it stands with the cache (`EXTENDS`, `CAUSAL_SDPA`, `CONTEXT`, or `RECOMPUTES`), and
-cardc.lower.decoding adds the cache only where none recomputes. Which values depend on the
+cardc.lower.decoding adds the cache only where none recomputes. A recurrence over positions
+(cardc.lower.recurrence) is recorded as an attention is: causal where each position reads
+only itself and what came before, `CARRIES` where the cache holds its state. Which values depend on the
 tokens decoded is found once from the cards (`decoded_names`): an attention whose keys and
 values depend on none of them (an encoder's, a cross-attention's) reads no cache.
 """
@@ -39,6 +41,7 @@ Given = bool | tuple[int, str]  # a rule hides later keys, or a hyperparameter (
 EXTENDS = "extends"  # its keys and values are extended by the cache's before it reads them
 CAUSAL_SDPA = "causal SDPA"  # a causal SDPA call of a module's steps: the decoding pass extends it
 CONTEXT = "context"  # its keys and values depend on no token decoded (an encoder's source)
+CARRIES = "carries"  # a recurrence over positions whose state the cache carries (cardc.lower.recurrence)
 RECOMPUTES = "recomputes"  # anything else: the model decodes by recomputing every position
 
 
@@ -86,9 +89,10 @@ class Masking:
             self.softmaxes + self.fixed_softmaxes + int(top.probabilities)
 
     def cacheable(self) -> bool:
-        """Some attention reads the KV cache, and every one extends it or needs none."""
-        return any(c in (EXTENDS, CAUSAL_SDPA) for c in self.caching) and \
-            all(c in (EXTENDS, CAUSAL_SDPA, CONTEXT) for c in self.caching)
+        """Some attention (or recurrence) reads the KV cache, and every one extends it or
+        needs none."""
+        return any(c in (EXTENDS, CAUSAL_SDPA, CARRIES) for c in self.caching) and \
+            all(c in (EXTENDS, CAUSAL_SDPA, CARRIES, CONTEXT) for c in self.caching)
 
     def reads_decoded(self, card: s.Algorithm, *exprs: s.Expr) -> bool:
         """Whether any of `exprs`, in `card`, reads a value that depends on the tokens decoded."""

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable
 
 from .. import ir
-from .analysis import CAUSAL_SDPA, EXTENDS, Masking
+from .analysis import CARRIES, CAUSAL_SDPA, EXTENDS, Masking
 from .joining import join_projections
 
 SDPA = ir.Ref("F.scaled_dot_product_attention")
@@ -51,7 +51,7 @@ def add_kv_cache(program: ir.Program, top: ir.Module, masking: Masking) -> None:
         for unit in (*program.functions, *program.modules):
             unit.body = _without_cache(unit.body)
         return
-    expected = masking.caching.count(EXTENDS) + masking.caching.count(CAUSAL_SDPA)
+    expected = sum(masking.caching.count(c) for c in (EXTENDS, CAUSAL_SDPA, CARRIES))
     functions: set[str] = set()  # functions that take the cache
     for f in program.functions:  # callees first
         if _cache_function(f, functions):
@@ -120,9 +120,10 @@ def _is_causal_sdpa(e) -> bool:
 
 
 def _extensions(program: ir.Program) -> int:
-    """The calls that extend the cache: one per attention that reads it."""
+    """The calls that extend the cache: one per attention that reads it, one per recurrence
+    that resumes its state from it."""
     return _count(program, lambda e: isinstance(e, ir.Call) and
-                  e.func == ir.Attr(CACHE, "extend"))
+                  e.func in (ir.Attr(CACHE, "extend"), ir.Attr(CACHE, "resume")))
 
 
 def _count(program: ir.Program, found: Callable[[object], bool]) -> int:

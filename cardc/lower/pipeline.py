@@ -8,6 +8,7 @@ replaces the literal lowering of what it matched:
 - card: a whole card in one piece (its body is not walked step by step);
 - step: each of a card's own steps, before it is lowered;
 - loop: a map `for h ∈ [H] : …` that is not over positions nor over layers;
+- recurrence: a sequential loop over positions `for t = 1, …, T do … end`;
 - call: a call of another card;
 - expression: any expression.
 
@@ -22,7 +23,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import ir
-from . import attention, experts, gelu, grouped, heads, norms, patches, rotary, sdpa_heads
+from . import (
+    attention,
+    experts,
+    gelu,
+    grouped,
+    heads,
+    norms,
+    patches,
+    recurrence,
+    rotary,
+    sdpa_heads,
+)
 from .analysis import Masking
 from .decoding import add_kv_cache, join_for_cache
 from .peephole import fold_bias
@@ -48,6 +60,7 @@ class Pipeline:
     card: tuple[Recogniser, ...] = ()
     step: tuple[Recogniser, ...] = ()
     loop: tuple[Recogniser, ...] = ()
+    recurrence: tuple[Recogniser, ...] = ()
     call: tuple[Recogniser, ...] = ()
     expression: tuple[Recogniser, ...] = ()
     passes: tuple[Pass, ...] = ()
@@ -69,6 +82,7 @@ FUSED = Pipeline(
     loop=(Recogniser("attention heads", sdpa_heads.find, sdpa_heads.lower,
                      ("attention_head", "attention_head_cm", "cross_attention_head")),
           Recogniser("heads vectorised", heads.find, heads.lower)),
+    recurrence=(Recogniser("linear scan", recurrence.find, recurrence.lower),),
     call=(Recogniser("norm", norms.find, norms.lower,
                      ("layer_norm_ε", "layer_norm", "rms_norm", "rms_norm_offset",
                       "layer_norm_core_ε", "layer_norm_core", "rms_norm_core")),

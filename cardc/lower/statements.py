@@ -23,6 +23,7 @@ from .body import (
     _name_reads,
 )
 from .gradients import gradient_step
+from .recurrence import sequential
 from .values import (
     Family,
     LowerError,
@@ -189,6 +190,8 @@ class Statements:
             if self.fuse_loop(st, step):
                 return None
             return self.map_loop(st, step)
+        if sequential(st):  # `for t = 1, …, T do h ← …; Y[t, :] ← … end`
+            return self.recurrence(st, step)
         return self.fail(st, "code generation does not handle this loop yet")
 
     def module_stack(self, st: s.For) -> tuple[str, ModuleSlot] | None:

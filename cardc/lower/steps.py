@@ -26,12 +26,13 @@ from .expressions import Expressions
 from .indexing import Indexing
 from .pipeline import first
 from .procedures import Procedures
+from .recurrence import Recurrences
 from .state import BodyState
 from .statements import Statements
 from .values import LowerError, Val, dim_expr, local_name, shape_text
 
 
-class Body(Statements, Procedures, Expressions, Indexing, Calls, BodyState):
+class Body(Statements, Recurrences, Procedures, Expressions, Indexing, Calls, BodyState):
     """Lowers the steps of `alg` in `scope`; `dim_of` maps a dimension symbol to Python."""
 
     # ------------------------------------------------------------------ helpers
@@ -92,6 +93,9 @@ class Body(Statements, Procedures, Expressions, Indexing, Calls, BodyState):
 
     def fuse_loop(self, st: s.For, step: s.Step) -> bool:
         return bool(first(self.low.pipeline.loop, self, st, step))
+
+    def fuse_recurrence(self, st: s.For, step: s.Step) -> bool:
+        return bool(first(self.low.pipeline.recurrence, self, st, step))
 
     def fuse_call(self, e: s.Call, call: CallInfo) -> ir.Expr | None:
         return first(self.low.pipeline.call, self, e, call)

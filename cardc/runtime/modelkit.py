@@ -25,6 +25,8 @@ class KVCache:
         self.joins = {} if joins is None else joins  # project's joined weights, by their ids
         self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
         self.called = 0, {}  # (pos, {module: n}): its calls by the forward at pos so far
+        self.states = {}  # recurrence over positions → the state its last position left
+        self.carried = 0, 0  # (pos, n): n recurrences resumed by the forward at pos so far
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
@@ -76,6 +78,18 @@ class KVCache:
         if q == 1:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+    def resume(self, h):
+        """The state the last cached position left in the next recurrence of this forward
+        (h, its start, before any), and the key `hold` keeps its new one under: recurrences
+        are keyed by their order in the forward, as attention calls are by extend."""
+        at, n = self.carried if self.carried[0] == self.pos else (self.pos, 0)
+        self.carried = at, n + 1
+        return self.states.get(n, h), n
+
+    def hold(self, key, h):
+        """The state after the new positions, where the next tokens resume."""
+        self.states[key] = h
 
 
 # Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
@@ -296,3 +310,42 @@ def grouped_sdpa(Q, K, V, **options):
     Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),
                                        enable_gqa=True, **options)
     return Y.unflatten(-3, groups)
+
+
+def linear_scan(a, b, h, dim):
+    """Every state of h_t = a_t ⊙ h_{t−1} + b_t along the positions axis `dim` (negative),
+    from h (h_0, without that axis): h_1, …, h_T at once. ⌈log₂ T⌉ rounds of whole-tensor
+    products and sums (the prefix scan of the pairs (a_t, b_t), composed as
+    (a, b) then (a′, b′) = (a′ a, a′ b + b′)): no logarithm and no division, so a gate may be
+    0 or negative and nothing overflows; each state is rounded at most ⌈log₂ T⌉ times more
+    than the loop rounds it."""
+    like = b if torch.is_tensor(b) else a  # a gate or an input may be a number
+    a, b = (torch.as_tensor(x, dtype=like.dtype, device=like.device) for x in (a, b))
+    a, b = torch.broadcast_tensors(a, b)
+    if torch.is_tensor(h) and h.dim() > 0:
+        h = h.unsqueeze(dim)
+    n = b.shape[dim]
+    b = torch.cat([a.narrow(dim, 0, 1) * h + b.narrow(dim, 0, 1), b.narrow(dim, 1, n - 1)], dim)
+    step = 1
+    while step < n:  # position i holds the composition of positions i − 2·step + 1, …, i
+        a_late, rest = a.narrow(dim, step, n - step), n - step
+        b = torch.cat([b.narrow(dim, 0, step), a_late * b.narrow(dim, 0, rest) +
+                       b.narrow(dim, step, rest)], dim)
+        if 2 * step < n:
+            a = torch.cat([a.narrow(dim, 0, step), a_late * a.narrow(dim, 0, rest)], dim)
+        step *= 2
+    return b
+
+
+def previous_states(states, h, dim):
+    """Each position's state before its update: h (h_0, without the positions axis `dim`),
+    then the states of linear_scan but the last."""
+    first = torch.zeros_like(states.narrow(dim, 0, 1))
+    first = first + (h.unsqueeze(dim) if torch.is_tensor(h) and h.dim() > 0 else h)
+    return torch.cat([first, states.narrow(dim, 0, states.shape[dim] - 1)], dim)
+
+
+def stack_broadcast(rows, dim):
+    """Rows a loop over positions collected, stacked on a new axis `dim`: the first may lack
+    batch axes that later ones carry (a state that starts as a parameter)."""
+    return torch.stack(torch.broadcast_tensors(*rows), dim)
