@@ -177,7 +177,8 @@ class Expressions:
         if e.op == "/":
             a, b = self.real(a, b), self.real(b, a)
         if e.op in (" ", "·"):
-            op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
+            op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis or \
+                self.point and not self.ty(e).shape else "@"  # entries under ∀t, t′: a number
             if op == "@" and self.column:
                 return self.matmul(e, a, b, ty)
         elif e.op in COMPARE:
