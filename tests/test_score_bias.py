@@ -152,3 +152,19 @@ def test_an_update_at_entries_other_than_its_variables_is_refused_at_its_place(t
     with pytest.raises(CardError, match=r"card\.card:8:3: error: code generation handles "
                                         r"'∀…: A\[…\] ← v' with A indexed by exactly"):
         Built(tmp_path, card, n=3, m=3, k=3)
+
+
+def test_the_bias_reaches_sdpa_with_the_queries_rank(tmp_path):
+    """SDPA's fused CPU kernel takes a mask of the queries' rank only (another rank falls back to
+    its exact math, three times slower for a decoded token): the bias is viewed at that rank, and
+    heads grouped on two axes (…, groups, heads, T, d) flatten it with their queries."""
+    from cardc.runtime.modelkit import grouped_sdpa
+
+    fused = _fused(tmp_path, ALIBI)
+    assert "attn_mask=torch.broadcast_to(bias, Q.shape[:-1] + K.shape[-2:-1])" in fused
+    g = torch.Generator().manual_seed(2)
+    Q = torch.randn(2, 3, 2, 5, 4, generator=g, dtype=torch.float64)  # 3 groups of 2 heads
+    K, V = (torch.randn(2, 3, 1, 5, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.randn(2, 3, 2, 5, 5, generator=g, dtype=torch.float64)
+    want = torch.softmax(Q @ K.mT / 2 + mask, dim=-1) @ V
+    torch.testing.assert_close(grouped_sdpa(Q, K, V, attn_mask=mask), want, rtol=RTOL, atol=ATOL)

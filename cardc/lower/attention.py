@@ -363,7 +363,7 @@ def _biased(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> ir.Expr:
     body.emit(ir.Assign((bias,), ir.Call(ir.Attr(total, "to"), (dtype,)),
                         body.note(core.biases[0], None, "added to the scores")))
     if not core.masks:
-        return ir.Ref(bias)
+        return _full_rank(ir.Ref(bias), q, k)
     made = _remembered(body, core, q, k, _visible(body, core, q, k, offset))
     shared = isinstance(made, ir.Call) and made.func == ir.Ref("shared_mask")
     if shared:  # 0 where visible, −∞ where hidden: added to the bias
@@ -378,7 +378,16 @@ def _biased(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> ir.Expr:
         ir.Attr(ir.Ref(bias), "masked_fill"), (_not(mask), ir.Un("-", ir.Ref("math.inf"))))
     if isinstance(mask, ir.Ref):
         out = ir.Cond(ir.Bin("is", mask, ir.Lit("None")), ir.Ref(bias), out)
-    return out
+    body.emit(ir.Assign((bias,), out, body.note(core.masks[0], None, "−∞ where hidden")))
+    return _full_rank(ir.Ref(bias), q, k)
+
+
+def _full_rank(mask: ir.Expr, q: Val, k: Val) -> ir.Expr:
+    """The mask with an axis for each of the queries' (a view): SDPA's fused CPU kernel takes
+    a mask of the queries' rank only, and falls back to its slow exact math for another."""
+    target = ir.Bin("+", ir.Sub(ir.Attr(q.code, "shape"), (ir.SliceX(None, ir.Lit("-1")),)),
+                    ir.Sub(ir.Attr(k.code, "shape"), (ir.SliceX(ir.Lit("-2"), ir.Lit("-1")),)))
+    return ir.Call(ir.Ref("torch.broadcast_to"), (mask, target))
 
 
 def _padded(body: Steps, e: s.Expr, positions: set[str]) -> list[int]:
