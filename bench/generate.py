@@ -11,7 +11,7 @@ recomputes every position, which the report says). Any model card with a mapping
 `--card PATH` (its mapping `PATH.hf.json` beside it, or `--mapping`), or `--family NAME` for
 cards/NAME.card.
 
-    python bench/generate.py [--family gpt2|llama|qwen2 | --card PATH [--mapping FILE]]
+    python bench/generate.py [--family gpt2|llama|qwen2|bloom | --card PATH [--mapping FILE]]
                              [--preset tiny] [--set NAME=VALUE] [--tokens 256] [--rounds 5]
 """
 

@@ -41,7 +41,7 @@ class Core:
 
     score: s.Step
     transforms: tuple[s.Step, ...]  # S ← f(S), elementwise with numbers (a soft cap)
-    masks: tuple[s.Step, ...]
+    edits: tuple[s.Step, ...]  # masks and biases, in the card's order
     products: tuple[s.BinOp, ...]  # equal, each `softmax(S) V`
     reader: s.Step
     q: s.Expr
@@ -54,9 +54,19 @@ class Core:
         return self.products[0]
 
     @property
+    def masks(self) -> tuple[s.Step, ...]:
+        """`∀t, t′, if c then S[t, t′] ← −∞`."""
+        return tuple(e for e in self.edits if isinstance(e.stmt.body, s.If))
+
+    @property
+    def biases(self) -> tuple[s.Step, ...]:
+        """`∀t, t′ : S[t, t′] ← S[t, t′] + b`: an additive bias of the scores."""
+        return tuple(e for e in self.edits if not isinstance(e.stmt.body, s.If))
+
+    @property
     def waiting(self) -> tuple[s.Step, ...]:
-        """The steps lowered with the reader: the score, then the masks."""
-        return (self.score, *self.transforms, *self.masks)
+        """The steps lowered with the reader: the score, then the masks and biases."""
+        return (self.score, *self.transforms, *self.edits)
 
 
 def find_cores(alg: s.Algorithm, scalars: frozenset[str]) -> list[Core]:
@@ -79,10 +89,13 @@ def _core_at(steps: list[s.Step], i: int, scalars: set[str]) -> Core | None:
     while j < len(steps) and _transforms(steps[j].stmt, name, scalars):
         j += 1
     transforms, m = tuple(steps[i + 1:j]), j
-    while j < len(steps) and _masks(steps[j].stmt, name):
+    while j < len(steps) and (_masks(steps[j].stmt, name) or
+                              bias_of(steps[j].stmt, name) is not None):
         j += 1
-    masks = tuple(steps[m:j])
-    reader = _reader(steps[j:], name, _names(q) | _names(k) | _names(scale[1] if scale else ()))
+    edits = tuple(steps[m:j])
+    read = _names(q) | _names(k) | _names(scale[1] if scale else ()) | \
+        {n for e in edits for n in _names(e.stmt.body)}
+    reader = _reader(steps[j:], name, read)
     if reader is None:
         return None
     products = tuple(n for n in s.nodes(reader.stmt) if _is_product(n, name))
@@ -93,7 +106,7 @@ def _core_at(steps: list[s.Step], i: int, scalars: set[str]) -> Core | None:
         return None  # S is read again: keep it
     if _assigns(reader.stmt, {n for n in _names(q) | _names(k)} - {name}):
         return None
-    return Core(steps[i], transforms, masks, products, reader, q, k, products[0].right, scale)
+    return Core(steps[i], transforms, edits, products, reader, q, k, products[0].right, scale)
 
 
 def _reader(steps: list[s.Step], name: str, qk: set[str]) -> s.Step | None:
@@ -155,6 +168,23 @@ def _masks(st: s.Stmt, name: str) -> bool:
         isinstance(then.target.base, s.Name) and then.target.base.id == name and \
         [getattr(i, "id", None) for i in then.target.items] == list(st.vars) and \
         _minus_infinity(then.value)
+
+
+def bias_of(st: s.Stmt, name: str) -> tuple[bool, s.Expr] | None:
+    """b of `∀t, t′ : S[t, t′] ← S[t, t′] + b` (or `b + S[t, t′]`), b not reading S: the bias
+    added to the scores, with False; (True, c) for `S[t, t′] − c`, whose bias is −c."""
+    if not (isinstance(st, s.ForAll) and len(st.vars) == 2 and isinstance(st.body, s.Assign)):
+        return None
+    target, value = st.body.target, st.body.value
+    if not (isinstance(target, s.Index) and isinstance(target.base, s.Name) and
+            target.base.id == name and [getattr(i, "id", None) for i in target.items] ==
+            list(st.vars) and isinstance(value, s.BinOp) and value.op in ("+", "−")):
+        return None
+    if value.left == target and name not in _names(value.right):
+        return value.op == "−", value.right
+    if value.op == "+" and value.right == target and name not in _names(value.left):
+        return False, value.left
+    return None
 
 
 def _minus_infinity(e: s.Expr) -> bool:
@@ -222,10 +252,11 @@ def prepare(body: Steps, core: Core) -> None:
     causal = any(_causal(m.stmt.body.cond, *m.stmt.vars) for m in core.masks)
     masking = body.low.masking
     context = not masking.reads_decoded(body.alg, core.k, core.v)  # an encoder's keys
-    cached = body.low.decoder and causal and not context
+    cached = body.low.decoder and causal and not context and _follows(body, core)
     scale = _scale(body, core, q) if all(_batched(x) for x in (q, k, v)) else False
     own = _own(body.alg, core, core.k) and _own(body.alg, core, core.v)
-    literal = scale is False or core.transforms and not (cached and own)
+    literal = scale is False or core.transforms and not (cached and own) or \
+        core.biases and (core.transforms or not _positional(core))
     cached = cached and not literal  # else keys over the new positions only: no cache
     masking.attention(causal, body.alg, _mask_hypers(body, core),
                       CONTEXT if context else EXTENDS if cached else RECOMPUTES)
@@ -240,7 +271,9 @@ def prepare(body: Steps, core: Core) -> None:
         _capped(body, core, q, k)
         return None
     kwargs: list[tuple[str, ir.Expr]] = []
-    if cached and len(core.masks) == 1:  # only causal: SDPA's own mask, the cache's after it
+    if core.biases:
+        kwargs.append(("attn_mask", _biased(body, core, q, k, cached)))
+    elif cached and len(core.masks) == 1:  # only causal: SDPA's own mask, the cache's after it
         kwargs += [("attn_mask", ir.Cond(NO_CACHE, ir.Lit("None"),
                                          ir.Call(ir.Attr(CACHE, "mask"), (q.code, k.code)))),
                    ("is_causal", NO_CACHE)]
@@ -276,6 +309,100 @@ def record_literal(body: Steps, step: s.Step) -> None:
             body.low.masking.attention(causal, body.alg, _mask_hypers(body, core))
             body.low.masking.softmaxes += len(core.products)
             body.recorded.add(id(core.score))
+
+
+def _positional(core: Core) -> bool:
+    """Whether every bias reads the positions it is added at (SDPA's mask is a tensor)."""
+    return all(set(b.stmt.vars) & _names(bias_of(b.stmt, _target(core))[1])
+               for b in core.biases)
+
+
+def _follows(body: Steps, core: Core) -> bool:
+    """Whether the biases read nothing but the positions and numbers (a slope, one per head):
+    computed again at the positions a cache decodes; a tensor read at t, t′ is not."""
+    for b in core.biases:
+        for name in sorted(_names(bias_of(b.stmt, _target(core))[1]) - set(b.stmt.vars)):
+            val = body.expr(s.Name(name, span=b.span))
+            if val.rows or val.ty.shape:
+                return False
+    return True
+
+
+def _target(core: Core) -> str:
+    return core.score.stmt.target.id
+
+
+def _biased(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> ir.Expr:
+    """SDPA's float `attn_mask`: the biases at every (query, key) pair, in the queries' number
+    format, −∞ where a mask hides the key. With `offset`, query t sits after the cached
+    positions (cardc.lower.attention._visible), so the bias follows the decoded positions."""
+    shape = body.ty(core.score.stmt.value).shape
+    total: ir.Expr | None = None
+    outer, ranged = body.point, body.ranged
+    try:
+        for step in core.biases:
+            t, u = step.stmt.vars
+            if offset:
+                body.point = {}
+                body.ranged = {**ranged, **_positions(body, t, u, q, k, shape)}
+            else:
+                body.point = {t: (0, 2, shape[0]), u: (1, 2, shape[1])}
+            negated, e = bias_of(step.stmt, _target(core))
+            padded = _padded(body, e, {t, u})
+            try:
+                code = body.expr(e).code
+            finally:
+                for n in padded:
+                    body.given.pop(n, None)
+            code = ir.Un("-", code) if negated else code
+            total = code if total is None else ir.Bin("+", total, code)
+    finally:
+        body.point, body.ranged = outer, ranged
+    bias = body.fresh("bias")
+    dtype = ir.Attr(q.code, "dtype")
+    body.emit(ir.Assign((bias,), ir.Call(ir.Attr(total, "to"), (dtype,)),
+                        body.note(core.biases[0], None, "added to the scores")))
+    if not core.masks:
+        return _full_rank(ir.Ref(bias), q, k)
+    made = _remembered(body, core, q, k, _visible(body, core, q, k, offset))
+    shared = isinstance(made, ir.Call) and made.func == ir.Ref("shared_mask")
+    if shared:  # 0 where visible, −∞ where hidden: added to the bias
+        made = replace(made, kwargs=(("dtype", dtype),))
+    mask = _one_sees_all(core, q, made)
+    if isinstance(mask, (ir.Call, ir.Cond)):  # None where every key at hand is visible
+        name = body.fresh("hidden" if shared else "visible")
+        body.emit(ir.Assign((name,), mask, body.note(core.masks[0], None)))
+        mask = ir.Ref(name)
+    body.low.program.imports.add("math")
+    out = ir.Bin("+", ir.Ref(bias), mask) if shared else ir.Call(
+        ir.Attr(ir.Ref(bias), "masked_fill"), (_not(mask), ir.Un("-", ir.Ref("math.inf"))))
+    if isinstance(mask, ir.Ref):
+        out = ir.Cond(ir.Bin("is", mask, ir.Lit("None")), ir.Ref(bias), out)
+    body.emit(ir.Assign((bias,), out, body.note(core.masks[0], None, "−∞ where hidden")))
+    return _full_rank(ir.Ref(bias), q, k)
+
+
+def _full_rank(mask: ir.Expr, q: Val, k: Val) -> ir.Expr:
+    """The mask with an axis for each of the queries' (a view): SDPA's fused CPU kernel takes
+    a mask of the queries' rank only, and falls back to its slow exact math for another."""
+    target = ir.Bin("+", ir.Sub(ir.Attr(q.code, "shape"), (ir.SliceX(None, ir.Lit("-1")),)),
+                    ir.Sub(ir.Attr(k.code, "shape"), (ir.SliceX(ir.Lit("-2"), ir.Lit("-1")),)))
+    return ir.Call(ir.Ref("torch.broadcast_to"), (mask, target))
+
+
+def _padded(body: Steps, e: s.Expr, positions: set[str]) -> list[int]:
+    """A number of `e` that varies over the leading axes (a slope per head) given two axes
+    of one, to broadcast against the (query, key) pairs as one number held in a tensor: the
+    ids of the names so given."""
+    out = []
+    for n in s.nodes(e):
+        if isinstance(n, s.Name) and n.id not in positions:
+            val = body.expr(n)
+            if val.lifted and not val.ty.shape and not val.rows:
+                body.given[id(n)] = Val(ir.Sub(val.code, (ir.Ref("..."), ir.Ref("None"),
+                                                          ir.Ref("None"))), val.ty, tensor=True)
+                out.append(id(n))
+    return out
 
 
 def _mask_hypers(body: Steps, core: Core) -> frozenset[str]:

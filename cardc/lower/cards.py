@@ -338,28 +338,32 @@ class Lowering(Parameters):
         return set() if arg in sig.defaults else {arg}
 
     # ------------------------------------------------------------------ functions
-    def function(self, alg: s.Algorithm, merged: frozenset[str] = frozenset()) -> str:
+    def function(self, alg: s.Algorithm, merged: frozenset[str] = frozenset(),
+                 varied: frozenset[str] = frozenset()) -> str:
         """The function of a card without parameters of its own. With `merged`, the variant
         whose inputs of those names arrive as every head of every group on one axis, for
-        a map over groups of heads (cardc.lower.heads): it returns the heads unjoined."""
-        key = id(alg), merged
+        a map over groups of heads (cardc.lower.heads): it returns the heads unjoined. With
+        `varied`, the variant whose numbers of those names come one per head of a map over
+        heads, a vector over the head axis in front of the card axes."""
+        key = id(alg), merged, varied
         if key in self._functions:
             return self._functions[key]
         name = local_name(alg.label)
-        if merged:  # a name no card of the library and no other function has
-            suffix = "_heads"
+        if merged or varied:  # a name no card of the library and no other function has
+            suffix = "_heads" if merged else "_per_head"
             while f"{name}{suffix}" in self._functions.values() or \
                     self.lib.find(f"{alg.name}{suffix}") is not None:
                 suffix += "_"
             name += suffix
         self._functions[key] = name
         try:
-            return self._function(alg, name, merged)
+            return self._function(alg, name, merged, varied)
         except LowerError:
             del self._functions[key]
             raise
 
-    def _function(self, alg: s.Algorithm, name: str, merged: frozenset[str]) -> str:
+    def _function(self, alg: s.Algorithm, name: str, merged: frozenset[str],
+                  varied: frozenset[str] = frozenset()) -> str:
         info = self.checker.info(alg)
         sig = info.sig
         args: list[ir.Arg] = []
@@ -390,7 +394,7 @@ class Lowering(Parameters):
                     _unshaped(hname, hty, {**told, **shapes}, sig, bound):
                 default = sig.defaults.get(hname)
                 args.append(ir.Arg(local_name(hname), _ctor_value(default) if default else None))
-                scope.values[hname] = Val(ir.Ref(local_name(hname)), hty, False,
+                scope.values[hname] = Val(ir.Ref(local_name(hname)), hty, hname in varied,
                                           column and hty.rank == 2)
                 if hty.value is not None:
                     given.add(hname)

@@ -178,7 +178,8 @@ class Expressions:
         if e.op == "/":
             a, b = self.real(a, b), self.real(b, a)
         if e.op in (" ", "·"):
-            op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis else "@"
+            op = "*" if not a.ty.shape or not b.ty.shape or self.sum_axis or \
+                self.point and not self.ty(e).shape else "@"  # entries under ∀t, t′: a number
             if op == "@":  # a product of matrices takes one number format: no promotion
                 a, b = self.real_beside(a, b), self.real_beside(b, a)
             if op == "@" and self.column:

@@ -130,6 +130,30 @@ class HeadMap:
             code = ir.Sub(code, (ir.Ref("..."), ir.SliceX(None, self.body.dim(self.count * width))))
         return base, width, code
 
+    def per_head(self, name: str, given: s.Expr) -> ir.Expr:
+        """`m = 2^{−8h/H}`: a number the card computes from the head index, one per head, as
+        a vector over the head axis (the callee holds it as a value with that axis in front:
+        cardc.lower.cards)."""
+        hyper = self.body.low.checker.info(self.call.callee).sig.hypers.get(name)
+        if isinstance(given, s.Arg):
+            if given.op != "=" or isinstance(given.target, s.Index):
+                raise _Declined  # a mask rule, or a constant one
+            given = given.value
+        if hyper is None or hyper.shape:
+            raise _Declined  # a tensor per head
+        count = self.body.dim(self.count)
+        heads = ir.Call(ir.Ref("torch.arange"), (_int(1), ir.Bin("+", count, _int(1))),
+                        (("device", self.body.device_expr()),))
+        outer = self.body.ranged
+        self.body.ranged = {**outer, self.var: Val(heads, Ty(elem="ℕ"), rows=(self.count,))}
+        try:
+            val = self.body.expr(given)
+        finally:
+            self.body.ranged = outer
+        if val.lifted or val.flipped or val.ty.shape or val.rows != (self.count,):
+            raise _Declined  # it varies by more than the head
+        return val.code
+
     # ------------------------------------------------------------------ parameters
     def parameter(self, name: str, rank: int) -> ir.Expr:
         """A tensor handed to the card for head h: its stacked family with the heads first,
@@ -257,9 +281,16 @@ def _lowered(body: Steps, heads: HeadMap, e: s.Call, merged: frozenset[str]
             raise _Declined  # tensors per head beside every group's heads on one axis
     except _Declined:
         return None
-    kwargs += [(local_name(n), body.hyper_value(call, n, g)) for n, g in call.hypers.items()]
+    varied = frozenset(n for n, g in call.hypers.items() if heads.var in _names(g))
+    if varied and (merged or heads.merged):
+        return None  # a value per head beside every group's heads on one axis
     try:
-        fn = body.low.function(call.callee, merged)
+        kwargs += [(local_name(n), heads.per_head(n, g) if n in varied else
+                    body.hyper_value(call, n, g)) for n, g in call.hypers.items()]
+    except _Declined:
+        return None
+    try:
+        fn = body.low.function(call.callee, merged, varied)
     except LowerError:
         if not merged:
             raise

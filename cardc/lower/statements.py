@@ -420,6 +420,8 @@ class Statements:
                 return self.position_step(s.Step(body, span=step.span), st.vars[0], None)
             finally:
                 self.positions = outer
+        if isinstance(body, s.Assign):
+            return self.forall_update(st, body, step)
         if not (isinstance(body, s.If) and isinstance(body.then, s.Assign)
                 and isinstance(body.then.target, s.Index)
                 and isinstance(body.then.target.base, s.Name)
@@ -443,6 +445,33 @@ class Statements:
         name = local_name(target)
         self.emit(ir.Assign((name,), code, self.note(step, current)))
         self.scope.values[target] = _like(current, ir.Ref(name))
+
+    def forall_update(self, st: s.ForAll, body: s.Assign, step: s.Step) -> None:
+        """`∀t, t′ : S[t, t′] ← S[t, t′] − m · (t − t′)`: every entry of S at once, each
+        variable counting 1, 2, … along the axis it indexes (the value is S's shape)."""
+        target = body.target
+        if not (isinstance(target, s.Index) and isinstance(target.base, s.Name)
+                and [getattr(i, "id", None) for i in target.items] == list(st.vars)):
+            self.fail(st, "code generation handles '∀…: A[…] ← v' with A indexed by exactly "
+                          "the quantified variables")
+        current = self.expr(target.base)
+        rank = len(st.vars)
+        shape = current.ty.shape[-rank:]
+        self.point = {v: (self.physical(current, k), rank, shape[k]) for k, v in enumerate(st.vars)}
+        try:
+            value = self.expr(body.value)
+        finally:
+            self.point = {}
+        if value.rows or value.flipped != current.flipped and len(shape) == 2:
+            self.fail(body.value, "code generation updates entry by entry only from values "
+                                  "stored as the target is")
+        code = value.code
+        if target.base.id not in {n.id for n in s.nodes(body.value) if isinstance(n, s.Name)}:
+            code = _call("torch.broadcast_to", code, ir.Attr(current.code, "shape")) \
+                if _is_tensor(value) else _call("torch.full_like", current.code, code)
+        name = local_name(target.base.id)
+        self.emit(ir.Assign((name,), code, self.note(step, current)))
+        self.scope.values[target.base.id] = _like(current, ir.Ref(name))
 
     @staticmethod
     def physical(val: Val, k: int) -> int:

@@ -307,6 +307,9 @@ def grouped_sdpa(Q, K, V, **options):
     if K.shape[-3] != 1 or Q.dim() == 4:
         return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, **options)
     groups = Q.shape[-4:-2]  # (key/value heads, query heads of each)
+    mask = options.get("attn_mask")
+    if mask is not None and mask.dim() == Q.dim():  # a mask for every query head: theirs too
+        options = {**options, "attn_mask": mask.flatten(-4, -3)}
     Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),
                                        enable_gqa=True, **options)
     return Y.unflatten(-3, groups)
