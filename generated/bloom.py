@@ -209,6 +209,8 @@ class KVCache:
         self.joins = {} if joins is None else joins  # project's joined weights, by their ids
         self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
         self.called = 0, {}  # (pos, {module: n}): its calls by the forward at pos so far
+        self.states = {}  # recurrence over positions → the state its last position left
+        self.carried = 0, 0  # (pos, n): n recurrences resumed by the forward at pos so far
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
@@ -260,6 +262,18 @@ class KVCache:
         if q == 1:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+    def resume(self, h):
+        """The state the last cached position left in the next recurrence of this forward
+        (h, its start, before any), and the key `hold` keeps its new one under: recurrences
+        are keyed by their order in the forward, as attention calls are by extend."""
+        at, n = self.carried if self.carried[0] == self.pos else (self.pos, 0)
+        self.carried = at, n + 1
+        return self.states.get(n, h), n
+
+    def hold(self, key, h):
+        """The state after the new positions, where the next tokens resume."""
+        self.states[key] = h
 
 
 # Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
