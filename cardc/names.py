@@ -39,6 +39,9 @@ GENERATED = frozenset({
     "generate", "pick_token", "filter_logits",  # a decoder's method, the functions it calls
     "hold_stopped", "stop",  # and the stop tokens it holds; a sampling card's caller's stop(y)
     "linear_scan", "previous_states", "stack_broadcast",  # a recurrence over positions
+    "resume", "hold",  # the cache's methods a recurrence calls
+    "top_mask", "route", "route_dense", "on_rows", "ROWS",  # sparse experts
+    "cut_patches", "gather_patches", "patch_grid",  # patches(X | p)
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and
 # shadowing none is simpler to see than which ones it calls.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
@@ -11,16 +10,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def pytest_configure(config) -> None:
-    """One process per core (pytest-xdist): each takes its share of the cores for torch's
-    threads, not all of them (two workers of two threads each on two cores run slower)."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    if workers > 1:
-        import torch
-
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ skip, except under CARDC_REQUIRE_TOOLS=1 (CI), where they fail.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -123,7 +124,9 @@ def test_presets_calls_and_diffs(site):
     assert "124,439,808" in page  # GPT-2 small's parameters
     assert "247,064,064 + 36,864·T" in page  # forward FLOPs per token
     assert 'href="cards-gpt2.GPT2Block.html">GPT2Block</a>' in page
-    assert 'GPT2 → <a href="cards-llama.Llama.html">Llama</a>' in page
+    # diffs against the cards most like it (which ones changes as cards are added)
+    related = re.findall(r'GPT2 → <a href="cards-[\w.]+\.html">(\w+)</a>', page)
+    assert 1 <= len(related) <= 3 and "GPT2" not in related, related
     block = (site / "cards-gpt2.GPT2Block.html").read_text(encoding="utf-8")
     assert 'Called by' in block and 'href="cards-gpt2.GPT2.html">GPT2</a>' in block
     tex = (site / ALGORITHM_4.replace(".html", ".tex")).read_text(encoding="ascii")

@@ -323,7 +323,18 @@ GENERATOR_NAMES = {
     "top_p", "generator", "context", "kth", "probs", "order", "descending",
     # and the stop tokens it holds (hold_stopped); a sampling card's caller's stop(y)
     "stop_tokens", "hold_stopped", "stops", "token", "stop", "tuple", "sorted", "bool",
+    "cat_broadcast", "tensors", "like", "sizes", "size", "bias", "list", "zip", "strict",
+    # a recurrence's scan and the cache's state (cardc.lower.recurrence)
+    "linear_scan", "resume", "hold",
+    # sparse experts (cardc/runtime/experts.py)
+    "route", "on_rows", "ROWS", "experts", "expert", "chosen", "weight", "lead", "tokens",
+    "expert_of", "counts", "runs", "run", "short", "minlength", "as_tuple", "scores", "best",
+    # patches (the patch helpers)
+    "cut_patches", "patch_grid", "blocks", "cols",
 }
+# what the generator appends to a card's name: a recurrence's state held or read late, all
+# of its states; a head's function over every head at once
+GENERATOR_SUFFIXES = ("held", "all", "late", "per_head")
 GENERATOR_ATTRS = {
     "Module", "joins", "joined", "split_with_sizes", "numel", "requires_grad", "flip", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
     "Generator", "Tensor", "no_grad", "scatter", "sort", "to", "values",
@@ -341,10 +352,16 @@ GENERATOR_ATTRS = {
     "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls", "called",
     "new_ones", "new_zeros", "get", "isin", "full_like", "is_grad_enabled", "type", "linalg",
     "vector_norm", "hypot", "addcmul_", "dtype",
+    "resume", "hold", "states", "carried", "broadcast_tensors", "broadcast_to", "broadcast_shapes",
+    "is_tensor", "narrow", "index_add", "nonzero", "split", "indices", "bincount", "permute",
 }
 GENERATOR_STRINGS = {"tanh", "omega", "cpu", "probabilities", "params", "weight_decay", "lr", "-inf",
                      " exceeds the model's ", " positions", "sequence length ",
                      "KVCache"}  # new_cache()'s annotation: the class stands after the model
+# the pieces of the message a model input of the wrong size gets, around the card's own names
+# and sizes (an input's, its declared type's)
+GENERATOR_MESSAGE = re.compile(r"\w+ has sizes |; the model takes ℝ\^\{[\w×]+\}, \w+ = |, \w+ = |×"
+                               r"| pixels does not cut into | patches|an image of |attn_mask")
 FORBIDDEN = {"__import__", "eval", "exec", "compile", "open", "os", "sys", "subprocess",
              "getattr", "setattr", "globals", "locals", "vars", "breakpoint", "input",
              "__builtins__", "importlib", "system"}
@@ -379,6 +396,10 @@ def _derived(name: str, card: set[str]) -> bool:
         return True
     if name.endswith("_heads") and name[:-len("_heads")] in card:  # a group's merged variant
         return True
+    if name.startswith("size_") and _derived(name[len("size_"):], card):  # an input's sizes
+        return True
+    if any(name.endswith("_" + s) and name[:-len(s) - 1] in card for s in GENERATOR_SUFFIXES):
+        return True
     return any(name.startswith(a + "_") and name[len(a) + 1:].rstrip("_") in card for a in card)
 
 
@@ -402,7 +423,8 @@ def audit(code: str, card: set[str], presets: set[str]) -> None:
             assert value in allowed or _derived(value, card), f"{type(node).__name__} {value!r}"
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                 id(node) not in docstrings:
-            assert node.value in GENERATOR_STRINGS | presets, repr(node.value)
+            assert node.value in GENERATOR_STRINGS | presets or \
+                GENERATOR_MESSAGE.fullmatch(node.value), repr(node.value)
         if isinstance(node, ast.Call):
             assert isinstance(node.func, (ast.Name, ast.Attribute, ast.Subscript)), ast.dump(node)
 
