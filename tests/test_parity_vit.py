@@ -245,8 +245,10 @@ def test_cardc_train_says_no_training_card_fits_an_image_model(tmp_path):
     run = subprocess.run([sys.executable, "-m", "cardc", "train", "cards/vit.card", "--preset",
                           "tiny", "--steps", "1", "--out", str(tmp_path / "run")], cwd=ROOT,
                          capture_output=True, text=True)
-    assert run.returncode == 2  # as for any model no recipe fits
-    assert run.stderr.strip().splitlines() == [
-        "cardc: error: no training card trains ViT: none calls it, and no generic one (as "
-        "LMTraining trains any card {1..V}^{T} → ℝ^{T×V}) fits it; searched cards/"]
+    assert run.returncode == 1  # as for any model no recipe fits: the card is at fault
+    lines = run.stderr.strip().splitlines()
+    assert lines[0] == (
+        "cards/vit.card:1:1: error: no training card trains ViT: none calls it, and no generic "
+        "one (as LMTraining trains any card {1..V}^{T} → ℝ^{T×V}) fits it")
+    assert lines[-1] == "1 error" and "Traceback" not in run.stderr
     assert not (tmp_path / "run").exists()

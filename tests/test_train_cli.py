@@ -364,8 +364,11 @@ def test_the_checkpoint_records_the_sampling_card(run_dir):
 def test_train_refuses_a_model_no_training_card_trains(tmp_path, cli):
     r = cli("train", "cards/paper/unembedding.card", "--set", "N_V=10", "--set", "d_e=4",
             "--out", str(tmp_path / "run"))
-    assert r.returncode == 2 and "no training card trains Unembedding" in r.stderr
-    assert r.stderr.endswith("; searched cards/\n")
+    assert r.returncode == 1, r.stderr  # the card is at fault, not the command line
+    assert r.stderr.startswith("cards/paper/unembedding.card:1:1: error: no training card "
+                               "trains Unembedding: none calls it"), r.stderr
+    assert "= hint: searched cards/; write a training card that calls Unembedding" in r.stderr
+    assert r.stderr.endswith("\n1 error\n")
     assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
 
 

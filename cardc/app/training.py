@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .. import build  # called through the module, which tests may patch
+from ..diagnostics import CardError, Diagnostics
 from ..dims import Dim
 from ..info import preset_values
 from ..library import shown_folders
@@ -400,11 +401,14 @@ def _recipe(o: TrainOptions):
             build.bind_recipe(checker, generic[0], model)
     if o.recipe and not found:
         raise UsageError(f"{o.recipe} holds no training card for {model.label}")
-    if not found:
-        searched = ", ".join(shown_folders(lib.roots))
-        raise UsageError(f"no training card trains {model.label}: none calls it, and no "
-                         f"generic one (as LMTraining trains any card {{1..V}}^{{T}} → "
-                         f"ℝ^{{T×V}}) fits it; searched {searched}")
+    if not found:  # the card given is the input at fault, not the command line: located
+        diags = Diagnostics(sources=lib.diags.sources)
+        diags.error(model.span, f"no training card trains {model.label}: none calls it, and no "
+                                f"generic one (as LMTraining trains any card {{1..V}}^{{T}} → "
+                                f"ℝ^{{T×V}}) fits it",
+                    f"searched {', '.join(shown_folders(lib.roots))}; write a training card "
+                    f"that calls {model.label}, or give one with --recipe")
+        raise CardError(diags)
     if build.unbound_models(checker, found[0]):
         build.bind_recipe(checker, found[0], model)
     build.require_clean(lib, checker, checker.diags, {lib.file_of(found[0]).path})
