@@ -24,7 +24,7 @@ from .messages import (
 )
 from .results import MAX_CALL_DEPTH, CallInfo, CheckError, ModelTy, Signature
 from .scope import BodyState, Expressions, Part
-from .shapes import _d, _members, _same_entry, broadcast_shape, dims_equal
+from .shapes import _d, _members, _same_entry, broadcast_shape, dims_equal, expr_dim
 
 # the rule that checks a call to a builtin: its own for a filter, dropout or an optimizer
 _KINDS = {b.name: b.rule if b.rule in ("filter", "argtop", "dropout", "optimizer", "patches")
@@ -316,8 +316,11 @@ class CallChecker(Part):
         for name, hty in sig.hypers.items():
             if name not in bind and hty.value is not None and name not in sig.definitions:
                 mine = self.state.try_lookup(name)
+                default = _default_size(sig, name, bind)
                 if isinstance(mine, Ty) and mine.value is not None:
                     bind[name] = mine.value
+                elif default is not None:  # `n ∈ ℕ = 3`, which the call does not give
+                    bind[name] = default
                 else:  # inferred from later use (X + MHAttention(X̃ | …) fixes d_out = d_e)
                     bind[name] = Dim.sym("?" + name)
         for bundle in self.adopted:
@@ -482,3 +485,12 @@ class CallChecker(Part):
             pending = left
         return all(dims_equal(subst_dim(w, bind), g) for w, g in pending)
 
+
+def _default_size(sig: Signature, name: str, bind: dict[str, Dim]) -> Dim | None:
+    """A size's default (`n ∈ ℕ = 3`, `D_f ∈ ℕ = 4 D`) in the caller's sizes, where every
+    size it reads is bound; else None."""
+    default = sig.defaults.get(name)
+    dim = expr_dim(default, {}) if default is not None else None
+    if dim is None or not dim.symbols <= set(bind):
+        return None
+    return subst_dim(dim, bind)
