@@ -92,6 +92,24 @@ def test_bars_around_an_operand_are_abs_and_a_bar_that_stands_apart_binds_parame
     assert render_card(tree).endswith("1 return y = G(|x| | θ)\n")
 
 
+@pytest.mark.parametrize("written", [
+    "G(x |θ) + |x|", "G(x|θ) + |x|", "G(x |θ, ε = 1) + |x|", "G(x|θ, ε = 1) + |x|"])
+def test_a_bar_against_a_calls_parameters_ends_its_arguments(written):
+    """`f(x |θ)`, the bar hugging the parameters, once read `|θ` as an absolute value left
+    open: a bar whose partner is not ahead on the line, before the call closes, ends the call's
+    arguments; `|x|` stays an absolute value; the canonical spelling puts a space each side."""
+    card = "Algorithm: y ← F(x | θ)\nInput: x ∈ ℝ^{D}\nOutput: y ∈ ℝ^{D}\n" \
+           "Parameters: θ, the weights.\n1 return y = {}\n"
+    tree, diags = _parse(card.replace("{}", written))
+    assert not diags.errors, diags.render()
+    spaced = written.replace("x |θ", "x | θ").replace("x|θ", "x | θ")
+    assert tree == _parse(card.replace("{}", spaced))[0]
+    assert render_card(tree).endswith(f"1 return y = {spaced}\n")
+    (alg,) = tree.algorithms
+    value = alg.steps[0].stmt.value
+    assert (value.left.func, value.left.args[0].id, value.right.func) == ("G", "x", "abs")
+
+
 @pytest.mark.parametrize(("text", "where"), [
     ("1 k <- floor(log2(H)\n", "7:"),  # a call left open
     ("1 k ← ⌊log₂ H\n", "7:"),  # a floor left open
