@@ -126,6 +126,8 @@ def _is_integral_expr(e: s.Expr) -> bool:
         return True
     if isinstance(e, s.BinOp):
         return e.op in "+−/· " and _is_integral_expr(e.left) and _is_integral_expr(e.right)
+    if isinstance(e, s.Power):
+        return _is_integral_expr(e.base) and _is_integral_expr(e.exponent)
     return False
 
 
@@ -150,6 +152,12 @@ def _dim(expr: s.Expr, definitions: dict[str, Dim], diags: Diagnostics | None,
                     raise CheckError
                 return q
             return a * b
+        if isinstance(e, s.Power) and isinstance(e.exponent, s.Num) and \
+                e.exponent.text.isdigit():  # C p²: a product of sizes written as a power
+            base, out = go(e.base), Dim.const(1)
+            for _ in range(int(e.exponent.text)):
+                out = out * base
+            return out
         if isinstance(e, s.Call) and e.func == "length" and len(e.args) == 1:
             arg = e.args[0]
             return Dim.sym(f"|{arg.id}|") if isinstance(arg, s.Name) else Dim.sym("|?|")
