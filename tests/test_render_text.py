@@ -534,7 +534,8 @@ def test_prose_with_ascii_in_stays_prose():
 
 
 def _ascii_prose(node):
-    """The card with ∈ in its prose and comments spelled ` in `, as replacing ∈ in the text does."""
+    """The card with ∈ in its prose, comments and steps' notes spelled ` in `, as replacing ∈
+    in the text does: free text is kept as written, so its ` in ` stays a word."""
     if isinstance(node, tuple):
         return tuple(_ascii_prose(x) for x in node)
     if not dataclasses.is_dataclass(node):
@@ -542,8 +543,11 @@ def _ascii_prose(node):
     changes = {f.name: _ascii_prose(getattr(node, f.name)) for f in dataclasses.fields(node)}
     if isinstance(getattr(node, "prose", None), str):
         changes["prose"] = node.prose.replace("∈", " in ")
-    if isinstance(node, s.Algorithm):
+    if isinstance(node, s.Algorithm | s.Step):
         changes["comments"] = tuple(c.replace("∈", " in ") for c in node.comments)
+    if isinstance(node, s.Step):  # ▷ and `, where …` text (an annotation `▷ X ∈ …` is a Decl)
+        changes.update({f: getattr(node, f).replace("∈", " in ") for f in ("note", "where")
+                        if getattr(node, f) is not None})
     return dataclasses.replace(node, **changes)
 
 
@@ -551,6 +555,31 @@ def _ascii_prose(node):
 def test_cards_with_ascii_in(path):
     text = path.read_text(encoding="utf-8")
     assert parse_clean(text.replace("∈", " in "), str(path)) == _ascii_prose(parse_clean(text, str(path)))
+
+
+NOTES_WITH_IN = """\
+Algorithm: Y ← F(X)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Preset tiny: T = 2  ▷ rows t ∈ [T]
+/* each t ∈ [T] */
+1 Y ← X  ▷ one row per token t ∈ [T]
+2 Z ← X, where t ∈ [T]
+3 return Y  // every t ∈ [T]
+"""
+
+
+def test_ascii_in_in_step_notes_stays_a_word():
+    """∈ in a step's note, where-clause or comment, spelled ` in `, is kept as written (free
+    text); the normalisation of the cards' ASCII test once missed these and so would have
+    failed on any card that writes one."""
+    ascii = parse_clean(NOTES_WITH_IN.replace("∈", " in "))
+    assert ascii == _ascii_prose(parse_clean(NOTES_WITH_IN))
+    steps = ascii.algorithms[0].steps
+    assert (steps[0].note, steps[1].where, steps[0].comments) == \
+        ("one row per token t  in  [T]", "t  in  [T]", ("each t  in  [T]",))
+    assert render_card(ascii) == NOTES_WITH_IN.replace("∈", " in ").replace(
+        "X  in  ℝ", "X ∈ ℝ").replace("Y  in  ℝ", "Y ∈ ℝ").replace("//", "▷")
 
 
 def test_prose_may_hold_in():
