@@ -16,6 +16,7 @@ from cardc.cli import main
 from cardc.interop import (
     config_for,
     from_card_state,
+    kept_entries,
     parse_mapping,
     preset_from_config,
     to_card_state,
@@ -56,6 +57,31 @@ def test_export_writes_as_many_entries_and_import_reads_them_back():
     assert preset_from_config(json.loads(json.dumps(config)), m) == {"D": 8, "K": 5}
 
 
+NAMED = {"D": "hidden_size", "K": {"count": "id2label", "same": ["label2id"], "default": "2"}}
+
+
+def test_an_imported_configs_entries_are_written_back_as_they_were():
+    """The label names import read come back from export (they were LABEL_i), with the keys
+    counted alike; a model whose count changed gets LABEL_i and nothing counted alike."""
+    m = mapping(NAMED)
+    source = {"hidden_size": 8, "id2label": {"0": "cat", "1": "dog", "2": "emu"},
+              "label2id": {"cat": 0, "dog": 1, "emu": 2}}
+    kept = kept_entries(source, m)
+    assert kept == {"id2label": source["id2label"], "label2id": source["label2id"]}
+    back = config_for(m, preset_from_config(source, m), kept)
+    assert {k: back[k] for k in source} == source
+    changed = config_for(m, {"D": 8, "K": 2}, kept)
+    assert changed["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"} and "label2id" not in changed
+    assert "label2id" not in config_for(m, {"D": 8, "K": 3})
+
+
+def test_keys_counted_alike_must_agree():
+    with pytest.raises(RuntimeInputError, match=r"config.json has label2id = 1 but id2label = 2; "
+                                                r"the card's K is both"):
+        preset_from_config({"hidden_size": 8, "id2label": ["a", "b"], "label2id": {"a": 0}},
+                           mapping(NAMED))
+
+
 def test_a_count_without_a_default_names_the_absent_key():
     m = mapping({"K": {"count": "id2label"}})
     with pytest.raises(RuntimeInputError, match=r"config.json lacks 'id2label' \(the card's K\)"):
@@ -75,8 +101,10 @@ def test_a_key_that_holds_no_entries_is_refused_by_name(value):
     ({"count": ""}, "x.hf.json: hyperparameter 'K': 'count' must name a config key"),
     ({"count": "id2label", "expr": "n + 1"},
      "x.hf.json: hyperparameter 'K': 'count' cannot be combined with 'expr'"),
-    ({"count": "id2label", "same": ["labels"]},
-     "x.hf.json: hyperparameter 'K': 'count' cannot be combined with 'same'"),
+    ({"count": "id2label", "same": "label2id"},
+     "x.hf.json: hyperparameter 'K': 'same' must be a list of config keys"),
+    ({"count": "id2label", "key": "labels"},
+     "x.hf.json: hyperparameter 'K': 'count' cannot be combined with 'key'"),
     ({"count": "id2label", "default": 7},
      "x.hf.json: hyperparameter 'K': 'default' must be an expression or a list of them"),
 ])

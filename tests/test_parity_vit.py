@@ -145,9 +145,16 @@ def test_the_forward_has_no_loop_over_heads_or_patches():
         .replace("for _ in range(N)", "")
 
 
+LABELS = ["tabby cat", "dog", "ölkanne", "ship", "truck", "LABEL_0", "frog"][:K]
+
+
 def test_import_then_export_is_bit_exact(tmp_path, capsys, images):
+    """Tensors and the labels' names come back as they were (export once wrote LABEL_i)."""
     hf = make_hf()
+    hf.config.id2label = dict(enumerate(LABELS))
+    hf.config.label2id = {name: i for i, name in enumerate(LABELS)}
     hf.save_pretrained(tmp_path / "hf")
+    source_config = json.loads((tmp_path / "hf" / "config.json").read_text())
     code, _, err = run_main(capsys, "import", "cards/vit.card", "--from", str(tmp_path / "hf"),
                             "--out", str(tmp_path / "run"))
     assert code == 0, err
@@ -168,10 +175,13 @@ def test_import_then_export_is_bit_exact(tmp_path, capsys, images):
     changed = [n for n in source if not torch.equal(exported[n], source[n])]
     assert not changed, f"changed by import → export: {changed}"
     written = json.loads((tmp_path / "back" / "config.json").read_text())
-    assert written["id2label"] == {str(i): f"LABEL_{i}" for i in range(K)}
+    assert (written["id2label"], written["label2id"]) == \
+        (source_config["id2label"], source_config["label2id"])
+    assert written["id2label"] == {str(i): name for i, name in enumerate(LABELS)}
     back = transformers.ViTForImageClassification.from_pretrained(
         tmp_path / "back", attn_implementation="eager").eval()
     assert back.config.num_labels == K
+    assert (back.config.id2label, back.config.label2id) == (hf.config.id2label, hf.config.label2id)
     with torch.no_grad():
         assert torch.equal(back(pixel_values=images).logits, hf(pixel_values=images).logits)
 
@@ -179,6 +189,8 @@ def test_import_then_export_is_bit_exact(tmp_path, capsys, images):
 @pytest.mark.parametrize(("change", "message"), [
     ({"id2label": 5}, r"config.json has id2label = 5 \(the card's K counts its entries\); "
                       r"expected an object or a list"),
+    ({"label2id": {"a": 0}}, r"config.json has label2id = 1 but id2label = 7; the card's K is "
+                             r"both"),
     ({"qkv_bias": False}, r"config.json has qkv_bias = False, but the card ViT computes "
                           r"qkv_bias = True"),
     ({"hidden_act": "relu"}, r"hidden_act = 'relu'"),

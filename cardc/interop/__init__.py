@@ -37,9 +37,12 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   - `{"count": K}`: how many entries the object or list K holds, a value the config gives by
     its structure (a classifier's class count: `"K": {"count": "id2label"}`), with an optional
     `"default"` for K absent or null (`"2"`: transformers' two labels). A K that is neither
-    an object nor a list is refused, named; export writes K with that many entries, numbered
-    from 0 and named `LABEL_0`, `LABEL_1`, … (as transformers names labels it was not told;
-    a checkpoint's own label names are not kept).
+    an object nor a list is refused, named; `"same": [K2, …]` names keys counted alike
+    (`label2id`), refused where their counts differ. An import records the entries of each
+    as config.json holds them (the checkpoint's label names), and export writes them back
+    where the count is unchanged: config → checkpoint → config keeps them exactly; otherwise
+    export writes K with that many entries, numbered from 0 and named `LABEL_0`, `LABEL_1`, …
+    (as transformers names labels it was not told), and no K2.
 - `constraints`: card hyperparameter → the values the card computes correctly, beyond what
   the card declares: `{"min": EXPR, "max": EXPR, "multiple_of": EXPR, "power_of_two": true,
   "one_of": [n, …]}`, any of them (bounds inclusive, EXPR of the card's hyperparameters).
@@ -134,7 +137,7 @@ index names each shard by a file name beside it.
 
 from __future__ import annotations
 
-from .config import check_config, config_for, preset_from_config, select_for_config
+from .config import check_config, config_for, kept_entries, preset_from_config, select_for_config
 from .files import HF_CONFIG, HF_INDEX, HF_WEIGHTS, read_hf, write_hf
 from .mapping import (
     MAPPING_SUFFIX,
@@ -164,7 +167,7 @@ from .transfer import (
 __all__ = [
     "HF_CONFIG", "HF_INDEX", "HF_WEIGHTS", "MAPPING_SUFFIX", "META_KEY", "Entry", "Hyper",
     "Mapping", "Part", "check_config", "check_sizes", "checkpoint_mapping", "config_for",
-    "export_hf", "from_card_state", "import_checkpoint", "import_hf", "load_mapping",
+    "export_hf", "from_card_state", "import_checkpoint", "import_hf", "kept_entries", "load_mapping",
     "load_mappings", "mapping_path", "merge_patch", "parse_mapping", "parse_mappings",
     "preset_from_config", "read_hf", "select_by_name", "select_for_config", "to_card_state",
     "write_hf", "write_model_hf",

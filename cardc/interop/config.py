@@ -11,7 +11,7 @@ from ..spelling import canonical_name
 from . import expr as ex
 from .constraints import names as constraint_names
 from .constraints import violation
-from .derived import counted, entries
+from .derived import counted, entries, holds
 from .harmless import harmless
 from .mapping import Hyper, Mapping
 from .renamed import current_config, current_key
@@ -57,6 +57,8 @@ def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, fl
         value = hyper_value(config, spec, f"the card's {name}")
         for key in spec.same:
             other = lookup(config, key)
+            if other is not None and spec.count:
+                other = counted(other, key, f"the card's {name}")
             if other is not None and other != value:
                 raise RuntimeInputError(f"config.json has {key} = {other!r} but {spec.key} = "
                                         f"{value!r}; the card's {name} is both")
@@ -278,10 +280,21 @@ def select_for_config(mappings: list[Mapping], config: dict[str, Any] | None) ->
 # ------------------------------------------------------------------ export
 
 
-def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
+def kept_entries(config: dict[str, Any], mapping: Mapping) -> dict[str, Any]:
+    """The entries of the config keys the card counts (`id2label`, and `label2id` counted
+    alike), as config.json holds them: the checkpoint's, not the card's (label names), which
+    an import records and export writes back."""
+    keys = [key for spec in mapping.hyperparameters.values() if spec.count for key in spec.keys]
+    return {key: lookup(config, key) for key in keys
+            if isinstance(lookup(config, key), (dict, list))}
+
+
+def config_for(mapping: Mapping, hypers: dict[str, Any],
+               kept: dict[str, Any] | None = None) -> dict[str, Any]:
     """config.json for a model with these hyperparameters (keyed by Python name): keys first,
     then fixed values, then each computed hyperparameter solved for its key, then derived
-    values, then `export_config`."""
+    values, then `export_config`. `kept`: the entries of counted keys an import recorded
+    (`kept_entries`), written back where their count is unchanged."""
     broken = broken_constraint(mapping, hypers, python=True)
     if broken is not None:
         name, why = broken
@@ -296,7 +309,12 @@ def config_for(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
             continue
         value = hypers[identifier(name)]
         for key in spec.keys:
-            store(config, key, entries(value, key, f"the card's {name}") if spec.count else value)
+            if not spec.count:
+                store(config, key, value)
+            elif key == spec.key:
+                store(config, key, entries(value, key, f"the card's {name}", (kept or {}).get(key)))
+            elif holds((kept or {}).get(key), value):  # counted alike: only as it was read
+                store(config, key, (kept or {})[key])
     for key, accepted in mapping.fixed_config.items():
         if accepted[0] is not None or "." not in key:  # a nested null: absent (no {type: null})
             store(config, key, accepted[0])

@@ -541,10 +541,13 @@ def _count(where: str, spec: dict[str, Any], need: Need) -> Hyper:
     """`{"count": K}`, with an optional `"default"` for K absent or null."""
     key = spec[COUNT]
     need(isinstance(key, str) and key != "", f"{where}: 'count' must name a config key")
-    others = sorted(set(spec) - {COUNT, "default"})
+    others = sorted(set(spec) - {COUNT, "default", "same"})
     need(not others, f"{where}: 'count' cannot be combined with '{others[0] if others else ''}'")
+    same = spec.get("same", [])
+    need(isinstance(same, list) and all(isinstance(k, str) and k for k in same),
+         f"{where}: 'same' must be a list of config keys")
     default = _defaults(spec.get("default", []), f"{where}: 'default'", need)
-    return Hyper(key, ex.Name(key), default, solve=key, count=True)
+    return Hyper(key, ex.Name(key), default, tuple(same), solve=key, count=True)
 
 
 def _with_solved_keys(hypers: dict[str, Hyper], written: set[str], need: Need) -> dict[str, Hyper]:

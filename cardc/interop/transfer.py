@@ -12,7 +12,14 @@ from torch import nn
 
 from ..names import identifier
 from ..runtime.errors import RuntimeInputError
-from .config import check_config, config_for, describe, preset_from_config, select_for_config
+from .config import (
+    check_config,
+    config_for,
+    describe,
+    kept_entries,
+    preset_from_config,
+    select_for_config,
+)
 from .files import HF_CONFIG, read_hf, write_hf
 from .mapping import MAPPING_SUFFIX, Mapping, load_mappings, parse_mapping, select_by_name
 from .tensors import from_card_state, to_card_state
@@ -56,7 +63,8 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
     state = to_card_state(mapping, hf_state, expected, _layers(mapping, model.card_meta),
                           model.card_meta["hyperparameters"])
     load_state(model, state)
-    model.card_meta[META_KEY] = {"source": os.fspath(source), "mapping": mapping.raw}
+    model.card_meta[META_KEY] = {"source": os.fspath(source), "mapping": mapping.raw,
+                                 "entries": kept_entries(config or {}, mapping)}
     record_sampler(model.card_meta, lib, checker, alg)
     return model
 
@@ -181,7 +189,7 @@ def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
                                 f"records {', '.join(hypers)})")
     tensors = from_card_state(mapping, state, _layers(mapping, meta), hypers)  # sizes checked
     try:
-        config = located_config(mapping, hypers)
+        config = located_config(mapping, hypers, _kept(meta))
     except KeyError as err:
         raise RuntimeInputError(f"'{run_dir}' records no hyperparameter {err}") from None
     files = tokenizer.hf_files() if isinstance(tokenizer, HFTokenizer) else {}
@@ -196,15 +204,23 @@ def write_model_hf(mapping: Mapping, state: dict[str, Any], hypers: dict[str, fl
     return write_hf(dest, tensors, located_config(mapping, hypers))
 
 
-def located_config(mapping: Mapping, hypers: dict[str, Any]) -> dict[str, Any]:
+def located_config(mapping: Mapping, hypers: dict[str, Any],
+                   kept: dict[str, Any] | None = None) -> dict[str, Any]:
     """`config_for`, its refusals named by the mapping file whose expressions cannot write
     the model's values."""
     try:
-        return config_for(mapping, hypers)
+        return config_for(mapping, hypers, kept)
     except RuntimeInputError as err:
         if str(err).startswith(mapping.source):
             raise
         raise RuntimeInputError(f"{mapping.source}: {err}") from None
+
+
+def _kept(meta: dict[str, Any]) -> dict[str, Any]:
+    """The counted config entries an import recorded (a classifier's label names), if any."""
+    recorded = meta.get(META_KEY)
+    kept = recorded.get("entries") if isinstance(recorded, dict) else None
+    return kept if isinstance(kept, dict) else {}
 
 
 def checkpoint_mapping(meta: dict[str, Any],
