@@ -9,7 +9,9 @@ from pathlib import Path
 
 import torch
 
+from cardc.checker import check
 from cardc.diagnostics import Diagnostics
+from cardc.library import library_roots, load
 from cardc.parser import parse
 from cardc.render.html import render_html
 from cardc.render.latex import render_latex
@@ -72,3 +74,53 @@ def test_a_power_in_a_shape_is_a_product_of_sizes(tmp_path):
     assert r"\mathbb{R}^{C \, {p}^{2} \times D}" in render_latex(tree)
     assert r"\mathbb{R}^{C \, {p}^{2} \times D}" in render_markdown(tree)
     assert "p</mi><mn>2</mn></msup>" in render_html(tree, None)
+
+
+NUMBER_STATE = """\
+Algorithm: Y ← RNN(X | W)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: W consisting of:
+    W_h ∈ ℝ^{D×D}, W_x ∈ ℝ^{D×D}
+1 h ← 0
+2 for t = 1, …, T do
+3     h ← σ(h W_h + X[t, :] W_x)
+4     Y[t, :] ← h
+5 end
+6 return Y
+"""
+
+
+def test_a_state_that_enters_a_loop_as_a_number_and_scales_a_matrix_is_refused_there(tmp_path):
+    """`h ← 0` then `h ← σ(h W_h + …)`: on the first pass h W_h is 0 times the matrix, and h
+    became ℝ^{D×D}, reported only at `return`; it is reported at the product that does it."""
+    diags = _diagnostics(tmp_path, NUMBER_STATE)
+    assert [d.message for d in diags.errors] == [
+        "'h' enters this loop as a number (line 7), so on the first pass 'h W_h' scales a "
+        "matrix, and 'h' would become ℝ^{D×D}"]
+    (error,) = diags.errors
+    assert (error.span.line, error.span.col) == (9, 13)
+
+
+def test_a_state_that_enters_as_a_number_may_still_scale_and_grow(tmp_path):
+    """What stays legal: a gate times the state (`a ⊙ h`), a matrix state grown by outer
+    products from 0, and a number that stays a number while it scales a matrix."""
+    ok = NUMBER_STATE.replace("σ(h W_h + X[t, :] W_x)", "σ(X[t, :] W_x) ⊙ h + X[t, :]")
+    grown = NUMBER_STATE.replace("Output: Y ∈ ℝ^{T×D}", "Output: Y ∈ ℝ^{D×D}").replace(
+        "h ← σ(h W_h + X[t, :] W_x)", "h ← h + X[t, :]^⊺ X[t, :] W_h").replace(
+        "4     Y[t, :] ← h", "4     Z[t, :] ← X[t, :]").replace("6 return Y", "6 return Y = h")
+    counted = NUMBER_STATE.replace("h ← σ(h W_h + X[t, :] W_x)", "h ← h + 1").replace(
+        "Y[t, :] ← h", "Y[t, :] ← X[t, :] (h W_h)")
+    for text in (ok, grown, counted):
+        diags = _diagnostics(tmp_path, text)
+        assert not diags.errors, diags.render()
+
+
+def _diagnostics(tmp_path: Path, text: str) -> Diagnostics:
+    """What checking `text`, a card file of its own, says."""
+    path = tmp_path / "card.card"
+    path.write_text(text, encoding="utf-8")
+    lib, _ = load([path], root=library_roots([str(path)], None))
+    return check(lib)[1]
+

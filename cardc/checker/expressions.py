@@ -163,6 +163,10 @@ class ExprChecker(Part):
 
     def product(self, a: Ty, b: Ty, e: s.BinOp) -> Ty:
         """Juxtaposition and `·`: scaling, matrix–matrix, matrix–vector, outer products."""
+        for side, ty, other in ((e.left, a, b), (e.right, b, a)):
+            if isinstance(side, s.Name) and side.id in self.state.number_states and \
+                    not ty.shape and other.rank >= 2:  # a loop state still a number
+                self.state.scaled.setdefault(side.id, e)
         if not a.shape or not b.shape:
             value = a.value * b.value if a.value is not None and b.value is not None else None
             return Ty(a.shape or b.shape, "ℝ" if "ℝ" in (a.elem, b.elem) else a.elem, value)

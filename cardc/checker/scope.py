@@ -34,6 +34,10 @@ class BodyState:
         self.returned = False
         self.declared = {n: d.span for d in checker.decls(alg) for n in d.names}  # for notes
         self.assigned: dict[str, s.Span] = {}  # the step that last gave a name its value
+        # states of the loops being checked that enter them as numbers (h ← 0), and the
+        # product in the step being checked that scales a matrix by one (`h W_h`)
+        self.number_states: dict[str, s.Span] = {}
+        self.scaled: dict[str, s.BinOp] = {}
         # names whose step failed, or already reported unknown: their later uses stay quiet
         self.failed: set[str] = set()
 

@@ -83,9 +83,11 @@ class StepChecker(Part):
         return s.dispatch(self, "stmt", st)
 
     def stmt_Assign(self, st: s.Assign) -> Ty | None:
+        self.state.scaled = {}
         value = self.exprs.expr(st.value)
         target = st.target
         if isinstance(target, s.Name):
+            self.state_from_number(target, value)
             self.reassign(target, value)
             self.state.assign_name(target.id, value)
             self.state.assigned[target.id] = st.span
@@ -96,6 +98,21 @@ class StepChecker(Part):
             self.define_function(target, st.value, value)
             return value
         self.error(target.span, "cannot assign to this expression")
+        raise CheckError
+
+    def state_from_number(self, target: s.Name, value: Entry) -> None:
+        """A loop's state that enters it as a number (h ← 0) and whose update multiplies it
+        by a matrix (`h W_h`) scales the matrix on the first pass: the state would take the
+        matrix's shape, not the one the card means. Said here, at the step, not at `return`."""
+        product = self.state.scaled.get(target.id)
+        if product is None or not isinstance(value, Ty) or not value.shape:
+            return
+        name, line = display(target.id), self.state.number_states[target.id].line
+        self.error(product.span, f"'{name}' enters this loop as a number (line {line}), so on "
+                                 f"the first pass '{render_expr(product)}' scales a matrix, and "
+                                 f"'{name}' would become {value}",
+                   hint=f"give '{name}' its shape before the loop, as a vector or matrix of "
+                        "zeros, so that this product is the one the card means")
         raise CheckError
 
     def reassign(self, target: s.Name, value: Entry) -> None:
@@ -218,8 +235,7 @@ class StepChecker(Part):
             self.state.loop_vars[var] = over
             self.state.bind(var, Ty(elem="ℕ", value=Dim.sym(var)))
         self.grow_sequences(st.body)
-        for step in st.body:
-            self.step(step)
+        self.loop_steps(st.body)
         inner = self.state.scopes.pop()
         for var in bound:
             self.state.loop_vars.pop(var, None)
@@ -290,8 +306,22 @@ class StepChecker(Part):
         if cond.shape:
             self.error(st.cond.span, f"a condition must be a single truth value, not {cond}")
         self.grow_sequences(st.body)
-        for step in st.body:
-            self.step(step)
+        self.loop_steps(st.body)
+
+    def loop_steps(self, body: tuple[s.Step, ...]) -> None:
+        """A loop's steps, the states it assigns that enter it as numbers noted."""
+        outer = self.state.number_states
+        numbers = {}
+        for name in (n for step in body for n in _targets(step.stmt)):
+            entry = self.state.try_lookup(name)
+            if name in self.state.assigned and isinstance(entry, Ty) and not entry.shape:
+                numbers[name] = self.state.assigned[name]
+        self.state.number_states = {**outer, **numbers}
+        try:
+            for step in body:
+                self.step(step)
+        finally:
+            self.state.number_states = outer
 
     def grow_sequences(self, body: tuple[s.Step, ...]) -> None:
         """A sequence the loop appends to (x ← [x, y]) has a new length on each pass: |x|′."""
