@@ -25,23 +25,26 @@ def ALiBiCausalHead_per_head(Q, K, V, m, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V)  # the cached positions come first  [bloom.card:55]
-    # added to the scores  [bloom.card:56]
-    bias = (
-        -(
-            m[..., None, None]
-            * (
-                torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]
-                - torch.arange(K.shape[-2], device=Q.device)[None, :]
+    def make():
+        return (
+            -(
+                m[..., None, None]
+                * (
+                    torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]
+                    - torch.arange(K.shape[-2], device=Q.device)[None, :]
+                )
             )
-        )
-    ).to(Q.dtype)
+        ).to(Q.dtype)
+    bias = shared_value(2, make, m, K.shape[-2], Q.shape[-2], Q.device, Q.dtype)  # added to the scores  [bloom.card:56]
     def visible():
         return ~(
             torch.arange(K.shape[-2], device=Q.device)[None, :]
             > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]
         )
     hidden = shared_mask(1, visible, Q.shape[-2], K.shape[-2], Q.device, dtype=Q.dtype)  # [bloom.card:57]
-    bias = bias if hidden is None else bias + hidden  # −∞ where hidden  [bloom.card:57]
+    def make():
+        return bias if hidden is None else bias + hidden
+    bias = shared_value(3, make, hidden, bias)  # −∞ where hidden  [bloom.card:57]
     # (…, T, d)  [bloom.card:58]
     return grouped_sdpa(Q, K, V, attn_mask=torch.broadcast_to(bias, Q.shape[:-1] + K.shape[-2:-1]))
 
@@ -74,15 +77,18 @@ class BLOOMAttention(nn.Module):
         c = 2 ** math.floor(math.log2(self.H))  # [bloom.card:42]
         # (B, T, D), (B, T, D), (B, T, D)  [bloom.card:43]
         Q, K, V = project(X, (self.W_q, self.b_q), (self.W_k, self.b_k), (self.W_v, self.b_v), cache=cache)
+        def make():
+            return (torch.arange(1, self.H + 1, device=X.device) <= c).long() * 2 ** (
+                (-8 * torch.arange(1, self.H + 1, device=X.device)).to(X.dtype) / c
+            ) + (torch.arange(1, self.H + 1, device=X.device) > c).long() * 2 ** (
+                -8 * (2 * (torch.arange(1, self.H + 1, device=X.device).to(X.dtype) - c) - 1) / (2 * c)
+            )
         # (B, H, T, d): every h at once  [bloom.card:46]
         Y_h = ALiBiCausalHead_per_head(
             Q.unflatten(-1, (self.H, self.d)).transpose(-3, -2),
             K.unflatten(-1, (self.H, self.d)).transpose(-3, -2),
             V.unflatten(-1, (self.H, self.d)).transpose(-3, -2),
-            m=(torch.arange(1, self.H + 1, device=X.device) <= c).long()
-            * 2 ** ((-8 * torch.arange(1, self.H + 1, device=X.device)).to(X.dtype) / c)
-            + (torch.arange(1, self.H + 1, device=X.device) > c).long()
-            * 2 ** (-8 * (2 * (torch.arange(1, self.H + 1, device=X.device).to(X.dtype) - c) - 1) / (2 * c)),
+            m=shared_value(1, make, self.H, X.device, c, X.dtype),
             cache=cache,
         )
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [bloom.card:47]
@@ -313,6 +319,25 @@ def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
         MASKS[key] = None if mask.all().item() else mask if dtype is None else \
             torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
     return MASKS[key]
+
+
+VALUES = {}  # (value site's number, what it reads, tensors by identity) → (the value, those tensors)
+
+
+def shared_value(site, make, *reads):
+    """A value of the sizes, hyperparameters, devices and number formats it reads alone (ALiBi's
+    slopes, a bias of the positions), made once per those and shared by every layer and every
+    forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
+    entry holds it, so no other tensor takes its id while the entry stands. One made under
+    inference mode is kept apart: autograd cannot save it."""
+    key = site, torch.is_inference_mode_enabled(), \
+        *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
+    found = VALUES.get(key)
+    if found is None:
+        if len(VALUES) > 256:
+            VALUES.clear()
+        found = VALUES[key] = make(), [r for r in reads if isinstance(r, torch.Tensor)]
+    return found[0]
 
 
 def grouped_sdpa(Q, K, V, **options):
