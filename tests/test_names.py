@@ -312,6 +312,7 @@ GENERATOR_NAMES = {
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "real_type", "rope_frequencies", "function", "hypers", "isinstance",
     "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
+    "shared_value", "VALUES", "reads",
     "keys", "numbers", "visible", "hidden", "drop", "mask", "rope_table", "TABLES", "width", "found",
     "table", "rest", "positions", "r", "turn", "part", "partner", "Y", "wide_sin", "partners",
     "columns", "rows", "id", "sum", "all", "project", "XW", "JOINED_MAX", "weights", "joined", "joins", "widths",
@@ -336,7 +337,7 @@ GENERATOR_NAMES = {
 # of its states; a head's function over every head at once
 GENERATOR_SUFFIXES = ("held", "all", "late", "per_head")
 GENERATOR_ATTRS = {
-    "Module", "joins", "joined", "split_with_sizes", "numel", "requires_grad", "flip", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
+    "is_inference_mode_enabled", "Module", "joins", "joined", "split_with_sizes", "numel", "requires_grad", "flip", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
     "Generator", "Tensor", "no_grad", "scatter", "sort", "to", "values",
     "arange", "argmax", "as_tensor", "backward", "bool", "cat", "cross_entropy", "detach",
     "device", "empty", "equal", "extend", "flatten", "float", "float32", "float64", "full", "gather", "gelu",
@@ -420,7 +421,9 @@ def audit(code: str, card: set[str], presets: set[str]) -> None:
         if value is not None:
             assert value not in FORBIDDEN, value
             allowed = GENERATOR_ATTRS if isinstance(node, ast.Attribute) else GENERATOR_NAMES
-            assert value in allowed or _derived(value, card), f"{type(node).__name__} {value!r}"
+            fresh = value.rstrip("_") or value  # a generator's name made fresh (make_)
+            assert value in allowed or fresh in GENERATOR_NAMES and allowed is GENERATOR_NAMES \
+                or _derived(value, card), f"{type(node).__name__} {value!r}"
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                 id(node) not in docstrings:
             assert node.value in GENERATOR_STRINGS | presets or \

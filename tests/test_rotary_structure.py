@@ -202,3 +202,31 @@ def test_a_function_takes_a_hyperparameter_with_a_default_before_one_without(tmp
     built = Built(tmp_path, DEFAULT_FIRST, D=3)
     x = _randn(3)
     torch.testing.assert_close(built.agree(x), 6 * x * built.literal.w.detach())
+
+
+@pytest.mark.parametrize("stem", ["scaled_rotary", "interleaved_rotary"])
+def test_rotary_inside_the_scores_turns_each_of_queries_and_keys_once_per_step(stem):
+    """`S ← RoPE(Q) RoPE(K)^⊺/√d`, the rotation written inside the score line: each layer
+    turns its queries once and its keys once, in a forward over a prompt and in each decoded
+    step (the queries were turned a second time for the cache's mask), and decoding still
+    equals recomputation."""
+    model = _model(stem)
+    names = type(model).forward.__globals__  # the generated file's names
+    helper = next(h for h in ("rotate_half", "rotate_pairs") if h in names)
+    calls = []
+    turn = names[helper]
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[-2])
+        return turn(*args, **kwargs)
+
+    x = torch.randint(0, SIZES["V"], (2, 9), generator=torch.Generator().manual_seed(5))
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+        mp.setitem(names, helper, counted)
+        cache = model.new_cache()
+        model(x[:, :8], cache=cache)
+        assert calls == [8] * 2 * model.N, calls
+        calls.clear()
+        model(x[:, 8:], cache=cache)
+        assert calls == [1] * 2 * model.N, calls
+    check_incremental_decoding(model, [x])

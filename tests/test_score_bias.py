@@ -83,7 +83,8 @@ def test_alibi_slopes_per_head_batch_the_heads_into_sdpa(tmp_path):
     fused = _fused(tmp_path, ALIBI)
     assert "for h in" not in fused and "softmax" not in fused
     assert "def Head_per_head(Q, K, V, m)" in fused
-    assert "m=2 ** ((-8 * torch.arange(1, self.H + 1" in fused
+    assert "return 2 ** ((-8 * torch.arange(1, self.H + 1" in fused  # made once: shared_value
+    assert "m=shared_value(" in fused
     assert "grouped_sdpa(Q, K, V, attn_mask=" in fused
 
 

@@ -265,6 +265,8 @@ def prepare(body: Steps, core: Core) -> None:
         masking.softmaxes += len(core.products)  # their own softmax, not SDPA's
     if literal:
         return _literal(body, core)  # SDPA cannot take it, and no cache asks for more
+    if not isinstance(q.code, ir.Ref) and (cached or core.biases or core.masks):
+        q = _named(body, core, q)  # read again by the mask: computed once
     if cached:
         k, v = _extend(body, core, k, v, _window(core))
     if core.transforms:  # a soft cap: the exact math, with the cache's positions
@@ -528,6 +530,15 @@ def _extend(body: Steps, core: Core, k: Val, v: Val, window: s.Expr | None
         if isinstance(expr, s.Name) and _own(body.alg, core, expr):
             body.scope.values[expr.id] = replace(body.expr(expr), code=ir.Ref(name))
     return replace(k, code=ir.Ref(names[0])), replace(v, code=ir.Ref(names[1]))
+
+
+def _named(body: Steps, core: Core, q: Val) -> Val:
+    """The queries, computed by an expression (`RoPE(Q)` inside the score line), under a
+    name of their own: the masks, the bias and the cache's mask read them besides SDPA, and
+    each reading would compute them again."""
+    name = body.fresh("Q")
+    body.emit(ir.Assign((name,), q.code, body.note(core.score, None)))
+    return replace(q, code=ir.Ref(name))
 
 
 def _own(alg: s.Algorithm, core: Core, expr: s.Expr) -> bool:

@@ -37,6 +37,7 @@ from . import (
 )
 from .analysis import Masking
 from .decoding import add_kv_cache, join_for_cache
+from .invariants import share_invariants
 from .peephole import fold_bias
 
 
@@ -75,6 +76,10 @@ def _fold_bias(program: ir.Program, top: ir.Module, masking: Masking) -> None:
     fold_bias(program)
 
 
+def _share_invariants(program: ir.Program, top: ir.Module, masking: Masking) -> None:
+    share_invariants(program)
+
+
 FUSED = Pipeline(
     card=(Recogniser("grouped-query attention", grouped.find, grouped.lower,
                      ("grouped_query_attention", "grouped_query_attention_biased")),),
@@ -93,7 +98,7 @@ FUSED = Pipeline(
                 Recogniser("GELU", gelu.find, gelu.lower),
                 Recogniser("patches", patches.find, patches.lower),
                 Recogniser("sparse experts", experts.find, experts.lower)),
-    passes=(_fold_bias, join_for_cache, add_kv_cache),
+    passes=(_fold_bias, join_for_cache, add_kv_cache, _share_invariants),
 )
 
 LITERAL = Pipeline()

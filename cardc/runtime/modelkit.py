@@ -297,6 +297,25 @@ def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
     return MASKS[key]
 
 
+VALUES = {}  # (value site's number, what it reads, tensors by identity) → (the value, those tensors)
+
+
+def shared_value(site, make, *reads):
+    """A value of the sizes, hyperparameters, devices and number formats it reads alone (ALiBi's
+    slopes, a bias of the positions), made once per those and shared by every layer and every
+    forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
+    entry holds it, so no other tensor takes its id while the entry stands. One made under
+    inference mode is kept apart: autograd cannot save it."""
+    key = site, torch.is_inference_mode_enabled(), \
+        *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
+    found = VALUES.get(key)
+    if found is None:
+        if len(VALUES) > 256:
+            VALUES.clear()
+        found = VALUES[key] = make(), [r for r in reads if isinstance(r, torch.Tensor)]
+    return found[0]
+
+
 def grouped_sdpa(Q, K, V, **options):
     """F.scaled_dot_product_attention over heads on any leading axes. Keys and values shared
     by groups of query heads come in fewer heads, (…, H_kv, T, d) against (…, H, T, d) with

@@ -96,12 +96,12 @@ class DTransformer(nn.Module):
         for l_ in range(self.L):  # [dtransformer.card:19]
             # (B, ℓ, d_e)  [dtransformer.card:20]
             X_tilde = F.layer_norm(X, (self.d_e,), self.gamma1[l_], self.beta1[l_], 0.0)
+            def make():
+                return torch.arange(1, l + 1, device=x.device)[None, :] <= torch.arange(1, l + 1, device=x.device)[
+                    :, None
+                ]
             # (B, ℓ, d_e)  [dtransformer.card:21]
-            X = X + self.W[l_](
-                X_tilde,
-                X_tilde,
-                torch.arange(1, l + 1, device=x.device)[None, :] <= torch.arange(1, l + 1, device=x.device)[:, None],
-            )
+            X = X + self.W[l_](X_tilde, X_tilde, shared_value(1, make, l, x.device))
             # (B, ℓ, d_e)  [dtransformer.card:22]
             X_tilde = F.layer_norm(X, (self.d_e,), self.gamma2[l_], self.beta2[l_], 0.0)
             # (B, ℓ, d_e)  [dtransformer.card:23]
@@ -115,3 +115,25 @@ class DTransformer(nn.Module):
             return P
         loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
         return P, loss
+
+
+# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
+
+
+VALUES = {}  # (value site's number, what it reads, tensors by identity) → (the value, those tensors)
+
+
+def shared_value(site, make, *reads):
+    """A value of the sizes, hyperparameters, devices and number formats it reads alone (ALiBi's
+    slopes, a bias of the positions), made once per those and shared by every layer and every
+    forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
+    entry holds it, so no other tensor takes its id while the entry stands. One made under
+    inference mode is kept apart: autograd cannot save it."""
+    key = site, torch.is_inference_mode_enabled(), \
+        *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
+    found = VALUES.get(key)
+    if found is None:
+        if len(VALUES) > 256:
+            VALUES.clear()
+        found = VALUES[key] = make(), [r for r in reads if isinstance(r, torch.Tensor)]
+    return found[0]

@@ -131,13 +131,11 @@ class EDTransformer(nn.Module):
         e_ = self.W_e.mT[x] + self.W_p.mT[:l_x]  # (B, ℓ_x, d_e)  [edtransformer.card:34]
         X = e_  # (B, ℓ_x, d_e)  [edtransformer.card:35]
         for l in range(self.L_dec):  # [edtransformer.card:36]
-            # (B, ℓ_x, d_e)  [edtransformer.card:37]
-            X = X + self.W_dec[l](
-                X,
-                X,
-                torch.arange(1, l_x + 1, device=z.device)[None, :]
-                <= torch.arange(1, l_x + 1, device=z.device)[:, None],
-            )
+            def make():
+                return torch.arange(1, l_x + 1, device=z.device)[None, :] <= torch.arange(1, l_x + 1, device=z.device)[
+                    :, None
+                ]
+            X = X + self.W_dec[l](X, X, shared_value(1, make, l_x, z.device))  # (B, ℓ_x, d_e)  [edtransformer.card:37]
             # (B, ℓ_x, d_e)  [edtransformer.card:38]
             X = F.layer_norm(X, (self.d_e,), self.gamma3[l], self.beta3[l], 0.0)
             # (B, ℓ_x, d_e)  [edtransformer.card:39]
@@ -155,3 +153,25 @@ class EDTransformer(nn.Module):
             return P
         loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
         return P, loss
+
+
+# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
+
+
+VALUES = {}  # (value site's number, what it reads, tensors by identity) → (the value, those tensors)
+
+
+def shared_value(site, make, *reads):
+    """A value of the sizes, hyperparameters, devices and number formats it reads alone (ALiBi's
+    slopes, a bias of the positions), made once per those and shared by every layer and every
+    forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
+    entry holds it, so no other tensor takes its id while the entry stands. One made under
+    inference mode is kept apart: autograd cannot save it."""
+    key = site, torch.is_inference_mode_enabled(), \
+        *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
+    found = VALUES.get(key)
+    if found is None:
+        if len(VALUES) > 256:
+            VALUES.clear()
+        found = VALUES[key] = make(), [r for r in reads if isinstance(r, torch.Tensor)]
+    return found[0]
