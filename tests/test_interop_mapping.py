@@ -581,6 +581,11 @@ def test_every_unknown_key_is_listed():
         {"D": "hidden_size"}, harmless=["b.c"])) == {"D": 8}
 
 
+# keys a default config leaves null where transformers' own forward needs a number (DeepSeek-V2's
+# top-k: torch.topk(k=None) fails): the mapping refuses null, naming the key
+UNRUNNABLE_DEFAULTS = {"deepseek_v2": {"num_experts_per_tok": 6}}
+
+
 @needs_transformers
 @pytest.mark.parametrize("path", sorted((ROOT / "cards").rglob("*.hf.json")),
                          ids=lambda p: p.name)
@@ -591,6 +596,7 @@ def test_every_mapping_understands_its_default_config(path):
 
     for m in load_mappings(path.with_name(path.name.removesuffix(".hf.json") + ".card")):
         config = transformers.AutoConfig.for_model(m.model_type).to_dict()
+        config.update(UNRUNNABLE_DEFAULTS.get(m.model_type, {}))
         for key, accepted in m.fixed_config.items():
             store(config, key, accepted[0])
         config["architectures"] = [m.architecture]
@@ -1016,6 +1022,54 @@ def test_experts_import_and_export_bit_exact_and_a_missing_one_is_named():
             "the checkpoint's sizes give 1,000,000,000 members of 'j' (E), but it holds 6 "
             "tensors")):
         to_card_state(m, hf, expected, 2, {"N": 2, "E": 10**9})
+
+
+LATER = {"l.{i}.w": "dense.{i}.W", "l.{m + N_d}.w": {"card": "moe.{m}.W", "transpose": True},
+         "l.{m + N_d}.e.{j}.w": "moe.{m}.t.{j}.W"}
+LATER_HYPERS = {"N": "num_hidden_layers", "N_d": "first_k_dense_replace", "E": "n_experts"}
+
+
+def test_an_index_may_start_after_a_hyperparameter():
+    """Two block kinds in one layer list: the first N_d layers are the card's dense.{i}, the
+    rest, `l.{m + N_d}`, its moe.{m} counted from 0; import and export bit exact."""
+    m = mapping(LATER_HYPERS, LATER, layers="N_d", indices={"m": "N - N_d", "j": "E"})
+    hypers = {"N": 4, "N_d": 1, "E": 2}
+    hf = {"l.0.w": torch.randn(2, 2), **{f"l.{k}.w": torch.randn(3, 2) for k in (1, 2, 3)},
+          **{f"l.{k}.e.{j}.w": torch.randn(2) for k in (1, 2, 3) for j in (0, 1)}}
+    expected = {"dense.0.W": torch.empty(2, 2), **{f"moe.{k}.W": torch.empty(2, 3)
+                                                   for k in range(3)},
+                **{f"moe.{k}.t.{j}.W": torch.empty(2) for k in range(3) for j in (0, 1)}}
+    state = to_card_state(m, hf, expected, 1, hypers)
+    assert torch.equal(state["dense.0.W"], hf["l.0.w"])
+    assert torch.equal(state["moe.0.W"], hf["l.1.w"].T)
+    assert torch.equal(state["moe.2.t.1.W"], hf["l.3.e.1.w"])
+    back = from_card_state(m, state, 1, hypers)
+    assert sorted(back) == sorted(hf) and all(torch.equal(back[k], hf[k]) for k in hf)
+    none_dense = {k.replace("moe.", "x."): v for k, v in state.items() if k != "dense.0.W"}
+    got = from_card_state(m, {k.replace("x.", "moe."): v for k, v in none_dense.items()}, 0,
+                          {"N": 3, "N_d": 0, "E": 2})
+    assert sorted(got) == sorted(f"l.{k - 1}.{rest}" for k in (1, 2, 3)
+                                 for rest in ("w", "e.0.w", "e.1.w"))
+    with pytest.raises(RuntimeInputError, match=re.escape(
+            "missing tensor 'l.4.w' (the card's moe.3.W): the checkpoint's sizes give 4 members "
+            "of 'm' (N - N_d)")):
+        to_card_state(m, hf, expected, 1, {"N": 5, "N_d": 1, "E": 2})
+
+
+@pytest.mark.parametrize("tensors, message", [
+    ({"l.{N_d + m}.w": "moe.{m}.W"}, "index '{N_d + m}' in 'l.{N_d + m}.w': 'N_d + m' reads "
+                                     "a hyperparameter before its index: write m first"),
+    ({"l.{m + F}.w": "moe.{m}.W"}, "index '{m + F}' in 'l.{m + F}.w': an index reads one of "
+                                   "i or m or j, not 'F'"),
+    ({"l.{m - N_d}.w": "moe.{m}.W"}, "index '{m - N_d}' in 'l.{m - N_d}.w': 'm - N_d' is "
+                                     "not a·m + b + c·N_d with whole a, b, c ≥ 0"),
+    ({"l.{m * N_d}.w": "moe.{m}.W"}, "index '{m * N_d}' in 'l.{m * N_d}.w': 'm * N_d' is "
+                                     "not a·m + b + c·N_d with whole a, b, c ≥ 0"),
+])
+def test_a_bad_hyperparameter_in_an_index_is_one_clear_error(tensors, message):
+    with pytest.raises(RuntimeInputError) as err:
+        mapping(LATER_HYPERS, tensors, layers="N_d", indices={"m": "N - N_d", "j": "E"})
+    assert str(err.value) == f"x.hf.json: tensor '{next(iter(tensors))}': {message}"
 
 
 @pytest.mark.parametrize("indices, tensors, message", [

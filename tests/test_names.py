@@ -303,7 +303,7 @@ IMPORTS = {("torch", None), ("torch.nn.functional", "F"), ("math", None), ("torc
 GENERATOR_NAMES = {
     "F", "KVCache", "K_past", "seen", "PRESETS", "V_past", "ValueError", "_", "__init__", "approximate",
     "betas", "cache", "decayed", "device", "dict", "dim", "dtype", "enable_gqa", "extend", "float",
-    "forward", "fused", "group", "held", "int", "is_causal", "keepdim", "key", "len", "logits", "lr",
+    "forward", "fused", "group", "held", "int", "is_causal", "scale", "keepdim", "key", "len", "logits", "lr",
     "math", "new", "new_cache", "nn", "optimizer", "past", "persistent", "phi", "range", "report",
     "rotary", "self", "source", "super", "targets", "torch", "undecayed", "weight_decay", "Z",
     "qkv", "kv", "parts", "loss", "unbiased", "alpha", "None", "True", "False", "p",

@@ -91,7 +91,10 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   name read the same further indices; a name that is not an identifier (or is i), an unknown
   hyperparameter, an index that reads another name, or an index in only one of the two names is
   refused, named; import refuses a checkpoint that lacks the last member's tensors before it
-  makes every name.
+  makes every name. An index may add whole multiples of the card's hyperparameters, written
+  after it: a model whose first N_d layers are of one kind and the rest of another maps
+  `model.layers.{i}` to the card's `dense.{i}` (`"layers": "N_d"`) and `model.layers.{m +
+  N_d}` to its `moe.{m}` (`"indices": {"m": "N - N_d"}`), each family counted from 0.
 - `tensors`: Hugging Face name → the generated module's parameter name, or
   `{"card": NAME, "transpose": true, "chunk": [k, n], "axis": a}` (a ≥ 0, an axis of the card
   tensor): the Hugging Face tensor is

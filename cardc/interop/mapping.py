@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -70,26 +70,63 @@ class Entry:
                      self.chunk, self.axis, self.shape, self.groups, parts)
 
 
+    def sized(self, sizes: dict[str, Fraction]) -> Entry:
+        """This entry with the hyperparameters its indices read replaced by their values."""
+        parts = tuple(Part(sized_name(p.card, sizes), p.size) for p in self.parts)
+        return Entry(sized_name(self.hf, sizes), sized_name(self.card, sizes), self.transpose,
+                     self.chunk, self.axis, self.shape, self.groups, parts)
+
+
 _INDEX = re.compile(r"\{([^{}]*)\}")  # a layer index in a name: {i}, {2i}, {2*i + 1}
 
 
-def layer_index(text: str, names: tuple[str, ...] = ("i",)) -> ex.Expr:
+def layer_index(text: str, names: tuple[str, ...] = ("i",),
+                sizes: tuple[str, ...] = ()) -> ex.Expr:
     """The index `{text}` stands for, an affine a·v + b of one index v of `names` (the layer
     i, or an index the mapping's `indices` declare) with whole a, b ≥ 0, so that it names
-    member 0, 1, … of its own family exactly once each; ExprError otherwise."""
+    member 0, 1, … of its own family exactly once each; ExprError otherwise. b may add
+    whole multiples of the card's hyperparameters `sizes`, the index written first
+    (`{m + N_d}`: a family of layers after the first N_d)."""
     e = _index_expr(text)
     read = ex.names(e)
-    if set(read) - set(names) or len(set(read)) > 1:
-        other = next((n for n in read if n not in names), read[-1] if read else "")
+    indices = [n for n in read if n not in sizes]
+    if set(indices) - set(names) or len(set(indices)) > 1:
+        other = next((n for n in indices if n not in names), indices[-1] if indices else "")
         known = " or ".join(names)
         raise ex.ExprError(f"an index reads one of {known}, not '{other}'" if len(names) > 1
                            else f"an index may only read the layer i, not '{other}'")
-    var = read[0] if read else names[0]
-    f0, f1, f2 = (ex.evaluate(e, {var: Fraction(k)}) for k in range(3))
-    if f1 - f0 != f2 - f1 or any(v.denominator != 1 for v in (f0, f1 - f0)) \
-            or f0 < 0 or f1 - f0 < 0:
-        raise ex.ExprError(f"'{text}' is not a·{var} + b with whole a, b ≥ 0")
+    var = indices[0] if indices else names[0]
+    if read and read[0] != var:
+        raise ex.ExprError(f"'{text}' reads a hyperparameter before its index: write {var} first")
+    consts = [n for n in read if n != var]
+    base = dict.fromkeys(consts, Fraction(0))
+    f0, f1, f2 = (ex.evaluate(e, {**base, var: Fraction(k)}) for k in range(3))
+    shifts = [ex.evaluate(e, {**base, c: Fraction(1), var: Fraction(0)}) - f0 for c in consts]
+    slopes = [ex.evaluate(e, {**base, c: Fraction(1), var: Fraction(1)})
+              - ex.evaluate(e, {**base, c: Fraction(1), var: Fraction(0)}) for c in consts]
+    if f1 - f0 != f2 - f1 or any(v.denominator != 1 for v in (f0, f1 - f0, *shifts)) \
+            or f0 < 0 or f1 - f0 < 0 or any(v < 0 for v in shifts) \
+            or any(s != f1 - f0 for s in slopes):
+        plus = "".join(f" + c·{c}" for c in consts)
+        raise ex.ExprError(f"'{text}' is not a·{var} + b{plus} with whole a, b"
+                           f"{', c' if consts else ''} ≥ 0")
     return e
+
+
+def sized_name(template: str, sizes: dict[str, Fraction]) -> str:
+    """`template` with the hyperparameters `sizes` an index reads (`{m + N_d}`) replaced by
+    their values (`{1*m + 2}`), so that each index reads its own variable alone."""
+    def sub(m: re.Match[str]) -> str:
+        e = _index_expr(m.group(1))
+        read = ex.names(e)
+        if not read or not set(read[1:]) & set(sizes):
+            return m.group(0)
+        var = read[0]
+        at = {n: sizes[n] for n in read[1:]}
+        b = ex.evaluate(e, {**at, var: Fraction(0)})
+        a = ex.evaluate(e, {**at, var: Fraction(1)}) - b
+        return f"{{{int(a)}*{var} + {int(b)}}}"
+    return _INDEX.sub(sub, template)
 
 
 def _index_expr(text: str) -> ex.Expr:
@@ -230,6 +267,20 @@ class Mapping:
                                     f"{ex.number(value)} ({given}), not a whole number")
         return int(value)
 
+    def sized(self, hypers: dict[str, Any]) -> Mapping:
+        """This mapping with the hyperparameters its names' indices read (`{m + N_d}`)
+        replaced by their values in `hypers` (by Python name)."""
+        sizes = {n: ex.exact(hypers[identifier(n)]) for n in self.hyperparameters
+                 if identifier(n) in hypers}
+        read = {n for e in self.tensors for t in (e.hf, *e.cards) for m in _INDEX.finditer(t)
+                for n in ex.names(_index_expr(m.group(1)))[1:]}
+        lacking = sorted(read - set(sizes))
+        if lacking:
+            raise RuntimeInputError(f"{self.source}: no value of '{lacking[0]}', which an index "
+                                    "of a tensor name reads")
+        return replace(self, tensors=tuple(e.sized(sizes) for e in self.tensors),
+                       ignore=tuple(sized_name(n, sizes) for n in self.ignore))
+
     def layer_count(self, hypers: dict[str, Any]) -> int:
         """How many layers `{i}` runs over, from the card's hyperparameters (by Python name)."""
         if self.layers is None:
@@ -336,10 +387,10 @@ def parse_mapping(raw: Any, source: str) -> Mapping:
     names = ("i", *indices)
     for e in tensors:
         for name in (e.hf, *e.cards):
-            _check_indices(name, f"tensor '{e.hf}'", need, names)
+            _check_indices(name, f"tensor '{e.hf}'", need, names, tuple(hypers))
         _check_same_indices(e, indices, need)
     for name in raw.get("ignore", []):
-        _check_indices(name, "'ignore'", need, names)
+        _check_indices(name, "'ignore'", need, names, tuple(hypers))
     layers = _layers(raw.get("layers"), hypers, need)
     need(layers is not None or not any(e.per_layer for e in tensors),
          "names with {i} need 'layers', the hyperparameter (or an expression of them) that "
@@ -455,12 +506,13 @@ def _renamed(e: ex.Expr, canon: dict[str, str]) -> ex.Expr:
     return e
 
 
-def _check_indices(name: str, where: str, need: Need, names: tuple[str, ...] = ("i",)) -> None:
+def _check_indices(name: str, where: str, need: Need, names: tuple[str, ...] = ("i",),
+                   sizes: tuple[str, ...] = ()) -> None:
     """Every index `{…}` of a name is a·v + b of one index v: the layer i or one of
-    `indices`."""
+    `indices`; b may add hyperparameters `sizes`."""
     for m in _INDEX.finditer(name):
         try:
-            layer_index(m.group(1), names)
+            layer_index(m.group(1), names, sizes)
         except ex.ExprError as err:
             kind = "layer index" if len(names) == 1 else "index"
             need(False, f"{where}: {kind} '{{{m.group(1)}}}' in '{name}': {err}")

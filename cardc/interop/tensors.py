@@ -25,6 +25,7 @@ def to_card_state(mapping: Mapping, hf_state: dict[str, torch.Tensor],
 
     `expected` is the card model's state dict (for shapes); `hypers` the values a fused
     tensor's group count and sizes read. Every mismatch names the tensor."""
+    mapping = mapping.sized(hypers or {})
     hf_state = _normalise(mapping, hf_state)
     counts = mapping.index_counts(hypers or {})
     _check_count(mapping, hf_state, n_layers, counts)
@@ -103,7 +104,7 @@ def _check_members(mapping: Mapping, hf_state: dict[str, torch.Tensor],
                                     f"{len(hf_state):,} tensors")
         for e in mapping.tensors:
             if n and var in index_vars(e.hf) and (n_layers or not e.per_layer):
-                last = e.where({var: n - 1, "i": 0})
+                last = e.where({**mapping.last_indices(counts), var: n - 1, "i": 0})
                 if last.hf not in hf_state:
                     raise RuntimeInputError(f"missing tensor '{last.hf}' (the card's "
                                             f"{last.card}): the checkpoint's sizes give {n:,} "
@@ -272,6 +273,7 @@ def from_card_state(mapping: Mapping, state: dict[str, torch.Tensor], n_layers: 
                     hypers: Hypers | None = None) -> dict[str, torch.Tensor]:
     """The card's state dict under Hugging Face names, each tensor contiguous and unshared;
     a bare base model's names without the base prefix, as its checkpoints have them."""
+    mapping = mapping.sized(hypers or {})
     counts = mapping.index_counts(hypers or {})
     last = mapping.last_indices(counts)
     for e in (e.at(n_layers - 1, **last) for e in mapping.tensors if e.per_layer and n_layers > 0):

@@ -16,7 +16,9 @@ steps) keeps its literal steps, which are already batched. In a causal language 
 (`Lowerer.decoder`) the keys and values that reach the core are extended by the KV cache's
 first (cardc.lower.decoding passes the cache down; a copy where other steps read them over the
 new positions only, as queries or a residual), and mask rules other than plain causality place
-the queries after the cached positions; a capped core then keeps its exact math over the
+the queries after the cached positions; values that are the keys' first columns
+(`softmax(S) K[:, 1 : n]`, a latent attention's latent beside its rotary key) are read from
+the extended keys, so that the cache holds the keys alone; a capped core then keeps its exact math over the
 extended keys. Row-major cards only; with `fuse=False` nothing is recognised, which is the
 literal twin the tests compare against.
 """
@@ -268,7 +270,8 @@ def prepare(body: Steps, core: Core) -> None:
     if not isinstance(q.code, ir.Ref) and (cached or core.biases or core.masks):
         q = _named(body, core, q)  # read again by the mask: computed once
     if cached:
-        k, v = _extend(body, core, k, v, _window(core))
+        k, v = _extend_keys(body, core, k) if _values_lead_keys(core) else \
+            _extend(body, core, k, v, _window(core))
     if core.transforms:  # a soft cap: the exact math, with the cache's positions
         _capped(body, core, q, k)
         return None
@@ -539,6 +542,42 @@ def _named(body: Steps, core: Core, q: Val) -> Val:
     name = body.fresh("Q")
     body.emit(ir.Assign((name,), q.code, body.note(core.score, None)))
     return replace(q, code=ir.Ref(name))
+
+
+def _values_lead_keys(core: Core) -> bool:
+    """Whether the values are the first columns of the keys, `softmax(S) K[:, 1 : n]` of the
+    name K the scores read (a latent attention's latent beside its rotary key): the cache then
+    keeps the keys alone, and the values are read from them."""
+    k, v = core.k, core.v
+    if not (isinstance(k, s.Name) and isinstance(v, s.Index) and isinstance(v.base, s.Name)
+            and v.base.id == k.id and len(v.items) == 2):
+        return False
+    rows, cols = v.items
+    return isinstance(rows, s.Slice) and rows.lo is None and rows.hi is None and \
+        isinstance(cols, s.Slice) and (cols.lo is None or (isinstance(cols.lo, s.Num)
+                                                            and cols.lo.text == "1"))
+
+
+def _extend_keys(body: Steps, core: Core, k: Val) -> tuple[Val, Val]:
+    """`K_, _ = cache.extend(None, K, K[..., :0])` with a cache (values of no width: the cache
+    holds the keys alone), then the values, the first columns of the extended keys."""
+    name = body.fresh("K")
+    none = ir.Sub(k.code, (ir.Lit("..."), ir.SliceX(None, ir.Lit("0"))))
+    extend = ir.Assign((name, "_"), ir.Call(ir.Attr(CACHE, "extend"), (
+        ir.Lit("None"), k.code, none)), ir.Note(
+        text="the cached positions come first; the values are the keys' first columns",
+        line=body.note(core.score).line))
+    body.emit(ir.If(ir.Bin("is not", CACHE, ir.Lit("None")), (extend,),
+                    (ir.Assign((name,), k.code),)))
+    body.uses_cache = True
+    key = core.k.id  # type: ignore[attr-defined]
+    held = body.scope.values[key]
+    body.scope.values[key] = replace(held, code=ir.Ref(name))
+    try:
+        v = body.expr(core.v)
+    finally:
+        body.scope.values[key] = held
+    return replace(k, code=ir.Ref(name)), v
 
 
 def _own(alg: s.Algorithm, core: Core, expr: s.Expr) -> bool:
