@@ -195,9 +195,11 @@ def test_renormalised_routing_is_the_variant_import_picks(tmp_path):
     ("decoder_sparse_step", 2),
     ("mlp_only_layers", [1]),
     ("qkv_bias", False),
+    ("num_experts_per_tok", E + 1),
 ])
 def test_configs_the_card_does_not_compute_are_refused_by_name(pair, tmp_path, key, value):
-    """Layers that differ (dense MLP layers between sparse ones) and unbiased projections."""
+    """Layers that differ (dense MLP layers between sparse ones), unbiased projections, and
+    more experts a token than a layer has (transformers' top-k cannot take them)."""
     from test_interop import cardc
 
     hf, _, _, _ = pair
