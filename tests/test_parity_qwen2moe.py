@@ -163,8 +163,9 @@ def test_import_then_export_gives_the_checkpoint_back_bit_for_bit(pair, tmp_path
 
 
 def test_renormalised_routing_is_the_variant_import_picks(tmp_path):
-    """norm_topk_prob true: import picks Qwen2MoENormalized, whose logits match; the default card
-    on the same weights does not (the weights of the chosen experts then differ)."""
+    """norm_topk_prob true: import picks Qwen2MoENormalized, whose logits match (the default card
+    on the same weights does not: the weights of the chosen experts then differ), and export
+    writes the switch back with the checkpoint bit for bit."""
     from test_interop import cardc
 
     from cardc.runtime.checkpoint import read_checkpoint
@@ -189,6 +190,11 @@ def test_renormalised_routing_is_the_variant_import_picks(tmp_path):
             diffs[name] = max_diff(ours(idx), want)
     assert diffs["Qwen2MoENormalized"] <= 1e-4, diffs
     assert diffs["Qwen2MoE"] > 1e-3, diffs
+    r = cardc("export", str(tmp_path / "run"), "--to", str(tmp_path / "back"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["norm_topk_prob"] is True
+    back = load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(back) == sorted(saved) and all(torch.equal(back[k], saved[k]) for k in saved)
 
 
 @pytest.mark.parametrize("key,value", [
