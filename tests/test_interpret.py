@@ -232,7 +232,7 @@ def test_a_card_with_errors_is_refused(tmp_path):
 # (string keys: Python reads the identifier ℓ_max as l_max)
 SMALL = {"n": 4, "m": 3, "V": 13, "D": 8, "H": 2, "H_kv": 1, "d": 4, "D_f": 6, "N": 2, "ctx": 6, "w": 2,
          "types": 2, "d_r": 2, "D_c": 3, "L": 2, "L_enc": 1, "L_dec": 2, "d_e": 4, "d_mlp": 6, "d_f": 3,
-         "N_V": 9, "ℓ_max": 6, "d_attn": 2, "d_mid": 2, "d_in": 3, "d_out": 2}
+         "N_V": 9, "ℓ_max": 6, "d_attn": 2, "d_mid": 2, "d_in": 3, "d_out": 2, "D_s": 5}
 T = 4  # positions of each example; B examples at once through the module
 B = 2
 DIFFERENTIAL = sorted([*ROOT.glob("cards/*.card"), *ROOT.glob("cards/paper/*.card"),
