@@ -166,3 +166,23 @@ def test_a_tiny_mixtral_trains_and_samples(tmp_path, cli):
     assert last < first, r.stdout
     s = cli("sample", str(tmp_path), "--seed", "0", "--tokens", "8")
     assert s.returncode == 0, s.stderr
+
+
+@pytest.mark.parametrize("k", [0, E + 1])
+def test_more_experts_a_token_than_a_layer_has_is_refused_by_name(pair, tmp_path, k):
+    """A token goes through 1 to E experts: outside that the card's top-k set would hold every
+    expert (or none) where transformers' top-k fails, so import refuses the key by name."""
+    import json
+
+    from test_interop import cardc
+
+    hf = pair[0]
+    hf.save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["num_experts_per_tok"] = k
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    r = cardc("import", "cards/mixtral.card", "--from", str(tmp_path / "hf"),
+              "--out", str(tmp_path / "run"))
+    assert r.returncode == 1, r.stderr
+    assert "num_experts_per_tok" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
