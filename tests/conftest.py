@@ -1,4 +1,4 @@
-"""Fixtures the test files share."""
+"""Fixtures the test files share, and the order the suite's files start in."""
 
 from __future__ import annotations
 
@@ -39,3 +39,21 @@ def cli(capsys, monkeypatch) -> Iterator[Callable[..., subprocess.CompletedProce
     yield run
     signal.signal(signal.SIGTERM, handler)
     torch.set_rng_state(rng)
+
+
+# The files that take longest (by `pytest --durations`), roughly longest first. pytest-xdist
+# (--dist loadfile) hands whole files to its workers in the order they were collected, and the
+# heaviest files sort late (presets, soundness, train_cli): started last, a long file keeps one
+# worker busy while the others sit idle.
+SLOWEST = (
+    "test_presets.py", "test_soundness.py", "test_names.py", "test_train_cli.py",
+    "test_interpret.py", "test_render_latex.py", "test_fuzz.py", "test_cli_runs.py",
+    "test_docs.py", "test_resume.py", "test_reproducers.py", "test_cardgen.py",
+    "test_render_text.py", "test_interop_mapping.py", "test_file_fuzz.py", "test_decoding.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slowest files first, then the rest as collected; each file's tests in their order."""
+    rank = {name: n for n, name in enumerate(SLOWEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST)))

@@ -4,6 +4,8 @@ and the next run removes what the killed one left."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from cardc.atomic import write_text_atomic
 from cardc.cli import main
@@ -30,9 +33,17 @@ DEAD_PID = 4_194_305  # above Linux's largest process id: never a running proces
 
 
 def finish(dest: Path, steps: int = 2) -> None:
-    r = subprocess.run([*TRAIN, "--steps", str(steps), "--out", str(dest)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
+    """A whole run into `dest`, made in this process: the runs these tests kill are processes
+    of their own (kill_when), the ones they finish need not pay for a new interpreter."""
+    out, err = io.StringIO(), io.StringIO()
+    handler, rng = signal.getsignal(signal.SIGTERM), torch.get_rng_state()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([*TRAIN[TRAIN.index("train"):], "--steps", str(steps), "--out", str(dest)])
+    finally:  # what `cardc train` sets for its own process
+        signal.signal(signal.SIGTERM, handler)
+        torch.set_rng_state(rng)
+    assert code == 0, err.getvalue()
 
 
 def kill_when(dest: Path, ready: Callable[[], bool], sig: int = signal.SIGKILL) -> None:

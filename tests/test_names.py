@@ -328,8 +328,9 @@ GENERATOR_NAMES = {
     # a recurrence's scan and the cache's state (cardc.lower.recurrence)
     "linear_scan", "resume", "hold",
     # sparse experts (cardc/runtime/experts.py)
-    "route", "on_rows", "ROWS", "experts", "expert", "chosen", "weight", "lead", "tokens",
+    "route", "ROWS", "experts", "expert", "chosen", "weight", "lead", "tokens",
     "expert_of", "counts", "runs", "run", "short", "minlength", "as_tuple", "scores", "best",
+    "slot", "spare", "scale",
     # patches (the patch helpers)
     "cut_patches", "patch_grid", "blocks", "cols",
 }
@@ -337,6 +338,8 @@ GENERATOR_NAMES = {
 # of its states; a head's function over every head at once
 GENERATOR_SUFFIXES = ("held", "all", "late", "per_head")
 GENERATOR_ATTRS = {
+    # sparse experts (cardc/runtime/experts.py)
+    "new_full", "index_put", "index_select",
     "is_inference_mode_enabled", "Module", "joins", "joined", "split_with_sizes", "numel", "requires_grad", "flip", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
     "Generator", "Tensor", "no_grad", "scatter", "sort", "to", "values",
     "arange", "argmax", "as_tensor", "backward", "bool", "cat", "cross_entropy", "detach",
