@@ -500,18 +500,31 @@ def route(x, chosen, weight, experts):
     gathered once, in order of the expert that chose them, each expert runs once on its own
     run of them, and the weighted outputs are added back at their tokens in one scatter (one
     gather and one scatter for all experts, in the backward pass too). x is (…, D), chosen
-    and weight (…, E)."""
+    and weight (…, E).
+
+    Each run is padded with zero rows to a multiple of ROWS in that same gather: a token's
+    output is then the same to the bit however many other tokens chose its expert (so a
+    position's logits never depend, even in rounding, on the tokens after it). The padding
+    rows are weighted 0 and added to a spare row past the last token, dropped."""
     lead = chosen.shape[:-1]
     tokens = x.expand(*lead, x.shape[-1]).reshape(-1, x.shape[-1])
     chosen = chosen.reshape(-1, chosen.shape[-1])
     weight = torch.as_tensor(weight, dtype=x.dtype, device=x.device)
     weight = weight.expand(*lead, chosen.shape[-1]).reshape(chosen.shape)
     expert_of, token = chosen.T.nonzero(as_tuple=True)  # grouped by expert
-    counts = torch.bincount(expert_of, minlength=len(experts)).tolist()
-    runs = tokens[token].split(counts)
-    y = torch.cat([on_rows(expert, run) for expert, run in zip(experts, runs, strict=True)])
-    y = y * weight[token, expert_of].reshape(-1, *[1] * (y.dim() - 1))
-    out = y.new_zeros(tokens.shape[0], *y.shape[1:]).index_add(0, token, y)
+    counts = torch.bincount(expert_of, minlength=len(experts))
+    sizes = (counts + ROWS - 1) // ROWS * ROWS  # each run and its padding
+    short = sizes - counts
+    # each chosen token's row among the padded runs: the padding of the runs before it later
+    slot = torch.arange(len(token), device=x.device) + (short.cumsum(0) - short)[expert_of]
+    spare = tokens.shape[0]  # the zero row the padding reads, and where its output goes
+    rows = token.new_full((int(sizes.sum()),), spare).index_put((slot,), token)
+    scale = weight.new_zeros(rows.shape).index_put((slot,), weight[token, expert_of])
+    runs = torch.cat([tokens, tokens.new_zeros(1, tokens.shape[1])]).index_select(0, rows)
+    y = torch.cat([expert(run) for expert, run in
+                   zip(experts, runs.split(sizes.tolist()), strict=True)])
+    y = y * scale.reshape(-1, *[1] * (y.dim() - 1))
+    out = y.new_zeros(spare + 1, *y.shape[1:]).index_add(0, rows, y)[:spare]
     return out.reshape(*lead, *y.shape[1:])
 
 
@@ -519,13 +532,3 @@ def route(x, chosen, weight, experts):
 # than 4 rows, and the last entries of an element-wise op (past the last full vector of 16),
 # another way, whose rounding differs
 ROWS = 16
-
-
-def on_rows(expert, run):
-    """expert(run), the run padded with zero rows to a multiple of ROWS first: a token's
-    output is then the same to the bit however many other tokens chose its expert (so a
-    position's logits never depend, even in rounding, on the tokens after it)."""
-    short = -run.shape[0] % ROWS
-    if short == 0:
-        return expert(run)
-    return expert(torch.cat([run, run.new_zeros(short, *run.shape[1:])]))[:run.shape[0]]
