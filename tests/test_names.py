@@ -330,7 +330,7 @@ GENERATOR_NAMES = {
     # sparse experts (cardc/runtime/experts.py)
     "route", "ROWS", "experts", "expert", "chosen", "weight", "lead", "tokens",
     "expert_of", "counts", "runs", "run", "short", "minlength", "as_tuple", "scores", "best",
-    "slot", "spare", "scale",
+    "slot", "spare",
     # patches (the patch helpers)
     "cut_patches", "patch_grid", "blocks", "cols",
 }
