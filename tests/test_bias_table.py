@@ -9,6 +9,10 @@ axis) and the buckets shared by all; the head's bias is the column looked up at 
 each pair of positions, the examples' axes and the heads' broadcast against each other
 (modelkit's lookup), and lowers to SDPA's float mask. Fused, literal and the reference
 interpreter agree in float64, values and gradients, and equal the math written in plain torch.
+
+A bias added under a condition, `∀t, t′, if c then S[t, t′] ← S[t, t′] − m`, is the bias where c
+holds and 0 elsewhere in the same float mask, and a KV cache computes it again at the positions
+it decodes (cache == recomputation, tests/decodecheck.py).
 """
 
 from __future__ import annotations
@@ -107,3 +111,91 @@ def test_lookup_broadcasts_the_heads_against_the_examples():
         for h in range(3):
             assert torch.equal(got[b, h], table[h][index[b, 0]])
 
+
+# ------------------------------------------------------------------ a bias under a condition
+
+COND_HEAD = """\
+Algorithm: Y ← FarPenalty(X | W)
+/* Causal heads whose scores fall by the head's m for every key more than 2 positions back. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, H ∈ ℕ; d = D/H
+Parameters: W consisting of:
+    W_q, W_k, W_v ∈ ℝ^{D×D}
+1 Q ← X W_q
+2 K ← X W_k
+3 V ← X W_v
+4 for h ∈ [H] : Y^h ← Head(Q[:, (h − 1) d + 1 : h d], K[:, (h − 1) d + 1 : h d], V[:, (h − 1) d + 1 : h d] | m = 2^{−h/2})
+5 return Y = [Y^1, Y^2, …, Y^H]
+
+Algorithm: Y ← Head(Q, K, V | m)
+/* One causal head, the keys more than 2 back penalised by m. */
+Input: Q, K, V ∈ ℝ^{T×d}
+Output: Y ∈ ℝ^{T×d}
+Hyperparameters: m ∈ (0, ∞)
+1 S ← Q K^⊺/√d
+2 ∀t, t′, if t − t′ > 2 then S[t, t′] ← S[t, t′] − m
+3 ∀t, t′, if t′ > t then S[t, t′] ← −∞
+4 return Y = softmax(S) V
+"""
+
+
+def test_a_bias_under_a_condition_is_sdpas_mask_where_it_holds(tmp_path):
+    """`∀t, t′, if c then S[t, t′] ← S[t, t′] − m`: −m where c holds, 0 elsewhere, in SDPA's
+    float mask beside the causal one (no softmax of its own)."""
+    built = Built(tmp_path, COND_HEAD, D=8, H=4)
+    X = _randn(7, 8)
+    want = built.agree(X)
+    w = built.literal
+    T, d = 7, 2
+    t = torch.arange(T)
+    far = (t[:, None] - t[None, :] > 2).double()
+    Q, K, V = X @ w.W_q, X @ w.W_k, X @ w.W_v
+    out = []
+    for h in range(4):
+        cols = slice(h * d, (h + 1) * d)
+        S = Q[..., cols] @ K[..., cols].mT / math.sqrt(d) - 2.0 ** (-(h + 1) / 2) * far
+        S = S.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+        out.append(torch.softmax(S, dim=-1) @ V[..., cols])
+    torch.testing.assert_close(want, torch.cat(out, dim=-1).detach(), rtol=RTOL, atol=ATOL)
+    fused = _fused(tmp_path, COND_HEAD)
+    assert "softmax" not in fused and "for h in" not in fused
+    assert "torch.where(" in fused and "grouped_sdpa(Q, K, V, attn_mask=" in fused
+
+
+COND_LM = """\
+Algorithm: P ← FarLM(x | θ)
+/* A causal decoder without position embeddings whose heads penalise the keys far back. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: P ∈ ℝ^{T×V}, next-token logits.
+Hyperparameters: V, D, H, N ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{V×D}, token embeddings, also the unembedding.
+    For ℓ ∈ [N]:
+        θ^block_ℓ, the parameters of block ℓ.
+1 E ← W_e[x]
+2 for ℓ = 1, …, N do
+3     E ← E + FarPenalty(E | θ^block_ℓ)
+4 end
+5 return P = E W_e^⊺
+
+""" + COND_HEAD
+
+
+def test_a_bias_under_a_condition_follows_the_decoded_positions(tmp_path):
+    """The condition reads the positions only, so a KV cache computes it again at the
+    positions it decodes: chunks through the cache give the logits, greedy tokens and
+    gradients of recomputation."""
+    from decodecheck import check_incremental_decoding
+
+    import cardc
+
+    path = tmp_path / "far.card"
+    path.write_text(COND_LM, encoding="utf-8")
+    model = cardc.model(str(path), V=31, D=16, H=4, N=2).eval()
+    assert hasattr(model, "new_cache")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(3))
+    x = torch.randint(0, 31, (2, 14), generator=torch.Generator().manual_seed(4))
+    check_incremental_decoding(model, [x])
