@@ -418,8 +418,6 @@ RECOMPUTING = {
     "EDTransformer": "the same (the paper's Algorithm 8)",
     "ExplicitMask": "the same: a rule given to a hyperparameter `Mask` of its head",
     "LatentDecoder": "its scores sum two products: no rule recognises the attention",
-    "RelativeED": "its scores add, under a condition, a learned table read at each key's "
-                  "distance: a tensor, which a cache does not read again at decoded positions",
     "T5": "its decoder's heads add a table read at buckets its caller computed, which a cache "
           "would have to compute again at the decoded positions",
 }
