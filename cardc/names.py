@@ -42,6 +42,7 @@ GENERATED = frozenset({
     "resume", "hold",  # the cache's methods a recurrence calls
     "top_mask", "route", "route_dense", "ROWS",  # sparse experts
     "cut_patches", "gather_patches", "patch_grid",  # patches(X | p)
+    "lookup",  # a vector per head read at a tensor of indices
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and
 # shadowing none is simpler to see than which ones it calls.

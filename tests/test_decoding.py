@@ -418,7 +418,8 @@ RECOMPUTING = {
     "EDTransformer": "the same (the paper's Algorithm 8)",
     "ExplicitMask": "the same: a rule given to a hyperparameter `Mask` of its head",
     "LatentDecoder": "its scores sum two products: no rule recognises the attention",
-    "RelativeED": "its scores add a bias by distance: no rule recognises the attention",
+    "T5": "its decoder's heads add a table read at buckets its caller computed, which a cache "
+          "would have to compute again at the decoded positions",
 }
 
 

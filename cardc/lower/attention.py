@@ -58,12 +58,13 @@ class Core:
     @property
     def masks(self) -> tuple[s.Step, ...]:
         """`∀t, t′, if c then S[t, t′] ← −∞`."""
-        return tuple(e for e in self.edits if isinstance(e.stmt.body, s.If))
+        return tuple(e for e in self.edits if _hides(e.stmt))
 
     @property
     def biases(self) -> tuple[s.Step, ...]:
-        """`∀t, t′ : S[t, t′] ← S[t, t′] + b`: an additive bias of the scores."""
-        return tuple(e for e in self.edits if not isinstance(e.stmt.body, s.If))
+        """`∀t, t′ : S[t, t′] ← S[t, t′] + b`: an additive bias of the scores, where a
+        condition holds if one is written."""
+        return tuple(e for e in self.edits if not _hides(e.stmt))
 
     @property
     def waiting(self) -> tuple[s.Step, ...]:
@@ -172,12 +173,32 @@ def _masks(st: s.Stmt, name: str) -> bool:
         _minus_infinity(then.value)
 
 
+def _hides(st: s.Stmt) -> bool:
+    """Whether an edit of the scores is a mask (−∞ where its condition holds)."""
+    return isinstance(st.body, s.If) and isinstance(st.body.then, s.Assign) and \
+        _minus_infinity(st.body.then.value)
+
+
+def condition_of(st: s.Stmt) -> s.Expr | None:
+    """c of a bias added only where it holds, `∀t, t′, if c then S[t, t′] ← S[t, t′] + b`."""
+    return st.body.cond if isinstance(st.body, s.If) else None
+
+
 def bias_of(st: s.Stmt, name: str) -> tuple[bool, s.Expr] | None:
     """b of `∀t, t′ : S[t, t′] ← S[t, t′] + b` (or `b + S[t, t′]`), b not reading S: the bias
-    added to the scores, with False; (True, c) for `S[t, t′] − c`, whose bias is −c."""
-    if not (isinstance(st, s.ForAll) and len(st.vars) == 2 and isinstance(st.body, s.Assign)):
+    added to the scores, with False; (True, c) for `S[t, t′] − c`, whose bias is −c. Under
+    `if c then` (c not reading S) the update is the same bias where c holds, 0 elsewhere
+    (condition_of)."""
+    if not (isinstance(st, s.ForAll) and len(st.vars) == 2):
         return None
-    target, value = st.body.target, st.body.value
+    update = st.body
+    if isinstance(update, s.If):
+        if name in _names(update.cond):
+            return None
+        update = update.then
+    if not isinstance(update, s.Assign):
+        return None
+    target, value = update.target, update.value
     if not (isinstance(target, s.Index) and isinstance(target.base, s.Name) and
             target.base.id == name and [getattr(i, "id", None) for i in target.items] ==
             list(st.vars) and isinstance(value, s.BinOp) and value.op in ("+", "−")):
@@ -318,15 +339,14 @@ def record_literal(body: Steps, step: s.Step) -> None:
 
 def _positional(core: Core) -> bool:
     """Whether every bias reads the positions it is added at (SDPA's mask is a tensor)."""
-    return all(set(b.stmt.vars) & _names(bias_of(b.stmt, _target(core))[1])
-               for b in core.biases)
+    return all(set(b.stmt.vars) & _bias_names(b.stmt, core) for b in core.biases)
 
 
 def _follows(body: Steps, core: Core) -> bool:
     """Whether the biases read nothing but the positions and numbers (a slope, one per head):
     computed again at the positions a cache decodes; a tensor read at t, t′ is not."""
     for b in core.biases:
-        for name in sorted(_names(bias_of(b.stmt, _target(core))[1]) - set(b.stmt.vars)):
+        for name in sorted(_bias_names(b.stmt, core) - set(b.stmt.vars)):
             val = body.expr(s.Name(name, span=b.span))
             if val.rows or val.ty.shape:
                 return False
@@ -335,6 +355,12 @@ def _follows(body: Steps, core: Core) -> bool:
 
 def _target(core: Core) -> str:
     return core.score.stmt.target.id
+
+
+def _bias_names(st: s.Stmt, core: Core) -> set[str]:
+    """The names a bias step reads: its bias and its condition."""
+    cond = condition_of(st)
+    return _names(bias_of(st, _target(core))[1]) | (_names(cond) if cond is not None else set())
 
 
 def _biased(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> ir.Expr:
@@ -360,6 +386,9 @@ def _biased(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> ir.Expr:
                 for n in padded:
                     body.given.pop(n, None)
             code = ir.Un("-", code) if negated else code
+            cond = condition_of(step.stmt)
+            if cond is not None:  # the bias where c holds, 0 elsewhere
+                code = ir.Call(ir.Ref("torch.where"), (body.expr(cond).code, code, ir.Lit("0.0")))
             total = code if total is None else ir.Bin("+", total, code)
     finally:
         body.point, body.ranged = outer, ranged

@@ -11,7 +11,9 @@ argument says how it reaches the heads:
   blocks of w, the blocks on the head axis: `X.unflatten(-1, (H, w)).transpose(-3, -2)`;
 - a member of a family of parameters stacked for the heads (`W^h_q`) is its storage viewed
   with the head axis first (`(H, D, w)`, a vector as `(H, 1, w)`), which `X @ W` and `X + b`
-  broadcast over.
+  broadcast over;
+- a column picked by h, `W[:, h]` (a table with one column per head, as T5's bias of each
+  relative-position bucket), is W's columns as rows: `W.mT`, `(…, H, n)`.
 
 The result holds every head on that axis, `(…, H, T, w)`, which is what `[Y^1, …, Y^H]` joins
 (cardc.lower.expressions). Nested maps (groups of query heads, then the heads of a group) nest the
@@ -62,6 +64,9 @@ class HeadMap:
                 _is_all(e.items[0]) and isinstance(e.items[1], s.Slice) and \
                 self.var not in _names(e.base):
             return self.block(e)
+        if isinstance(e, s.Index) and isinstance(e.base, s.Name) and len(e.items) == 2 and \
+                _is_all(e.items[0]) and getattr(e.items[1], "id", None) == self.var:
+            return self.column(e)
         if isinstance(e, s.Call):
             return self.through(e)
         raise _Declined
@@ -102,6 +107,18 @@ class HeadMap:
         heads = _method(_method(code, "unflatten", _int(-1), split), "transpose", _int(-3),
                         _int(-2))
         return Val(heads, Ty((base.ty.shape[0], width), base.ty.elem), True)
+
+    def column(self, e: s.Index) -> Val:
+        """`W[:, h]` for every h: W's columns, one per head, on the head axis (the first H
+        where W has more)."""
+        base = self.body.expr(e.base)
+        if base.rows or base.flipped or len(base.ty.shape) != 2 or self.merged:
+            raise _Declined
+        code = _method(base.code, "transpose", _int(-2), _int(-1))
+        if base.ty.shape[1] != self.count:
+            code = ir.Sub(code, (ir.Ref("..."), ir.SliceX(None, self.body.dim(self.count)),
+                                 ir.SliceX(None, None)))
+        return Val(code, Ty((base.ty.shape[0],), base.ty.elem), True)
 
     def whole(self, e: s.Expr) -> Val:
         """The block argument `X[:, (h − 1) w + 1 : h w]` of an input the callee takes merged:

@@ -90,6 +90,9 @@ class Indexing:
             pad = self.ty(e.base).pad
             if idx.ty.shape and pad is not None and len(e.items) == 1 and not base.lifted:
                 return Val(self.embedding(idx.code, base.code, pad), self.ty(e), idx.lifted)
+            if idx.ty.shape and idx.lifted and base.lifted and len(e.items) == 1 and \
+                    len(base.ty.shape) == 1 and getattr(item, "id", None) not in self.point:
+                return self.lookup(e, base, idx)
             if idx.ty.shape:  # W_e[x]: token IDs are 0-based in tensors, other indices 1-based
                 axes.append(idx.code if idx.ty.vocab is not None else _dec(idx.code))
                 lifted = lifted or idx.lifted
@@ -111,6 +114,16 @@ class Indexing:
         if base.lifted and not base.flipped:  # E[1] of a T×D matrix is its first row: E[..., 0, :]
             items += [ir.SliceX(None, None)] * (len(base.ty.shape) - len(e.items))
         return Val(ir.Sub(base.code, tuple(items)), ty, lifted)
+
+    def lookup(self, e: s.Index, base: Val, idx: Val) -> Val:
+        """`w[β]`, a vector with axes in front (one per head) read at a tensor of indices that
+        has its own (the examples'): the two sets of leading axes broadcast, which plain
+        indexing would put side by side (modelkit's lookup)."""
+        if base.rows or idx.rows or idx.flipped:
+            self.fail(e, "code generation looks up a vector by a tensor of indices only")
+        pick = idx.code if idx.ty.vocab is not None else _dec(idx.code)
+        code = _call("lookup", base.code, pick, _int(len(idx.ty.shape)))
+        return Val(code, Ty(idx.ty.shape, self.ty(e).elem), True)
 
     def sum_index_read_whole(self, e: s.Index) -> None:
         """Under Σ_i code generation sums a value's last axis: `e[i]` and `C[:, i]` read it;

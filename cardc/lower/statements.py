@@ -185,7 +185,7 @@ class Statements:
             nest = _entrywise(st)
             if nest is not None:
                 return self.entrywise(nest, step)
-            if self.indexes_by(st.body, st.var):
+            if self.indexes_by(st.body, st.var) and not self.slices_by(st.body, st.var):
                 return self.position_map(st, step)
             if self.fuse_loop(st, step):
                 return None
@@ -267,6 +267,15 @@ class Statements:
     def indexes_by(body, var: str) -> bool:
         """Whether `var` indexes a value somewhere in `body` (X[:, t]): a map over positions."""
         return any(isinstance(n, s.Index) and any(getattr(i, "id", None) == var for i in n.items)
+                   for n in s.nodes(body))
+
+    @staticmethod
+    def slices_by(body, var: str) -> bool:
+        """Whether a slice's bounds read `var` (`Q[:, (h − 1) d + 1 : h d]`): blocks picked by
+        the map's variable, which a map over positions never reads, but a map over heads that
+        also reads a column by it (`W_b[:, h]`) does."""
+        return any(isinstance(n, s.Slice) and var in {m.id for b in (n.lo, n.hi) if b is not None
+                                                      for m in s.nodes(b) if isinstance(m, s.Name)}
                    for n in s.nodes(body))
 
     def position_map(self, st: s.For, step: s.Step) -> None:

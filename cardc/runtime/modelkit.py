@@ -279,6 +279,15 @@ def cat_broadcast(tensors, dim):
         out.append(t.expand(shape))
     return torch.cat(out, dim=dim)
 
+def lookup(table, index, rank):
+    """table[…, index]: entries of a vector looked up by a tensor of indices (counted from 0)
+    with `rank` card axes, the axes in front of both (examples, heads) broadcast against each
+    other, as a bias table per head is read at the bucket of each pair of positions."""
+    n = table.shape[-1]
+    table = table.reshape(table.shape[:-1] + (1,) * rank + (n,))
+    shape = torch.broadcast_shapes(table.shape[:-1], index.shape)
+    return table.expand(shape + (n,)).gather(-1, index.expand(shape).unsqueeze(-1)).squeeze(-1)
+
 MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
 
 

@@ -1,0 +1,201 @@
+"""A bias table with one column per head, read at a tensor of buckets, as T5 writes it:
+
+    β ← RelativeBuckets(X | N_b = N_b, d_max = d_max)
+    for h ∈ [H] : Y^h ← Head(Q[:, (h − 1) d + 1 : h d], …, β, W_b[:, h])
+    ∀t, t′: S[t, t′] ← S[t, t′] + w[β[t, t′]]      (in Head)
+
+The map over heads hands every head its own column `W_b[:, h]` (the table's columns on the head
+axis) and the buckets shared by all; the head's bias is the column looked up at the bucket of
+each pair of positions, the examples' axes and the heads' broadcast against each other
+(modelkit's lookup), and lowers to SDPA's float mask. Fused, literal and the reference
+interpreter agree in float64, values and gradients, and equal the math written in plain torch.
+
+A bias added under a condition, `∀t, t′, if c then S[t, t′] ← S[t, t′] − m`, is the bias where c
+holds and 0 elsewhere in the same float mask, and a KV cache computes it again at the positions
+it decodes (cache == recomputation, tests/decodecheck.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from test_intmath import t5_buckets
+from test_reproducers import ATOL, RTOL, Built, _randn
+from test_score_bias import _fused
+
+HEADS = """\
+Algorithm: Y ← BucketBiased(X | W)
+/* Heads whose scores add their own column of a table, read at the bucket of each pair. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, H, N_b, d_max ∈ ℕ; d = D/H
+Parameters: W consisting of:
+    W_q, W_k, W_v ∈ ℝ^{D×D}
+    W_b ∈ ℝ^{N_b×H}
+1 Q ← X W_q
+2 K ← X W_k
+3 V ← X W_v
+4 β ← {buckets}(X | N_b = N_b, d_max = d_max)
+5 for h ∈ [H] : Y^h ← Head(Q[:, (h − 1) d + 1 : h d], K[:, (h − 1) d + 1 : h d], V[:, (h − 1) d + 1 : h d], β, W_b[:, h])
+6 return Y = [Y^1, Y^2, …, Y^H]
+
+Algorithm: Y ← Head(Q, K, V, β, w)
+/* One head, its scores biased by w at the buckets β. */
+Input: Q, K, V ∈ ℝ^{T×d}
+Input: β ∈ ℕ^{T×T}
+Input: w ∈ ℝ^{N_b}
+Output: Y ∈ ℝ^{T×d}
+1 S ← Q K^⊺
+2 ∀t, t′: S[t, t′] ← S[t, t′] + w[β[t, t′]]
+{mask}3 return Y = softmax(S) V
+"""
+
+CAUSAL_MASK = "3 ∀t, t′, if t′ > t then S[t, t′] ← −∞\n"
+
+
+def _card(causal: bool) -> str:
+    text = HEADS.replace("{buckets}", "CausalRelativeBuckets" if causal else "RelativeBuckets")
+    text = text.replace("{mask}", CAUSAL_MASK if causal else "")
+    return text if not causal else text.replace("3 return Y = softmax", "4 return Y = softmax")
+
+
+def _plain(X, w, H: int, n_buckets: int, d_max: int, causal: bool) -> torch.Tensor:
+    """The heads in plain torch: unscaled scores plus column h of the table at each bucket."""
+    T, D = X.shape[-2:]
+    d = D // H
+    buckets = t5_buckets(T, n_buckets, d_max, not causal) - 1
+    Q, K, V = X @ w.W_q, X @ w.W_k, X @ w.W_v
+    out = []
+    for h in range(H):
+        cols = slice(h * d, (h + 1) * d)
+        S = Q[..., cols] @ K[..., cols].mT + w.W_b[:, h][buckets]
+        if causal:
+            S = S.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+        out.append(torch.softmax(S, dim=-1) @ V[..., cols])
+    return torch.cat(out, dim=-1)
+
+
+def test_a_column_per_head_read_at_bidirectional_buckets(tmp_path):
+    built = Built(tmp_path, _card(causal=False), D=8, H=4, N_b=8, d_max=6)
+    X = _randn(12, 8)  # 12 positions: distances past d_max share the last buckets
+    want = built.agree(X)
+    plain = _plain(X, built.literal, 4, 8, 6, causal=False)
+    torch.testing.assert_close(want, plain.detach(), rtol=RTOL, atol=ATOL)
+    fused = _fused(tmp_path, _card(causal=False))
+    assert "for h in" not in fused and "softmax" not in fused
+    assert "W_b.transpose(-2, -1)" in fused  # the columns on the head axis
+    assert "lookup(w, beta - 1, 2)" in fused and "grouped_sdpa(Q, K, V, attn_mask=" in fused
+
+
+def test_a_column_per_head_read_at_causal_buckets_beside_a_mask(tmp_path):
+    built = Built(tmp_path, _card(causal=True), D=6, H=2, N_b=6, d_max=5)
+    X = _randn(11, 6)
+    want = built.agree(X)
+    plain = _plain(X, built.literal, 2, 6, 5, causal=True)
+    torch.testing.assert_close(want, plain.detach(), rtol=RTOL, atol=ATOL)
+    fused = _fused(tmp_path, _card(causal=True))
+    assert "for h in" not in fused and "lookup(w, beta - 1, 2)" in fused
+
+
+def test_lookup_broadcasts_the_heads_against_the_examples():
+    """modelkit's lookup: a table per head (H, n) at indices per example (B, 1, T, T) gives
+    (B, H, T, T), entry [b, h, i, j] = table[h, index[b, 0, i, j]]."""
+    from cardc.runtime.modelkit import lookup
+
+    table = torch.arange(12.0).reshape(3, 4)  # 3 heads, 4 buckets
+    index = torch.tensor([[[[0, 3], [2, 1]]], [[[1, 1], [0, 2]]]])  # (2, 1, 2, 2)
+    got = lookup(table, index, 2)
+    assert got.shape == (2, 3, 2, 2)
+    for b in range(2):
+        for h in range(3):
+            assert torch.equal(got[b, h], table[h][index[b, 0]])
+
+
+# ------------------------------------------------------------------ a bias under a condition
+
+COND_HEAD = """\
+Algorithm: Y ← FarPenalty(X | W)
+/* Causal heads whose scores fall by the head's m for every key more than 2 positions back. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, H ∈ ℕ; d = D/H
+Parameters: W consisting of:
+    W_q, W_k, W_v ∈ ℝ^{D×D}
+1 Q ← X W_q
+2 K ← X W_k
+3 V ← X W_v
+4 for h ∈ [H] : Y^h ← Head(Q[:, (h − 1) d + 1 : h d], K[:, (h − 1) d + 1 : h d], V[:, (h − 1) d + 1 : h d] | m = 2^{−h/2})
+5 return Y = [Y^1, Y^2, …, Y^H]
+
+Algorithm: Y ← Head(Q, K, V | m)
+/* One causal head, the keys more than 2 back penalised by m. */
+Input: Q, K, V ∈ ℝ^{T×d}
+Output: Y ∈ ℝ^{T×d}
+Hyperparameters: m ∈ (0, ∞)
+1 S ← Q K^⊺/√d
+2 ∀t, t′, if t − t′ > 2 then S[t, t′] ← S[t, t′] − m
+3 ∀t, t′, if t′ > t then S[t, t′] ← −∞
+4 return Y = softmax(S) V
+"""
+
+
+def test_a_bias_under_a_condition_is_sdpas_mask_where_it_holds(tmp_path):
+    """`∀t, t′, if c then S[t, t′] ← S[t, t′] − m`: −m where c holds, 0 elsewhere, in SDPA's
+    float mask beside the causal one (no softmax of its own)."""
+    built = Built(tmp_path, COND_HEAD, D=8, H=4)
+    X = _randn(7, 8)
+    want = built.agree(X)
+    w = built.literal
+    T, d = 7, 2
+    t = torch.arange(T)
+    far = (t[:, None] - t[None, :] > 2).double()
+    Q, K, V = X @ w.W_q, X @ w.W_k, X @ w.W_v
+    out = []
+    for h in range(4):
+        cols = slice(h * d, (h + 1) * d)
+        S = Q[..., cols] @ K[..., cols].mT / math.sqrt(d) - 2.0 ** (-(h + 1) / 2) * far
+        S = S.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+        out.append(torch.softmax(S, dim=-1) @ V[..., cols])
+    torch.testing.assert_close(want, torch.cat(out, dim=-1).detach(), rtol=RTOL, atol=ATOL)
+    fused = _fused(tmp_path, COND_HEAD)
+    assert "softmax" not in fused and "for h in" not in fused
+    assert "torch.where(" in fused and "grouped_sdpa(Q, K, V, attn_mask=" in fused
+
+
+COND_LM = """\
+Algorithm: P ← FarLM(x | θ)
+/* A causal decoder without position embeddings whose heads penalise the keys far back. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: P ∈ ℝ^{T×V}, next-token logits.
+Hyperparameters: V, D, H, N ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{V×D}, token embeddings, also the unembedding.
+    For ℓ ∈ [N]:
+        θ^block_ℓ, the parameters of block ℓ.
+1 E ← W_e[x]
+2 for ℓ = 1, …, N do
+3     E ← E + FarPenalty(E | θ^block_ℓ)
+4 end
+5 return P = E W_e^⊺
+
+""" + COND_HEAD
+
+
+def test_a_bias_under_a_condition_follows_the_decoded_positions(tmp_path):
+    """The condition reads the positions only, so a KV cache computes it again at the
+    positions it decodes: chunks through the cache give the logits, greedy tokens and
+    gradients of recomputation."""
+    from decodecheck import check_incremental_decoding
+
+    import cardc
+
+    path = tmp_path / "far.card"
+    path.write_text(COND_LM, encoding="utf-8")
+    model = cardc.model(str(path), V=31, D=16, H=4, N=2).eval()
+    assert hasattr(model, "new_cache")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(3))
+    x = torch.randint(0, 31, (2, 14), generator=torch.Generator().manual_seed(4))
+    check_incremental_decoding(model, [x])
