@@ -70,10 +70,9 @@ def RelativeBuckets(X, N_b=32, d_max=128):
     T = X.shape[-2]
     n = math.floor(N_b / 2)  # [relative.card:7]
     e = math.floor(n / 2)  # [relative.card:8]
-    # (T, T)  [relative.card:9]
-    r = torch.broadcast_to(
-        torch.arange(1, T + 1, device=X.device)[None, :] - torch.arange(1, T + 1, device=X.device)[:, None], (T, T)
-    )
+    def make():
+        return torch.arange(1, T + 1, device=X.device)[None, :] - torch.arange(1, T + 1, device=X.device)[:, None]
+    r = torch.broadcast_to(shared_value(2, make, T, X.device), (T, T))  # (T, T)  [relative.card:9]
     m = torch.abs(r)  # (T, T)  [relative.card:10]
     # (T, T)  [relative.card:11]
     l = torch.clamp(
@@ -96,13 +95,9 @@ def CausalRelativeBuckets(X, N_b=32, d_max=128):
     """
     T = X.shape[-2]
     e = math.floor(N_b / 2)  # [relative.card:20]
-    # (T, T)  [relative.card:21]
-    m = torch.broadcast_to(
-        torch.clamp(
-            torch.arange(1, T + 1, device=X.device)[:, None] - torch.arange(1, T + 1, device=X.device)[None, :], min=0
-        ),
-        (T, T),
-    )
+    def make():
+        return torch.arange(1, T + 1, device=X.device)[:, None] - torch.arange(1, T + 1, device=X.device)[None, :]
+    m = torch.broadcast_to(torch.clamp(shared_value(1, make, T, X.device), min=0), (T, T))  # (T, T)  [relative.card:21]
     # (T, T)  [relative.card:22]
     l = torch.clamp(
         torch.floor(
@@ -398,6 +393,25 @@ def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
         MASKS[key] = None if mask.all().item() else mask if dtype is None else \
             torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
     return MASKS[key]
+
+
+VALUES = {}  # (value site's number, what it reads, tensors by identity) → (the value, those tensors)
+
+
+def shared_value(site, make, *reads):
+    """A value of the sizes, hyperparameters, devices and number formats it reads alone (ALiBi's
+    slopes, a bias of the positions), made once per those and shared by every layer and every
+    forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
+    entry holds it, so no other tensor takes its id while the entry stands. One made under
+    inference mode is kept apart: autograd cannot save it."""
+    key = site, torch.is_inference_mode_enabled(), \
+        *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
+    found = VALUES.get(key)
+    if found is None:
+        if len(VALUES) > 256:
+            VALUES.clear()
+        found = VALUES[key] = make(), [r for r in reads if isinstance(r, torch.Tensor)]
+    return found[0]
 
 
 def grouped_sdpa(Q, K, V, **options):

@@ -335,8 +335,6 @@ GENERATOR_NAMES = {
     "cut_patches", "patch_grid", "blocks", "cols",
     # a vector per head read at a tensor of indices
     "lookup", "index", "rank",
-    # SDPA's own keyword: scores the card leaves unscaled (T5's) are scale=1.0
-    "scale",
 }
 # what the generator appends to a card's name: a recurrence's state held or read late, all
 # of its states; a head's function over every head at once
