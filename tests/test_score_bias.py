@@ -169,3 +169,17 @@ def test_the_bias_reaches_sdpa_with_the_queries_rank(tmp_path):
     mask = torch.randn(2, 3, 2, 5, 5, generator=g, dtype=torch.float64)
     want = torch.softmax(Q @ K.mT / 2 + mask, dim=-1) @ V
     torch.testing.assert_close(grouped_sdpa(Q, K, V, attn_mask=mask), want, rtol=RTOL, atol=ATOL)
+
+
+def test_a_slope_with_a_whole_negative_exponent_is_a_real_power(tmp_path):
+    """`m = 2^{−h}` over heads: h is a whole number, but 2 to its negative power is a real
+    (1/2, 1/4, …), never torch's integer power of integer tensors (which floors to 0)."""
+    card = ALIBI.replace("2^{−8 h/H}", "2^{−h}").replace("2^{−8h/H}", "2^{−h}")
+    built = Built(tmp_path, card, D=8, H=4)
+    X = _randn(6, 8)
+    want = built.agree(X)
+    w = built.literal
+    t = torch.arange(6, dtype=torch.float64)
+    distance = t[:, None] - t[None, :]
+    plain = _heads(X @ w.W_q, X @ w.W_k, X @ w.W_v, 4, lambda h: -2.0 ** -h * distance)
+    torch.testing.assert_close(want, plain.detach(), rtol=RTOL, atol=ATOL)

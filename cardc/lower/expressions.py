@@ -328,9 +328,21 @@ class Expressions:
         """x^p: the shape comes from whichever side varies; θ^{−2(i − 1)/d} in a map over i
         is a vector through its exponent alone."""
         x, p = self.expr(e.base), self.expr(e.exponent)
+        x, p = self.real_power(x, p, e.exponent)
         shaped = p if _varies(p) and not _varies(x) else x
         return replace(shaped, code=ir.Bin("**", x.code, p.code), lifted=x.lifted or p.lifted,
                        rows=x.rows or p.rows, tensor=x.tensor or p.tensor)
+
+    def real_power(self, x: Val, p: Val, exponent: s.Expr) -> tuple[Val, Val]:
+        """x^p in reals where either side is an integer tensor: torch's power of integer
+        tensors stays integer (2 ** −h floors to 0, t ** −1 fails); a whole number at least 0
+        keeps an integer base integer (t²)."""
+        if p.ty.elem in INTEGERS and _is_tensor(p):
+            return x, self.to_real(p)
+        if x.ty.elem in INTEGERS and _is_tensor(x) and not (
+                isinstance(exponent, s.Num) and exponent.text.isdigit()):
+            return self.to_real(x), p
+        return x, p
 
     def expr_Transpose(self, e: s.Transpose) -> Val:
         x = self.expr(e.operand)
