@@ -454,7 +454,6 @@ def test_walk_every_model_with_a_cache_decodes_as_full_recomputation(walked):
 
 @pytest.mark.parametrize("card, sizes, inputs", [
     ("latent_attention", dict(V=50, D=32, H=4, D_c=8, d_r=4, N=2), 1),
-    ("relative_bias", dict(V=50, D=32, H=4, N=2, ctx=16), 2),
     ("token_context", dict(V=50, D=32, H=4, N=2), 1),
 ])
 def test_an_attention_no_rule_lowers_to_the_cache_leaves_the_model_recomputing(card, sizes,

@@ -38,7 +38,7 @@ def _compile(path: Path) -> list[tuple[str, str, str, bool]]:
 
 
 # helpers whose loop runs ⌈log₂ T⌉ rounds over whole tensors, not one pass per position
-ROUNDS = {"linear_scan"}
+ROUNDS = {"linear_scan", "cat_broadcast"}  # a scan's rounds; the parts a card joins
 
 
 def _loops(text: str) -> list[str]:
