@@ -124,25 +124,3 @@ def _diagnostics(tmp_path: Path, text: str) -> Diagnostics:
     lib, _ = load([path], root=library_roots([str(path)], None))
     return check(lib)[1]
 
-
-COLUMN_MAP = """\
-Algorithm: Y ← Model(X | W)
-Input: X ∈ ℝ^{T×D}
-Output: Y ∈ ℝ^{D×D}
-Hyperparameters: D ∈ ℕ
-Parameters: W ∈ ℝ^{D×D}
-1 Z ← X W
-2 A ← Z^⊺ Z  ▷ A ∈ ℝ^{D×D}
-3 for t ∈ [D] : Y[:, t] ← σ(A[:, t]) ⊙ W[:, t]
-4 return Y
-"""
-
-
-def test_a_map_reads_columns_of_a_value_stored_row_by_row(tmp_path):
-    """`A[:, t]` in a map over t, A computed and stored row by row: build once refused it
-    ("reads columns of flipped matrices only"); it reads the rows of A's transpose."""
-    built = Built(tmp_path, COLUMN_MAP, D=4)
-    X = _randn(5, 4)
-    W = built.literal.W.detach()
-    A = (X @ W).mT @ (X @ W)
-    torch.testing.assert_close(built.agree(X), torch.sigmoid(A) * W)

@@ -208,9 +208,10 @@ class Indexing:
             self.fail(e, f"a map over '{display(var)}' reads whole columns 'X[:, {display(var)}]'")
         if base.lifted and base.rows:
             self.fail(e, "positions of a value already mapped over positions")
-        if base.lifted:  # columns of a flipped matrix are its rows, of another its transpose's
-            rows = _mT(base.code) if len(e.items) == 2 and not base.flipped else base.code
-            return Val(rows, ty, True, False, (size,))  # (a sequence's items: itself)
+        if base.lifted:  # columns of a flipped matrix are its rows; a sequence's items, itself
+            if len(e.items) == 2 and not base.flipped:
+                self.fail(e, "code generation reads columns of flipped matrices only")
+            return Val(base.code, ty, True, False, (size,))
         # a parameter: its first ℓ columns, as rows (W_p[:, t] for t ≤ ℓ); they bound the
         # sequence only where ℓ is read off the inputs, not in a map over channels n ∈ [N]
         if size.symbols & self.runtime_used:
