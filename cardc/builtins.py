@@ -67,6 +67,9 @@ TABLE = (
     # entries, the first), a subset of [n] for r ∈ ℝ^{n}, as Σ_{e ∈ I} and a mixture of
     # experts's router read it
     Builtin("argtop_k", "argtop", params=1, upright=False),
+    # indicator(I): the vector of a set I ⊆ [n], 1 at its members and 0 elsewhere, ℝ^{n}; the
+    # choices of a router as numbers (a load-balancing loss counts them)
+    Builtin("indicator", "indicator"),
     # dropout(X | p): while a model trains, each entry of X zeroed with probability p and the
     # others scaled by 1/(1 − p); in evaluation (and sampling) X itself
     Builtin("dropout", "dropout", params=1, upright=False),
@@ -91,8 +94,9 @@ FILTERS = dict(zip(s.FILTERS, (("k", "how many of the largest entries it keeps")
                                ("p", "the share of the weights its largest entries must reach")),
                    strict=True))
 BUILTINS = {b.name for b in TABLE
-            if b.rule in ("elementwise", "reducing", "length", "filter", "argtop")}
+            if b.rule in ("elementwise", "reducing", "length", "filter", "argtop", "indicator")}
 ARGTOP = "argtop_k"
+INDICATOR = "indicator"
 DROPOUT = "dropout"
 PATCHES = "patches"
 OPTIMIZERS = {b.name: b.params for b in TABLE if b.rule == "optimizer"}

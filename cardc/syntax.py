@@ -138,6 +138,15 @@ class Concat:
 
 
 @dataclass(frozen=True)
+class Several:
+    """``P, r``: the several outputs of a card, as `return P, r` gives them and as
+    `P, r ← M(x | θ)` names them (a target of names only)."""
+
+    items: tuple[Expr, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
 class Iverson:
     cond: Expr
     span: Span = _span()
@@ -183,7 +192,7 @@ class Norm:
 
 
 Expr = (Name | Num | BinOp | Unary | Power | Transpose | Slice | Progression | Index | Arg | Call
-        | Ellipsis_ | Concat | Iverson | Sum | Choice | SetBuilder | Norm)
+        | Ellipsis_ | Concat | Several | Iverson | Sum | Choice | SetBuilder | Norm)
 
 # ---------------------------------------------------------------------- types
 

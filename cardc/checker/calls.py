@@ -27,7 +27,8 @@ from .scope import BodyState, Expressions, Part
 from .shapes import _d, _members, _same_entry, broadcast_shape, dims_equal, expr_dim
 
 # the rule that checks a call to a builtin: its own for a filter, dropout or an optimizer
-_KINDS = {b.name: b.rule if b.rule in ("filter", "argtop", "dropout", "optimizer", "patches")
+_KINDS = {b.name: b.rule if b.rule in ("filter", "argtop", "indicator", "dropout", "optimizer",
+                                       "patches")
           else "builtin"
           for b in TABLE}
 
@@ -44,7 +45,7 @@ class CallChecker(Part):
         kind, target = self.callee(e.func)
         rule = {"model": self.call_model, "function": self.apply_function, "card": self.call_card,
                 "optimizer": self.apply_optimizer, "filter": self.apply_filter,
-                "argtop": self.apply_argtop,
+                "argtop": self.apply_argtop, "indicator": self.apply_indicator,
                 "dropout": self.apply_dropout, "patches": self.apply_patches,
                 "builtin": self.call_builtin,
                 "value": self.not_a_function, "unknown": self.unknown_callee}[kind]
@@ -169,6 +170,20 @@ class CallChecker(Part):
                                    f"{shown}", hint=usage)
             raise CheckError
         return SetTy(scores.shape[0])
+
+    def apply_indicator(self, e: s.Call, _: None = None) -> Ty:
+        """indicator(I): a set of indices of [n] in, ℝ^{n} out, 1 at its members."""
+        if len(e.args) != 1 or e.params:
+            self.error(e.span, f"{display(e.func)} takes one set of indices",
+                       hint="write indicator(I) for I ← argtop_k(r | k)")
+            raise CheckError
+        given = self.exprs.expr(e.args[0])
+        if not isinstance(given, SetTy):
+            self.error(e.args[0].span, f"{display(e.func)} marks the members of a set of "
+                                       f"indices, not {given}",
+                       hint="write indicator(I) for I ← argtop_k(r | k)")
+            raise CheckError
+        return Ty((given.of,))
 
     def apply_dropout(self, e: s.Call, _: None = None) -> Ty:
         """dropout(X | p): a tensor in, one of its shape out; p a number in [0, 1)."""
@@ -326,7 +341,15 @@ class CallChecker(Part):
         for bundle in self.adopted:
             self.in_caller_sizes(bundle, bind)
         out = substitute(sig.output or Ty(), bind)
-        self.info.calls[id(e)] = CallInfo(callee, dict(bind), lift, params, hypers)
+        outs = tuple(_lifted(substitute(o or Ty(), bind), lift) for o in (sig.output, *sig.more)) \
+            if sig.more else ()
+        self.info.calls[id(e)] = CallInfo(callee, dict(bind), lift, params, hypers, outs)
+        if outs and self.state.naming != id(e):
+            names = ", ".join(display(o) for o in callee.outputs)
+            self.error(e.span, f"'{callee.name}' has {len(outs)} outputs, {names}: a step names "
+                               f"each, '{names} ← {callee.name}(…)'",
+                       notes=((callee.span, f"'{callee.name}' is declared here"),))
+            raise CheckError
         if not isinstance(out, Ty):  # a training card returns parameters
             return out
         return Ty(lift + out.shape, out.elem, vocab=out.vocab)
@@ -494,3 +517,8 @@ def _default_size(sig: Signature, name: str, bind: dict[str, Dim]) -> Dim | None
     if dim is None or not dim.symbols <= set(bind):
         return None
     return subst_dim(dim, bind)
+
+
+def _lifted(out: Entry, lift: tuple[Dim, ...]) -> Entry:
+    """An output of a call mapped over rows: one row per row of the argument."""
+    return Ty(lift + out.shape, out.elem, vocab=out.vocab) if isinstance(out, Ty) else out

@@ -130,9 +130,15 @@ class Checker:
                                  hint="declare it under Parameters: or Hyperparameters:")
                 entry = SCALAR
             params.append((name, entry))
+        if len(outs) > 1:  # a card of several outputs: each must be declared
+            for name, out in zip(alg.outputs, outs, strict=True):
+                if out is None:
+                    self.diags.error(alg.span, f"output '{display(name)}' is not declared in "
+                                               "Output", hint=f"declare it: 'Output: "
+                                                              f"{display(name)} ∈ ℝ^{{…}}'")
         return Signature(alg, inputs, outs[0] if outs else None, params, env.hypers,
                          env.defaults, env.definitions, env.params, _layout(alg, env),
-                         env.elements, env.model_types(), env.run)
+                         env.elements, env.model_types(), env.run, outs[1:])
 
 
 def _given_hypers(call: s.Call, sig: Signature) -> set[str]:

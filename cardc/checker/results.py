@@ -34,6 +34,7 @@ class Signature:
     elements: dict[str, FamilyTy] = field(default_factory=dict)  # x_n of a dataset x_{1:N}
     models: dict[str, ModelTy] = field(default_factory=dict)  # cards taken as values (M)
     run: dict[str, RunValue] = field(default_factory=dict)  # the seed, number formats
+    more: list[Entry | None] = field(default_factory=list)  # the outputs after the first
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class CallInfo:
     lift: tuple[Dim, ...]  # leading dimensions the call is mapped over
     params: dict[str, s.Expr]  # callee parameter name → caller expression
     hypers: dict[str, s.Expr]  # callee hyperparameter → caller expression (or a mask rule)
+    outputs: tuple[Entry, ...] = ()  # a card of several outputs: each, lifted as the call is
 
 
 class CheckError(Exception):

@@ -32,6 +32,7 @@ class BodyState:
         self.families: dict[str, tuple[str, Dim, Ty]] = {}  # e_t defined in a loop over t
         self.solved: dict[str, Dim] = {}  # inference variables of callees' free dimensions
         self.returned = False
+        self.naming: int | None = None  # the call whose several outputs a step names, by id
         self.declared = {n: d.span for d in checker.decls(alg) for n in d.names}  # for notes
         self.assigned: dict[str, s.Span] = {}  # the step that last gave a name its value
         # states of the loops being checked that enter them as numbers (h ← 0), and the

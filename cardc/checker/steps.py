@@ -84,6 +84,8 @@ class StepChecker(Part):
 
     def stmt_Assign(self, st: s.Assign) -> Ty | None:
         self.state.scaled = {}
+        if isinstance(st.target, s.Several):
+            return self.assign_several(st.target, st.value)
         value = self.exprs.expr(st.value)
         target = st.target
         if isinstance(target, s.Name):
@@ -99,6 +101,32 @@ class StepChecker(Part):
             return value
         self.error(target.span, "cannot assign to this expression")
         raise CheckError
+
+    def assign_several(self, target: s.Several, value: s.Expr) -> Ty | None:
+        """`P, r ← M(x | θ)`: each name takes one output of a card of as many, in order."""
+        if not isinstance(value, s.Call):
+            self.error(value.span, f"{len(target.items)} names take the outputs of a card "
+                                   "of as many, not of this expression",
+                       hint="write 'P, r ← M(x | θ)' for a card whose header is 'P, r ← M(x | θ)'")
+            raise CheckError
+        self.state.naming = id(value)
+        try:
+            self.exprs.expr(value)
+        finally:
+            self.state.naming = None
+        info = self.info.calls.get(id(value))
+        outs = info.outputs if info is not None else ()
+        if len(outs) != len(target.items):
+            have = len(outs) or 1
+            self.error(target.span, f"{len(target.items)} names, but '{display(value.func)}' "
+                                    f"has {have} output{'s' if have > 1 else ''}",
+                       notes=((info.callee.span, "declared here"),) if info else ())
+            raise CheckError
+        for name, out in zip(target.items, outs, strict=True):
+            self.reassign(name, out)
+            self.state.assign_name(name.id, out)
+            self.state.assigned[name.id] = name.span
+        return None
 
     def state_from_number(self, target: s.Name, value: Entry) -> None:
         """A loop's state that enters it as a number (h ← 0) and whose update multiplies it
@@ -178,6 +206,8 @@ class StepChecker(Part):
 
     def stmt_Return(self, st: s.Return) -> Entry:
         self.state.returned = True
+        if isinstance(st.value, s.Several) or self.sig.more:
+            return self.return_several(st)
         value = self.exprs.expr(st.value)
         out = self.sig.output
         if st.name and self.alg.outputs and st.name not in self.alg.outputs:
@@ -200,6 +230,26 @@ class StepChecker(Part):
             self.error(st.value.span, f"returns tokens of a vocabulary of {_d(value.vocab)}, "
                                       f"but Output declares one of {_d(out.vocab)}")
         return value
+
+    def return_several(self, st: s.Return) -> None:
+        """`return P, r`: one value per output the header names, each of its declared type."""
+        values = st.value.items if isinstance(st.value, s.Several) else (st.value,)
+        outs = [self.sig.output, *self.sig.more] if self.alg.outputs else []
+        if len(values) != len(outs):
+            names = ", ".join(display(o) for o in self.alg.outputs) or "nothing"
+            self.error(st.span, f"returns {len(values)} value{'s' if len(values) > 1 else ''}, "
+                                f"but the header promises {names}",
+                       hint="return one value per output, in the header's order: "
+                            f"'return {names}'")
+            raise CheckError
+        for name, value, out in zip(self.alg.outputs, values, outs, strict=True):
+            got = self.exprs.expr(value)
+            if out is None:  # not declared: said at the header
+                continue
+            if not isinstance(got, Ty) or not isinstance(out, Ty) or \
+                    not same_shape(self.free_length(out, got), got):
+                self.error(value.span, f"returns {got} as '{display(name)}' but Output declares "
+                                       f"{out}")
 
     def free_length(self, out: Ty, value: Ty) -> Ty:
         """An Output y ∈ V* has whatever length the card gives it: |y| is free."""
@@ -346,6 +396,8 @@ def _appended(body: tuple[s.Step, ...]) -> list[str]:
 
 def _targets(st: s.Stmt) -> list[str]:
     """The names a statement gives a value to."""
+    if isinstance(st, s.Assign) and isinstance(st.target, s.Several):
+        return [n.id for n in st.target.items]
     if isinstance(st, s.Assign):
         t = st.target.base if isinstance(st.target, s.Index) else st.target
         return [t.id] if isinstance(t, s.Name) else [t.func] if isinstance(t, s.Call) else []

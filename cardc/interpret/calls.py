@@ -8,7 +8,7 @@ from itertools import product
 import torch
 
 from .. import syntax as s
-from ..builtins import ARGTOP, DROPOUT, PATCHES
+from ..builtins import ARGTOP, DROPOUT, INDICATOR, PATCHES
 from ..checker import CallInfo
 from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
@@ -30,6 +30,11 @@ class Calls:
         if e.func == ARGTOP and len(e.args) == 1 and len(e.params) == 1:
             scores = self.expr(frame, e.args[0])
             return functions.argtop(scores, self.integer(frame, e.params[0]))
+        if e.func == INDICATOR and len(e.args) == 1:  # 1 at the members (from 1) of the set
+            size = self.dim(frame, frame.info.types[id(e)].shape[0], e.span)
+            marks = torch.zeros(int(size), dtype=self.dtype)
+            marks[[i - 1 for i in self.expr(frame, e.args[0])]] = 1
+            return marks
         if e.bar and e.params or len(e.args) != 1 and e.func not in ("max", "min"):
             return self.unsupported(e, f"the call of '{display(e.func)}'")
         args = [self.expr(frame, a) for a in e.args]
@@ -79,7 +84,9 @@ class Calls:
             row_args = [a[idx] if isinstance(a, torch.Tensor) and a.dim() > w else a
                         for a, w in zip(args, wants, strict=True)]
             rows.append(self.run(callee, row_args, params, dict(nums), outer))
-        return torch.stack(rows).reshape(*lead, *rows[0].shape)
+        if isinstance(rows[0], tuple):  # a card of several outputs: each stacked on its own
+            return tuple(_stacked([r[k] for r in rows], lead) for k in range(len(rows[0])))
+        return _stacked(rows, lead)
 
     def callee_nums(self, e: s.Call, call: CallInfo, frame: Frame) -> dict[str, Value]:
         """The callee's sizes and hyperparameters: bound by the call (in the caller's
@@ -147,3 +154,8 @@ class Calls:
         if isinstance(entry, FamilyTy) and isinstance(given, list):
             return {name: [self.bundle_view(name, entry.entry, g)[name] for g in given]}
         return {name: given}
+
+
+def _stacked(rows: list, lead) -> torch.Tensor:
+    """The values a card gave row by row, as one tensor with the rows' leading axes."""
+    return torch.stack([torch.as_tensor(r) for r in rows]).reshape(*lead, *torch.as_tensor(rows[0]).shape)

@@ -338,6 +338,10 @@ class Evaluator(Statements, Calls):
 
     # ------------------------------------------------------------------ collections
 
+    def expr_Several(self, e: s.Several, frame: Frame) -> tuple[Value, ...]:
+        """`return P, r`: the outputs of a card of several, in the header's order."""
+        return tuple(self.expr(frame, x) for x in e.items)
+
     def expr_Concat(self, e: s.Concat, frame: Frame) -> Value:
         items = [self.expr(frame, x) for x in self.expand(frame, e)]
         ty = frame.info.types.get(id(e))

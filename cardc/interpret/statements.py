@@ -36,6 +36,10 @@ class Statements:
             self.unsupported(st, "a function definition")
         value = self.expr(frame, st.value)
         target = st.target
+        if isinstance(target, s.Several):  # P, r ← M(x | θ): the card's outputs, in order
+            for name, part in zip(target.items, value, strict=True):
+                frame.locals[self.concrete(frame, name.id)] = part
+            return
         if isinstance(target, s.Name):
             frame.locals[self.concrete(frame, target.id)] = value
         elif isinstance(target, s.Index) and isinstance(target.base, s.Name):

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from .. import ir
 from .. import syntax as s
-from ..builtins import ARGTOP, PATCHES
+from ..builtins import ARGTOP, INDICATOR, PATCHES
 from ..checker import DROPOUT, FILTERS, PAIRWISE, CallInfo, instance
 from ..dims import Dim
 from ..spelling import display
@@ -24,7 +24,7 @@ from .body import (
     _method,
     _mT,
 )
-from .experts import argtop
+from .experts import argtop, indicator
 from .gelu import literal as literal_gelu
 from .patches import literal as literal_patches
 from .values import (
@@ -64,6 +64,8 @@ class Calls:
             return literal_patches(self, e)
         if e.func == ARGTOP:
             return argtop(self, e)
+        if e.func == INDICATOR:
+            return indicator(self, e)
         if e.func in FILTERS:  # a distribution: the softmax of the filtered logits
             logits, base, _ = self.logits(e)
             return _like(base, _call("torch.softmax", logits, dim=_int(-1)), self.ty(e))

@@ -215,8 +215,8 @@ class Lowering(Parameters):
         """Token sequences in (a prompt, or a source and a target), a matrix of scores over
         their vocabulary out: one axis of the output (the last, the first in column layout) is
         an input's vocabulary size. BERT's hidden states (ℝ^{T×D}) are no such scores."""
-        if not sig.inputs or sig.output is None or len(sig.output.shape) != 2:
-            return False
+        if not sig.inputs or sig.output is None or len(sig.output.shape) != 2 or sig.more:
+            return False  # a card of several outputs is a model, not a language model
         if not all(x.elem == "ℕ" and len(x.shape) == 1 for _, x in sig.inputs):
             return False
         scores = sig.output.shape[0 if sig.layout == "column" else -1]

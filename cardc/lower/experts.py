@@ -43,6 +43,15 @@ def argtop(body: Steps, e: s.Call) -> Val:
     return _like(x, _call("top_mask", x.code, k.code), Ty(x.ty.shape, "𝔹"))
 
 
+def indicator(body: Steps, e: s.Call) -> Val:
+    """indicator(I) of a set argtop_k chose: its mask as numbers in the card's format."""
+    mask = body.expr(e.args[0])
+    if mask.ty.elem != "𝔹":
+        body.fail(e, "code generation marks the members of a set that argtop_k(r | k) chose",
+                  hint="write I ← argtop_k(r | k), then indicator(I)")
+    return body.to_real(mask)
+
+
 def set_sum(body: Steps, e: s.Sum) -> Val:
     """Σ_{j ∈ I} f(j) of a number f(j) per member: f over the whole axis, summed where j ∈ I;
     a mixture of experts literally, every expert on every token."""

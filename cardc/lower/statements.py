@@ -50,6 +50,8 @@ class Statements:
                           "'θ ← AdamW(θ, ∇loss(θ) | η, β_1, β_2, λ)'",
                       hint="a gradient named before, 'g ← ∇loss(θ)', takes the place of "
                            "∇loss(θ): 'θ ← AdamW(θ, g | η)'")
+        if isinstance(st.target, s.Several):
+            return self.assign_several(st, step)
         if isinstance(st.value, s.SetBuilder) and isinstance(st.target, s.Name):
             self.sets[st.target.id] = self.arange_of(st.value.var, st.value.domain, step)
             self.domain = self.sets[st.target.id]
@@ -151,13 +153,37 @@ class Statements:
         return isinstance(val, Val) and isinstance(val.ty, BundleTy)
 
     def stmt_Return(self, st: s.Return, step: s.Step) -> None:
-        val = self.expr(st.value)
+        if isinstance(st.value, s.Several):  # return P, r: a tuple, in the header's order
+            vals = [self.output(self.expr(x)) for x in st.value.items]
+            self.returned = vals[0]
+            self.emit(ir.Return(ir.Seq(tuple(v.code for v in vals)), self.note(step, vals[0])))
+            return
+        val = self.output(self.expr(st.value))
+        self.returned = val
+        self.emit(ir.Return(val.code, self.note(step, val)))
+
+    def output(self, val: Val) -> Val:
+        """A value the card returns, stored as its callers read it."""
         column = self.info.sig.layout == "column"  # its callers read a matrix stored so
         if isinstance(val.ty, Ty) and val.ty.rank == 2 and not val.rows and val.flipped != column:
             val = replace(val, code=_mT(val.code), flipped=column)
-        val = self.per_example(val)
-        self.returned = val
-        self.emit(ir.Return(val.code, self.note(step, val)))
+        return self.per_example(val)
+
+    def assign_several(self, st: s.Assign, step: s.Step) -> None:
+        """`P, r ← M(x | θ)`: the module or function of M returns a tuple, unpacked."""
+        call = self.info.calls.get(id(st.value))
+        if call is None or not call.outputs or self.procedure:
+            self.fail(st, "code generation names the several outputs of a model card's call")
+        val = self.expr(st.value)
+        if not isinstance(val.code, ir.Call) or val.rows:
+            self.fail(st.value, "code generation calls a card of several outputs as a module "
+                                "or a function, on whole values")
+        column = self.low.checker.info(call.callee).sig.layout == "column"
+        names = [local_name(t.id) for t in st.target.items]
+        self.emit(ir.Assign(tuple(names), val.code, self.note(step, val)))
+        for target, name, ty in zip(st.target.items, names, call.outputs, strict=True):
+            flipped = column and isinstance(ty, Ty) and ty.rank == 2
+            self.scope.values[target.id] = Val(ir.Ref(name), ty, True, flipped)
 
     def per_example(self, val: Val) -> Val:
         """A card's output is one value per example: a tensor that no input varies (a table

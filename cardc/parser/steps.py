@@ -29,12 +29,30 @@ class _Steps(_Rules):
         return self._where(s.Assign(c[0], c[2], "←", span=self.sp(meta)), c)
 
     @_meta
+    def assign_many(self, meta, c):
+        """P, r ← M(x | θ): each name a target, the spans of the names together."""
+        names = [tok for tok in c if isinstance(tok, Token) and tok.type == "NAME"]
+        items = tuple(s.Name(str(tok), span=self.sp(tok)) for tok in names)
+        first, last = items[0].span, items[-1].span
+        target = s.Several(items, span=s.Span(first.file, first.line, first.col,
+                                              last.end_line, last.end_col))
+        value = next(x for x in c if not isinstance(x, Token))
+        return self._where(s.Assign(target, value, "←", span=self.sp(meta)), c)
+
+    @_meta
     def bind(self, meta, c):
         return self._where(s.Assign(c[0], c[1], "=", span=self.sp(meta)), c)
 
     @_meta
     def return_(self, meta, c):
         return self._where(s.Return(c[1], span=self.sp(meta)), c)
+
+    @_meta
+    def return_many(self, meta, c):
+        values = tuple(x for x in c[1:] if not isinstance(x, Token))
+        first, last = values[0].span, values[-1].span
+        span = s.Span(first.file, first.line, first.col, last.end_line, last.end_col)
+        return self._where(s.Return(s.Several(values, span=span), span=self.sp(meta)), c)
 
     @_meta
     def named_return(self, meta, c):

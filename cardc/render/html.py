@@ -100,6 +100,7 @@ class HtmlRenderer(LatexRenderer):
                                     for n in d.names)  # a titled card's one Output
         if sig.output is not None and (alg.outputs or len(outs) == 1):
             declared.append((outs[0], sig.output))
+        declared += [(o, ty) for o, ty in zip(alg.outputs[1:], sig.more, strict=True) if ty]
         declared += _members(sig.tree)
         declared += [(n.id, self.at[id(n)]) for n in s.nodes(alg.steps)
                      if isinstance(n, s.Name) and id(n) in self.at]
@@ -230,6 +231,9 @@ class HtmlRenderer(LatexRenderer):
 
     def text_Concat(self, node: s.Concat, tail: bool) -> str:
         return fenced(joined((self.sub(i, SUM) for i in node.items), node.sep), "[", "]")
+
+    def text_Several(self, node: s.Several, tail: bool) -> str:
+        return joined(self.sub(i, SUM) for i in node.items)
 
     def text_Iverson(self, node: s.Iverson, tail: bool) -> str:
         return fenced(self.text(node.cond), "⟦", "⟧", stretchy=False)

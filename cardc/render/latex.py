@@ -571,6 +571,9 @@ def typography(checker: Checker | None, alg: s.Algorithm,
     bold = {n.id for step in alg.steps for n in s.nodes(step.stmt) if isinstance(n, s.Name)
             and isinstance(info.types.get(id(n)), Ty) and info.types[id(n)].shape}
     bold |= {name for name, ty in info.sig.inputs if isinstance(ty, Ty) and ty.shape}
+    if info.sig.more:  # a card of several outputs: each its header names, as declared
+        bold |= {name for name, ty in zip(alg.outputs, [info.sig.output, *info.sig.more],
+                                          strict=True) if isinstance(ty, Ty) and ty.shape}
     bold |= {n.name for n in s.nodes(alg.steps) if isinstance(n, s.Return) and n.name and
              isinstance(info.types.get(id(n.value)), Ty) and info.types[id(n.value)].shape}
     vectors = {id(n) for n in s.nodes(alg.steps) if isinstance(n, s.Num) and

@@ -208,6 +208,9 @@ class Renderer:
     def text_Concat(self, node: s.Concat, tail: bool) -> str:
         return "[" + f"{node.sep} ".join(self.sub(i, SUM) for i in node.items) + "]"
 
+    def text_Several(self, node: s.Several, tail: bool) -> str:
+        return ", ".join(self.sub(i, SUM) for i in node.items)
+
     def text_Iverson(self, node: s.Iverson, tail: bool) -> str:
         return f"[[{self.text(node.cond)}]]"
 
