@@ -333,20 +333,22 @@ def _compare(rel: str, name: str) -> None:
     for_module, for_card = _inputs(program, env, g)
     params = card_params(checker, alg, literal)
     column = program.sig.layout == "column"
-    outs = []
-    for b in range(B):
-        y = program(*(x[b] for x in for_card), params=params, hypers=env)
-        outs.append(y.mT if column and y.dim() == 2 else y)
-    want = torch.stack(outs)
-    weights = torch.randn(want.shape, generator=g, dtype=torch.float64)
-    (want * weights).sum().backward()
+    several = bool(program.sig.more)  # a card of several outputs: each compared, in order
+    runs = [program(*(x[b] for x in for_card), params=params, hypers=env) for b in range(B)]
+    runs = [y if several else (y,) for y in runs]
+    want = [torch.stack([y[k].mT if column and y[k].dim() == 2 else y[k] for y in runs])
+            for k in range(len(runs[0]))]
+    weights = [torch.randn(w.shape, generator=g, dtype=torch.float64) for w in want]
+    sum((w * v).sum() for w, v in zip(want, weights, strict=True)).backward()
     want_grads = {n: _grad(p) for n, p in literal.named_parameters()}
     for module in (literal, fused):
         module.zero_grad()
         got = module(*for_module)
-        got = got[0] if isinstance(got, tuple) else got
-        torch.testing.assert_close(got, want.detach(), rtol=RTOL, atol=ATOL)
-        (got * weights).sum().backward()
+        got = list(got) if several else [got[0] if isinstance(got, tuple) else got]
+        assert len(got) == len(want)
+        for one, expected in zip(got, want, strict=True):
+            torch.testing.assert_close(one, expected.detach(), rtol=RTOL, atol=ATOL)
+        sum((w * v).sum() for w, v in zip(got, weights, strict=True)).backward()
         for n, p in module.named_parameters():
             torch.testing.assert_close(_grad(p), want_grads[n], rtol=RTOL, atol=ATOL, msg=n)
 

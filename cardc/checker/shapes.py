@@ -92,10 +92,12 @@ def _adopt(bundle: BundleTy, other: BundleTy) -> None:
 
 
 def fits_model(want: ModelTy, sig: Signature) -> bool:
-    """A card whose one input and output fit a card type, with one reading of its symbols."""
+    """A card whose one input and one output fit a card type, with one reading of its symbols
+    (a card of several outputs fits none)."""
     given = [ty for _, ty in sig.inputs]
     bind: dict[str, Dim] = {}
     return len(given) == 1 and isinstance(given[0], Ty) and isinstance(sig.output, Ty) \
+        and not sig.more \
         and _fits(want.input, given[0], bind) and _fits(want.output, sig.output, bind)
 
 
