@@ -11,13 +11,20 @@ recomputes every position, which the report says). Any model card with a mapping
 `--card PATH` (its mapping `PATH.hf.json` beside it, or `--mapping`), or `--family NAME` for
 cards/NAME.card.
 
-    python bench/generate.py [--family gpt2|llama|qwen2|bloom | --card PATH [--mapping FILE]]
-                             [--preset tiny] [--set NAME=VALUE] [--tokens 256] [--rounds 5]
+An encoder–decoder (t5, bart) is given a random source of `--source` tokens: ours through its
+generated `generate(source, start, n)`, which encodes the source once per cache (no sampling
+card takes a source), theirs through `generate(input_ids=source, decoder_input_ids=start)`,
+both continuing `--prompt` decoder tokens, with no end token to stop either early.
+
+    python bench/generate.py [--family gpt2|llama|qwen2|bloom|t5|bart | --card PATH
+                             [--mapping FILE]] [--preset tiny] [--set NAME=VALUE]
+                             [--tokens 256] [--rounds 5] [--source 32]
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics
 import sys
@@ -42,11 +49,14 @@ def context_hyper(mapping) -> str | None:
 
 def ours(card: str, name: str | None, preset: str, overrides: dict[str, float]):
     """The model card's module and the sampler `cardc sample` runs for it, with the name of
-    the sampler's window hyperparameter and the bounds of its top_k and top_p steps."""
+    the sampler's window hyperparameter and the bounds of its top_k and top_p steps (no
+    sampler for an encoder–decoder)."""
     from cardc import build
     from cardc.names import identifier
 
     model = build.build_model(card, preset, overrides, name=name).eval()
+    if encodes(model):  # an encoder–decoder: no sampling card takes its source
+        return model, None, None, {}
     lib, checker, _ = build.checked([card], build.library_roots([card]))
     alg = build.find_card(lib, checker, card, name)
     sampler = build.recipe_for(lib, checker, alg, training=False)
@@ -60,7 +70,33 @@ def theirs(mapping, model) -> torch.nn.Module:
     """The same weights in transformers, exported through the card's mapping file."""
     from worker_transformers import as_transformers
 
-    return as_transformers(mapping, model).eval()
+    return as_transformers(mapping, model, seq2seq=encodes(model)).eval()
+
+
+def encodes(model) -> bool:
+    """Whether the model's generate takes a source before the decoder's tokens."""
+    return hasattr(model, "generate") and \
+        next(iter(inspect.signature(model.generate).parameters)) != "idx"
+
+
+def encoder_decoder_runs(model, hf, vocab: int, args) -> dict:
+    """Greedy continuations of an encoder–decoder by both, after a random source: ours
+    through the generated generate, theirs with nothing that would end it early."""
+    from transformers import GenerationConfig
+
+    source = torch.randint(0, vocab, (1, args.source))
+    start = torch.randint(0, vocab, (1, args.prompt))
+    settings = GenerationConfig(
+        max_new_tokens=args.tokens, min_new_tokens=0, do_sample=False, num_beams=1,
+        eos_token_id=None, pad_token_id=0, decoder_start_token_id=int(start[0, 0]),
+        forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0,
+        repetition_penalty=1.0, use_cache=True)
+    hf.generation_config.forced_eos_token_id = hf.generation_config.eos_token_id = None
+    return {
+        "cardc": lambda: model.generate(source, start, args.tokens, temperature=0)[:, args.prompt:],
+        "transformers": lambda: hf.generate(input_ids=source, decoder_input_ids=start,
+                                            generation_config=settings)[:, args.prompt:],
+    }
 
 
 def timed(run) -> tuple[float, torch.Tensor]:
@@ -84,6 +120,8 @@ def main() -> int:
     p.add_argument("--prompt", type=int, default=16, help="prompt length in tokens")
     p.add_argument("--tokens", type=int, default=256, help="tokens to add")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--source", type=int, default=32,
+                   help="an encoder–decoder's source length in tokens")
     args = p.parse_args()
     from cardc import interop
 
@@ -93,16 +131,16 @@ def main() -> int:
         if args.mapping else interop.load_mappings(card)
     mapping = interop.select_by_name(mappings, args.name)
     overrides = {k: float(v) for k, _, v in (s.partition("=") for s in args.set)}
-    ctx = args.prompt + args.tokens  # room for the whole continuation, for both
+    ctx = max(args.prompt + args.tokens, args.source)  # room for the whole continuation
     if context_hyper(mapping):
         overrides.setdefault(context_hyper(mapping), ctx)
     torch.manual_seed(0)
     model, sampler, window, bounds = ours(card, mapping.card, args.preset, overrides)
     hf = theirs(mapping, model)
-    vocab = model(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
+    vocab = hf.get_output_embeddings().weight.shape[0]
     prompt = torch.randint(0, vocab, (1, args.prompt))
     every = {"top_k": vocab, "top_p": 1.0}  # bounds that keep every token, as cardc sample's
-    runs = {
+    runs = encoder_decoder_runs(model, hf, vocab, args) if encodes(model) else {
         "cardc": lambda: sampler(prompt, model, l_gen=args.tokens, tau=0,
                                  **({window: ctx} if window else {}),
                                  **{name: every[f] for f, name in bounds.items()}),

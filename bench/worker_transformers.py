@@ -27,21 +27,23 @@ def exported(spec: dict[str, Any]) -> Built:
     return as_transformers(mapping, ours).train(), W_p.numel() if W_p is not None else 0
 
 
-def as_transformers(mapping, model: nn.Module) -> nn.Module:
+def as_transformers(mapping, model: nn.Module, seq2seq: bool = False) -> nn.Module:
     """The card model's weights in `transformers`, exported through its mapping file: SDPA
-    attention, or eager where transformers has no SDPA path for the architecture (Gemma 2)."""
+    attention, or eager where transformers has no SDPA path for the architecture (Gemma 2);
+    `seq2seq`: as an encoder–decoder (AutoModelForSeq2SeqLM), not a decoder alone."""
     import tempfile
 
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     from cardc import interop
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
     with tempfile.TemporaryDirectory() as folder:
         interop.write_model_hf(mapping, model.state_dict(), model.card_meta["hyperparameters"],
                                folder)
         try:
-            return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa")
+            return auto.from_pretrained(folder, attn_implementation="sdpa")
         except ValueError:
-            return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
+            return auto.from_pretrained(folder, attn_implementation="eager")
 
 
 def build(spec: dict[str, Any]) -> Built:

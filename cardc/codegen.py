@@ -241,7 +241,8 @@ HELPER_SOURCES = {
     _RUNTIME / "experts.py": "# How tokens are routed to experts: cardc/runtime/experts.py's, copied by name.",
 }
 # What the methods the template writes itself call: new_cache() and generate().
-METHOD_HELPERS = {"cached": ("KVCache",), "generates": ("pick_token", "hold_stopped")}
+METHOD_HELPERS = {"cached": ("KVCache",), "generates": ("pick_token", "hold_stopped"),
+                  "source": ("pick_token", "hold_stopped")}
 
 
 def helpers_in(path: Path) -> dict[str, Helper]:

@@ -224,6 +224,7 @@ class Module:
     probabilities: bool = False  # forward returns a softmax (the paper's P), not logits
     cached: bool = False  # a causal decoder: forward(x, cache=…) reads only the new tokens
     generates: bool = False  # and decoder-only: generate(idx, …) continues idx through the cache
+    source: str | None = None  # or an encoder–decoder's source input: generate(source, idx, …)
 
 
 @dataclass(frozen=True)

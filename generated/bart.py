@@ -143,12 +143,18 @@ class CrossAttention(nn.Module):
         self.W_o = nn.Parameter(torch.empty(D, D).normal_(0.0, 0.02))  # (D, D)  [attention.card:63]
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)  [attention.card:63]
 
-    def forward(self, X, Z):
+    def forward(self, X, Z, cache=None):
         # (B, H, T, d)  [attention.card:64]
         Q = (X @ self.W_qkv[:, :self.D] + self.b_qkv[:self.D]).unflatten(-1, (self.H, self.d)).transpose(-3, -2)
-        kv = Z @ self.W_qkv[:, self.D:] + self.b_qkv[self.D:]  # (B, T_z, 2 D)  [attention.card:64]
-        # (B, H, T_z, d) each  [attention.card:64]
-        K, V = kv.unflatten(-1, (2, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
+        kept = None if cache is None else cache.kept()  # made once per source
+        if kept is not None:
+            K, V = kept
+        else:
+            kv = Z @ self.W_qkv[:, self.D:] + self.b_qkv[self.D:]  # (B, T_z, 2 D)  [attention.card:64]
+            # (B, H, T_z, d) each  [attention.card:64]
+            K, V = kv.unflatten(-1, (2, self.H, self.d)).movedim(-3, 0).transpose(-3, -2).unbind(0)
+            if cache is not None:
+                cache.keep_context(K, V)
         Y_h = F.scaled_dot_product_attention(Q, K, V)  # (B, H, T, d)  [attention.card:64]
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, D)  [attention.card:65]
         return F.linear(Y, self.W_o.T, self.b_o)  # (B, T, D)  [attention.card:66]
@@ -182,7 +188,7 @@ class BARTDecoderBlock(nn.Module):
         # (B, T, D)  [bart.card:62]
         X = F.layer_norm(X + self.attn(X, cache=cache), (self.D,), self.gamma1, self.beta1, self.eps)
         # (B, T, D)  [bart.card:63]
-        X = F.layer_norm(X + self.cross(X, Z), (self.D,), self.gamma2, self.beta2, self.eps)
+        X = F.layer_norm(X + self.cross(X, Z, cache=cache), (self.D,), self.gamma2, self.beta2, self.eps)
         X = F.layer_norm(X + self.mlp(X), (self.D,), self.gamma3, self.beta3, self.eps)  # (B, T, D)  [bart.card:64]
         return X  # (B, T, D)  [bart.card:65]
 
@@ -229,18 +235,23 @@ class BART(nn.Module):
         )  # [bart.card:17]
 
     def forward(self, z, x, targets=None, cache=None):
-        T_z = z.shape[-1]
+        if cache is not None and cache.holds(z):
+            Z = cache.encoding[0]  # the source, encoded once per cache
+        else:
+            T_z = z.shape[-1]
+            if T_z > self.max_seq_len:
+                raise ValueError(f"sequence length {T_z} exceeds the model's {self.max_seq_len} positions")
+            Z = self.W_e[z] + self.W_enc_p[2:T_z + 2]  # (B, T_z, D)  [bart.card:22]
+            Z = F.layer_norm(Z, (self.D,), self.gamma_enc_e, self.beta_enc_e, self.eps)  # (B, T_z, D)  [bart.card:23]
+            for enc in self.enc:  # [bart.card:24]
+                Z = enc(Z)  # (B, T_z, D)  [bart.card:25]
+            if cache is not None:
+                cache.keep(z, Z)
         T = x.shape[-1]
         past = 0 if cache is None else cache.pos  # tokens decoded before these
-        if T_z > self.max_seq_len:
-            raise ValueError(f"sequence length {T_z} exceeds the model's {self.max_seq_len} positions")
         if past + T > self.max_seq_len:
             raise ValueError(f"sequence length {past + T} exceeds the model's {self.max_seq_len} positions")
         # Encode the source:
-        Z = self.W_e[z] + self.W_enc_p[2:T_z + 2]  # (B, T_z, D)  [bart.card:22]
-        Z = F.layer_norm(Z, (self.D,), self.gamma_enc_e, self.beta_enc_e, self.eps)  # (B, T_z, D)  [bart.card:23]
-        for enc in self.enc:  # [bart.card:24]
-            Z = enc(Z)  # (B, T_z, D)  [bart.card:25]
         # Decode the target, each block attending to the encoded source:
         X = self.W_e[x] + self.W_dec_p[past + 2:past + T + 2]  # (B, T, D)  [bart.card:28]
         X = F.layer_norm(X, (self.D,), self.gamma_dec_e, self.beta_dec_e, self.eps)  # (B, T, D)  [bart.card:29]
@@ -257,6 +268,31 @@ class BART(nn.Module):
     def new_cache(self) -> "KVCache":
         """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
         return KVCache()
+
+    @torch.no_grad()
+    def generate(self, z, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                 generator=None, stop_tokens=None):
+        """The decoder's tokens idx (B, T), given the source z, which the encoder reads once,
+        followed by max_new_tokens tokens, each the most probable (temperature 0)
+        or drawn from softmax(logits / temperature) within the top_k most probable and the
+        fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
+        set of token IDs) repeats it from then on, and generation ends once every row has: the
+        result may be shorter. Each step feeds the model only the newest
+        token, through a KV cache; past max_seq_len tokens it reads the last max_seq_len
+        afresh, as their positions have moved. Call eval() first."""
+        stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
+        held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
+        cache = self.new_cache()
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.max_seq_len:]  # the positions the model has
+            logits = self(z, cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
+            token = pick_token(logits, temperature, top_k, top_p, generator)
+            if len(stops):
+                token, held = hold_stopped(token, held, stops)
+            idx = torch.cat([idx, token], dim=1)
+            if len(stops) and bool((held >= 0).all()):
+                break
+        return idx
 
 
 # Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
@@ -275,6 +311,10 @@ class KVCache:
         self.called = 0, {}  # (pos, {module: n}): its calls by the forward at pos so far
         self.states = {}  # recurrence over positions → the state its last position left
         self.carried = 0, 0  # (pos, n): n recurrences resumed by the forward at pos so far
+        self.source = None  # an encoder–decoder's source, encoded once for its decoded tokens
+        self.encoding = ()  # what its encoder made of it that the decoder reads
+        self.context = []  # what the decoder's steps made of the encoding (cross keys, values)
+        self.contexts = 0, 0  # (pos, n): n of them read by the forward at pos so far
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
@@ -339,7 +379,75 @@ class KVCache:
         """The state after the new positions, where the next tokens resume."""
         self.states[key] = h
 
+    def holds(self, z):
+        """Whether the source z is the one this cache encoded. A cache that holds tokens
+        decoded after another source has nothing for z: it refuses it (start a new cache)."""
+        if self.source is not None and self.source.shape == z.shape and \
+                torch.equal(self.source, z):
+            return True
+        if self.pos:
+            raise ValueError("this cache holds tokens decoded after another source: decode "
+                             "this one through a new cache (new_cache())")
+        return False
+
+    def keep(self, z, *encoding):
+        """Keep the source z and what the encoder made of it, for the tokens decoded after."""
+        self.source, self.encoding, self.context = z, encoding, []
+
+    def kept(self):
+        """What the next step of this forward that reads the source alone (a cross-attention's
+        keys and values) made of it before, or None where it has not yet: made once per
+        source, in the order every forward makes them."""
+        at, n = self.contexts if self.contexts[0] == self.pos else (self.pos, 0)
+        self.contexts = at, n + 1
+        return self.context[n] if n < len(self.context) else None
+
+    def keep_context(self, *values):
+        """Keep what that step made of the source, for the tokens decoded after."""
+        self.context.append(values)
+
 
 # Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
 # cost: a decoded row against at most 2^20 weights (4 MiB in float32).
 JOINED_MAX = 1 << 20
+
+
+# How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
+    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        # a token is dropped when the tokens more probable than it already reach top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
+    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    if generator is not None:
+        probs = probs.to(generator.device)  # multinomial draws on its generator's device
+    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
+
+
+def hold_stopped(token: torch.Tensor, held: torch.Tensor,
+                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
+    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
+    token = torch.where(held >= 0, held, token)
+    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
+    return token, held

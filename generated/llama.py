@@ -194,6 +194,10 @@ class KVCache:
         self.called = 0, {}  # (pos, {module: n}): its calls by the forward at pos so far
         self.states = {}  # recurrence over positions → the state its last position left
         self.carried = 0, 0  # (pos, n): n recurrences resumed by the forward at pos so far
+        self.source = None  # an encoder–decoder's source, encoded once for its decoded tokens
+        self.encoding = ()  # what its encoder made of it that the decoder reads
+        self.context = []  # what the decoder's steps made of the encoding (cross keys, values)
+        self.contexts = 0, 0  # (pos, n): n of them read by the forward at pos so far
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
@@ -257,6 +261,33 @@ class KVCache:
     def hold(self, key, h):
         """The state after the new positions, where the next tokens resume."""
         self.states[key] = h
+
+    def holds(self, z):
+        """Whether the source z is the one this cache encoded. A cache that holds tokens
+        decoded after another source has nothing for z: it refuses it (start a new cache)."""
+        if self.source is not None and self.source.shape == z.shape and \
+                torch.equal(self.source, z):
+            return True
+        if self.pos:
+            raise ValueError("this cache holds tokens decoded after another source: decode "
+                             "this one through a new cache (new_cache())")
+        return False
+
+    def keep(self, z, *encoding):
+        """Keep the source z and what the encoder made of it, for the tokens decoded after."""
+        self.source, self.encoding, self.context = z, encoding, []
+
+    def kept(self):
+        """What the next step of this forward that reads the source alone (a cross-attention's
+        keys and values) made of it before, or None where it has not yet: made once per
+        source, in the order every forward makes them."""
+        at, n = self.contexts if self.contexts[0] == self.pos else (self.pos, 0)
+        self.contexts = at, n + 1
+        return self.context[n] if n < len(self.context) else None
+
+    def keep_context(self, *values):
+        """Keep what that step made of the source, for the tokens decoded after."""
+        self.context.append(values)
 
 
 # Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its

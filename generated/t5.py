@@ -33,16 +33,20 @@ def BiasedHead(Q, K, V, beta, w):
     return grouped_sdpa(Q, K, V, attn_mask=torch.broadcast_to(bias, Q.shape[:-1] + K.shape[-2:-1]), scale=1.0)
 
 
-def BiasedCausalHead(Q, K, V, beta, w):
+def BiasedCausalHead(Q, K, V, beta, w, cache=None):
     """Y ← BiasedCausalHead(Q, K, V, β, w): Softmax attention of one head, row t seeing positions
     t′ ≤ t only, its unscaled scores raised by w at the bucket of each pair of positions.
 
     Card: cards/t5.card:114
     """
-    T = Q.shape[-2]
+    if cache is not None:
+        K, V = cache.extend(None, K, V)  # the cached positions come first  [t5.card:120]
     bias = lookup(w, beta - 1, 2).to(Q.dtype)  # added to the scores  [t5.card:121]
     def visible():
-        return ~(torch.arange(1, T + 1, device=Q.device)[None, :] > torch.arange(1, T + 1, device=Q.device)[:, None])
+        return ~(
+            torch.arange(K.shape[-2], device=Q.device)[None, :]
+            > torch.arange(K.shape[-2] - Q.shape[-2], K.shape[-2], device=Q.device)[:, None]
+        )
     hidden = shared_mask(1, visible, Q.shape[-2], K.shape[-2], Q.device, dtype=Q.dtype)  # [t5.card:122]
     bias = bias if hidden is None else bias + hidden  # −∞ where hidden  [t5.card:122]
     # (…, T, d)  [t5.card:123]
@@ -83,7 +87,7 @@ def RelativeBuckets(X, N_b=32, d_max=128):
     return (1 + n * torch.clamp(torch.clamp(r, min=0), max=1) + torch.clamp(m, max=e) + l).expand(X.shape[:-2] + (T, T))
 
 
-def CausalRelativeBuckets(X, N_b=32, d_max=128):
+def CausalRelativeBuckets(X, N_b=32, d_max=128, past=0):
     """β ← CausalRelativeBuckets(X | N_b, d_max): T5's relative-position buckets (Raffel et al.
     2020) for a causal decoder: key position t′ at or before query position t falls in one
     of N_b buckets, numbered from 1, by its distance t − t′: each distance below N_b/2 has a
@@ -93,7 +97,7 @@ def CausalRelativeBuckets(X, N_b=32, d_max=128):
 
     Card: cards/nn/relative.card:14
     """
-    T = X.shape[-2]
+    T = past + X.shape[-2]
     e = math.floor(N_b / 2)  # [relative.card:20]
     def make():
         return torch.arange(1, T + 1, device=X.device)[:, None] - torch.arange(1, T + 1, device=X.device)[None, :]
@@ -202,7 +206,7 @@ class T5CausalAttention(nn.Module):
         self.W_v = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [t5.card:105]
         self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [t5.card:106]
 
-    def forward(self, X, beta, W_b):
+    def forward(self, X, beta, W_b, cache=None):
         Q = X @ self.W_q  # (B, T, H d)  [t5.card:107]
         K = X @ self.W_k  # (B, T, H d)  [t5.card:108]
         V = X @ self.W_v  # (B, T, H d)  [t5.card:109]
@@ -213,6 +217,7 @@ class T5CausalAttention(nn.Module):
             V.unflatten(-1, (self.H, self.d)).transpose(-3, -2),
             beta.unsqueeze(-3),
             W_b.transpose(-2, -1),
+            cache=cache,
         )
         Y = Y_h.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [t5.card:111]
         return Y @ self.W_o  # (B, T, D)  [t5.card:112]
@@ -235,10 +240,16 @@ class T5CrossAttention(nn.Module):
         self.W_v = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [t5.card:132]
         self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [t5.card:133]
 
-    def forward(self, X, Z):
+    def forward(self, X, Z, cache=None):
         Q = X @ self.W_q  # (B, T, H d)  [t5.card:134]
-        K = Z @ self.W_k  # (B, T_z, H d)  [t5.card:135]
-        V = Z @ self.W_v  # (B, T_z, H d)  [t5.card:136]
+        kept = None if cache is None else cache.kept()  # made once per source
+        if kept is not None:
+            K, V = kept
+        else:
+            K = Z @ self.W_k  # (B, T_z, H d)  [t5.card:135]
+            V = Z @ self.W_v  # (B, T_z, H d)  [t5.card:136]
+            if cache is not None:
+                cache.keep_context(K, V)
         # (B, H, T, d): every h at once  [t5.card:137]
         Y_h = UnscaledHead(
             Q.unflatten(-1, (self.H, self.d)).transpose(-3, -2),
@@ -271,9 +282,11 @@ class T5DecoderBlock(nn.Module):
         self.cross = T5CrossAttention(D=D, H=H, d=d)  # [t5.card:63]
         self.mlp = GatedGELU(D=D, D_f=D_f)  # [t5.card:65]
 
-    def forward(self, X, Z, beta, W_b):
-        X = X + self.attn(rms_normalize(X, (self.D,), self.gamma1, self.eps), beta, W_b)  # (B, T, D)  [t5.card:66]
-        X = X + self.cross(rms_normalize(X, (self.D,), self.gamma2, self.eps), Z)  # (B, T, D)  [t5.card:67]
+    def forward(self, X, Z, beta, W_b, cache=None):
+        # (B, T, D)  [t5.card:66]
+        X = X + self.attn(rms_normalize(X, (self.D,), self.gamma1, self.eps), beta, W_b, cache=cache)
+        # (B, T, D)  [t5.card:67]
+        X = X + self.cross(rms_normalize(X, (self.D,), self.gamma2, self.eps), Z, cache=cache)
         return X + self.mlp(rms_normalize(X, (self.D,), self.gamma3, self.eps))  # (B, T, D)  [t5.card:68]
 
 
@@ -317,27 +330,181 @@ class T5(nn.Module):
             T5DecoderBlock(D=D, eps=eps, H=H, d=d, D_f=D_f) for _ in range(N)
         )  # [t5.card:16]
 
-    def forward(self, z, x, targets=None):
+    def forward(self, z, x, targets=None, cache=None):
         # Encode the source:
-        Z = self.W_e[z]  # (B, T_z, D)  [t5.card:21]
-        beta = RelativeBuckets(Z, N_b=self.N_b, d_max=self.d_max)  # (B, T_z, T_z)  [t5.card:22]
-        for enc in self.enc:  # [t5.card:23]
-            Z = enc(Z, beta, self.W_enc_b)  # (B, T_z, D)  [t5.card:24]
-        Z = rms_normalize(Z, (self.D,), self.gamma_enc_f, self.eps)  # (B, T_z, D)  [t5.card:26]
+        if cache is not None and cache.holds(z):
+            Z = cache.encoding[0]  # the source, encoded once per cache
+        else:
+            Z = self.W_e[z]  # (B, T_z, D)  [t5.card:21]
+            beta = RelativeBuckets(Z, N_b=self.N_b, d_max=self.d_max)  # (B, T_z, T_z)  [t5.card:22]
+            for enc in self.enc:  # [t5.card:23]
+                Z = enc(Z, beta, self.W_enc_b)  # (B, T_z, D)  [t5.card:24]
+            Z = rms_normalize(Z, (self.D,), self.gamma_enc_f, self.eps)  # (B, T_z, D)  [t5.card:26]
+            if cache is not None:
+                cache.keep(z, Z)
         # Decode the target:
         X = self.W_e[x]  # (B, T, D)  [t5.card:28]
-        beta_prime = CausalRelativeBuckets(X, N_b=self.N_b, d_max=self.d_max)  # (B, T, T)  [t5.card:29]
+        # (B, T, T)  [t5.card:29]
+        beta_prime = CausalRelativeBuckets(
+            X, N_b=self.N_b, d_max=self.d_max
+        ) if cache is None else CausalRelativeBuckets(X, N_b=self.N_b, d_max=self.d_max, past=cache.pos)[
+            ..., cache.pos:, :
+        ]
         for dec in self.dec:  # [t5.card:30]
-            X = dec(X, Z, beta_prime, self.W_dec_b)  # (B, T, D)  [t5.card:31]
+            X = dec(X, Z, beta_prime, self.W_dec_b, cache=cache)  # (B, T, D)  [t5.card:31]
         X = rms_normalize(X, (self.D,), self.gamma_dec_f, self.eps)  # (B, T, D)  [t5.card:33]
         P = X @ self.W_e.T  # (B, T, V)  [t5.card:34]
+        if cache is not None:
+            cache.pos = cache.pos + x.shape[-1]
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
 
+    def new_cache(self) -> "KVCache":
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
+        return KVCache()
+
+    @torch.no_grad()
+    def generate(self, z, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                 generator=None, stop_tokens=None):
+        """The decoder's tokens idx (B, T), given the source z, which the encoder reads once,
+        followed by max_new_tokens tokens, each the most probable (temperature 0)
+        or drawn from softmax(logits / temperature) within the top_k most probable and the
+        fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
+        set of token IDs) repeats it from then on, and generation ends once every row has: the
+        result may be shorter. Each step feeds the model only the newest
+        token, through a KV cache. Call eval() first."""
+        stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
+        held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
+        cache = self.new_cache()
+        for _ in range(max_new_tokens):
+            context = idx  # no fixed context: every token so far
+            logits = self(z, cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
+            token = pick_token(logits, temperature, top_k, top_p, generator)
+            if len(stops):
+                token, held = hold_stopped(token, held, stops)
+            idx = torch.cat([idx, token], dim=1)
+            if len(stops) and bool((held >= 0).all()):
+                break
+        return idx
+
 
 # Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
+
+
+class KVCache:
+    """The keys and values of the tokens decoded so far, per attention layer, so that
+    forward(x, cache=…) reads only the tokens after them."""
+
+    def __init__(self, joins=None):
+        self.pos = 0  # tokens decoded so far
+        self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
+        self.tokens = None  # those tokens, (B, pos), when they came through new()
+        self.joins = {} if joins is None else joins  # project's joined weights, by their ids
+        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
+        self.called = 0, {}  # (pos, {module: n}): its calls by the forward at pos so far
+        self.states = {}  # recurrence over positions → the state its last position left
+        self.carried = 0, 0  # (pos, n): n recurrences resumed by the forward at pos so far
+        self.source = None  # an encoder–decoder's source, encoded once for its decoded tokens
+        self.encoding = ()  # what its encoder made of it that the decoder reads
+        self.context = []  # what the decoder's steps made of the encoding (cross keys, values)
+        self.contexts = 0, 0  # (pos, n): n of them read by the forward at pos so far
+
+    def new(self, x):
+        """The tokens of x after the cached ones; if x does not start with them, start over."""
+        held = 0 if self.tokens is None else self.tokens.shape[-1]
+        if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
+            self.__init__(self.joins)
+            held = 0
+        self.tokens = x
+        return x[..., held:]
+
+    def extend(self, layer, K, V, keep=None):
+        """The layer's cached keys and values followed by these, which it keeps (the last
+        `keep` positions only, under a sliding window). A layer of None is the next attention
+        call of this forward: calls are keyed by their order. A module called again by one
+        forward (its output written twice, its weights shared by layers) is another attention
+        each time: its calls are keyed by their order too."""
+        if layer is None:
+            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
+            layer, self.calls = n, (at, n + 1)
+        else:
+            at, seen = self.called if self.called[0] == self.pos else (self.pos, {})
+            n = seen[layer] = seen.get(layer, -1) + 1
+            self.called = at, seen
+            layer = (layer, n) if n else layer
+        if layer in self.kv:
+            K_past, V_past = self.kv[layer]
+            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        drop = 0 if keep is None else K.shape[-2] - keep
+        self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
+        return K, V
+
+    def joined(self, weights):
+        """project's matrices side by side, their biases (None if none has one) and widths;
+        None where joining would copy more than JOINED_MAX weights.
+        Made once per cache: over a generation the weights stay as they are."""
+        key = tuple(id(W) for W, _ in weights)
+        found = self.joins.get(key, False)
+        if found is False:
+            found = self.joins[key] = None if sum(W.numel() for W, _ in weights) > JOINED_MAX \
+                else (torch.cat([W for W, _ in weights], 1),
+                      None if all(b is None for _, b in weights) else
+                      torch.cat([W.new_zeros(W.shape[1]) if b is None else b for W, b in weights]),
+                      [W.shape[1] for W, _ in weights])
+        return found
+
+    def mask(self, Q, K):
+        """Which keys each new query sees: the cached ones, and the new ones up to itself."""
+        q, k = Q.shape[-2], K.shape[-2]
+        if q == 1:
+            return None  # the newest token sees every position
+        return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+    def resume(self, h):
+        """The state the last cached position left in the next recurrence of this forward
+        (h, its start, before any), and the key `hold` keeps its new one under: recurrences
+        are keyed by their order in the forward, as attention calls are by extend."""
+        at, n = self.carried if self.carried[0] == self.pos else (self.pos, 0)
+        self.carried = at, n + 1
+        return self.states.get(n, h), n
+
+    def hold(self, key, h):
+        """The state after the new positions, where the next tokens resume."""
+        self.states[key] = h
+
+    def holds(self, z):
+        """Whether the source z is the one this cache encoded. A cache that holds tokens
+        decoded after another source has nothing for z: it refuses it (start a new cache)."""
+        if self.source is not None and self.source.shape == z.shape and \
+                torch.equal(self.source, z):
+            return True
+        if self.pos:
+            raise ValueError("this cache holds tokens decoded after another source: decode "
+                             "this one through a new cache (new_cache())")
+        return False
+
+    def keep(self, z, *encoding):
+        """Keep the source z and what the encoder made of it, for the tokens decoded after."""
+        self.source, self.encoding, self.context = z, encoding, []
+
+    def kept(self):
+        """What the next step of this forward that reads the source alone (a cross-attention's
+        keys and values) made of it before, or None where it has not yet: made once per
+        source, in the order every forward makes them."""
+        at, n = self.contexts if self.contexts[0] == self.pos else (self.pos, 0)
+        self.contexts = at, n + 1
+        return self.context[n] if n < len(self.context) else None
+
+    def keep_context(self, *values):
+        """Keep what that step made of the source, for the tokens decoded after."""
+        self.context.append(values)
+
+
+# Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
+# cost: a decoded row against at most 2^20 weights (4 MiB in float32).
+JOINED_MAX = 1 << 20
 
 
 def real_type(dtype):
@@ -430,3 +597,44 @@ def grouped_sdpa(Q, K, V, **options):
     Y = F.scaled_dot_product_attention(Q.flatten(-4, -3), K.squeeze(-3), V.squeeze(-3),
                                        enable_gqa=True, **options)
     return Y.unflatten(-3, groups)
+
+
+# How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """logits (…, V) with −∞ outside the top_k largest and outside the nucleus, the fewest
+    most probable tokens whose probabilities sum to top_p or more; None keeps every token."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        # a token is dropped when the tokens more probable than it already reach top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop).scatter(-1, order, drop)  # back in vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def pick_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (B, V), as (B, 1) int64: the most probable at temperature
+    0, else drawn from softmax(logits / temperature) within top_k and top_p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    if generator is not None:
+        probs = probs.to(generator.device)  # multinomial draws on its generator's device
+    return torch.multinomial(probs, 1, generator=generator).to(logits.device)
+
+
+def hold_stopped(token: torch.Tensor, held: torch.Tensor,
+                 stop_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B, 1) a step appends, a row that drew a stop token before repeating it, and
+    `held` (B, 1) after the step: each row's stop token, or −1 while the row goes on."""
+    token = torch.where(held >= 0, held, token)
+    held = torch.where((held < 0) & torch.isin(token, stop_tokens), token, held)
+    return token, held

@@ -327,6 +327,8 @@ GENERATOR_NAMES = {
     "cat_broadcast", "tensors", "like", "sizes", "size", "bias", "list", "zip", "strict",
     # a recurrence's scan and the cache's state (cardc.lower.recurrence)
     "linear_scan", "resume", "hold",
+    # an encoder–decoder's source, encoded once per cache (cardc.lower.decoding)
+    "holds", "z", "encoding", "kept", "values", "keep_context",
     # sparse experts (cardc/runtime/experts.py)
     "route", "ROWS", "experts", "expert", "chosen", "weight", "lead", "tokens",
     "expert_of", "counts", "runs", "run", "short", "minlength", "as_tuple", "scores", "best",
@@ -358,11 +360,14 @@ GENERATOR_ATTRS = {
     "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls", "called",
     "new_ones", "new_zeros", "get", "isin", "full_like", "is_grad_enabled", "type", "linalg",
     "vector_norm", "hypot", "addcmul_", "dtype",
-    "resume", "hold", "states", "carried", "broadcast_tensors", "broadcast_to", "broadcast_shapes",
+    "resume", "hold", "states", "carried", "holds", "keep", "source", "encoding",
+    "kept", "keep_context", "context", "contexts", "broadcast_tensors", "broadcast_to", "broadcast_shapes",
     "is_tensor", "narrow", "index_add", "nonzero", "split", "indices", "bincount", "permute",
 }
 GENERATOR_STRINGS = {"tanh", "omega", "cpu", "probabilities", "params", "weight_decay", "lr", "-inf",
                      " exceeds the model's ", " positions", "sequence length ",
+                     "this cache holds tokens decoded after another source: decode this one "
+                     "through a new cache (new_cache())",
                      "KVCache"}  # new_cache()'s annotation: the class stands after the model
 # the pieces of the message a model input of the wrong size gets, around the card's own names
 # and sizes (an input's, its declared type's)

@@ -245,3 +245,31 @@ def test_bart_base_parameter_count():
     r = cardc("info", "cards/bart.card", "--preset", "bart-base")
     assert r.returncode == 0, r.stderr
     assert f"parameters: {theirs + cfg.vocab_size:,}" in r.stdout
+
+
+def hf_greedy(hf, z, start, n):
+    """transformers' greedy generate, n tokens after `start`: no end token, no other rule
+    that would stop it early or change a token."""
+    settings = transformers.GenerationConfig(
+        max_new_tokens=n, min_new_tokens=0, do_sample=False, num_beams=1, eos_token_id=None,
+        pad_token_id=0, decoder_start_token_id=int(start[0, 0]), forced_bos_token_id=None,
+        forced_eos_token_id=None, no_repeat_ngram_size=0, repetition_penalty=1.0)
+    hf.generation_config.forced_eos_token_id = None  # BartConfig's 2 at the last token
+    hf.generation_config.eos_token_id = None
+    return hf.generate(input_ids=z, decoder_input_ids=start, generation_config=settings)
+
+
+def test_greedy_generate_draws_transformers_tokens(models, inputs):
+    """generate(source, start, n) at temperature 0, through the cache (the source encoded
+    once), draws the tokens transformers' greedy generate draws, as full recomputation does."""
+    hf, ours = models
+    z, x, _ = inputs
+    start = x[:, :2]
+    with torch.no_grad():
+        want = hf_greedy(hf, z, start, 9)
+        got = ours.generate(z, start, 9, temperature=0)
+        plain = start
+        for _ in range(9):  # greedy over full recomputation, without a cache
+            plain = torch.cat([plain, ours(z, plain)[:, -1:].argmax(-1)], dim=1)
+    assert got.shape == (B, 11) and torch.equal(got, plain)
+    assert torch.equal(got, want), (got.tolist(), want.tolist())

@@ -59,6 +59,19 @@ class Masking:
     fixed_softmaxes: int = 0  # over an axis the model's sizes fix (a router's, over its
     # experts), never over positions: no attention
     decoded: dict[int, frozenset[str]] = field(default_factory=dict)  # see decoded_names
+    positioned: Positioned = field(default_factory=lambda: Positioned())  # see positioned
+    position_functions: set[str] = field(default_factory=set)  # the functions they call
+    sides: dict[str, set[bool]] = field(default_factory=dict)  # function → called on decoded
+    # values (True), on others alone (False: an encoder's), or both
+
+    def call(self, function: str, decoded: bool) -> None:
+        """A call of `function`, given values that depend on the tokens decoded or not."""
+        self.sides.setdefault(function, set()).add(decoded)
+
+    def source_only(self, function: str) -> bool:
+        """Whether every call of `function` is given values of no token decoded (an
+        encoder's): its positions are the source's, which no cache moves."""
+        return self.sides.get(function) == {False}
 
     def attention(self, causal: bool, card: s.Algorithm | None = None,
                   hypers: frozenset[str] = frozenset(), cache: str = RECOMPUTES) -> None:
@@ -157,6 +170,93 @@ def decoded_names(checker: Any, top: s.Algorithm) -> dict[int, frozenset[str]]:
             if hit - tainted.get(id(call.callee), set()):
                 todo.append((call.callee, hit))
     return {k: frozenset(v) for k, v in tainted.items()}
+
+
+@dataclass(frozen=True)
+class Positioned:
+    """Values of the decoded rows' positions alone, which a cache computes again at the rows it
+    decodes (see `positioned`): the calls of the top card that make one (by node id), and by
+    card (its id) the inputs that every call of the card gives one."""
+
+    calls: frozenset[int] = frozenset()
+    inputs: dict[int, frozenset[str]] = field(default_factory=dict)
+
+    def given(self, card: s.Algorithm, name: str) -> bool:
+        return name in self.inputs.get(id(card), frozenset())
+
+
+def positioned(checker: Any, top: s.Algorithm, decoded: frozenset[str]) -> Positioned:
+    """A step of the language model `top`, `β ← F(X | …)`, where F reads none of its inputs
+    (only their sizes: a value of positions, T5's buckets) and returns a T×T matrix over the
+    rows of X, which are the decoded tokens': a value of every pair of decoded positions.
+    Under a cache it is made for the new rows against every position (cardc.lower.calls), as
+    a position table is read at the new rows. An input of a card is such a value where every
+    call of the card gives it one (the top's, or an input of the caller that is one)."""
+    calls: set[int] = set()
+    values: set[str] = set()
+    assigned: dict[str, int] = {}
+    for n in s.nodes(top.steps):
+        if isinstance(n, s.Assign) and _target(n):
+            assigned[_target(n)] = assigned.get(_target(n), 0) + 1
+    info = checker.info(top)
+    for n in s.nodes(top.steps):
+        if not (isinstance(n, s.Assign) and isinstance(n.target, s.Name) and
+                isinstance(n.value, s.Call)):
+            continue
+        call = info.calls.get(id(n.value))
+        if call is not None and assigned[n.target.id] == 1 and n.value.args and \
+                _reads(n.value.args[0], decoded) and _of_positions(checker, call.callee):
+            calls.add(id(n.value))
+            values.add(n.target.id)
+    inputs: dict[int, set[str]] = {id(top): values}
+    sites = _call_sites(checker, top)
+    grown = True
+    while grown:
+        grown = False
+        for key, (callee, found) in sites.items():
+            names = [name for name, _ in checker.info(callee).sig.inputs]
+            held = {name for k, name in enumerate(names)
+                    if all(k < len(args) and isinstance(args[k], s.Name) and
+                           args[k].id in inputs.get(caller, set()) for caller, args in found)}
+            if held - inputs.get(key, set()):
+                inputs[key] = inputs.get(key, set()) | held
+                grown = True
+    return Positioned(frozenset(calls), {k: frozenset(v) for k, v in inputs.items() if k != id(top)})
+
+
+def _of_positions(checker: Any, card: s.Algorithm) -> bool:
+    """A card with no parameters whose steps read none of its inputs, returning a matrix over
+    its first input's rows by its rows (row-major)."""
+    sig = checker.info(card).sig
+    if any(name not in sig.hypers for name, _ in sig.params) or not sig.inputs or \
+            sig.output is None or sig.layout == "column":
+        return False
+    inputs = {_base(name) for name, _ in sig.inputs}
+    if any(_reads(st, inputs) for st in card.steps):
+        return False
+    rows = tuple(getattr(sig.inputs[0][1], "shape", ()))[:1]
+    return len(rows) == 1 and tuple(getattr(sig.output, "shape", ())) == rows * 2
+
+
+def _call_sites(checker: Any, top: s.Algorithm
+                ) -> dict[int, tuple[s.Algorithm, list[tuple[int, tuple[s.Expr, ...]]]]]:
+    """By card (its id) called from `top` on: the card, and each call of it (the caller's id
+    and the call's inputs)."""
+    sites: dict[int, tuple[s.Algorithm, list[tuple[int, tuple[s.Expr, ...]]]]] = {}
+    todo, seen = [top], {id(top)}
+    while todo:
+        card = todo.pop()
+        calls = checker.info(card).calls
+        for node in s.nodes(card.steps):
+            call = calls.get(id(node)) if isinstance(node, s.Call) else None
+            if call is None:
+                continue
+            sites.setdefault(id(call.callee), (call.callee, []))[1].append(
+                (id(card), tuple(node.args)))
+            if id(call.callee) not in seen:
+                seen.add(id(call.callee))
+                todo.append(call.callee)
+    return sites
 
 
 def _base(name: str) -> str:

@@ -343,14 +343,30 @@ def _positional(core: Core) -> bool:
 
 
 def _follows(body: Steps, core: Core) -> bool:
-    """Whether the biases read nothing but the positions and numbers (a slope, one per head):
-    computed again at the positions a cache decodes; a tensor read at t, t′ is not."""
+    """Whether the biases read nothing but the positions, numbers (a slope, one per head) and
+    values of the positions read at t, t′ that every caller gives (T5's buckets;
+    cardc.lower.analysis.positioned), and tables of no position axis read at those (a head's
+    bias per bucket): computed again at the positions a cache decodes, or given for them; any
+    other tensor read at t, t′ is not."""
+    positions = set(body.ty(core.score.stmt.value).shape)
     for b in core.biases:
-        for name in sorted(_bias_names(b.stmt, core) - set(b.stmt.vars)):
+        pairs = {n.base.id for n in _at_pair(b.stmt, body)}
+        for name in sorted(_bias_names(b.stmt, core) - set(b.stmt.vars) - pairs):
             val = body.expr(s.Name(name, span=b.span))
-            if val.rows or val.ty.shape:
-                return False
+            if val.rows or positions & set(val.ty.shape) or val.ty.shape and not pairs:
+                return False  # a tensor over positions; a table read at other than pairs
     return True
+
+
+def _at_pair(st: s.Stmt, body: Steps) -> list[s.Index]:
+    """The reads `β[t, t′]`, at the step's own pair of positions in order, of an input every
+    caller gives as a value of the decoded rows' positions; not where β is read otherwise."""
+    found = [n for n in s.nodes(st) if isinstance(n, s.Index) and isinstance(n.base, s.Name) and
+             body.low.masking.positioned.given(body.alg, n.base.id)]
+    at = [n for n in found if [getattr(i, "id", None) for i in n.items] == list(st.vars)]
+    bases = {n.base.id for n in at}
+    elsewhere = sum(1 for n in s.nodes(st) if isinstance(n, s.Name) and n.id in bases)
+    return at if elsewhere == len(at) else []
 
 
 def _target(core: Core) -> str:
@@ -380,6 +396,8 @@ def _biased(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> ir.Expr:
                 body.point = {t: (0, 2, shape[0]), u: (1, 2, shape[1])}
             negated, e = bias_of(step.stmt, _target(core))
             padded = _padded(body, e, {t, u})
+            if offset:  # given for the new rows against every key: read as it comes
+                padded += _given_at_pair(body, step.stmt, shape)
             try:
                 code = body.expr(e).code
             finally:
@@ -414,6 +432,22 @@ def _biased(body: Steps, core: Core, q: Val, k: Val, offset: bool) -> ir.Expr:
         out = ir.Cond(ir.Bin("is", mask, ir.Lit("None")), ir.Ref(bias), out)
     body.emit(ir.Assign((bias,), out, body.note(core.masks[0], None, "−∞ where hidden")))
     return _full_rank(ir.Ref(bias), q, k)
+
+
+def _given_at_pair(body: Steps, st: s.Stmt, shape) -> list[int]:
+    """The reads `β[t, t′]` of a value of positions the caller gives (_at_pair), lowered as
+    entries at every (query, key) pair, the axes of β: the ids of the nodes so given."""
+    t, u = st.vars
+    outer, ranged = body.point, body.ranged
+    out = []
+    for n in _at_pair(st, body):
+        body.point, body.ranged = {t: (0, 2, shape[0]), u: (1, 2, shape[1])}, {}
+        try:
+            body.given[id(n)] = body.expr(n)
+        finally:
+            body.point, body.ranged = outer, ranged
+        out.append(id(n))
+    return out
 
 
 def _full_rank(mask: ir.Expr, q: Val, k: Val) -> ir.Expr:

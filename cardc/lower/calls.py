@@ -189,8 +189,22 @@ class Calls:
                        flipped, rows)
         fn = self.low.function(call.callee)
         kwargs = self.call_params(e, call) + self.call_sizes(e, call, fn)
-        return Val(ir.Call(ir.Ref(fn), tuple(a.code for a in args), tuple(kwargs)), ty, True,
-                   flipped, rows)
+        code: ir.Expr = ir.Call(ir.Ref(fn), tuple(a.code for a in args), tuple(kwargs))
+        if self.low.decoder:
+            self.low.masking.call(fn, self.low.masking.reads_decoded(self.alg, *e.args))
+        if self.low.decoder and id(e) in self.low.masking.positioned.calls:
+            code = self.positioned(fn, code)
+        return Val(code, ty, True, flipped, rows)
+
+    def positioned(self, fn: str, call: ir.Call) -> ir.Expr:
+        """A value of every pair of the decoded rows' positions (cardc.lower.analysis
+        .positioned): with a cache, made over the cached positions and the new ones, `past=`
+        (cardc.lower.decoding gives the function that argument), and read at the new rows."""
+        self.low.masking.position_functions.add(fn)
+        pos = ir.Attr(ir.Ref("cache"), "pos")
+        over = ir.Call(call.func, call.args, (*call.kwargs, ("past", pos)))
+        rows = ir.Sub(over, (ir.Ref("..."), ir.SliceX(pos, None), ir.SliceX(None, None)))
+        return ir.Cond(ir.Bin("is", ir.Ref("cache"), ir.Lit("None")), call, rows)
 
     def reads_position(self, e: s.Call) -> bool:
         """Whether a call in a map over positions t reads t (`f(X[:, t])`, `f(e_t)`): its

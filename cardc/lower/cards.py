@@ -16,7 +16,7 @@ from ..info import preset_values
 from ..names import number
 from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
-from .analysis import Masking, analyse, decoded_names, record, recorded
+from .analysis import Masking, analyse, decoded_names, positioned, record, recorded
 from .body import bound_sizes
 from .parameters import Parameters, _ctor_dim, _ctor_value
 from .pipeline import pipeline
@@ -77,6 +77,8 @@ class Lowering(Parameters):
             self.is_language_model(self.checker.info(alg).sig)
         if self.decoder:
             self.masking.decoded = decoded_names(self.checker, alg)
+            self.masking.positioned = positioned(self.checker, alg,
+                                                 self.masking.decoded.get(id(alg), frozenset()))
         top = self.module(alg, top=True)
         for rewrite in self.pipeline.passes:
             rewrite(self.program, top, self.masking)

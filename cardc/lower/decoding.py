@@ -4,7 +4,12 @@ Every attention lowered to causal SDPA keeps its keys and values in a `KVCache`,
 card's attention holds them: after RoPE, one per key/value head (SDPA shares each among its
 group of query heads). The modules above pass the cache down, and the language model offsets
 its positions by the tokens decoded before. RoPE's angles of the new positions are the same in
-every layer, so with a cache the first layer computes them and the others share them. Without
+every layer, so with a cache the first layer computes them and the others share them. A
+function of the decoded rows' positions alone that the top calls (T5's buckets) is made over
+the cached positions too (`past=`), and the top reads its new rows; functions only an encoder
+calls keep their positions. An encoder–decoder encodes its source once per cache, and each
+decoder module's steps that read the source alone (cross-attention's keys and values) are made
+once per source and kept; its `generate` takes the source first. Without
 a cache the code is what it was, so every equivalence of the fused lowering still holds; with
 one, the logits of the new tokens equal full recomputation (tests/test_decoding.py).
 """
@@ -54,7 +59,9 @@ def add_kv_cache(program: ir.Program, top: ir.Module, masking: Masking) -> None:
     expected = sum(masking.caching.count(c) for c in (EXTENDS, CAUSAL_SDPA, CARRIES))
     functions: set[str] = set()  # functions that take the cache
     for f in program.functions:  # callees first
-        if _cache_function(f, functions):
+        if f.name in masking.position_functions:
+            _over_past(f)
+        elif not masking.source_only(f.name) and _cache_function(f, functions):
             functions.add(f.name)
     cached: set[str] = set()  # classes whose forward takes the cache
     for m in program.modules:  # callees first
@@ -68,6 +75,9 @@ def add_kv_cache(program: ir.Program, top: ir.Module, masking: Masking) -> None:
             cached.add(m.name)
     if top.name in cached and _extensions(program) == expected:
         _count_positions(top)
+        top.source = _encode_once(top)
+        if top.source is not None:
+            _context_once(program, top)
         top.cached = True
         # tokens alone in, as runtime.sample.is_language_model reads it: no encoder's input
         top.generates = [a.name for a in top.inputs[1:2]] == ["targets"]
@@ -168,6 +178,16 @@ def _cache_function(f: ir.Function, cached: set[str]) -> bool:
         return False
     f.args.append(ir.Arg("cache", ir.Lit("None")))
     return True
+
+
+def _over_past(f: ir.Function) -> None:
+    """A function of its first input's positions alone (cardc.lower.analysis.positioned) made
+    over `past` positions before that input's rows as well: its row count grows by them."""
+    f.args.append(ir.Arg("past", ir.Lit("0")))
+    first = f.args[:1]
+    f.body = [dataclasses.replace(st, value=ir.Bin("+", PAST, st.value))
+              if isinstance(st, ir.Assign) and _rows_of_argument(st.value, first) else st
+              for st in f.body]
 
 
 def _unplaced_rotation(e) -> bool:
@@ -278,7 +298,8 @@ def _refs(node) -> set[str]:
 
 
 # ------------------------------------------------------------------ modules above
-def _pass_cache(m: ir.Module, cached: set[str], functions: set[str]) -> bool:
+def _pass_cache(m: ir.Module, cached: set[str], functions: set[str],
+                only_new: bool = False) -> bool:
     """`self.attn(X)` → `self.attn(X, cache=cache)` for submodules that take the cache, and
     alike for functions."""
     attrs = {f"self.{sub.name}" for sub in m.submodules if sub.cls in cached}
@@ -301,7 +322,8 @@ def _pass_cache(m: ir.Module, cached: set[str], functions: set[str]) -> bool:
         return isinstance(f, ir.Ref) and (f.id in attrs or f.id in loops)
 
     def add(e):
-        if isinstance(e, ir.Call) and submodule(e.func):
+        if isinstance(e, ir.Call) and submodule(e.func) and \
+                not (only_new and any(k == "cache" for k, _ in e.kwargs)):
             args = tuple(ir.rewrite(a, add) for a in e.args)
             return dataclasses.replace(e, args=args, kwargs=(*e.kwargs, ("cache", CACHE)))
         return None
@@ -345,6 +367,145 @@ def _count_positions(top: ir.Module) -> None:
     count = ir.Assign(("cache.pos",), ir.Bin("+", ir.Attr(CACHE, "pos"), t))
     body.insert(done, ir.If(HAS_CACHE, (count,)))
     top.body = body
+
+
+def _decoded_input(top: ir.Module) -> str:
+    """The input the model decodes: its last but the targets and the cache."""
+    return [a.name for a in top.inputs if a.name not in ("targets", "cache")][-1]
+
+
+def _encode_once(top: ir.Module) -> str | None:
+    """An encoder–decoder's steps that read no decoded token (the source's embedding and its
+    encoder), run once per cache: with a cache that holds this source's encoding, the values
+    the decoder reads are taken from it; otherwise computed and kept. Comments stay in place;
+    a cache that decoded tokens after another source refuses this one (KVCache.holds)."""
+    decoded = _decoded_input(top)
+    sources = [a.name for a in top.inputs if a.name not in (decoded, "targets", "cache")]
+    if len(sources) != 1:
+        return None
+    tainted = {decoded, "targets", "cache", "past"}
+    moved: list[ir.Stmt] = []
+    made: set[str] = set()
+    for st in top.body:
+        if isinstance(st, ir.Comment):
+            continue
+        if ir.ref_ids([st]) & tainted or isinstance(st, ir.Return):
+            tainted |= _assigned(st)
+        else:
+            moved.append(st)
+            made |= _assigned(st)
+    read = ir.ref_ids([st for st in top.body if not any(st is m for m in moved)]) & made
+    if not moved or not read:
+        return None
+    kept = sorted(read)
+    source = ir.Ref(sources[0])
+    holds = ir.Bin("and", HAS_CACHE, ir.Call(ir.Attr(CACHE, "holds"), (source,)))
+    taken = tuple(ir.Assign((name,), ir.Sub(ir.Attr(CACHE, "encoding"), (ir.Lit(str(k)),)),
+                            ir.Note(text="the source, encoded once per cache"))
+                  for k, name in enumerate(kept))
+    keep = ir.If(HAS_CACHE, (ir.Assign((), ir.Call(ir.Attr(CACHE, "keep"), (
+        source, *(ir.Ref(n) for n in kept)))),))
+    block = ir.If(holds, taken, (*moved, keep))
+    at = next(i for i, st in enumerate(top.body) if st is moved[0])
+    top.body = [*top.body[:at], block,
+                *(st for st in top.body[at:] if not any(st is m for m in moved))]
+    return sources[0]
+
+
+def _context_once(program: ir.Program, top: ir.Module) -> None:
+    """Each module's steps that read only values of no decoded token (a cross-attention's keys
+    and values of the encoder's output), run once per source the cache encodes: the values
+    later steps read are kept in the cache, in the order the forward makes them. A module's
+    input is such a value where every call gives one (the encoder's output, handed down)."""
+    given: dict[str, list[set[int]]] = {}  # class → the inputs each call gives such a value
+    callers: dict[str, list[ir.Module]] = {}
+    keeping: set[str] = set()
+    for m in reversed(program.modules):  # callers first
+        inputs = [a.name for a in m.inputs if a.name != "cache"]
+        if m is top:
+            free = set(inputs) - {_decoded_input(top), "targets"}
+        elif m.name in given:
+            free = {inputs[k] for k in set.intersection(*given[m.name]) if k < len(inputs)}
+        else:
+            continue
+        # the top's steps that read the cache besides the source encode it once (above)
+        tainted = _tainted(m.body, {*inputs, "past", *(() if m is top else ("cache",))} - free)
+        _record_calls(m, tainted, given, callers)
+        if m is not top and all(_takes_cache(c) for c in callers[m.name]) and \
+                _keep_context(m, tainted):
+            keeping.add(m.name)
+    for m in program.modules:  # the modules that now keep values are given the cache
+        _pass_cache(m, keeping, set(), only_new=True)
+
+
+def _takes_cache(m: ir.Module) -> bool:
+    return any(a.name == "cache" for a in m.inputs)
+
+
+def _tainted(body: list[ir.Stmt], names: set[str]) -> set[str]:
+    """`names` and every name a step that reads one of them assigns."""
+    names = set(names)
+    for st in body:
+        if ir.ref_ids([st]) & names:
+            names |= _assigned(st)
+    return names
+
+
+def _record_calls(m: ir.Module, tainted: set[str], given: dict[str, list[set[int]]],
+                  callers: dict[str, list[ir.Module]]) -> None:
+    """For each call of a submodule in `m`, the positions of its arguments that read no
+    tainted name."""
+    classes = {f"self.{sub.name}": sub.cls for sub in m.submodules}
+    loops: dict[str, str] = {}
+    _walk(m.body, lambda st: loops.update({st.target: classes[st.iter.id]}) if isinstance(
+        st, ir.Loop) and isinstance(st.iter, ir.Ref) and st.iter.id in classes else None)
+
+    def visit(e):
+        f = e.func.obj if isinstance(e, ir.Call) and isinstance(e.func, ir.Sub) else \
+            getattr(e, "func", None)
+        if isinstance(e, ir.Call) and isinstance(f, ir.Ref) and (f.id in classes or f.id in loops):
+            cls = classes.get(f.id) or loops[f.id]
+            given.setdefault(cls, []).append(
+                {k for k, a in enumerate(e.args) if not ir.ref_ids([a]) & tainted})
+            callers.setdefault(cls, []).append(m)
+        return None
+
+    for st in m.body:
+        ir.rewrite(st, visit)
+
+
+def _keep_context(m: ir.Module, tainted: set[str]) -> bool:
+    """Wrap the module's assignments that read no tainted name and whose values later steps
+    read: with a cache, made once per source and kept (KVCache.kept)."""
+    steps = [st for st in m.body if isinstance(st, ir.Assign) and st.targets and
+             not ir.ref_ids([st]) & tainted]
+    rest = [st for st in m.body if not any(st is s for s in steps)]
+    made = {n for st in steps for n in st.targets}
+    kept = sorted(ir.ref_ids(rest) & made)
+    if not kept or not any(ir.ref_ids([st]) & tainted for st in rest):
+        return False
+    found = ir.Ref("kept")
+    take = ir.Assign(("kept",), ir.Cond(NO_CACHE, ir.Lit("None"), ir.Call(ir.Attr(CACHE, "kept"))),
+                     ir.Note(text="made once per source"))
+    unpack = ir.Assign(tuple(kept), found) if len(kept) > 1 else \
+        ir.Assign((kept[0],), ir.Sub(found, (ir.Lit("0"),)))
+    keep = ir.If(HAS_CACHE, (ir.Assign((), ir.Call(ir.Attr(CACHE, "keep_context"),
+                                                   tuple(ir.Ref(n) for n in kept))),))
+    block = ir.If(ir.Bin("is not", found, ir.Lit("None")), (unpack,), (*steps, keep))
+    at = next(i for i, st in enumerate(m.body) if st is steps[0])
+    m.body = [*m.body[:at], take, block, *(st for st in m.body[at:]
+                                            if not any(st is s for s in steps))]
+    if not _takes_cache(m):
+        m.inputs.append(ir.Arg("cache", ir.Lit("None")))
+    return True
+
+
+def _assigned(st: ir.Stmt) -> set[str]:
+    """The names a statement assigns, in any statement it holds."""
+    found: set[str] = set()
+    _walk([st], lambda x: found.update(x.targets) if isinstance(x, ir.Assign) else
+          found.add(x.target) if isinstance(x, ir.Loop) else None)
+    return found
 
 
 def _positions(item, t: ir.Ref) -> bool:
