@@ -40,7 +40,7 @@ GENERATED = frozenset({
     "hold_stopped", "stop",  # and the stop tokens it holds; a sampling card's caller's stop(y)
     "linear_scan", "previous_states", "stack_broadcast",  # a recurrence over positions
     "resume", "hold",  # the cache's methods a recurrence calls
-    "top_mask", "route", "route_dense", "ROWS",  # sparse experts
+    "top_mask", "route", "route_dense", "ROWS", "FEW",  # sparse experts
     "cut_patches", "gather_patches", "patch_grid",  # patches(X | p)
     "lookup",  # a vector per head read at a tensor of indices
 })
