@@ -78,11 +78,11 @@ def LatentHead(Q, Q_r, K, U_k, U_v, theta_base, cache=None):
     return grouped_sdpa(
         Q_tilde,
         K_,
-        K_[..., :, :D_c],
+        K_,
         attn_mask=None if cache is None else cache.mask(Q_tilde, K_),
         is_causal=cache is None,
         scale=1.0 / math.sqrt(d_n + d_r),
-    ) @ U_v
+    )[..., :D_c] @ U_v
 
 
 class LatentAttention(nn.Module):
