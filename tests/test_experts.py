@@ -140,6 +140,56 @@ def test_every_expert_runs_once_on_the_tokens_that_chose_it(tmp_path):
     assert tokens == 2 * 6 * 2  # B·T tokens, k = 2 experts each
 
 
+def test_a_decoded_token_calls_only_the_experts_it_chose(tmp_path):
+    # was: every expert was called at one token, the unchosen ones on no rows (E calls a
+    # layer where k do the work); under autograd they still are, for their zero gradients
+    built = Built(tmp_path, PLAIN, **SIZES)
+    calls = []
+    for e, expert in enumerate(built.fused.moe.theta):
+        expert.register_forward_hook(
+            lambda mod, args, out, e=e: calls.append((e, args[0].shape[0])))
+    X = _randn(1, 4)[:1]
+    with torch.no_grad():
+        got = built.fused(X)
+    r = X[0, 0] @ built.fused.moe.W_g
+    chosen = sorted(torch.topk(r, 2).indices.tolist())
+    assert calls == [(e, 16) for e in chosen]  # each on its token padded to 16 rows
+    torch.testing.assert_close(got, built.literal(X), rtol=RTOL, atol=ATOL)
+    calls.clear()
+    built.fused(X).sum().backward()
+    assert [e for e, _ in calls] == [0, 1, 2, 3]
+    assert all(built.fused.moe.theta[e].W_1.grad is not None for e in range(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_few_routed_tokens_give_the_bits_of_the_same_tokens_among_many(dtype):
+    """route lays out a few tokens' runs in Python and many tokens' with tensor operations:
+    each token's output is the same to the bit either way, alone or among 40 others."""
+    from cardc.runtime import experts as runtime
+
+    torch.manual_seed(0)
+    E, D = 6, 24
+    layers = [torch.nn.Sequential(torch.nn.Linear(D, 40), torch.nn.SiLU(), torch.nn.Linear(40, D))
+              for _ in range(E)]
+    modules = torch.nn.ModuleList(layers).to(dtype)
+    x = torch.randn(2, 20, D, dtype=dtype)
+    scores = torch.randn(2, 20, E, dtype=dtype)
+    chosen = runtime.top_mask(scores, 2)
+    weight = torch.softmax(scores, -1)
+    with torch.no_grad():
+        many = runtime.route(x, chosen, weight, modules)  # 80 pairs: the tensor layout
+        for b in range(2):
+            for t in range(20):
+                few = runtime.route(x[b, t], chosen[b, t], weight[b, t], modules)
+                assert torch.equal(few, many[b, t])
+        assert len(chosen[0, :3].nonzero()) <= runtime.FEW
+        assert torch.equal(runtime.route(x[0, :3], chosen[0, :3], weight[0, :3], modules),
+                           many[0, :3])
+    by_hand = sum(torch.where(chosen[..., e, None], weight[..., e, None], 0) * modules[e](x)
+                  for e in range(E))
+    torch.testing.assert_close(many, by_hand.detach())
+
+
 def test_a_sum_of_exponentials_over_a_vector(tmp_path):
     # was: "the sum over 'i' must index the last axis": exp(x[i]) under Σ_i lost the axis
     card = """\

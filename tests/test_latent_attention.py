@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import cardc
 from cardc import build
@@ -119,3 +120,29 @@ def test_the_heads_are_one_attention_call_over_the_shared_key(tmp_path):
     attention = text[text.index("class Absorbed("):text.index("class Latent(")]
     assert head.count("grouped_sdpa(") == 1 and "softmax" not in head
     assert "for h in" not in attention and "cache.extend(None, K, K[..., :0])" in head
+
+
+def test_attention_reads_values_as_wide_as_the_keys_and_keeps_the_first_columns(
+        tmp_path, monkeypatch):
+    """softmax(S) K[:, 1 : D_c] is computed as (softmax(S) K)[:, 1 : D_c]: SDPA's fused kernels
+    take values as wide as the keys only (narrower ones fell back to its composite, 4× slower
+    at a decoded token). The output is the card's: the same as without a cache, and as the
+    interpreter's in test_fused_and_literal_equal_the_interpreter."""
+    model = _model(tmp_path, LATENT)
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(Q, K, V, **options):
+        seen.append((K.shape[-1], V.shape[-1]))
+        return sdpa(Q, K, V, **options)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    x = torch.randint(0, SIZES["V"], (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(x)
+        cache = model.new_cache()
+        model(x[:, :6], cache=cache)
+        last = model(x[:, 6:], cache=cache)
+    width = SIZES["D_c"] + SIZES["d_r"]
+    assert seen == [(width, width)] * (3 * SIZES["N"])
+    torch.testing.assert_close(last[:, -1], full[:, -1], rtol=1e-5, atol=1e-5)

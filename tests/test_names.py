@@ -332,7 +332,7 @@ GENERATOR_NAMES = {
     # sparse experts (cardc/runtime/experts.py)
     "route", "ROWS", "experts", "expert", "chosen", "weight", "lead", "tokens",
     "expert_of", "counts", "runs", "run", "short", "minlength", "as_tuple", "scores", "best",
-    "slot", "spare",
+    "slot", "spare", "FEW", "padded", "ts", "shift", "padding", "called", "call", "any",
     # patches (the patch helpers)
     "cut_patches", "patch_grid", "blocks", "cols",
     # a vector per head read at a tensor of indices
@@ -343,7 +343,7 @@ GENERATOR_NAMES = {
 GENERATOR_SUFFIXES = ("held", "all", "late", "per_head")
 GENERATOR_ATTRS = {
     # sparse experts (cardc/runtime/experts.py)
-    "new_full", "index_put", "index_select",
+    "new_full", "index_put", "index_put_", "index_select", "index_add_", "items", "setdefault",
     "is_inference_mode_enabled", "Module", "joins", "joined", "split_with_sizes", "numel", "requires_grad", "flip", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
     "Generator", "Tensor", "no_grad", "scatter", "sort", "to", "values",
     "arange", "argmax", "as_tensor", "backward", "bool", "cat", "cross_entropy", "detach",

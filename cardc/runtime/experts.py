@@ -26,26 +26,53 @@ def route(x, chosen, weight, experts):
     Each run is padded with zero rows to a multiple of ROWS in that same gather: a token's
     output is then the same to the bit however many other tokens chose its expert (so a
     position's logits never depend, even in rounding, on the tokens after it). The padding
-    rows are weighted 0 and added to a spare row past the last token, dropped."""
-    lead = chosen.shape[:-1]
-    tokens = x.expand(*lead, x.shape[-1]).reshape(-1, x.shape[-1])
-    chosen = chosen.reshape(-1, chosen.shape[-1])
+    rows are weighted 0 and added to a spare row past the last token, dropped.
+
+    Where no gradient is taken an expert no token chose is not called (a decoded token calls
+    its k experts, not all E); under autograd it runs on no rows, so that its weights get a
+    zero gradient, as the dense sum gives them, not none. And there, for at most FEW chosen
+    (token, expert) pairs (a decoded token's), the runs are laid out in Python rather than by
+    a dozen small tensor operations: the same runs, outputs and sums, to the bit."""
+    lead, E, D = chosen.shape[:-1], chosen.shape[-1], x.shape[-1]
+    tokens = (x if x.shape[:-1] == lead else x.expand(*lead, D)).reshape(-1, D)
     weight = torch.as_tensor(weight, dtype=x.dtype, device=x.device)
-    weight = weight.expand(*lead, chosen.shape[-1]).reshape(chosen.shape)
-    expert_of, token = chosen.T.nonzero(as_tuple=True)  # grouped by expert
-    counts = torch.bincount(expert_of, minlength=len(experts))
-    sizes = (counts + ROWS - 1) // ROWS * ROWS  # each run and its padding
-    short = sizes - counts
-    # each chosen token's row among the padded runs: the padding of the runs before it later
-    slot = torch.arange(len(token), device=x.device) + (short.cumsum(0) - short)[expert_of]
+    if weight.shape != chosen.shape:
+        weight = weight.expand(chosen.shape)
+    weight = weight.reshape(-1, E)
+    expert_of, token = chosen.reshape(-1, E).T.nonzero(as_tuple=True)  # grouped by expert
     spare = tokens.shape[0]  # the zero row the padding reads, and where its output goes
-    rows = token.new_full((int(sizes.sum()),), spare).index_put((slot,), token)
-    scale = weight.new_zeros(rows.shape).index_put((slot,), weight[token, expert_of])
-    runs = torch.cat([tokens, tokens.new_zeros(1, tokens.shape[1])]).index_select(0, rows)
-    y = torch.cat([expert(run) for expert, run in
-                   zip(experts, runs.split(sizes.tolist()), strict=True)])
+    padded = torch.cat([tokens, tokens.new_zeros(1, D)])
+    if 0 < len(token) <= FEW and not torch.is_grad_enabled():
+        runs = {}  # expert → its tokens, the experts in order
+        for e, t in zip(expert_of.tolist(), token.tolist(), strict=True):
+            runs.setdefault(e, []).append(t)
+        rows = [t for ts in runs.values() for t in ts + [spare] * (-len(ts) % ROWS)]
+        parts = padded.index_select(0, torch.tensor(rows, device=x.device)).split(
+            [len(ts) + -len(ts) % ROWS for ts in runs.values()])
+        y = torch.cat([experts[e](run)[:len(ts)] for (e, ts), run in
+                       zip(runs.items(), parts, strict=True)])
+        y = y * weight[token, expert_of].reshape(-1, *[1] * (y.dim() - 1))
+        return y.new_zeros(spare, *y.shape[1:]).index_add_(0, token, y).reshape(*lead, *y.shape[1:])
+    counts = torch.bincount(expert_of, minlength=E).tolist()
+    sizes = [n + -n % ROWS for n in counts]  # each run and its padding
+    # each chosen token's row among the padded runs: the padding of the runs before it later
+    shift, padding = [], 0
+    for n, size in zip(counts, sizes, strict=True):
+        shift.append(padding)
+        padding += size - n
+    slot = torch.arange(len(token), device=x.device)
+    if padding:
+        slot = slot + torch.tensor(shift, device=x.device)[expert_of]
+    rows = token.new_full((sum(sizes),), spare).index_put_((slot,), token)
+    scale = weight.new_zeros(rows.shape).index_put_((slot,), weight[token, expert_of])
+    runs = padded.index_select(0, rows)
+    called = [n > 0 or torch.is_grad_enabled() for n in counts]
+    if not any(called):  # no token at all: one run on no rows gives the output's shape
+        called[0] = True
+    y = torch.cat([expert(run) for expert, run, call in
+                   zip(experts, runs.split(sizes), called, strict=True) if call])
     y = y * scale.reshape(-1, *[1] * (y.dim() - 1))
-    out = y.new_zeros(spare + 1, *y.shape[1:]).index_add(0, rows, y)[:spare]
+    out = y.new_zeros(spare + 1, *y.shape[1:]).index_add_(0, rows, y)[:spare]
     return out.reshape(*lead, *y.shape[1:])
 
 
@@ -53,6 +80,9 @@ def route(x, chosen, weight, experts):
 # than 4 rows, and the last entries of an element-wise op (past the last full vector of 16),
 # another way, whose rounding differs
 ROWS = 16
+# Chosen (token, expert) pairs up to which route lays out its runs in Python: a few decoded
+# tokens' k experts each
+FEW = 16
 
 
 def route_dense(x, chosen, weight, experts):
