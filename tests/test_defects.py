@@ -124,3 +124,17 @@ def _diagnostics(tmp_path: Path, text: str) -> Diagnostics:
     lib, _ = load([path], root=library_roots([str(path)], None))
     return check(lib)[1]
 
+
+
+def test_agreeing_twice_on_one_built_model_compares_fresh_gradients(tmp_path):
+    """The interpreter's parameters are views of the literal module's: its gradients once
+    added to what the module's backward left in `.grad` by an earlier call, so a second
+    `agree` on the same object compared twice the gradient (both test helpers)."""
+    from test_recurrence import GATED
+    from test_recurrence import Built as RecurrenceBuilt
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    for built, X in ((Built(tmp_path / "a", DEFAULTED_SIZE, D=4), _randn(5, 4)),
+                     (RecurrenceBuilt(tmp_path / "b", GATED, D=3, D_h=4), _randn(5, 3))):
+        first = built.agree(X)
+        torch.testing.assert_close(built.agree(X), first)
