@@ -138,3 +138,27 @@ def test_agreeing_twice_on_one_built_model_compares_fresh_gradients(tmp_path):
                      (RecurrenceBuilt(tmp_path / "b", GATED, D=3, D_h=4), _randn(5, 3))):
         first = built.agree(X)
         torch.testing.assert_close(built.agree(X), first)
+
+
+LOG_OF = """\
+Algorithm: Y ← Model(X | W)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: W ∈ ℝ^{D×D}
+1 Z ← X W
+2 return Y = log(σ(Z)) + log softmax(Z)
+"""
+
+
+def test_the_log_of_a_sigmoid_or_a_softmax_is_a_number_where_they_round_to_0(tmp_path):
+    """`log(σ(z))` at z ≈ −1000 was log(0) = −∞ in the module and in the interpreter (σ
+    rounds to 0 below −745 in float64), and `log(softmax(z))` written as a call was not
+    log_softmax: both are one function of z, log σ(z) = −log(1 + e^{−z}), as plain torch's
+    logsigmoid and log_softmax compute them."""
+    built = Built(tmp_path, LOG_OF, D=3)
+    X = _randn(4, 3) * 1000
+    want = built.agree(X)
+    Z = X @ built.literal.W.detach()
+    assert Z.min() < -800
+    torch.testing.assert_close(want, torch.nn.functional.logsigmoid(Z) + Z.log_softmax(-1))
