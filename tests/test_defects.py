@@ -4,6 +4,7 @@ card means, or is refused at the step that is wrong, with a located message."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -162,3 +163,33 @@ def test_the_log_of_a_sigmoid_or_a_softmax_is_a_number_where_they_round_to_0(tmp
     Z = X @ built.literal.W.detach()
     assert Z.min() < -800
     torch.testing.assert_close(want, torch.nn.functional.logsigmoid(Z) + Z.log_softmax(-1))
+
+
+POSITION_SCALE = """\
+Algorithm: Y ← Model(X | W)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: W ∈ ℝ^{D×D}
+1 for t ∈ [T] : Y[t, :] ← (t / 3) X[t, :] W + exp(−t / 4) X[t, :]
+2 return Y
+"""
+
+
+def test_reals_of_positions_meet_a_bfloat16_models_values_in_bfloat16(tmp_path):
+    """`(t / 3) X[t, :] W` in a bfloat16 model: t / 3 is computed in float32 (bfloat16
+    would round the positions past 256), and torch promoted X to float32, so the product with
+    the bfloat16 W failed ("expected m1 and m2 to have the same dtype"). The position's real
+    is cast where it meets the model's values; both lowerings run in bfloat16 and compute what
+    the interpreter computes in float64 from the same (bfloat16) weights and inputs."""
+    built = Built(tmp_path, POSITION_SCALE, D=4)
+    with torch.no_grad():  # weights bfloat16 can hold: the two sides differ by arithmetic alone
+        built.literal.W.copy_(built.literal.W.bfloat16().double())
+    X = _randn(6, 4).bfloat16()
+    want = built.interpreted(X.double())
+    for module in (built.literal, built.fused):
+        got = copy.deepcopy(module).to(torch.bfloat16)(X)
+        assert got.dtype == torch.bfloat16
+        # bfloat16 keeps 8 significant bits (a relative step of 2^−8 ≈ 0.004); each entry is a
+        # sum of D = 4 products and a term, each rounded, of values up to about 10: a few steps
+        torch.testing.assert_close(got.double(), want, rtol=0.03, atol=0.03)
