@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from cardc import syntax as s
 from cardc.checker import check
 from cardc.diagnostics import Diagnostics
 from cardc.library import library_roots, load
@@ -193,3 +194,33 @@ def test_reals_of_positions_meet_a_bfloat16_models_values_in_bfloat16(tmp_path):
         # bfloat16 keeps 8 significant bits (a relative step of 2^−8 ≈ 0.004); each entry is a
         # sum of D = 4 products and a term, each rounded, of values up to about 10: a few steps
         torch.testing.assert_close(got.double(), want, rtol=0.03, atol=0.03)
+
+
+BRACED_POWER = """\
+Algorithm: Y ← Model(X | W)
+Input: X ∈ ℝ^{T×C p^{3}}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: C, p, D ∈ ℕ
+Parameters: W ∈ ℝ^{C p^{3}×D}
+1 return Y = X^{2} W
+"""
+
+
+def test_a_whole_number_in_braces_after_a_name_is_a_power(tmp_path):
+    """`p^{3}` read as a size named p^{3} (build then asked for a value of 'p_3'), and `X^{2}`
+    in a step was an unknown name, though the hints offer 'x^{2}' as a power: a whole number
+    in braces is the power, in shapes and steps alike; `γ^1` and `W^{e/d}` stay names. It
+    parses as `p³` would, formats to `p^{3}` (and `X^{2}` to `X²`), and renders as a power."""
+    built = Built(tmp_path, BRACED_POWER, C=2, p=2, D=5)
+    assert built.literal.W.shape == (16, 5)
+    X = _randn(4, 16)
+    torch.testing.assert_close(built.agree(X), X ** 2 @ built.literal.W.detach())
+    tree = parse(BRACED_POWER, "card.card", Diagnostics())
+    squared = BRACED_POWER.replace("X^{2}", "X²")
+    assert render_card(tree) == squared
+    assert parse(squared, "card.card", Diagnostics()) == tree
+    assert r"\mathbb{R}^{C \, {p}^{3} \times D}" in render_latex(tree)
+    assert r"\mathbb{R}^{C \, {p}^{3} \times D}" in render_markdown(tree)
+    assert "p</mi><mn>3</mn></msup>" in render_html(tree, None)
+    named = parse(BRACED_POWER.replace("p^{3}", "p^3"), "card.card", Diagnostics())
+    assert "p^3" in {n.id for n in s.nodes(named) if isinstance(n, s.Name)}
