@@ -224,3 +224,27 @@ def test_a_whole_number_in_braces_after_a_name_is_a_power(tmp_path):
     assert "p</mi><mn>3</mn></msup>" in render_html(tree, None)
     named = parse(BRACED_POWER.replace("p^{3}", "p^3"), "card.card", Diagnostics())
     assert "p^3" in {n.id for n in s.nodes(named) if isinstance(n, s.Name)}
+
+
+INTEGER_VALUE = """\
+Algorithm: Y ← Model(X | W)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, H ∈ ℕ; c = 2^{⌊log₂ H⌋}
+Parameters: W ∈ ℝ^{D×D}
+1 return Y = c X W
+"""
+
+
+def test_integer_math_in_a_hyperparameters_value_says_where_it_is_computed(tmp_path):
+    """`c = 2^{⌊log₂ H⌋}` was refused with "expected a number", which a reader takes to mean
+    the power: the message names ⌊·⌋ and says to compute it in a step, which does."""
+    (error,) = _diagnostics(tmp_path, INTEGER_VALUE).errors
+    assert error.message == "⌊·⌋ is not computed in a hyperparameter's value"
+    assert error.hint.endswith("compute it in a step of the card, as 'c ← 2^{⌊log₂ H⌋}'")
+    assert (error.span.line, error.span.col) == (4, 35)
+    stepped = INTEGER_VALUE.replace("; c = 2^{⌊log₂ H⌋}", "").replace(
+        "1 return Y = c X W", "1 c ← 2^{⌊log₂ H⌋}\n2 return Y = c X W")
+    built = Built(tmp_path, stepped, D=3, H=6)
+    X = _randn(4, 3)
+    torch.testing.assert_close(built.agree(X), 4 * X @ built.literal.W.detach())
