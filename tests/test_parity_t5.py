@@ -241,3 +241,19 @@ def test_t5_v1_1_small_parameter_count():
     r = cardc("info", "cards/t5.card", "--preset", "t5-v1_1-small")
     assert r.returncode == 0, r.stderr
     assert f"parameters: {theirs:,}" in r.stdout
+
+
+def test_a_separate_lm_head_is_refused_by_name_as_transformers_ties_it(models):
+    """transformers' T5Config forces tie_word_embeddings to true (it reads false as
+    scale_decoder_outputs = false), so T5ForConditionalGeneration never holds a head of its own:
+    a checkpoint whose lm_head.weight differs from shared.weight (an original T5 v1.1 file) has
+    no transformers model to agree with. Import refuses it by name rather than drop the head."""
+    from cardc.runtime.errors import RuntimeInputError
+
+    assert transformers.T5Config(tie_word_embeddings=False).tie_word_embeddings is True
+    hf, ours = models
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    state["lm_head.weight"] = state["shared.weight"] + 1
+    with pytest.raises(RuntimeInputError, match=r"^tensor 'lm_head\.weight' differs from "
+                                                r"'shared\.weight', but the card T5 ties them$"):
+        to_card_state(MAPPING, state, ours.state_dict(), N)
