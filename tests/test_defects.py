@@ -248,3 +248,25 @@ def test_integer_math_in_a_hyperparameters_value_says_where_it_is_computed(tmp_p
     built = Built(tmp_path, stepped, D=3, H=6)
     X = _randn(4, 3)
     torch.testing.assert_close(built.agree(X), 4 * X @ built.literal.W.detach())
+
+
+def test_a_rotary_model_trains_after_an_inference_mode_forward():
+    """RoPE's angle tables are made once and kept: one made under torch.inference_mode (a
+    generation) was reused by the next training step, whose backward failed ("Inference
+    tensors cannot be saved for backward"). Tables made under inference mode are kept apart;
+    the training step's loss and gradients are those of a model that never generated."""
+    from cardc.build import build_model
+
+    root = Path(__file__).resolve().parent.parent
+    x = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for generated_first in (True, False):
+        torch.manual_seed(0)
+        model = build_model(str(root / "cards" / "llama.card"), "tiny",
+                            {"N": 1, "D": 32, "V": 50}, library=str(root / "cards"))
+        if generated_first:
+            with torch.inference_mode():
+                model(x)
+        model(x).logsumexp(-1).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
