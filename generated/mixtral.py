@@ -494,22 +494,39 @@ def rms_normalize(X, shape, gamma, eps):
     return normed if gamma is None else normed * gamma
 
 
-MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
-
-
 def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
-    """A mask site's visible positions, (queries, keys), made once per sizes, device and
-    numbers, shared by every layer and every decoding step of the same sizes; None where
-    every position is visible (a decoded token that sees all the keys a window keeps). With
-    a dtype, as a bias to add to scores: 0 where visible, −∞ where hidden."""
-    key = site, queries, keys, device, dtype, *numbers
-    if key not in MASKS:
-        if len(MASKS) > 256:
-            MASKS.clear()
+    """A mask site's visible positions, (queries, keys): a value made once (shared_value, the
+    site counted negative, apart from the values'), shared by every layer and every decoding
+    step of the same sizes, device and numbers; None where every position is visible (a
+    decoded token that sees all the keys a window keeps). With a dtype, as a bias to add to
+    scores: 0 where visible, −∞ where hidden."""
+    def made():
         mask = make()
-        MASKS[key] = None if mask.all().item() else mask if dtype is None else \
+        if mask.all().item():
+            return None
+        return mask if dtype is None else \
             torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
-    return MASKS[key]
+
+    return shared_value(-site, made, queries, keys, device, dtype, *numbers)
+
+
+VALUES = {}  # (value site's number, what it reads, tensors by identity) → (the value, those tensors)
+
+
+def shared_value(site, make, *reads):
+    """A value of the sizes, hyperparameters, devices and number formats it reads alone (ALiBi's
+    slopes, a bias of the positions), made once per those and shared by every layer and every
+    forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
+    entry holds it, so no other tensor takes its id while the entry stands. One made under
+    inference mode is kept apart: autograd cannot save it."""
+    key = site, torch.is_inference_mode_enabled(), \
+        *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
+    found = VALUES.get(key)
+    if found is None:
+        if len(VALUES) > 256:
+            VALUES.clear()
+        found = VALUES[key] = make(), [r for r in reads if isinstance(r, torch.Tensor)]
+    return found[0]
 
 
 def grouped_sdpa(Q, K, V, **options):

@@ -311,8 +311,8 @@ GENERATOR_NAMES = {
     # the file's attention and RoPE helpers (cardc.lower.attention, cardc.lower.intrinsics)
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "real_type", "rope_frequencies", "function", "hypers", "isinstance",
-    "pairs", "keep", "layer", "at", "n", "shared_mask", "MASKS", "site", "make", "queries",
-    "shared_value", "VALUES", "reads",
+    "pairs", "keep", "layer", "at", "n", "shared_mask", "site", "make", "queries",
+    "shared_value", "VALUES", "reads", "made",
     "keys", "numbers", "visible", "hidden", "drop", "mask", "rope_table", "TABLES", "width", "found",
     "table", "rest", "positions", "r", "turn", "part", "partner", "Y", "wide_sin", "partners",
     "columns", "rows", "id", "sum", "all", "project", "XW", "JOINED_MAX", "weights", "joined", "joins", "widths",
