@@ -415,10 +415,10 @@ class KVCache:
 JOINED_MAX = 1 << 20
 
 
-ANGLES = {}  # (convention, positions, widths, base, device, type) → RoPE's cos and sin
+ANGLES = {}  # (convention, positions, widths, base, device, type, inference) → RoPE's cos and sin
 
 
-TABLES = {}  # (convention, widths, base, device, type) → the same for positions 0, 1, …, n − 1
+TABLES = {}  # (convention, widths, base, device, type, inference) → the same for positions 0, 1, …
 
 
 def real_type(dtype):
@@ -434,10 +434,11 @@ def rope_angles(pairs, X, theta_base, past, width=None):
     its columns after the first r = width (all d by default) 1; sin (T, r), each plane's
     first sine negated, the planes those of the convention; the same sine (T, d), 0 after
     column r; and each column's partner in its plane (d,). Sliced from a table over every
-    position so far: a decoded token costs no trigonometry."""
+    position so far: a decoded token costs no trigonometry. Tables made under inference mode
+    are kept apart: autograd cannot save them for a training step's backward."""
     T, d = X.shape[-2], X.shape[-1]
     dtype = real_type(X.dtype)
-    key = pairs, past, T, d, width, theta_base, X.device, dtype
+    key = pairs, past, T, d, width, theta_base, X.device, dtype, torch.is_inference_mode_enabled()
     found = ANGLES.get(key)
     if found is None:
         if len(ANGLES) > 64:
@@ -452,7 +453,7 @@ def rope_table(pairs, d, r, theta_base, device, positions, dtype=torch.float32):
     """rope_angles' tables, for at least `positions` positions (grown by doubling), computed
     in `dtype` from the frequencies on."""
     key = pairs, d, r, theta_base if isinstance(theta_base, tuple) else float(theta_base), \
-        device, dtype
+        device, dtype, torch.is_inference_mode_enabled()
     table = TABLES.get(key)
     if table is None or table[0].shape[0] < positions:
         n = max(positions, 64 if table is None else 2 * table[0].shape[0])
@@ -524,22 +525,39 @@ def rms_normalize(X, shape, gamma, eps):
     return normed if gamma is None else normed * gamma
 
 
-MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
-
-
 def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
-    """A mask site's visible positions, (queries, keys), made once per sizes, device and
-    numbers, shared by every layer and every decoding step of the same sizes; None where
-    every position is visible (a decoded token that sees all the keys a window keeps). With
-    a dtype, as a bias to add to scores: 0 where visible, −∞ where hidden."""
-    key = site, queries, keys, device, dtype, *numbers
-    if key not in MASKS:
-        if len(MASKS) > 256:
-            MASKS.clear()
+    """A mask site's visible positions, (queries, keys): a value made once (shared_value, the
+    site counted negative, apart from the values'), shared by every layer and every decoding
+    step of the same sizes, device and numbers; None where every position is visible (a
+    decoded token that sees all the keys a window keeps). With a dtype, as a bias to add to
+    scores: 0 where visible, −∞ where hidden."""
+    def made():
         mask = make()
-        MASKS[key] = None if mask.all().item() else mask if dtype is None else \
+        if mask.all().item():
+            return None
+        return mask if dtype is None else \
             torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
-    return MASKS[key]
+
+    return shared_value(-site, made, queries, keys, device, dtype, *numbers)
+
+
+VALUES = {}  # (value site's number, what it reads, tensors by identity) → (the value, those tensors)
+
+
+def shared_value(site, make, *reads):
+    """A value of the sizes, hyperparameters, devices and number formats it reads alone (ALiBi's
+    slopes, a bias of the positions), made once per those and shared by every layer and every
+    forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
+    entry holds it, so no other tensor takes its id while the entry stands. One made under
+    inference mode is kept apart: autograd cannot save it."""
+    key = site, torch.is_inference_mode_enabled(), \
+        *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
+    found = VALUES.get(key)
+    if found is None:
+        if len(VALUES) > 256:
+            VALUES.clear()
+        found = VALUES[key] = make(), [r for r in reads if isinstance(r, torch.Tensor)]
+    return found[0]
 
 
 def grouped_sdpa(Q, K, V, **options):

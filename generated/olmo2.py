@@ -333,10 +333,10 @@ class KVCache:
 JOINED_MAX = 1 << 20
 
 
-ANGLES = {}  # (convention, positions, widths, base, device, type) → RoPE's cos and sin
+ANGLES = {}  # (convention, positions, widths, base, device, type, inference) → RoPE's cos and sin
 
 
-TABLES = {}  # (convention, widths, base, device, type) → the same for positions 0, 1, …, n − 1
+TABLES = {}  # (convention, widths, base, device, type, inference) → the same for positions 0, 1, …
 
 
 def real_type(dtype):
@@ -352,10 +352,11 @@ def rope_angles(pairs, X, theta_base, past, width=None):
     its columns after the first r = width (all d by default) 1; sin (T, r), each plane's
     first sine negated, the planes those of the convention; the same sine (T, d), 0 after
     column r; and each column's partner in its plane (d,). Sliced from a table over every
-    position so far: a decoded token costs no trigonometry."""
+    position so far: a decoded token costs no trigonometry. Tables made under inference mode
+    are kept apart: autograd cannot save them for a training step's backward."""
     T, d = X.shape[-2], X.shape[-1]
     dtype = real_type(X.dtype)
-    key = pairs, past, T, d, width, theta_base, X.device, dtype
+    key = pairs, past, T, d, width, theta_base, X.device, dtype, torch.is_inference_mode_enabled()
     found = ANGLES.get(key)
     if found is None:
         if len(ANGLES) > 64:
@@ -370,7 +371,7 @@ def rope_table(pairs, d, r, theta_base, device, positions, dtype=torch.float32):
     """rope_angles' tables, for at least `positions` positions (grown by doubling), computed
     in `dtype` from the frequencies on."""
     key = pairs, d, r, theta_base if isinstance(theta_base, tuple) else float(theta_base), \
-        device, dtype
+        device, dtype, torch.is_inference_mode_enabled()
     table = TABLES.get(key)
     if table is None or table[0].shape[0] < positions:
         n = max(positions, 64 if table is None else 2 * table[0].shape[0])

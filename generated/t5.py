@@ -544,22 +544,20 @@ def lookup(table, index, rank):
     return table.expand(shape + (n,)).gather(-1, index.expand(shape).unsqueeze(-1)).squeeze(-1)
 
 
-MASKS = {}  # (mask site's number, query and key counts, device, the rule's numbers) → the mask
-
-
 def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
-    """A mask site's visible positions, (queries, keys), made once per sizes, device and
-    numbers, shared by every layer and every decoding step of the same sizes; None where
-    every position is visible (a decoded token that sees all the keys a window keeps). With
-    a dtype, as a bias to add to scores: 0 where visible, −∞ where hidden."""
-    key = site, queries, keys, device, dtype, *numbers
-    if key not in MASKS:
-        if len(MASKS) > 256:
-            MASKS.clear()
+    """A mask site's visible positions, (queries, keys): a value made once (shared_value, the
+    site counted negative, apart from the values'), shared by every layer and every decoding
+    step of the same sizes, device and numbers; None where every position is visible (a
+    decoded token that sees all the keys a window keeps). With a dtype, as a bias to add to
+    scores: 0 where visible, −∞ where hidden."""
+    def made():
         mask = make()
-        MASKS[key] = None if mask.all().item() else mask if dtype is None else \
+        if mask.all().item():
+            return None
+        return mask if dtype is None else \
             torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
-    return MASKS[key]
+
+    return shared_value(-site, made, queries, keys, device, dtype, *numbers)
 
 
 VALUES = {}  # (value site's number, what it reads, tensors by identity) → (the value, those tensors)

@@ -4,11 +4,13 @@ card means, or is refused at the step that is wrong, with a located message."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
 import torch
 
+from cardc import syntax as s
 from cardc.checker import check
 from cardc.diagnostics import Diagnostics
 from cardc.library import library_roots, load
@@ -124,3 +126,147 @@ def _diagnostics(tmp_path: Path, text: str) -> Diagnostics:
     lib, _ = load([path], root=library_roots([str(path)], None))
     return check(lib)[1]
 
+
+
+def test_agreeing_twice_on_one_built_model_compares_fresh_gradients(tmp_path):
+    """The interpreter's parameters are views of the literal module's: its gradients once
+    added to what the module's backward left in `.grad` by an earlier call, so a second
+    `agree` on the same object compared twice the gradient (both test helpers)."""
+    from test_recurrence import GATED
+    from test_recurrence import Built as RecurrenceBuilt
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    for built, X in ((Built(tmp_path / "a", DEFAULTED_SIZE, D=4), _randn(5, 4)),
+                     (RecurrenceBuilt(tmp_path / "b", GATED, D=3, D_h=4), _randn(5, 3))):
+        first = built.agree(X)
+        torch.testing.assert_close(built.agree(X), first)
+
+
+LOG_OF = """\
+Algorithm: Y ← Model(X | W)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: W ∈ ℝ^{D×D}
+1 Z ← X W
+2 return Y = log(σ(Z)) + log softmax(Z)
+"""
+
+
+def test_the_log_of_a_sigmoid_or_a_softmax_is_a_number_where_they_round_to_0(tmp_path):
+    """`log(σ(z))` at z ≈ −1000 was log(0) = −∞ in the module and in the interpreter (σ
+    rounds to 0 below −745 in float64), and `log(softmax(z))` written as a call was not
+    log_softmax: both are one function of z, log σ(z) = −log(1 + e^{−z}), as plain torch's
+    logsigmoid and log_softmax compute them."""
+    built = Built(tmp_path, LOG_OF, D=3)
+    X = _randn(4, 3) * 1000
+    want = built.agree(X)
+    Z = X @ built.literal.W.detach()
+    assert Z.min() < -800
+    torch.testing.assert_close(want, torch.nn.functional.logsigmoid(Z) + Z.log_softmax(-1))
+
+
+POSITION_SCALE = """\
+Algorithm: Y ← Model(X | W)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: W ∈ ℝ^{D×D}
+1 for t ∈ [T] : Y[t, :] ← (t / 3) X[t, :] W + exp(−t / 4) X[t, :]
+2 return Y
+"""
+
+
+def test_reals_of_positions_meet_a_bfloat16_models_values_in_bfloat16(tmp_path):
+    """`(t / 3) X[t, :] W` in a bfloat16 model: t / 3 is computed in float32 (bfloat16
+    would round the positions past 256), and torch promoted X to float32, so the product with
+    the bfloat16 W failed ("expected m1 and m2 to have the same dtype"). The position's real
+    is cast where it meets the model's values; both lowerings run in bfloat16 and compute what
+    the interpreter computes in float64 from the same (bfloat16) weights and inputs."""
+    built = Built(tmp_path, POSITION_SCALE, D=4)
+    with torch.no_grad():  # weights bfloat16 can hold: the two sides differ by arithmetic alone
+        built.literal.W.copy_(built.literal.W.bfloat16().double())
+    X = _randn(6, 4).bfloat16()
+    want = built.interpreted(X.double())
+    for module in (built.literal, built.fused):
+        got = copy.deepcopy(module).to(torch.bfloat16)(X)
+        assert got.dtype == torch.bfloat16
+        # bfloat16 keeps 8 significant bits (a relative step of 2^−8 ≈ 0.004); each entry is a
+        # sum of D = 4 products and a term, each rounded, of values up to about 10: a few steps
+        torch.testing.assert_close(got.double(), want, rtol=0.03, atol=0.03)
+
+
+BRACED_POWER = """\
+Algorithm: Y ← Model(X | W)
+Input: X ∈ ℝ^{T×C p^{3}}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: C, p, D ∈ ℕ
+Parameters: W ∈ ℝ^{C p^{3}×D}
+1 return Y = X^{2} W
+"""
+
+
+def test_a_whole_number_in_braces_after_a_name_is_a_power(tmp_path):
+    """`p^{3}` read as a size named p^{3} (build then asked for a value of 'p_3'), and `X^{2}`
+    in a step was an unknown name, though the hints offer 'x^{2}' as a power: a whole number
+    in braces is the power, in shapes and steps alike; `γ^1` and `W^{e/d}` stay names. It
+    parses as `p³` would, formats to `p^{3}` (and `X^{2}` to `X²`), and renders as a power."""
+    built = Built(tmp_path, BRACED_POWER, C=2, p=2, D=5)
+    assert built.literal.W.shape == (16, 5)
+    X = _randn(4, 16)
+    torch.testing.assert_close(built.agree(X), X ** 2 @ built.literal.W.detach())
+    tree = parse(BRACED_POWER, "card.card", Diagnostics())
+    squared = BRACED_POWER.replace("X^{2}", "X²")
+    assert render_card(tree) == squared
+    assert parse(squared, "card.card", Diagnostics()) == tree
+    assert r"\mathbb{R}^{C \, {p}^{3} \times D}" in render_latex(tree)
+    assert r"\mathbb{R}^{C \, {p}^{3} \times D}" in render_markdown(tree)
+    assert "p</mi><mn>3</mn></msup>" in render_html(tree, None)
+    named = parse(BRACED_POWER.replace("p^{3}", "p^3"), "card.card", Diagnostics())
+    assert "p^3" in {n.id for n in s.nodes(named) if isinstance(n, s.Name)}
+
+
+INTEGER_VALUE = """\
+Algorithm: Y ← Model(X | W)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, H ∈ ℕ; c = 2^{⌊log₂ H⌋}
+Parameters: W ∈ ℝ^{D×D}
+1 return Y = c X W
+"""
+
+
+def test_integer_math_in_a_hyperparameters_value_says_where_it_is_computed(tmp_path):
+    """`c = 2^{⌊log₂ H⌋}` was refused with "expected a number", which a reader takes to mean
+    the power: the message names ⌊·⌋ and says to compute it in a step, which does."""
+    (error,) = _diagnostics(tmp_path, INTEGER_VALUE).errors
+    assert error.message == "⌊·⌋ is not computed in a hyperparameter's value"
+    assert error.hint.endswith("compute it in a step of the card, as 'c ← 2^{⌊log₂ H⌋}'")
+    assert (error.span.line, error.span.col) == (4, 35)
+    stepped = INTEGER_VALUE.replace("; c = 2^{⌊log₂ H⌋}", "").replace(
+        "1 return Y = c X W", "1 c ← 2^{⌊log₂ H⌋}\n2 return Y = c X W")
+    built = Built(tmp_path, stepped, D=3, H=6)
+    X = _randn(4, 3)
+    torch.testing.assert_close(built.agree(X), 4 * X @ built.literal.W.detach())
+
+
+def test_a_rotary_model_trains_after_an_inference_mode_forward():
+    """RoPE's angle tables are made once and kept: one made under torch.inference_mode (a
+    generation) was reused by the next training step, whose backward failed ("Inference
+    tensors cannot be saved for backward"). Tables made under inference mode are kept apart;
+    the training step's loss and gradients are those of a model that never generated."""
+    from cardc.build import build_model
+
+    root = Path(__file__).resolve().parent.parent
+    x = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for generated_first in (True, False):
+        torch.manual_seed(0)
+        model = build_model(str(root / "cards" / "llama.card"), "tiny",
+                            {"N": 1, "D": 32, "V": 50}, library=str(root / "cards"))
+        if generated_first:
+            with torch.inference_mode():
+                model(x)
+        model(x).logsumexp(-1).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)

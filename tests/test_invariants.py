@@ -55,8 +55,9 @@ def test_bloom_makes_its_slopes_and_bias_once_for_every_layer():
             model(x[:, :6], cache=cache)
             before = len(values)
             model(x[:, 6:], cache=cache)
-            assert len(values) == before + 2  # the bias at (1, 7), with and without −∞
-    assert made == [3, 3]
+            # the bias at (1, 7), the mask there (none: every key is visible), and their sum
+            assert len(values) == before + 3
+    assert made == [4, 4]  # the slopes, the bias, the causal mask, the bias with −∞ where hidden
 
 
 def test_the_generated_bloom_shares_its_slopes_and_bias():
@@ -73,8 +74,11 @@ def test_the_generated_bloom_shares_its_slopes_and_bias():
 def test_a_bias_that_reads_a_tensors_entries_is_not_shared(tmp_path):
     """A bias table the caller gives is data: nothing that reads it is made once; ALiBi's
     slopes and bias are."""
-    assert "shared_value" not in _fused(tmp_path, TABLE)
-    assert "shared_value(" in _fused(tmp_path, ALIBI)
+    def model_code(text: str) -> str:  # the classes and functions the card becomes, not the
+        return text.split("\n# Helpers the code above calls")[0]  # helpers (shared_mask's)
+
+    assert "shared_value(" not in model_code(_fused(tmp_path, TABLE))
+    assert "shared_value(" in model_code(_fused(tmp_path, ALIBI))
 
 
 def test_shared_values_follow_the_number_format_and_the_sizes(tmp_path):

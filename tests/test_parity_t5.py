@@ -267,3 +267,19 @@ def test_greedy_generate_draws_transformers_tokens(models, inputs):
             plain = torch.cat([plain, ours(z, plain)[:, -1:].argmax(-1)], dim=1)
     assert got.shape == (B, 11) and torch.equal(got, plain)
     assert torch.equal(got, want), (got.tolist(), want.tolist())
+
+
+def test_a_separate_lm_head_is_refused_by_name_as_transformers_ties_it(models):
+    """transformers' T5Config forces tie_word_embeddings to true (it reads false as
+    scale_decoder_outputs = false), so T5ForConditionalGeneration never holds a head of its own:
+    a checkpoint whose lm_head.weight differs from shared.weight (an original T5 v1.1 file) has
+    no transformers model to agree with. Import refuses it by name rather than drop the head."""
+    from cardc.runtime.errors import RuntimeInputError
+
+    assert transformers.T5Config(tie_word_embeddings=False).tie_word_embeddings is True
+    hf, ours = models
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    state["lm_head.weight"] = state["shared.weight"] + 1
+    with pytest.raises(RuntimeInputError, match=r"^tensor 'lm_head\.weight' differs from "
+                                                r"'shared\.weight', but the card T5 ties them$"):
+        to_card_state(MAPPING, state, ours.state_dict(), N)

@@ -54,7 +54,8 @@ class Built:
         want = torch.stack([self.program(*(x[b] for x in inputs), params=self.params,
                                          hypers=self.env) for b in range(B)])
         weights = torch.linspace(-1, 1, want.numel(), dtype=torch.float64).reshape(want.shape)
-        (want * weights).sum().backward()
+        self.literal.zero_grad()  # the interpreter's parameters are the literal's: a
+        (want * weights).sum().backward()  # grad left by an earlier call would add in
         grads = {n: p.grad.clone() for n, p in self.literal.named_parameters()}
         for module in (self.literal, self.fused):
             module.zero_grad()

@@ -221,7 +221,7 @@ def _one(expr_text: str) -> s.Expr:
 @pytest.mark.parametrize("text", [
     "a (b c)", "a − (b − c)", "a/(b/c)", "(a − b)/c", "a (−b)", "−a b", "−(a b)", "a · (b c)",
     "(Σ_{i=1}^{n} x)/n", "Σ_{i=1}^{n} (a + b)", "a Σ_{i=1}^{n} x y", "a (Σ_{i=1}^{n} x) y",
-    "√(a b)", "(√a)^⊺", "(X)^{3}", "x[i]^{e}", "(∞)[1]", "(a + b)[i]", "X^⊺[i]²", "(−a)²",
+    "√(a b)", "(√a)^⊺", "X^{3}", "(X)^{e}", "x[i]^{e}", "(∞)[1]", "(a + b)[i]", "X^⊺[i]²", "(−a)²",
     "[[a, b]]", "[[[a] ≤ b]]", "[a; b; …; c]", "x[1 : t, :, t:, :t]", "a + −b",
 ])
 def test_minimal_parentheses(text):

@@ -56,7 +56,8 @@ class Built:
         parameter; the interpreter's values."""
         want = self.interpreted(*(x + 1 for x in inputs) if tokens else inputs)
         weights = torch.linspace(-1, 1, want.numel(), dtype=torch.float64).reshape(want.shape)
-        (want * weights).sum().backward()
+        self.literal.zero_grad()  # the interpreter's parameters are the literal's: a
+        (want * weights).sum().backward()  # grad left by an earlier call would add in
         grads = {n: p.grad.clone() for n, p in self.literal.named_parameters()}
         for module in (self.literal, self.fused):
             module.zero_grad()

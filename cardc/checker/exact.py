@@ -81,8 +81,18 @@ def number(e: s.Expr, env: dict[str, Fraction]) -> Fraction:
         ops = {"+": lambda: a + b, "−": lambda: a - b, "·": lambda: a * b, " ": lambda: a * b,
                "/": lambda: a / b}
         return _fits(ops[e.op](), e.span)
+    if isinstance(e, s.Call) and e.func in _STEP_ONLY:
+        raise _NotNumber(e.span, f"{_STEP_ONLY[e.func]} is not computed in a hyperparameter's "
+                                 "value", hint="a value is a number or arithmetic (+ − · / ^ √) "
+                                 "on numbers and names; compute it in a step of the card, as "
+                                 "'c ← 2^{⌊log₂ H⌋}'")
     raise _NotNumber(e.span, "expected a number", hint="a value is a number or arithmetic "
                                                         "(+ − · / ^ √) on numbers and names")
+
+
+# integer math a step computes (cardc/builtins.py) and a value does not, as the card writes it
+_STEP_ONLY = {"floor": "⌊·⌋", "ceil": "⌈·⌉", "abs": "|·|", "log2": "log₂", "min": "min",
+              "max": "max"}
 
 
 def _literal(e: s.Num) -> Fraction:

@@ -37,8 +37,18 @@ class Calls:
             return marks
         if e.bar and e.params or len(e.args) != 1 and e.func not in ("max", "min"):
             return self.unsupported(e, f"the call of '{display(e.func)}'")
+        if e.func == "log" and (whole := self.log_of(e.args[0], frame)) is not None:
+            return whole
         args = [self.expr(frame, a) for a in e.args]
         return self.builtin(e, e.func, args, frame)
+
+    def log_of(self, e: s.Expr, frame: Frame) -> Value | None:
+        """log of `e` where `e` is σ(z) or softmax(z), taken as one function of z (the
+        logarithm of a value rounded to 0 would be −∞, not the number it is); else None."""
+        if not isinstance(e, s.Call) or e.func not in functions.LOG_OF or len(e.args) != 1 or \
+                e.params or id(e) in frame.info.calls:
+            return None
+        return functions.log_of(e.func, self.real(self.expr(frame, e.args[0])), frame.column)
 
     def patches(self, e: s.Call, frame: Frame) -> Value:
         """patches(X | p), the image cut into blocks the size p names; a size that does not

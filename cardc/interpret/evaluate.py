@@ -240,6 +240,8 @@ class Evaluator(Statements, Calls):
             return b.unsqueeze(-1)
         if e.op == " " and isinstance(e.left, s.Name) and e.left.id not in frame.locals and \
                 self.lookup(frame, e.left, required=False) is None:  # `log p`: applied
+            if e.left.id == "log" and (whole := self.log_of(e.right, frame)) is not None:
+                return whole
             return self.builtin(e, e.left.id, [self.expr(frame, e.right)], frame)
         a, b = self.expr(frame, e.left), self.expr(frame, e.right)
         return self.binary(e, a, b)

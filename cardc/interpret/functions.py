@@ -36,6 +36,19 @@ def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     return e / e.sum(dim=dim, keepdim=True)
 
 
+def log_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """log σ(x) = min(x, 0) − log(1 + e^{−|x|}): the logarithm of σ taken before σ rounds
+    to 0, so it stays a number (−x, not −∞) far below 0."""
+    return x.clamp(max=0) - torch.log1p(torch.exp(-x.abs()))
+
+
+def log_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """log softmax(x)_i = x_i − log Σ_j exp(x_j), shifted by the largest entry: a number
+    where softmax's entry rounds to 0."""
+    shifted = x - x.amax(dim=dim, keepdim=True).detach()
+    return shifted - torch.log(torch.exp(shifted).sum(dim=dim, keepdim=True))
+
+
 def patches(x: torch.Tensor, p: int) -> torch.Tensor:
     """patches(X | p) from its definition, one entry at a time: X ∈ ℝ^{C×H×W} (a matrix is
     one channel) cut into p×p blocks; row (i − 1)·W/p + j, column (c − 1)·p² + (a − 1)·p + b
@@ -78,6 +91,14 @@ def whole(x: Any) -> bool:
     if isinstance(x, torch.Tensor):
         return not x.is_floating_point() and x.dtype != torch.bool
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def log_of(name: str, x: torch.Tensor, column: bool) -> torch.Tensor:
+    """log(σ(x)) or log(softmax(x)) (`name`: the inner builtin) as one function of x."""
+    return log_sigmoid(x) if name == "σ" else log_softmax(x, 0 if column else -1)
+
+
+LOG_OF = ("σ", "softmax")  # the builtins whose logarithm is taken whole
 
 
 def apply(ev: Any, e: s.Expr, name: str, args: list[Any], frame: Any) -> Any:

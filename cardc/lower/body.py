@@ -30,11 +30,16 @@ def _method(obj: ir.Expr, name: str, *args: ir.Expr, **kwargs: ir.Expr) -> ir.Ca
     return ir.Call(ir.Attr(obj, name), args, tuple(kwargs.items()))
 
 
+LOG_OF = {ir.Ref("torch.softmax"): ir.Ref("torch.log_softmax"),
+          ir.Ref("torch.sigmoid"): ir.Ref("F.logsigmoid")}  # f → the fused log ∘ f
+
+
 def _log_of(code: ir.Expr) -> ir.Expr | None:
-    """log of softmax(z), or of entries picked from it: log_softmax(z), picked alike (one
-    kernel, and no log of an underflowed 0)."""
-    if isinstance(code, ir.Call) and code.func == ir.Ref("torch.softmax"):
-        return ir.Call(ir.Ref("torch.log_softmax"), code.args, code.kwargs)
+    """log of softmax(z) or σ(z), or of entries picked from it: log_softmax(z) or
+    logsigmoid(z), picked alike (one kernel, and no log of an underflowed 0: −∞ where the
+    value is finite)."""
+    if isinstance(code, ir.Call) and code.func in LOG_OF:
+        return ir.Call(LOG_OF[code.func], code.args, code.kwargs)
     if isinstance(code, ir.Sub):
         inner = _log_of(code.obj)
         return None if inner is None else ir.Sub(inner, code.items)

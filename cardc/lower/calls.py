@@ -21,6 +21,7 @@ from .body import (
     _int,
     _is_tensor,
     _like,
+    _log_of,
     _method,
     _mT,
 )
@@ -86,7 +87,8 @@ class Calls:
         if e.func in NUMBER_KIND:
             return self.number_kind(e.func, x, ty)
         if e.func in ELEMENTWISE:
-            return _like(x, _call(ELEMENTWISE[e.func], x.code), ty)
+            log = _log_of(x.code) if e.func == "log" else None
+            return _like(x, log or _call(ELEMENTWISE[e.func], x.code), ty)
         if e.func == "softmax":  # over the first index in the paper's layout (its eq. 2)
             axis = x.axis(0) if self.column and x.ty.shape else -1
             self.count_fixed_softmax(x)

@@ -182,6 +182,7 @@ class Expressions:
                 self.point and not self.ty(e).shape else "@"  # entries under ∀t, t′: a number
             if op == "@":  # a product of matrices takes one number format: no promotion
                 a, b = self.real_beside(a, b), self.real_beside(b, a)
+            a, b = self.meet(a, b), self.meet(b, a)
             if op == "@" and self.column:
                 return self.matmul(e, a, b, ty)
         elif e.op in COMPARE:
@@ -190,6 +191,7 @@ class Expressions:
             op = {"+": "+", "−": "-", "⊙": "*", "/": "/"}.get(e.op)
             if op is None:
                 self.fail(e, f"code generation does not handle '{e.op}' yet")
+            a, b = self.meet(a, b), self.meet(b, a)
         if op == "+" and _linear_bias(a, b):  # F.linear(X, W) + b 1^⊺ → F.linear(X, W, b)
             return replace(a, code=ir.Call(a.code.func, (*a.code.args, b.code)), ty=ty)
         if op == "@":  # a row-major product reads both sides in the card's own layout
@@ -204,7 +206,16 @@ class Expressions:
         if op in "+-" and not (a.lifted or b.lifted or a.ty.shape or b.ty.shape):
             code = _shift(code, 0)  # numbers: `(i + 1) − 1` is `i`
         return Val(code, ty, a.lifted or b.lifted, a.flipped or b.flipped, a.rows or b.rows,
-                   a.tensor or b.tensor)
+                   a.tensor or b.tensor, a.exact or b.exact)
+
+    def meet(self, val: Val, other: Val) -> Val:
+        """Reals of integers alone (held in real_type: float32 in a bfloat16 model) meeting the
+        model's own real values, in the model's number format: torch would promote the model's
+        values to float32, and a product of matrices does not mix formats at all."""
+        if not val.exact or other.exact or other.ty.elem != "ℝ" or not _is_tensor(other) or \
+                self.dtype is None:
+            return val
+        return replace(val, code=_method(val.code, "to", self.dtype), exact=False)
 
     def as_real(self, val: Val, other: Val, other_node: s.Expr) -> Val:
         """An integer tensor (`t − t′` over positions) meeting a real number (`log(α) · G`)
@@ -232,7 +243,8 @@ class Expressions:
             device = self.device_expr()
             assert isinstance(device, ir.Attr)  # `X.device` of an input X
             real = _call("real_type", ir.Attr(device.obj, "dtype"))
-        return replace(val, code=_method(val.code, "to", real), ty=replace(val.ty, elem="ℝ"))
+        return replace(val, code=_method(val.code, "to", real), ty=replace(val.ty, elem="ℝ"),
+                       exact=True)
 
     def real_beside(self, val: Val, other: Val) -> Val:
         """An integer tensor multiplied by a real matrix (`m X` of position distances m) in

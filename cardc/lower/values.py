@@ -66,6 +66,8 @@ class Val:
     rows: tuple[Dim, ...] = ()  # axes of a map over positions, between batch and card axes
     tensor: bool = False  # one number held in a 0-d tensor (‖g‖), not a Python number: it
     # stays on its device, as `torch.clamp`, never `min` (which would wait for its value)
+    exact: bool = False  # reals of integers alone (a position divided), held in real_type's
+    # format (float32 beside bfloat16): they meet the model's values in the model's format
 
     def axis(self, k: int) -> int:
         """The physical axis (counted from the right) of card axis `k`."""

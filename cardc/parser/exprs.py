@@ -3,9 +3,13 @@ and the paper's notations (Iverson brackets, norms, concatenation, sums, choices
 
 from __future__ import annotations
 
+import re
+
 from .. import syntax as s
 from ..lalr import Token
 from .base import _OPS, _is_punct, _item, _meta, _Rules, _span, _term
+
+_WHOLE_POWER = re.compile(r"(.+)\^\{(\d+)\}")  # p^{2}: the power, not a name
 
 
 class _Exprs(_Rules):
@@ -13,7 +17,18 @@ class _Exprs(_Rules):
 
     @_meta
     def name(self, meta, c):
-        return s.Name(str(c[0]), span=self.sp(meta))
+        """A name; one that ends in a whole number in braces, `p^{2}`, is that power of the
+        name before it (as `p²` is): a superscript that names (γ^1, W^{e/d}) is bare or not a
+        number."""
+        text, sp = str(c[0]), self.sp(meta)
+        power = _WHOLE_POWER.fullmatch(text)
+        if power is None:
+            return s.Name(text, span=sp)
+        base, digits = power.groups()
+        end = sp.col + len(base)
+        return s.Power(s.Name(base, span=s.Span(sp.file, sp.line, sp.col, sp.line, end)),
+                       s.Num(digits, span=s.Span(sp.file, sp.line, end + 2, sp.line,
+                                                 end + 2 + len(digits))), span=sp)
 
     @_meta
     def number(self, meta, c):

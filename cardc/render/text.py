@@ -158,8 +158,9 @@ class Renderer:
         base = self.sub(node.base, POSTFIX)
         if node.exponent == s.Num("2"):
             return base + "²"
-        if isinstance(node.base, s.Name):  # "X^{e}" would read as the name X^{e}
-            base = f"({base})"
+        if isinstance(node.base, s.Name) and not (
+                isinstance(node.exponent, s.Num) and node.exponent.text.isdigit()):
+            base = f"({base})"  # "X^{e}" would read as the name X^{e}; X^{3} is the power
         return f"{base}^{{{self.sub(node.exponent, SUM)}}}"
 
     def text_Transpose(self, node: s.Transpose, tail: bool) -> str:
