@@ -221,14 +221,17 @@ def test_rotate_half_computes_its_angle_tables_once():
         for _ in range(3):
             model(torch.randint(0, 97, (1, 1)), cache=cache)
     assert len(calls) == 1  # two layers, queries and keys, four steps: one table
-    (pairs, d, width, base, _, dtype), = tables
+    (pairs, d, width, base, _, dtype, inference), = tables  # made outside inference mode
+    assert inference is False
     assert (pairs, d, width, base, dtype) == (False, 8, 8, model.theta_base, torch.float32)
-    cos, sin, *_ = angles[pairs, 0, 5, d, None, model.theta_base, torch.device("cpu"), dtype]
+    cos, sin, *_ = angles[pairs, 0, 5, d, None, model.theta_base, torch.device("cpu"), dtype,
+                            False]
     phi = torch.arange(5, dtype=torch.float32)[:, None] * base ** -(
         torch.arange(0, d, 2, dtype=torch.float32) / d)
     assert torch.allclose(cos, phi.cos().repeat(1, 2))
     assert torch.allclose(sin, torch.cat([-phi.sin(), phi.sin()], dim=-1))
-    cos, *_ = angles[pairs, 7, 1, d, None, model.theta_base, torch.device("cpu"), dtype]
+    cos, *_ = angles[pairs, 7, 1, d, None, model.theta_base, torch.device("cpu"), dtype,
+                        False]
     phi = 7 * base ** -(torch.arange(0, d, 2, dtype=torch.float32) / d)  # the 8th position
     assert torch.allclose(cos[0], phi.cos().repeat(2))
 
