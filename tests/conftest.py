@@ -76,7 +76,7 @@ def cli(capsys, monkeypatch) -> Iterator[Callable[..., subprocess.CompletedProce
 # heaviest files sort late (presets, soundness, train_cli): started last, a long file keeps one
 # worker busy while the others sit idle.
 SLOWEST = (
-    "test_presets.py", "test_soundness.py", "test_names.py", "test_train_cli.py",
+    "test_soundness.py", "test_presets.py", "test_names.py", "test_train_cli.py",
     "test_interpret.py", "test_render_latex.py", "test_fuzz.py", "test_cli_runs.py",
     "test_docs.py", "test_resume.py", "test_reproducers.py", "test_cardgen.py",
     "test_render_text.py", "test_interop_mapping.py", "test_file_fuzz.py", "test_decoding.py",
