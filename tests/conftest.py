@@ -12,6 +12,36 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _parsed_once() -> Iterator[None]:
+    """Each card text parsed once a test process: most tests load the whole library (each
+    model built from a card in a folder of its own checks it against cards/), ~40 files parsed
+    again per build. A parse reads only its text and the file's name, and its tree is
+    immutable (frozen dataclasses), so the tree and the diagnostics of a text are reused;
+    what a test checks about parsing is what the first parse of each text did."""
+    import cardc.parser as parser
+    from cardc.diagnostics import Diagnostics
+
+    fresh, done = parser.parse, {}
+
+    def parse(text: str, file: str = "<card>", diags: Diagnostics | None = None):
+        diags = diags if diags is not None else Diagnostics()
+        key = (text, file)
+        if key not in done:
+            if len(done) >= 4096:  # fuzzed texts: keep the memory bounded
+                done.pop(next(iter(done)))
+            own = Diagnostics()
+            done[key] = fresh(text, file, own), own.sources[file], own.items
+        card, source, items = done[key]
+        diags.sources[file] = source
+        diags.items += items
+        return card
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(parser, "parse", parse)
+        yield
+
+
 @pytest.fixture
 def cli(capsys, monkeypatch) -> Iterator[Callable[..., subprocess.CompletedProcess]]:
     """`cardc ARGS` run in this process (from the repository's root), answered as
@@ -46,7 +76,7 @@ def cli(capsys, monkeypatch) -> Iterator[Callable[..., subprocess.CompletedProce
 # heaviest files sort late (presets, soundness, train_cli): started last, a long file keeps one
 # worker busy while the others sit idle.
 SLOWEST = (
-    "test_presets.py", "test_soundness.py", "test_names.py", "test_train_cli.py",
+    "test_soundness.py", "test_presets.py", "test_names.py", "test_train_cli.py",
     "test_interpret.py", "test_render_latex.py", "test_fuzz.py", "test_cli_runs.py",
     "test_docs.py", "test_resume.py", "test_reproducers.py", "test_cardgen.py",
     "test_render_text.py", "test_interop_mapping.py", "test_file_fuzz.py", "test_decoding.py",

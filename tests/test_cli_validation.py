@@ -3,10 +3,14 @@ a malformed command line, 1 for input that cannot be used), never a traceback or
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ import pytest
 from cardc.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
+NOBODY = 65534  # the unprivileged user's id
 SMALL = ["--set", "D=32", "--set", "H=2", "--set", "D_f=64", "--set", "N=1", "--set", "ctx=32"]
 
 
@@ -31,6 +36,26 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     out, err = capsys.readouterr()
     assert "Traceback" not in err
     return code, out, err
+
+
+@contextlib.contextmanager
+def read_only_folder() -> Iterator[Path]:
+    """A folder (in /tmp) no one but root may write in, and a process that asks as a user does.
+    cardc asks access(2), which answers for the real user, and root (CI runs as root) may
+    write anywhere: there the real user is nobody while the folder is in use (the effective
+    one stays root), so the answer is the one any user gets."""
+    folder = Path(tempfile.mkdtemp(prefix="cardc-read-only-"))
+    folder.chmod(0o555)
+    root = os.getuid() == 0
+    try:
+        if root:
+            os.setresuid(NOBODY, 0, 0)
+        yield folder
+    finally:
+        if root:
+            os.setresuid(0, 0, 0)
+        folder.chmod(0o755)
+        shutil.rmtree(folder)
 
 
 def last_line(err: str) -> str:
@@ -135,16 +160,12 @@ def test_train_out_holding_other_files(capsys, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["thesis.tex"]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="permissions do not bind root")
-def test_train_out_in_a_read_only_folder(capsys, tmp_path):
-    tmp_path.chmod(0o555)
-    try:
+def test_train_out_in_a_read_only_folder(capsys):
+    with read_only_folder() as folder:
         code, _, err = run(capsys, "train", "cards/gpt2.card", "--preset", "tiny",
-                           "--out", str(tmp_path / "run"))
-    finally:
-        tmp_path.chmod(0o755)
+                           "--out", str(folder / "run"))
     assert code == 1
-    assert err == f"cardc: error: cannot write in '{tmp_path}': permission denied\n"
+    assert err == f"cardc: error: cannot write in '{folder}': permission denied\n"
 
 
 def test_build_out_below_a_file(capsys, tmp_path):
@@ -155,15 +176,11 @@ def test_build_out_below_a_file(capsys, tmp_path):
     assert err == f"cardc: error: cannot create '{file / 'sub'}': '{file}' is not a folder\n"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="permissions do not bind root")
-def test_build_into_a_read_only_folder(capsys, tmp_path):
-    tmp_path.chmod(0o555)
-    try:
-        code, _, err = run(capsys, "build", "cards/gpt2.card", "--out", str(tmp_path))
-    finally:
-        tmp_path.chmod(0o755)
+def test_build_into_a_read_only_folder(capsys):
+    with read_only_folder() as folder:
+        code, _, err = run(capsys, "build", "cards/gpt2.card", "--out", str(folder))
     assert code == 1
-    assert err == f"cardc: error: cannot write in '{tmp_path}': permission denied\n"
+    assert err == f"cardc: error: cannot write in '{folder}': permission denied\n"
 
 
 def _unwritable(monkeypatch):

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,15 +31,16 @@ from cardc.build import (
     load_module,
     model_cards,
     procedure_cards,
+    require_clean,
     serves,
     source,
     unbound_models,
 )
-from cardc.checker import check
+from cardc.checker import Checker, check
 from cardc.cli import main
 from cardc.diagnostics import Diagnostics
 from cardc.info import summarize
-from cardc.library import load
+from cardc.library import Library, load
 from cardc.names import identifier
 from cardc.parser import parse_file
 from cardc.presets import validate
@@ -67,10 +69,28 @@ def library(tmp_path_factory) -> Path:
     return dest
 
 
-def _builds(path: Path, root: Path, only: tuple[str, str] | None = None) -> None:
+def _checked(path: Path, root: Path, lazy: tuple[Library, Checker] | None = None
+             ) -> tuple[Library, Checker]:
+    """`path`'s library, checked (raising the errors of what it uses) as `cardc check` and
+    `cardc info` read it: `path` and the cards it calls, which are what resolve its names
+    (`lazy`: that library, checked already). A generic recipe among them is bound to a model
+    card of the library: then all of it."""
+    if lazy is None:
+        lib, _ = load([path], root=root, lazy=True)
+        lazy = lib, check(lib)[0]
+    lib, checker = lazy
+    require_clean(lib, checker, checker.diags, {str(path)})
+    file = next(f for f in lib.files if Path(f.path) == path)
+    if any(id(a) in checker.infos and unbound_models(checker, a) for a in file.algorithms):
+        lib, checker, _ = checked([str(path)], str(root))
+    return lib, checker
+
+
+def _builds(path: Path, root: Path, only: tuple[str, str] | None = None,
+            lazy: tuple[Library, Checker] | None = None) -> None:
     """Every card of `path` builds at every preset (`only`: one card at one preset), and
     `cardc info` answers for each."""
-    lib, checker, _ = checked([str(path)], str(root))  # raises the errors of what it uses
+    lib, checker = _checked(path, root, lazy)
     file = next(f for f in lib.files if Path(f.path) == path)
     models = model_cards(lib, checker, [file.path])
     procedures = procedure_cards(lib, checker, [file.path])
@@ -100,6 +120,20 @@ def test_every_card_builds_at_every_preset(path: Path):
     _builds(path, CARDS)
 
 
+@contextlib.contextmanager
+def _on_meta() -> Iterator[None]:
+    """Modules built on the meta device, which allocates nothing, their random initialisation
+    left out: a meta tensor holds no values, and torch fills one through its slow reference
+    ops (some ms a weight: a minute over the experts of the published sizes)."""
+    normal = torch.Tensor.normal_
+    torch.Tensor.normal_ = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        torch.Tensor.normal_ = normal  # type: ignore[method-assign]
+
+
 def test_info_counts_the_parameters_the_built_module_holds_at_every_preset():
     """`cardc info` and the built module agree on every model card at every preset, the large
     ones too (built on the meta device, which allocates nothing): a weight counted and not
@@ -110,7 +144,7 @@ def test_info_counts_the_parameters_the_built_module_holds_at_every_preset():
         for preset in alg.presets:
             values = validate(checker, alg, preset.name)
             counted = summarize(checker.infos[id(alg)].sig, preset.name).parameters
-            with torch.device("meta"):
+            with _on_meta():
                 model, _ = instantiate(checker, alg,
                                        {identifier(k): v for k, v in values.items()})
             built = sum(p.numel() for p in model.parameters())
@@ -164,7 +198,7 @@ def test_mutated_presets_are_refused_at_the_preset_line_or_build(library: Path, 
     try:
         target.write_text(_mutated(original, preset, index, name, value), encoding="utf-8")
         lib, _ = load([target], root=library, lazy=True)
-        _, diags = check(lib)
+        checker, diags = check(lib)
         errors = [d for d in diags.errors if d.span.file == str(target)]
         event("refused by check" if errors else "builds")
         if errors:
@@ -174,7 +208,7 @@ def test_mutated_presets_are_refused_at_the_preset_line_or_build(library: Path, 
             assert code != 0 and "Traceback" not in err
             assert re.search(rf"{re.escape(target.name)}:\d+:\d+: error:", err), err
         else:
-            _builds(target, library, only=(alg.label or "", preset.name))
+            _builds(target, library, only=(alg.label or "", preset.name), lazy=(lib, checker))
     finally:
         target.write_text(original, encoding="utf-8")
 

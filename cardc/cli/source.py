@@ -122,7 +122,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     from ..presets import validate
 
     require_cards([args.card])
-    lib, _ = load([args.card], root=library(args, [args.card]))
+    # as `check` does: the card and what it calls, not the whole library (its errors would
+    # not be reported: only those of the files used are)
+    lib, _ = load([args.card], root=library(args, [args.card]), lazy=True)
     checker, diags = check(lib)
     if report(only_in(diags, files_used(lib, checker, {str(Path(args.card))}))):
         return EXIT_ERROR
