@@ -12,6 +12,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+WHOLE_POWER = re.compile(r"(.+)\^\{(\d+)\}")  # p^{2}: a power of p in a step, not a name
+
+
+def whole_power(name: str) -> tuple[str, str] | None:
+    """(base, exponent) of a name that ends in a whole number in braces, `p^{2}`: a step
+    reads it as that power of the name before it (as `p²`)."""
+    found = WHOLE_POWER.fullmatch(name)
+    return (found.group(1), found.group(2)) if found else None
+
 
 @dataclass(frozen=True)
 class Span:

@@ -226,6 +226,29 @@ def test_a_whole_number_in_braces_after_a_name_is_a_power(tmp_path):
     assert "p^3" in {n.id for n in s.nodes(named) if isinstance(n, s.Name)}
 
 
+BRACED_NAMES = """\
+Algorithm: y ← Twice(x | W)
+Input: x ∈ ℝ^{D}
+Output: y ∈ ℝ^{D}
+Parameters: W consisting of:
+    W^{1} ∈ ℝ^{D×D}
+    W^2 ∈ ℝ^{D×D}
+Hyperparameters: D ∈ ℕ
+1 return y = x W^2
+"""
+
+
+def test_a_name_a_step_would_read_as_a_power_is_refused_where_it_is_declared(tmp_path):
+    """Once `W^{1}` in a step is W to the power 1, a card declaring a parameter `W^{1}` was
+    told only, at its use, that 'W' is unknown: the declaration itself is refused, with the
+    spellings a name may take; `W^2` beside it stays a name."""
+    errors = _diagnostics(tmp_path, BRACED_NAMES).errors
+    assert [(e.span.line, e.span.col) for e in errors] == [(5, 5)]
+    assert errors[0].message == "'W^{1}' cannot be declared: a step reads it as W to the power 1"
+    assert errors[0].hint == ("a name's superscript is bare or not a whole number: "
+                              "write W^1 or W_1")
+
+
 INTEGER_VALUE = """\
 Algorithm: Y ← Model(X | W)
 Input: X ∈ ℝ^{T×D}

@@ -60,6 +60,7 @@ class DeclEnv:
         return out
 
     def declare(self, kind: str, item: s.Item) -> None:
+        self.refuse_powers(item)
         if isinstance(item, s.Sentence):
             self.sentence(kind, item)
             return
@@ -106,6 +107,17 @@ class DeclEnv:
                 self.inputs[name] = ty
             else:
                 self.outputs[name] = ty
+
+    def refuse_powers(self, item: s.Item) -> None:
+        """A declared name a step would read as a power (`W^{1}` is W to the power 1)."""
+        for name, span in _declared_names(item):
+            power = s.whole_power(name)
+            if power is not None:
+                base, k = power
+                self.error(span, f"'{display(name)}' cannot be declared: a step reads it "
+                                      f"as {display(base)} to the power {k}",
+                           hint=f"a name's superscript is bare or not a whole number: "
+                                f"write {display(base)}^{k} or {display(base)}_{k}")
 
     def run_value(self, item: s.Decl) -> None:
         """`s ∈ ℕ = 1337, seed of every random draw`; `φ ∈ {float32, bfloat16} = float32,
@@ -381,6 +393,17 @@ def _decls(alg: s.Algorithm) -> list[s.Decl]:
         for item in block.items:
             go(item)
     return out
+
+
+def _declared_names(item: s.Item) -> list[tuple[str, s.Span]]:
+    """The names an item declares, a bundle's and its members' included, each with the span
+    of the line that declares it."""
+    if isinstance(item, s.Decl):
+        return [(name, item.span) for name in item.names]
+    if isinstance(item, s.Bundle | s.Family):
+        inner = [n for sub in item.items for n in _declared_names(sub)]
+        return [(item.name, item.span), *inner] if isinstance(item, s.Bundle) else inner
+    return []
 
 
 def _flat(e: s.Expr) -> str:

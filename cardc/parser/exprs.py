@@ -3,13 +3,9 @@ and the paper's notations (Iverson brackets, norms, concatenation, sums, choices
 
 from __future__ import annotations
 
-import re
-
 from .. import syntax as s
 from ..lalr import Token
 from .base import _OPS, _is_punct, _item, _meta, _Rules, _span, _term
-
-_WHOLE_POWER = re.compile(r"(.+)\^\{(\d+)\}")  # p^{2}: the power, not a name
 
 
 class _Exprs(_Rules):
@@ -21,10 +17,10 @@ class _Exprs(_Rules):
         name before it (as `p²` is): a superscript that names (γ^1, W^{e/d}) is bare or not a
         number."""
         text, sp = str(c[0]), self.sp(meta)
-        power = _WHOLE_POWER.fullmatch(text)
+        power = s.whole_power(text)
         if power is None:
             return s.Name(text, span=sp)
-        base, digits = power.groups()
+        base, digits = power
         end = sp.col + len(base)
         return s.Power(s.Name(base, span=s.Span(sp.file, sp.line, sp.col, sp.line, end)),
                        s.Num(digits, span=s.Span(sp.file, sp.line, end + 2, sp.line,
