@@ -303,8 +303,9 @@ class KVCache:
         return False
 
     def keep(self, z, *encoding):
-        """Keep the source z and what the encoder made of it, for the tokens decoded after."""
-        self.source, self.encoding, self.context = z, encoding, []
+        """Keep the source z (a copy: the caller may write into its own) and what the encoder
+        made of it, for the tokens decoded after."""
+        self.source, self.encoding, self.context = z.clone(), encoding, []
 
     def kept(self):
         """What the next step of this forward that reads the source alone (a cross-attention's

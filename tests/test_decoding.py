@@ -189,6 +189,14 @@ def test_a_cache_that_decoded_after_one_source_refuses_another():
         cache.new(x[:, 1:3])  # not an extension of the tokens held: it starts over
         assert torch.allclose(model(other, x[:, 1:3], cache=cache), model(other, x[:, 1:3]),
                               atol=1e-6)
+        source = z.clone()
+        held = model.new_cache()
+        model(z, x[:, :4], cache=held)
+        z[0, 0] = (z[0, 0] + 1) % 97  # written into by its caller: another source now
+        with pytest.raises(ValueError, match="decoded after another source"):
+            model(z, x[:, 4:5], cache=held)
+        assert torch.allclose(model(source, x[:, 4:5], cache=held),  # its own source goes on
+                              model(source, x[:, :5])[:, -1:], atol=1e-6)
 
 
 def test_grouped_query_cache_holds_the_key_value_heads():
