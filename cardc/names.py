@@ -35,7 +35,7 @@ GENERATED = frozenset({
     "omega", "grouped_sdpa", "rotate_half", "rotate_pairs", "rope_angles", "real_type", "ANGLES",
     "rope_table", "rope_frequencies", "TABLES", "turn", "offset_rms_norm",
     "rms_normalize", "RMS_EPS",
-    "shared_mask", "shared_value", "VALUES", "project", "XW", "JOINED_MAX", "cat_broadcast",
+    "shared_mask", "shared_value", "VALUES", "inference_made", "project", "XW", "JOINED_MAX", "cat_broadcast",
     "generate", "pick_token", "filter_logits",  # a decoder's method, the functions it calls
     "hold_stopped", "stop",  # and the stop tokens it holds; a sampling card's caller's stop(y)
     "linear_scan", "previous_states", "stack_broadcast",  # a recurrence over positions

@@ -335,6 +335,14 @@ def project(X, *weights, cache=None):
     return (X @ W if b is None else X @ W + b).split_with_sizes(widths, -1)
 
 
+def inference_made():
+    """Whether tensors made now are inference tensors (under torch.inference_mode), which a
+    training step's autograd cannot save: memos keep them apart. While torch.compile traces,
+    no: it cannot trace the question (a compiled forward under inference mode shares its
+    memos with the uncompiled ones)."""
+    return not torch.compiler.is_compiling() and torch.is_inference_mode_enabled()
+
+
 def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
     """A mask site's visible positions, (queries, keys): a value made once (shared_value, the
     site counted negative, apart from the values'), shared by every layer and every decoding
@@ -360,7 +368,7 @@ def shared_value(site, make, *reads):
     forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
     entry holds it, so no other tensor takes its id while the entry stands. One made under
     inference mode is kept apart: autograd cannot save it."""
-    key = site, torch.is_inference_mode_enabled(), \
+    key = site, inference_made(), \
         *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
     found = VALUES.get(key)
     if found is None:

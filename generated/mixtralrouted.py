@@ -253,6 +253,14 @@ class MixtralRouted(nn.Module):
 # Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
 
 
+def inference_made():
+    """Whether tensors made now are inference tensors (under torch.inference_mode), which a
+    training step's autograd cannot save: memos keep them apart. While torch.compile traces,
+    no: it cannot trace the question (a compiled forward under inference mode shares its
+    memos with the uncompiled ones)."""
+    return not torch.compiler.is_compiling() and torch.is_inference_mode_enabled()
+
+
 ANGLES = {}  # (convention, positions, widths, base, device, type, inference) → RoPE's cos and sin
 
 
@@ -276,7 +284,7 @@ def rope_angles(pairs, X, theta_base, past, width=None):
     are kept apart: autograd cannot save them for a training step's backward."""
     T, d = X.shape[-2], X.shape[-1]
     dtype = real_type(X.dtype)
-    key = pairs, past, T, d, width, theta_base, X.device, dtype, torch.is_inference_mode_enabled()
+    key = pairs, past, T, d, width, theta_base, X.device, dtype, inference_made()
     found = ANGLES.get(key)
     if found is None:
         if len(ANGLES) > 64:
@@ -291,7 +299,7 @@ def rope_table(pairs, d, r, theta_base, device, positions, dtype=torch.float32):
     """rope_angles' tables, for at least `positions` positions (grown by doubling), computed
     in `dtype` from the frequencies on."""
     key = pairs, d, r, theta_base if isinstance(theta_base, tuple) else float(theta_base), \
-        device, dtype, torch.is_inference_mode_enabled()
+        device, dtype, inference_made()
     table = TABLES.get(key)
     if table is None or table[0].shape[0] < positions:
         n = max(positions, 64 if table is None else 2 * table[0].shape[0])
@@ -388,7 +396,7 @@ def shared_value(site, make, *reads):
     forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
     entry holds it, so no other tensor takes its id while the entry stands. One made under
     inference mode is kept apart: autograd cannot save it."""
-    key = site, torch.is_inference_mode_enabled(), \
+    key = site, inference_made(), \
         *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
     found = VALUES.get(key)
     if found is None:

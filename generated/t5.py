@@ -508,6 +508,14 @@ class KVCache:
 JOINED_MAX = 1 << 20
 
 
+def inference_made():
+    """Whether tensors made now are inference tensors (under torch.inference_mode), which a
+    training step's autograd cannot save: memos keep them apart. While torch.compile traces,
+    no: it cannot trace the question (a compiled forward under inference mode shares its
+    memos with the uncompiled ones)."""
+    return not torch.compiler.is_compiling() and torch.is_inference_mode_enabled()
+
+
 def real_type(dtype):
     """The number format of reals computed from integers alone (RoPE's angles, a position
     divided) beside values of `dtype`: float64 for float64, else float32 (in bfloat16 or
@@ -570,7 +578,7 @@ def shared_value(site, make, *reads):
     forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
     entry holds it, so no other tensor takes its id while the entry stands. One made under
     inference mode is kept apart: autograd cannot save it."""
-    key = site, torch.is_inference_mode_enabled(), \
+    key = site, inference_made(), \
         *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
     found = VALUES.get(key)
     if found is None:

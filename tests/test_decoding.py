@@ -276,23 +276,27 @@ def test_a_window_mask_is_made_once_per_sizes():
     the rule's: position t sees t − w < t′ ≤ t."""
     model = cardc.model("cards/mistral.card", V=97, D=32, H=4, H_kv=2, d=8, D_f=48, N=3,
                         ctx=64, w=3).eval()
-    masks = type(model).forward.__globals__["MASKS"]  # the generated file's
-    masks.clear()
+    values = type(model).forward.__globals__["VALUES"]  # the generated file's made-once values
+    values.clear()
+
+    def masks():  # a mask site's values: counted negative
+        return {key: made for key, (made, _) in values.items() if key[0] < 0}
+
     cache = model.new_cache()
     with torch.no_grad():
         model(torch.randint(0, 97, (1, 5)), cache=cache)
-        assert len(masks) == 1  # three layers, one mask
-        (site, queries, keys, _, dtype, w), = masks
-        assert (queries, keys, dtype, w) == (5, 5, None, 3)  # a boolean mask: SDPA's
+        assert len(masks()) == 1  # three layers, one mask
+        (site, inference, queries, keys, _, dtype, w), = masks()
+        assert (inference, queries, keys, dtype, w) == (False, 5, 5, None, 3)  # SDPA's boolean
         t = torch.arange(5)
-        assert torch.equal(masks[site, 5, 5, torch.device("cpu"), None, 3],
+        assert torch.equal(masks()[site, False, 5, 5, torch.device("cpu"), None, 3],
                            (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - 3))
         for _ in range(3):  # each step: one new query against the w − 1 kept keys and itself,
             model(torch.randint(0, 97, (1, 1)), cache=cache)  # all visible: no mask at all
-        assert len(masks) == 1  # not even looked up
+        assert len(masks()) == 1  # not even looked up
         model(torch.randint(0, 97, (1, 2)), cache=cache)  # two queries: the first misses one
-        assert masks[site, 2, 4, torch.device("cpu"), None, 3].tolist() == [[True, True, True, False],
-                                                                       [False, True, True, True]]
+        assert masks()[site, False, 2, 4, torch.device("cpu"), None, 3].tolist() == [
+            [True, True, True, False], [False, True, True, True]]
 
 
 def test_a_capped_core_adds_its_mask_as_a_bias_in_the_scores_type():
@@ -304,12 +308,12 @@ def test_a_capped_core_adds_its_mask_as_a_bias_in_the_scores_type():
     source = inspect.getsource(type(model).forward.__globals__["SoftCappedHead"])
     assert "S = (Q / (math.sqrt(s) * c_attn)) @ K.transpose(-2, -1)" in source
     assert "masked_fill" not in source
-    masks = type(model).forward.__globals__["MASKS"]
-    masks.clear()
+    values = type(model).forward.__globals__["VALUES"]
+    values.clear()
     with torch.no_grad():
         model(torch.randint(0, 97, (1, 5)))
-    biases = {key: bias for key, bias in masks.items() if bias is not None}
-    assert {key[4] for key in biases} == {torch.float32} and len(biases) == 2  # local, global
+    biases = {key: bias for key, (bias, _) in values.items() if key[0] < 0 and bias is not None}
+    assert {key[5] for key in biases} == {torch.float32} and len(biases) == 2  # local, global
     t = torch.arange(5)
     window = (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - 3)
     assert any(torch.equal(bias, torch.zeros(5, 5).masked_fill(~window, -math.inf))

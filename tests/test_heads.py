@@ -37,8 +37,11 @@ def _compile(path: Path) -> list[tuple[str, str, str, bool]]:
         return out
 
 
-# helpers whose loop runs ⌈log₂ T⌉ rounds over whole tensors, not one pass per position
-ROUNDS = {"linear_scan", "cat_broadcast"}  # a scan's rounds; the parts a card joins
+# helpers whose loops are not one pass per head, position or token: a scan's ⌈log₂ T⌉ rounds
+# over whole tensors; the parts a card joins; sparse dispatch's pass over the E experts (each
+# called once on its run of tokens) and, without gradients, over at most FEW (a constant)
+# chosen (token, expert) pairs of a decoded token
+ROUNDS = {"linear_scan", "cat_broadcast", "route"}
 
 
 def _loops(text: str) -> list[str]:

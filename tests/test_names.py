@@ -312,7 +312,7 @@ GENERATOR_NAMES = {
     "grouped_sdpa", "options", "groups", "rotate_half", "rotate_pairs", "rope_angles", "ANGLES",
     "real_type", "rope_frequencies", "function", "hypers", "isinstance",
     "pairs", "keep", "layer", "at", "n", "shared_mask", "site", "make", "queries",
-    "shared_value", "VALUES", "reads", "made",
+    "shared_value", "VALUES", "reads", "made", "inference_made",
     "keys", "numbers", "visible", "hidden", "drop", "mask", "rope_table", "TABLES", "width", "found",
     "table", "rest", "positions", "r", "turn", "part", "partner", "Y", "wide_sin", "partners",
     "columns", "rows", "id", "sum", "all", "project", "XW", "JOINED_MAX", "weights", "joined", "joins", "widths",
@@ -344,7 +344,7 @@ GENERATOR_SUFFIXES = ("held", "all", "late", "per_head")
 GENERATOR_ATTRS = {
     # sparse experts (cardc/runtime/experts.py)
     "new_full", "index_put", "index_put_", "index_select", "index_add_", "items", "setdefault",
-    "is_inference_mode_enabled", "Module", "joins", "joined", "split_with_sizes", "numel", "requires_grad", "flip", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
+    "is_inference_mode_enabled", "compiler", "is_compiling", "clone", "Module", "joins", "joined", "split_with_sizes", "numel", "requires_grad", "flip", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
     "Generator", "Tensor", "no_grad", "scatter", "sort", "to", "values",
     "arange", "argmax", "as_tensor", "backward", "bool", "cat", "cross_entropy", "detach",
     "device", "empty", "equal", "extend", "flatten", "float", "float32", "float64", "full", "gather", "gelu",

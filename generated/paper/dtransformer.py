@@ -120,6 +120,14 @@ class DTransformer(nn.Module):
 # Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
 
 
+def inference_made():
+    """Whether tensors made now are inference tensors (under torch.inference_mode), which a
+    training step's autograd cannot save: memos keep them apart. While torch.compile traces,
+    no: it cannot trace the question (a compiled forward under inference mode shares its
+    memos with the uncompiled ones)."""
+    return not torch.compiler.is_compiling() and torch.is_inference_mode_enabled()
+
+
 VALUES = {}  # (value site's number, what it reads, tensors by identity) → (the value, those tensors)
 
 
@@ -129,7 +137,7 @@ def shared_value(site, make, *reads):
     forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
     entry holds it, so no other tensor takes its id while the entry stands. One made under
     inference mode is kept apart: autograd cannot save it."""
-    key = site, torch.is_inference_mode_enabled(), \
+    key = site, inference_made(), \
         *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
     found = VALUES.get(key)
     if found is None:
