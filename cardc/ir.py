@@ -278,6 +278,15 @@ def rewrite(node, fn: Callable[[object], object | None]):
 _FIELDS: dict[type, tuple[str, ...]] = {}  # a node class's fields, looked up once
 
 
+def assigned(node) -> set[str]:
+    """Every name a statement (or a tuple of them) assigns, loop variables included, in any
+    statement it holds."""
+    found: set[str] = set()
+    rewrite(node, lambda n: found.update(n.targets) if isinstance(n, Assign) else
+            (found.add(n.target) if isinstance(n, Loop) else None))
+    return found
+
+
 def ref_ids(stmts) -> set[str]:
     """Every name the statements refer to (`Ref`s), anywhere in them."""
     found: set[str] = set()

@@ -390,10 +390,10 @@ def _encode_once(top: ir.Module) -> str | None:
         if isinstance(st, ir.Comment):
             continue
         if ir.ref_ids([st]) & tainted or isinstance(st, ir.Return):
-            tainted |= _assigned(st)
+            tainted |= ir.assigned(st)
         else:
             moved.append(st)
-            made |= _assigned(st)
+            made |= ir.assigned(st)
     read = ir.ref_ids([st for st in top.body if not any(st is m for m in moved)]) & made
     if not moved or not read:
         return None
@@ -447,7 +447,7 @@ def _tainted(body: list[ir.Stmt], names: set[str]) -> set[str]:
     names = set(names)
     for st in body:
         if ir.ref_ids([st]) & names:
-            names |= _assigned(st)
+            names |= ir.assigned(st)
     return names
 
 
@@ -498,14 +498,6 @@ def _keep_context(m: ir.Module, tainted: set[str]) -> bool:
     if not _takes_cache(m):
         m.inputs.append(ir.Arg("cache", ir.Lit("None")))
     return True
-
-
-def _assigned(st: ir.Stmt) -> set[str]:
-    """The names a statement assigns, in any statement it holds."""
-    found: set[str] = set()
-    _walk([st], lambda x: found.update(x.targets) if isinstance(x, ir.Assign) else
-          found.add(x.target) if isinstance(x, ir.Loop) else None)
-    return found
 
 
 def _positions(item, t: ir.Ref) -> bool:

@@ -79,13 +79,13 @@ class Sharing:
         if isinstance(st, ir.Return):
             return dataclasses.replace(st, value=self.expr(st.value, known, taken))
         if isinstance(st, ir.If | ir.Loop | ir.While):
-            again = _assigned(st) if isinstance(st, ir.Loop | ir.While) else set()
+            again = ir.assigned(st) if isinstance(st, ir.Loop | ir.While) else set()
             inner = Known(known.names - again, known.tensors - again)  # a later pass's values
             changes = {"body": tuple(self.body(list(st.body), inner, taken))}
             if isinstance(st, ir.If):
                 orelse = Known(set(known.names), set(known.tensors))
                 changes["orelse"] = tuple(self.body(list(st.orelse), orelse, taken))
-            for name in _assigned(st):  # set in a branch or a loop: not known after it
+            for name in ir.assigned(st):  # set in a branch or a loop: not known after it
                 known.names.discard(name)
                 known.tensors.discard(name)
             return dataclasses.replace(st, **changes)
@@ -237,16 +237,9 @@ def _cost(e, known: Known) -> int:
     return count
 
 
-def _assigned(st) -> set[str]:
-    out: set[str] = set()
-    ir.rewrite(st, lambda n: out.update(n.targets) if isinstance(n, ir.Assign) else
-               (out.add(n.target) if isinstance(n, ir.Loop) else None))
-    return out
-
-
 def _taken(body: list[ir.Stmt], args: list[ir.Arg]) -> set[str]:
     """The names a unit uses: a local function made for a long line takes none of them."""
-    return ir.ref_ids(body) | _assigned(tuple(body)) | {a.name for a in args}
+    return ir.ref_ids(body) | ir.assigned(tuple(body)) | {a.name for a in args}
 
 
 def _fresh(name: str, taken: set[str]) -> str:
