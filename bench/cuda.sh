@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# On a machine with a CUDA GPU: the CUDA tests, then training-step speed against transformers
-# at two real sizes (GPT-2 124M, SmolLM2-135M), bf16 autocast, with MFU. Results under $1.
+# On a machine with a CUDA GPU: training-step speed of GPT-2 124M and SmolLM2-135M against
+# transformers and litgpt, each under torch.compile, at batch 16 × 1024, bf16 autocast, fused
+# AdamW, vocabulary padded to a multiple of 64, with MFU and peak memory; then the CUDA tests.
+# Logs under $1. litgpt runs under $LITGPT_PYTHON (bench/setup_peers.sh makes one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-cuda-results}
+rounds=${ROUNDS:-2}
+litgpt=${LITGPT_PYTHON:-bench/.venv-litgpt/bin/python}
 mkdir -p "$out"
-python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())'
-python3 -m pytest -q -s -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$out/tests.log"
-for card in "cards/gpt2.card --preset gpt2" "cards/llama.card --preset smollm2-135m"; do
-    # shellcheck disable=SC2086
-    python3 bench/train_step.py --card $card --device cuda --batch 8 --block 512 --rounds 3 \
-        --steps 10 --peers transformers 2>&1 | tee -a "$out/train_step.log"
+python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())' | tee "$out/device.log"
+for model in gpt2 llama; do
+    python3 bench/train_step.py --model $model --config full --device cuda --compile \
+        --batch 16 --block 1024 --rounds "$rounds" --steps 20 --warmup 5 \
+        --peers transformers litgpt --litgpt-python "$litgpt" --json "$out/train_step_$model.json" \
+        2>&1 | tee -a "$out/train_step.log"
 done
+python3 -m pytest -q -s -p no:cacheprovider -n 0 tests/test_cuda.py 2>&1 | tee "$out/tests.log"

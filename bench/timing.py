@@ -18,8 +18,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# peak dense bf16 tensor-core throughput of an H100 / H200 SXM, no sparsity
-PEAK_BF16_FLOPS = 989e12
+# peak dense bf16 tensor-core throughput, no sparsity, by a word of the device's name (the
+# vendors' data sheets: H100 and H200 SXM 989 TFLOP/s, A100 312, L40S 362, L4 121)
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
+
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    """The peak of the device named, None for one not in the table (then no MFU is shown)."""
+    words = device_name.replace("-", " ").split()
+    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in words), None)
 
 # what a worker's build function returns: the model, and how many of its parameters are
 # position embeddings (a lookup, no matrix product: left out of the FLOPs count)
@@ -47,7 +54,7 @@ def fixed_batch(V: int, batch: int, block: int, seed: int,
 
 
 def time_steps(model: nn.Module, logits_of: Callable[[nn.Module, torch.Tensor], torch.Tensor],
-               spec: dict[str, Any]) -> dict[str, float]:
+               spec: dict[str, Any]) -> dict[str, Any]:
     """Seconds per training step (forward, cross-entropy, backward, AdamW step, zero_grad),
     after `warmup` untimed steps; bf16 autocast on CUDA, fp32 on the CPU."""
     device = torch.device(spec["device"])
@@ -77,7 +84,11 @@ def time_steps(model: nn.Module, logits_of: Callable[[nn.Module, torch.Tensor], 
         step()
     sync()
     seconds = (time.perf_counter() - start) / spec["steps"]
-    return {"step_s": seconds, "tokens_per_s": spec["batch"] * spec["block"] / seconds}
+    result = {"step_s": seconds, "tokens_per_s": spec["batch"] * spec["block"] / seconds}
+    if device.type == "cuda":
+        result["device_name"] = torch.cuda.get_device_name(device)
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return result
 
 
 def unique_params(model: nn.Module) -> int:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from decodecheck import is_causal, token_inputs
 from safetensors.torch import load_file
-from test_decoding import walked  # noqa: F401  (a fixture)
+from test_decoding import FLOAT64_VALUES, walked  # noqa: F401  (walked: a fixture)
 from test_distributed import stop_after_first_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -38,14 +38,18 @@ def exact_float32():
 
 
 def test_every_language_model_computes_on_cuda_what_it_computes_on_the_cpu(walked):  # noqa: F811
+    """To float32's rounding; the models whose float32 rounding alone passes that (T5's unscaled
+    scores: 2.8e-5 of the logits' size on an H200) in float64, far tighter."""
     for name, model, _, _ in walked:
+        wide = name in FLOAT64_VALUES
+        model = model.double() if wide else model
         xs = token_inputs(model, 14, 2)
         with torch.no_grad():
             cpu = model(*xs)
             gpu = model.to("cuda")(*[x.cuda() for x in xs]).cpu()
-        model.cpu()
+        model.cpu().float()
         scale = cpu.abs().max().item()
-        assert (gpu - cpu).abs().max().item() < 1e-5 * scale, name
+        assert (gpu - cpu).abs().max().item() < (1e-9 if wide else 1e-5) * scale, name
 
 
 def test_every_causal_decoder_decodes_through_its_cache_on_cuda(walked):  # noqa: F811
@@ -102,10 +106,12 @@ def test_a_run_trains_samples_and_evaluates_on_cuda(plain):
 
 
 def test_a_sharded_run_makes_the_updates_of_a_plain_one(tmp_path_factory):
-    """FSDP over one process holds every shard: each update's loss is the plain run's, to the
-    rounding of bf16 autocast, which the updates then carry on (AdamW's first steps move a
-    weight by η whatever its gradient's size, so a rounding that flips a sign moves it 2η)."""
-    every = ["--eval-every", "1", "--steps", "20"]
+    """FSDP over one process holds every shard: each update's loss is the plain run's, to
+    float32's rounding (the gradient norm the update is clipped by is summed in another order).
+    In float32, not bf16: AdamW's first steps move a weight by η whatever its gradient's size, so
+    a bf16 rounding that flips a small gradient's sign moves it 2η, by as much as the device's
+    kernels happen to round (3.5e-3 of the loss by the third update on an H200)."""
+    every = ["--eval-every", "1", "--steps", "20", "--precision", "float32"]
     one = records(run_once(tmp_path_factory, "plain1", *every))
     fsdp = records(run_once(tmp_path_factory, "sharded1", *every, "--fsdp", torchrun=True))
     assert [r["step"] for r in one] == [r["step"] for r in fsdp] == list(range(21))
@@ -113,8 +119,7 @@ def test_a_sharded_run_makes_the_updates_of_a_plain_one(tmp_path_factory):
             for a, b in zip(one, fsdp, strict=True)]
     print("\nFSDP against plain, largest loss difference by update:",
           " ".join(f"{g:.1e}" for g in gaps))
-    assert gaps[0] <= 1e-4  # the same initial weights, the same data
-    assert max(gaps[1:4]) <= 2e-3 and max(gaps) <= 2e-2
+    assert max(gaps) <= 1e-4
 
 
 def test_a_stopped_sharded_run_resumes(sharded, tmp_path):

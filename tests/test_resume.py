@@ -143,6 +143,8 @@ def test_resume_refuses_other_settings_naming_the_first(stopped, cli):
     assert "it was trained with recipe_values.eta = 0.001, this run has 0.01" in r.stderr
     r = cli(*RUN, "--seed", "7", "--resume", str(stopped))
     assert r.returncode == 1 and "seed = 1337, this run has 7" in r.stderr
+    r = cli(*RUN, "--precision", "float32", "--resume", str(stopped))
+    assert r.returncode == 1 and 'precision = "bf16", this run has "float32"' in r.stderr
 
 
 def test_an_unfinished_run_points_to_its_checkpoint(stopped, cli):

@@ -79,6 +79,7 @@ class TrainOptions:
     save_every: int = 500
     fsdp: bool = False
     keep_checkpoints: int = 2
+    precision: str = "bf16"
     library: tuple[str, ...] | None = None
 
 
@@ -98,7 +99,8 @@ def train(card: str | os.PathLike[str], *, preset: str | None = None, name: str 
           seed: int | None = None, compile: bool = False, tensorboard: bool = False,
           pad_vocab: bool = False, tokenizer: str | None = None, resume: str | None = None,
           finetune: str | None = None, save_every: int = 500, fsdp: bool = False,
-          keep_checkpoints: int = 2, library: Sequence[str] | None = None) -> TrainedRun:
+          keep_checkpoints: int = 2, precision: str = "bf16",
+          library: Sequence[str] | None = None) -> TrainedRun:
     """Train a card as `cardc train CARD` does, and return the finished run.
 
     `card` is a model card file (trained by the training card that trains it, its recipe, or
@@ -121,7 +123,7 @@ def train(card: str | os.PathLike[str], *, preset: str | None = None, name: str 
         batch_size=batch_size, block_size=block_size, lr=lr, eval_every=eval_every, seed=seed,
         compile=compile, tensorboard=tensorboard, pad_vocab=pad_vocab, tokenizer=tokenizer,
         resume=resume, finetune=finetune, save_every=save_every, fsdp=fsdp,
-        keep_checkpoints=keep_checkpoints,
+        keep_checkpoints=keep_checkpoints, precision=precision,
         library=tuple(library) if library is not None else None))
 
 
@@ -230,7 +232,8 @@ def _config(o: TrainOptions, out: str) -> TrainConfig:
         return TrainConfig(out_dir=out, examples=o.examples, length=o.block_size or 128,
                            eval_every=o.eval_every, device=o.device, data_path=o.data,
                            compile=o.compile, tensorboard=o.tensorboard,
-                           save_every=o.save_every, keep=o.keep_checkpoints, fsdp=o.fsdp)
+                           save_every=o.save_every, keep=o.keep_checkpoints, fsdp=o.fsdp,
+                           precision=o.precision)
     except RuntimeInputError as err:
         raise UsageError(str(err)) from None
 

@@ -197,6 +197,9 @@ def _train(sub) -> argparse.ArgumentParser:
     t.add_argument("--seed", type=_count(0, 2**63 - 1),
                    help="seed of every random draw: the recipe's seed hyperparameter when it "
                         f"has one (default: the recipe's, else {DEFAULT_SEED})")
+    t.add_argument("--precision", choices=("bf16", "float32"), default="bf16",
+                   help="on CUDA, the forward and loss under bf16 autocast over float32 weights "
+                        "(default), or all in float32; the CPU computes in float32 either way")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     t.add_argument("--tensorboard", action="store_true",
                    help="also write the records as TensorBoard scalars, in the run folder's tb/ "

@@ -16,7 +16,8 @@ from .common import EXIT_OK
 # train's flags that are TrainOptions fields of the same name
 FLAGS = ("preset", "name", "recipe", "steps", "examples", "out", "device", "data", "batch_size",
          "block_size", "lr", "eval_every", "seed", "compile", "tensorboard", "pad_vocab",
-         "tokenizer", "resume", "finetune", "save_every", "fsdp", "keep_checkpoints")
+         "tokenizer", "resume", "finetune", "save_every", "fsdp", "keep_checkpoints",
+         "precision")
 
 
 def cmd_train(args: argparse.Namespace) -> int:

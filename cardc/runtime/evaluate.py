@@ -16,7 +16,7 @@ from cardc.runtime.data import (
 )
 from cardc.runtime.errors import RuntimeInputError
 from cardc.runtime.tokenizer import Tokenizer, run_tokenizer
-from cardc.runtime.train import Split, next_token_loss
+from cardc.runtime.train import PRECISIONS, Split, next_token_loss
 
 # Where a checkpoint records none of its training's settings (one `cardc import` made).
 DEFAULT_BATCHES, DEFAULT_BATCH, DEFAULT_BLOCK, DEFAULT_SEED = 20, 16, 127, 1337
@@ -71,7 +71,9 @@ def held_out_loss(model: nn.Module, meta: dict[str, Any], tokens: Split,
     model.eval()
     try:
         loss = next_token_loss(model, tokens, batches, batch, block,
-                               cfg.get("seed", DEFAULT_SEED) + 1, device)
+                               cfg.get("seed", DEFAULT_SEED) + 1, device,
+                               cfg.get("precision") if cfg.get("precision") in PRECISIONS
+                               else "bf16")
     finally:
         model.train(was_training)
     return loss, f"{batches} batches of {batch} windows of {block} tokens"

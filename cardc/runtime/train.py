@@ -61,6 +61,7 @@ from cardc.runtime.tasks import reversal_pairs, windows
 from cardc.runtime.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer
 from cardc.syntax import FORMATS
 
+PRECISIONS = ("bf16", "float32")  # on CUDA: bf16 autocast over float32 weights, or none
 BAR_EVERY = 10  # updates between progress-bar redraws; each one costs a device sync
 # The CPU threads a run computes with unless it records or is given another count: the count
 # torch chose for this machine when it was loaded (its cores), not whatever count a caller has
@@ -98,10 +99,14 @@ class TrainConfig:
     fsdp: bool = False  # shard the model over the processes (runtime.distributed.shard)
     threads: int = 0  # CPU threads the run computes with; 0: as recorded, else DEFAULT_THREADS
     weights: str = "float32"  # the number format the parameters (and so AdamW's moments) are in
+    precision: str = "bf16"  # on CUDA, the forward under bf16 autocast, or all in "float32"
 
     def __post_init__(self) -> None:
         if self.weights not in FORMATS:
             raise RuntimeInputError(f"invalid number format {self.weights!r} for the weights")
+        if self.precision not in PRECISIONS:
+            raise RuntimeInputError(f"invalid precision {self.precision!r} (use "
+                                    f"{' or '.join(PRECISIONS)})")
         if self.threads < 0:
             raise RuntimeInputError(f"invalid training setting threads={self.threads!r}")
         if self.save_every < 0:
@@ -263,7 +268,7 @@ class _Run:
     stop: int = 0  # the signal asking the run to stop at its next update
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        return autocast(self.device)
+        return autocast(self.device, self.cfg.precision)
 
     @property
     def path(self) -> str:
@@ -271,9 +276,10 @@ class _Run:
         return str(self.folder.path)
 
 
-def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """bf16 autocast on CUDA, nothing elsewhere."""
-    if device.type == "cuda":
+def autocast(device: torch.device, precision: str = "bf16"
+             ) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on CUDA at precision "bf16"; nothing elsewhere, or at "float32"."""
+    if device.type == "cuda" and precision == "bf16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -402,6 +408,7 @@ def fingerprint(recipe: Recipe, hypers: dict[str, Any], cfg: TrainConfig,
             "recipe_values": hypers, "model": meta.get("name"),
             "model_values": meta.get("hyperparameters"), "cards": cards, "seed": cfg.seed,
             "weights": cfg.weights,
+            "precision": cfg.precision,
             "examples": cfg.examples, "length": cfg.length, "eval_every": cfg.eval_every,
             "eval_iters": cfg.eval_iters, "eval_batch": cfg.eval_batch,
             "data": meta.get("data"), "tokenizer": meta.get("tokenizer"),
@@ -424,7 +431,8 @@ def _code_bytes(code: types.CodeType) -> bytes:
 
 def check_fingerprint(snap: Snapshot, mark: dict[str, Any]) -> None:
     """Refuse to resume a checkpoint under other settings than it was trained with."""
-    differs = _first_difference(snap.state["fingerprint"], mark)
+    # a checkpoint saved before the precision setting existed was trained in bf16
+    differs = _first_difference({"precision": "bf16", **snap.state["fingerprint"]}, mark)
     if differs is not None:
         key, was, now = differs
         raise RuntimeInputError(f"cannot resume {snap.path}: it was trained with {key} = "
@@ -462,7 +470,8 @@ def _resumed(run: _Run, snap: Snapshot) -> None:
     seen = snap.tensors.get("seen")  # (processes, updates): each process's own losses
     ok = seen is not None and seen.ndim == 2 and seen.shape[0] == run.world.size \
         and seen.is_floating_point()  # untrusted: anything else is dropped, not averaged
-    run.seen = list(seen[run.world.rank].unbind(0)) if ok else []
+    # on the run's device, as the losses appended after it are (a checkpoint's are on the CPU)
+    run.seen = list(seen[run.world.rank].to(run.device).unbind(0)) if ok else []
     metrics = os.path.join(run.cfg.out_dir, METRICS)
     run.records = _records_until(metrics, snap.update, run.run_id, cut=run.world.main)
 
@@ -715,20 +724,22 @@ def _evaluate(run: _Run) -> tuple[float | None, float]:
 def _next_token_loss(run: _Run, data: Split) -> float:
     # The same batches at every evaluation, so the curve compares like with like.
     return next_token_loss(run.model, data, run.cfg.eval_iters, run.cfg.eval_batch,
-                           run.plan.length - 1, run.cfg.seed + 1, run.device)
+                           run.plan.length - 1, run.cfg.seed + 1, run.device,
+                           run.cfg.precision)
 
 
 @torch.no_grad()
 def next_token_loss(model: nn.Module, data: Split, batches: int, batch_size: int,
-                    block: int, seed: int, device: torch.device) -> float:
+                    block: int, seed: int, device: torch.device, precision: str = "bf16"
+                    ) -> float:
     """Mean next-token cross-entropy of a causal language model over `batches` minibatches of
-    random windows of `block` tokens (drawn from `seed`: the same ones each time); bf16 on CUDA
-    as in training. The model's mode is the caller's."""
+    random windows of `block` tokens (drawn from `seed`: the same ones each time), at the
+    training's precision. The model's mode is the caller's."""
     gen = torch.Generator().manual_seed(seed)
     losses = []
     for _ in range(batches):
         x, y = get_batch(data, batch_size, block, gen, device)
-        with autocast(device):
+        with autocast(device, precision):
             losses.append(model(x, y)[1].float())
     return torch.stack(losses).mean().item()
 
