@@ -5,6 +5,7 @@
 # Logs under $1. litgpt runs under $LITGPT_PYTHON (bench/setup_peers.sh makes one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # cardc without an install, as on a bare GPU machine
 out=${1:-cuda-results}
 rounds=${ROUNDS:-2}
 litgpt=${LITGPT_PYTHON:-bench/.venv-litgpt/bin/python}
