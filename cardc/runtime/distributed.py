@@ -165,7 +165,25 @@ def shard(model: nn.Module) -> nn.Module:
         for layer in stack:
             fully_shard(layer)
     fully_shard(model)
+    _zero_grad_of_shards(model)
     return model
+
+
+def _zero_grad_of_shards(model: nn.Module) -> None:
+    """`model.zero_grad()` empties the shards' gradients whenever it is called. Between a
+    forward and its backward, FSDP leaves the root's gathered copies registered in place of its
+    shards, and a card's step `g ← ∇loss(θ)` empties θ's gradients there (after the forward
+    that made the loss): the shards' gradients were kept, and the next backward added to them."""
+    shards = list(model.parameters())
+
+    def zero_grad(set_to_none: bool = True) -> None:
+        for p in shards:
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.detach_().zero_()
+
+    model.zero_grad = zero_grad  # type: ignore[method-assign]
 
 
 def _whole() -> Any:
