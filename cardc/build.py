@@ -161,10 +161,12 @@ def module_path(lib: Library, alg: s.Algorithm, out_dir: str | Path,
     return Path(out_dir) / sub / f"{identifier(alg.label).lower()}.py"
 
 
-def checked(paths: list[str], library: Roots) -> tuple[Library, Checker, list[str]]:
+def checked(paths: list[str], library: Roots, lazy: bool = False
+            ) -> tuple[Library, Checker, list[str]]:
     """The library, checked; errors in the given cards or anything they call are fatal, errors
-    elsewhere in the library (a card the given ones never call) are not."""
-    lib, targets = load(paths, root=library)
+    elsewhere in the library (a card the given ones never call) are not. `lazy`: the library's
+    cards are parsed and checked only as the given ones call them (`load`'s)."""
+    lib, targets = load(paths, root=library, lazy=lazy)
     checker, diags = check(lib)
     require_clean(lib, checker, diags, {str(Path(t)) for t in targets})
     return lib, checker, targets
@@ -275,7 +277,7 @@ def build_model(card: str, preset: str | None = None, overrides: dict[str, Any] 
     """
     from .info import PresetError, preset_values
 
-    lib, checker, _ = checked([card], library_roots([card], library))
+    lib, checker, _ = checked([card], library_roots([card], library), lazy=True)
     alg = find_card(lib, checker, card, name)
     try:
         values = preset_values(checker.info(alg).sig, preset, dict(overrides or {}))

@@ -110,8 +110,9 @@ def interpret(card: str | Path, preset: str | None = None, library: Roots = None
 
 
 def _checked(card: str, roots: Roots) -> tuple[Library, Checker]:
-    """The library, checked: errors in the card's file or anything it calls raise."""
-    lib, targets = load([card], root=roots)
+    """The library, checked as far as the card calls it: errors in the card's file or anything
+    it calls raise."""
+    lib, targets = load([card], root=roots, lazy=True)
     checker, diags = check(lib)
     require_clean(lib, checker, diags, {card, *(str(Path(t)) for t in targets)})
     return lib, checker
