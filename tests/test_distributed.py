@@ -1,5 +1,5 @@
-"""Training on two CPU processes under torchrun (DDP over gloo): the same updates as one
-process with the same minibatch, and a stopped two-process run resumes exactly."""
+"""Training on two CPU processes under torchrun (DDP, and FSDP, over gloo): the same updates as
+one process with the same minibatch, and a stopped two-process run resumes exactly."""
 
 from __future__ import annotations
 
@@ -140,19 +140,49 @@ def test_the_world_comes_from_torchruns_environment():
             world_from_env(bad)
 
 
-def test_fsdp_is_refused_where_it_cannot_be_trusted(tmp_path, cli):
-    """--fsdp outside torchrun, and on CPU processes (torch's FSDP does not finish reducing
-    gradients there before they are read): one line each, before anything is written."""
-    import os
-
+def test_fsdp_outside_torchrun_is_refused(tmp_path, cli):
+    """One line, before anything is written."""
     r = cli(*RUN, "--fsdp", "--out", str(tmp_path / "a"))
     assert r.returncode == 1 and "run under torchrun" in r.stderr
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
-    r = subprocess.run([sys.executable, "-m", "cardc", *RUN, "--fsdp", "--device", "cpu",
-                        "--out", str(tmp_path / "b")], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300, env=env)
-    assert r.returncode == 1 and "--fsdp needs GPUs" in r.stderr
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sharded") / "run"
+    r = subprocess.run(torchrun(*RUN, "--fsdp", "--out", str(out)), cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+def test_two_sharded_processes_make_the_updates_of_one(single, sharded):
+    """FSDP: each process keeps half of every parameter and reads half of every minibatch;
+    the gradients are reduced and scattered to the halves. The same bounds as DDP's."""
+    one, two = records(single), records(sharded)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 10, 20, 30]
+    for a, b in zip(one, two, strict=True):
+        for key in LOSSES:
+            if a[key] is not None:
+                assert abs(a[key] - b[key]) <= 1e-5, (a["step"], key, a[key], b[key])
+    w1, w2 = load_file(single / "model.safetensors"), load_file(sharded / "model.safetensors")
+    assert w1.keys() == w2.keys()
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) <= 1e-4
+
+
+def test_a_stopped_sharded_run_resumes_exactly(sharded, tmp_path):
+    """The gathered checkpoint restores into the shards, weights and optimizer state: the
+    resumed run ends as the uninterrupted one."""
+    out = tmp_path / "run"
+    stop_after_first_checkpoint(torchrun(*RUN, "--fsdp", "--out", str(out)), out)
+    r = subprocess.run(torchrun(*RUN, "--fsdp", "--out", str(out), "--resume", str(out)),
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    keys = ("step", *LOSSES)
+    assert [[x[k] for k in keys] for x in records(out)] == \
+        [[x[k] for k in keys] for x in records(sharded)]
+    a, b = load_file(out / "model.safetensors"), load_file(sharded / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 SHARDED_AGAINST_PLAIN = """

@@ -319,13 +319,6 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
     if cfg.fsdp and not world.launched:
         raise RuntimeInputError("--fsdp shards the model over the processes torchrun starts; "
                                 "run under torchrun --nproc-per-node N")
-    if cfg.fsdp and device.type != "cuda":
-        # Measured with torch 2.13: on CPU processes (gloo) FSDP does not wait for its
-        # gradient reduce-scatter before backward returns, so a step that reads the gradients
-        # (a clipping norm) sees a stale shard on some process.
-        raise RuntimeInputError("--fsdp needs GPUs (NCCL): torch's FSDP on CPU processes does "
-                                "not finish reducing the gradients before they are read; on "
-                                "CPUs train without --fsdp (DDP)")
     if world.distributed:
         hypers, train_data = _sharded(hypers, plan, train_data, world)
     join(world, device, sharded=cfg.fsdp)
