@@ -143,3 +143,75 @@ def test_the_routed_variant_is_no_language_model_to_decode_or_train_as_one(pair,
     assert run.returncode == 1
     assert f"{card}:{line}:1: error: no training card trains {name}" in run.stderr
     assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()
+
+
+BALANCED = "tests/cards/recipes/balanced_moe.card"
+SMALL = dict(V=64, D=32, H=2, H_kv=1, d=16, D_f=48, N=2, ctx=32, E=4, k=2, w=32)
+MINIBATCH = dict(N_steps=2, B=2, l=9, eta=1e-3, c=1.0)
+
+
+def _balanced_training():
+    """The training card's function: a loop over each minibatch's sequences, each adding its
+    next-token loss and α · Σ_e F[e] · G[e] (divided by B) to the gradient."""
+    import os
+
+    from cardc.build import procedure_function
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    card = os.path.join(root, BALANCED)
+    lib, checker, _ = checked([card], os.path.join(root, "cards"))
+    return procedure_function(checker, find_card(lib, checker, card, None))
+
+
+def _routed_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model("cards/mixtral.card", "tiny", SMALL, name="MixtralRouted")
+
+
+def _by_hand(model: torch.nn.Module, data: list, alpha: float) -> None:
+    """The same updates written in plain PyTorch."""
+    B, l, c = MINIBATCH["B"], MINIBATCH["l"], MINIBATCH["c"]
+    decayed = [p for p in model.parameters() if p.ndim >= 2]
+    undecayed = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decayed}, {"params": undecayed, "weight_decay": 0.0}],
+                            lr=MINIBATCH["eta"], fused=True)
+    for i in range(MINIBATCH["N_steps"]):
+        model.zero_grad()
+        for n in range(i * B, (i + 1) * B):
+            x = data[n]
+            P, F, G = model(x[None])
+            nll = -torch.log_softmax(P[0, :-1], -1).gather(-1, x[1:, None]).sum()
+            (nll / (B * (l - 1)) + alpha / B * (F * G).sum()).backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, torch.clamp(c / torch.nn.utils.get_total_norm(grads), max=1))
+        opt.step()
+
+
+def test_a_training_card_adds_the_balancing_loss_to_each_sequences_gradient():
+    """Its updates are the hand-written loop's; without the balancing term they are not."""
+    import copy
+
+    train = _balanced_training()
+    data = list(torch.randint(0, SMALL["V"], (4, MINIBATCH["l"]),
+                              generator=torch.Generator().manual_seed(1)))
+    ours, mine, plain = _routed_model(), _routed_model(), _routed_model()
+    start = copy.deepcopy(ours.state_dict())
+    train(data, ours, alpha=0.5, **MINIBATCH)
+    _by_hand(mine, data, alpha=0.5)
+    _by_hand(plain, data, alpha=0.0)
+    a, b, p = ours.state_dict(), mine.state_dict(), plain.state_dict()
+    assert max((a[k] - start[k]).abs().max().item() for k in a) > 1e-4  # it trained
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    assert max((a[k] - p[k]).abs().max().item() for k in a) > 1e-5
+
+
+def test_a_loop_over_a_minibatch_reads_only_its_sequences():
+    """`for n = (i − 1) · B + 1, …, i · B` visits that minibatch, not the whole dataset (every
+    example was visited, each update, whatever the range said): sequences past the updates'
+    are never read."""
+    told = []
+    data = list(torch.randint(0, SMALL["V"], (4, MINIBATCH["l"]),
+                              generator=torch.Generator().manual_seed(1))) + [None] * 4
+    _balanced_training()(data, _routed_model(), alpha=0.5, report=lambda loss, lr: told.append(loss),
+                         **MINIBATCH)
+    assert len(told) == MINIBATCH["N_steps"]

@@ -4,6 +4,7 @@ a loop defines (e_t), the sizes inference has solved, and where each name got it
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Protocol
 
 from .. import syntax as s
@@ -35,6 +36,9 @@ class BodyState:
         self.naming: int | None = None  # the call whose several outputs a step names, by id
         self.declared = {n: d.span for d in checker.decls(alg) for n in d.names}  # for notes
         self.assigned: dict[str, s.Span] = {}  # the step that last gave a name its value
+        # the names each assigned name's value was computed from, through earlier steps too:
+        # `P, r ← M(x | θ)` makes P and r functions of θ as `P(θ) ← M(x | θ)` does
+        self.depends: dict[str, frozenset[str]] = {}
         # states of the loops being checked that enter them as numbers (h ← 0), and the
         # product in the step being checked that scales a matrix by one (`h W_h`)
         self.number_states: dict[str, s.Span] = {}
@@ -110,6 +114,12 @@ class BodyState:
             if name in scope:
                 return scope[name]
         return None
+
+    def computed_from(self, names: Iterable[str]) -> frozenset[str]:
+        """The names a value written with `names` is computed from: those, and what each of
+        them was computed from."""
+        names = frozenset(names)
+        return names.union(*(self.depends.get(n, frozenset()) for n in names))
 
     def assign_name(self, name: str, value: Entry) -> None:
         for var in self.loop_vars:

@@ -93,6 +93,7 @@ class StepChecker(Part):
             self.reassign(target, value)
             self.state.assign_name(target.id, value)
             self.state.assigned[target.id] = st.span
+            self.state.depends[target.id] = self.state.computed_from(n.id for n in _names(st.value))
             return value
         if isinstance(target, s.Index) and isinstance(target.base, s.Name):
             return self.assign_indexed(target, self.exprs.as_tensor(st.value, value))
@@ -122,10 +123,12 @@ class StepChecker(Part):
                                     f"has {have} output{'s' if have > 1 else ''}",
                        notes=((info.callee.span, "declared here"),) if info else ())
             raise CheckError
+        computed_from = self.state.computed_from(n.id for n in _names(value))
         for name, out in zip(target.items, outs, strict=True):
             self.reassign(name, out)
             self.state.assign_name(name.id, out)
             self.state.assigned[name.id] = name.span
+            self.state.depends[name.id] = computed_from
         return None
 
     def state_from_number(self, target: s.Name, value: Entry) -> None:
@@ -166,9 +169,11 @@ class StepChecker(Part):
                 self.error(arg.span, f"the parameters of '{display(target.func)}' must be names")
                 raise CheckError
             self.exprs.expr(arg)  # the parameter must be in scope
-            if not any(n.id == arg.id for n in _names(body)):
+            if arg.id not in self.state.computed_from(n.id for n in _names(body)):
                 self.error(arg.span, f"'{display(target.func)}({display(arg.id)})' is defined by an "
-                                     f"expression that does not use '{display(arg.id)}'")
+                                     f"expression that does not use '{display(arg.id)}'",
+                           hint=f"its value must be computed from '{display(arg.id)}', here or "
+                                "in an earlier step")
             params.append(arg.id)
         self.state.bind(target.func, FuncTy(tuple(params), value))
         self.info.types[id(target)] = value

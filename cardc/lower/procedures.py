@@ -47,12 +47,11 @@ class Procedures:
             body.emit(ir.Assign((local,), ir.Sub(item, (ir.Ref("None"),)),
                                 ir.Note(None, self.line(step), "a batch of one example")))
             self.scope.values[elem] = Val(ir.Ref(local), ty, True)
-        count = _call("len", ir.Ref(self.datasets[elems[0]][0])) if elems else \
-            self.loop_count(st)
+        over = self.loop_range(st)
         for sub in st.body:
             body.step(sub)
         body.stop_check()
-        self.emit(ir.Loop(var, _call("range", count), tuple(body.out), self.note(step)))
+        self.emit(ir.Loop(var, over, tuple(body.out), self.note(step)))
 
     def ranged_steps(self, st: s.For, step: s.Step) -> None:
         """`for t = 1, …, ℓ do x̃_n[t] ← f(t) end`: each step for every t at once."""
@@ -273,6 +272,8 @@ class Procedures:
         elems = [x for x, (_, var, _) in self.datasets.items() if var == e.index]
         if elems and e.over is None:
             return self.minibatch_sum(e, elems)
+        if e.over is None and (e.lo is None or e.hi is None):
+            return self.axis_sum(e)
         if e.over is not None:
             if not (isinstance(e.over, s.Name) and e.over.id in self.sets):
                 self.fail(e.over, "code generation sums over a set built with {t ∈ … : …}")
@@ -288,6 +289,24 @@ class Procedures:
         if mask is not None:
             code = _call("torch.where", mask.code, code, ir.Lit("0.0"))
         return Val(_method(code, "sum", _int(-1)), Ty(), body.lifted)
+
+    def axis_sum(self, e: s.Sum) -> Val:
+        """Σ_e F[e] · G[e]: the index reads the last axis of the values it indexes, all of it
+        (as the checker typed it), summed."""
+        read = [n for n in s.nodes(e.body) if isinstance(n, s.Index) and n.items and
+                getattr(n.items[-1], "id", None) == e.index]
+        sizes = {self.expr(n.base).ty.shape[-1] for n in read
+                 if isinstance(self.expr(n.base).ty, Ty) and self.expr(n.base).ty.shape}
+        if len(sizes) != 1:
+            self.fail(e, f"code generation sums Σ_{display(e.index)} over the last axis of the "
+                         f"values it indexes, of one size; give the sum its range, "
+                         f"Σ_{{{display(e.index)}=1}}^{{n}}")
+        outer, self.sum_axis = self.sum_axis, (e.index, sizes.pop())
+        try:
+            body = self.expr(e.body)
+        finally:
+            self.sum_axis = outer
+        return Val(_method(body.code, "sum", _int(-1)), Ty(), body.lifted)
 
     def minibatch_sum(self, e: s.Sum, elems: list[str]) -> Val:
         """Σ_{n=a}^{b} f(x_n) over a dataset's examples: f of the minibatch x_a, …, x_b at

@@ -14,6 +14,7 @@ from ..spelling import display
 from ..types import BundleTy, Ty
 from .body import (
     _call,
+    _dec,
     _int,
     _is_all,
     _is_tensor,
@@ -172,7 +173,7 @@ class Statements:
     def assign_several(self, st: s.Assign, step: s.Step) -> None:
         """`P, r ← M(x | θ)`: the module or function of M returns a tuple, unpacked."""
         call = self.info.calls.get(id(st.value))
-        if call is None or not call.outputs or self.procedure:
+        if call is None or not call.outputs:
             self.fail(st, "code generation names the several outputs of a model card's call")
         val = self.expr(st.value)
         if not isinstance(val.code, ir.Call) or val.rows:
@@ -283,11 +284,24 @@ class Statements:
             self.scope.values[name] = replace(new, code=ir.Ref(local), flipped=old.flipped)
 
     def loop_count(self, st: s.For) -> ir.Expr:
+        """How many times a loop over 1, 2, …, n runs: n. A loop from elsewhere is refused
+        where only its count is read (a stack of layers, a recurrence over positions)."""
+        if not counts_from_one(st.over):
+            return self.fail(st.over, "code generation runs this loop from 1: write its range "
+                                      "as 1, 2, …, n or [n]")
         if isinstance(st.over, s.Range):
             return self.dim(self.size(st.over.last))
-        if isinstance(st.over, s.Concat) and len(st.over.items) == 1:
-            return self.dim(self.size(st.over.items[0]))
-        return self.fail(st.over, "expected a range such as [L] or 1, 2, …, L")
+        return self.dim(self.size(st.over.items[0]))
+
+    def loop_range(self, st: s.For) -> ir.Expr:
+        """The 0-based values of a loop's variable: `range(n)` over 1, …, n, `range(a − 1, b)`
+        over a, …, b (a training card's minibatch, (i − 1) · B + 1, …, i · B)."""
+        if counts_from_one(st.over):
+            return _call("range", self.loop_count(st))
+        if isinstance(st.over, s.Range) and len(st.over.first) == 1:
+            first, last = self.expr(st.over.first[0]).code, self.expr(st.over.last).code
+            return _call("range", _dec(first), last)
+        return self.fail(st.over, "expected a range such as [L], 1, 2, …, L or a, …, b")
 
     @staticmethod
     def indexes_by(body, var: str) -> bool:
@@ -551,3 +565,11 @@ def _entrywise(st: s.For) -> tuple[list[str], list[s.Concat], s.Assign] | None:
             not _indexed_by(stmt.target, [f.var for f in loops]):
         return None
     return [f.var for f in loops], [f.over for f in loops], stmt
+
+
+def counts_from_one(over: s.Expr) -> bool:
+    """`[n]`, `1, …, n` or `1, 2, …, n`."""
+    if isinstance(over, s.Concat):
+        return len(over.items) == 1
+    return isinstance(over, s.Range) and \
+        [getattr(f, "text", None) for f in over.first] in (["1"], ["1", "2"])
