@@ -17,11 +17,11 @@ def cards_checked_once() -> Iterator[None]:
     original = cardc.build.checked
     seen: dict[tuple, Any] = {}
 
-    def checked(paths: list[str], library: Any) -> Any:
+    def checked(paths: list[str], library: Any, lazy: bool = False) -> Any:
         texts = tuple(Path(p).read_bytes() if Path(p).is_file() else b"" for p in paths)
-        key = (tuple(map(str, paths)), repr(library), texts)
+        key = (tuple(map(str, paths)), repr(library), texts, lazy)
         if key not in seen:
-            seen[key] = original(paths, library)
+            seen[key] = original(paths, library, lazy)
         return seen[key]
 
     cardc.build.checked = checked

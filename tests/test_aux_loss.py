@@ -170,7 +170,7 @@ def _routed_model() -> torch.nn.Module:
 
 def _by_hand(model: torch.nn.Module, data: list, alpha: float) -> None:
     """The same updates written in plain PyTorch."""
-    B, l, c = MINIBATCH["B"], MINIBATCH["l"], MINIBATCH["c"]
+    B, length, c = MINIBATCH["B"], MINIBATCH["l"], MINIBATCH["c"]
     decayed = [p for p in model.parameters() if p.ndim >= 2]
     undecayed = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decayed}, {"params": undecayed, "weight_decay": 0.0}],
@@ -181,7 +181,7 @@ def _by_hand(model: torch.nn.Module, data: list, alpha: float) -> None:
             x = data[n]
             P, F, G = model(x[None])
             nll = -torch.log_softmax(P[0, :-1], -1).gather(-1, x[1:, None]).sum()
-            (nll / (B * (l - 1)) + alpha / B * (F * G).sum()).backward()
+            (nll / (B * (length - 1)) + alpha / B * (F * G).sum()).backward()
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         torch._foreach_mul_(grads, torch.clamp(c / torch.nn.utils.get_total_norm(grads), max=1))
         opt.step()

@@ -51,7 +51,8 @@ def cheap_commands() -> Iterator[None]:
     evaluate = cardc.runtime.train.next_token_loss
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cardc.build, "checked", remembered(
-            cardc.build.checked, lambda paths, library: (tuple(map(str, paths)), repr(library))))
+            cardc.build.checked,
+            lambda paths, library, lazy=False: (tuple(map(str, paths)), repr(library), lazy)))
         mp.setattr(cardc.cli.source, "load", remembered(
             cardc.cli.source.load, lambda paths, **kw: (tuple(map(str, paths)), repr(kw))))
         mp.setattr(cardc.cli.source, "check", remembered(cardc.cli.source.check, id))
