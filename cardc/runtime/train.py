@@ -505,7 +505,7 @@ def _run(run: _Run, train_data: list[Dataset], resume: Snapshot | None) -> None:
             _record(run)
         theta = shard(run.model) if run.cfg.fsdp else \
             replicate(run.model, run.world, run.device)
-        theta = torch.compile(theta) if run.cfg.compile else theta
+        theta = compiled(theta) if run.cfg.compile else theta
         run.segment = (time.perf_counter(), run.updates)
         with run.autocast():
             _call_recipe(run, theta, train_data, resume)
@@ -514,6 +514,15 @@ def _run(run: _Run, train_data: list[Dataset], resume: Snapshot | None) -> None:
     if run.records[-1]["step"] != run.updates or len(run.records) == 1:
         _record(run)
     _finish(run)
+
+
+def compiled(model: nn.Module) -> nn.Module:
+    """torch.compile's wrapper of the model, whose zero_grad is the model's own: a sharded
+    model's empties its shards (runtime.distributed.shard), where the wrapper's would empty
+    whatever the model has registered at the time (FSDP's gathered copies, mid-update)."""
+    wrapper = torch.compile(model)
+    wrapper.zero_grad = model.zero_grad  # type: ignore[method-assign]
+    return wrapper  # type: ignore[return-value]
 
 
 def _call_recipe(run: _Run, theta: nn.Module, train_data: list[Dataset],
