@@ -293,3 +293,43 @@ def test_a_rotary_model_trains_after_an_inference_mode_forward():
         model(x).logsumexp(-1).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
+STACK_FROM = """\
+Algorithm: Y ← Stack(X | θ)
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, N ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    For ℓ ∈ [N]:
+        θ^layer_ℓ, the parameters of layer ℓ.
+1 for ℓ = RANGE do
+2     X ← Layer(X | θ^layer_ℓ)
+3 end
+4 return Y = X
+
+Algorithm: X ← Layer(X | θ)
+Input: X ∈ ℝ^{T×D}
+Output: X ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ
+Parameters: θ consisting of:
+    W ∈ ℝ^{D×D}
+1 return X = X + tanh(X W)
+"""
+
+
+def test_a_loop_over_some_of_a_stacks_layers_runs_those(tmp_path):
+    """`for ℓ = 2, …, N` or `1, …, N − 1` over a stack of N layers: those layers (the module
+    once ran every layer, whatever the range said)."""
+    ranges = (("2, …, N", slice(1, None)), ("1, …, N − 1", slice(None, -1)),
+              ("1, …, N", slice(None)))
+    for i, (written, kept) in enumerate(ranges):
+        (tmp_path / str(i)).mkdir()
+        built = Built(tmp_path / str(i), STACK_FROM.replace("RANGE", written), D=4, N=3)
+        X = _randn(5, 4)
+        want = X
+        for layer in list(built.literal.layer)[kept]:
+            want = want + torch.tanh(want @ layer.W.detach())
+        with torch.no_grad():
+            for got in (built.fused(X), built.literal(X), built.interpreted(X)):
+                torch.testing.assert_close(got, want)

@@ -45,7 +45,7 @@ class Parameters:
         count = None if over is None else _ctor_dim(over)
         m.submodules.append(ir.Submodule(attr, cls.name, kwargs, count,
                                          ir.Note(None, self.decl_line(alg, name))))
-        scope.modules[name] = ModuleSlot(attr, callee, var)
+        scope.modules[name] = ModuleSlot(attr, callee, var, over)
 
     def call_passing(self, alg, calls: dict[int, CallInfo], name: str, var) -> CallInfo:
         for call in calls.values():

@@ -20,6 +20,7 @@ from .body import (
     _names_in,
 )
 from .gradients import current, take_over
+from .statements import loop_range
 from .values import (
     Gradient,
     Val,
@@ -47,7 +48,7 @@ class Procedures:
             body.emit(ir.Assign((local,), ir.Sub(item, (ir.Ref("None"),)),
                                 ir.Note(None, self.line(step), "a batch of one example")))
             self.scope.values[elem] = Val(ir.Ref(local), ty, True)
-        over = self.loop_range(st)
+        over = loop_range(self, st)
         for sub in st.body:
             body.step(sub)
         body.stop_check()

@@ -260,7 +260,7 @@ class Statements:
         else:
             local = self.fresh(slot.attr)
             self.scope.loop_modules[pattern] = ir.Ref(local)
-            over = ir.Ref(f"self.{slot.attr}")
+            over = layers_run(self, st, slot)
         before = dict(self.scope.values)
         for sub in st.body:
             body.step(sub)
@@ -292,16 +292,6 @@ class Statements:
         if isinstance(st.over, s.Range):
             return self.dim(self.size(st.over.last))
         return self.dim(self.size(st.over.items[0]))
-
-    def loop_range(self, st: s.For) -> ir.Expr:
-        """The 0-based values of a loop's variable: `range(n)` over 1, …, n, `range(a − 1, b)`
-        over a, …, b (a training card's minibatch, (i − 1) · B + 1, …, i · B)."""
-        if counts_from_one(st.over):
-            return _call("range", self.loop_count(st))
-        if isinstance(st.over, s.Range) and len(st.over.first) == 1:
-            first, last = self.expr(st.over.first[0]).code, self.expr(st.over.last).code
-            return _call("range", _dec(first), last)
-        return self.fail(st.over, "expected a range such as [L], 1, 2, …, L or a, …, b")
 
     @staticmethod
     def indexes_by(body, var: str) -> bool:
@@ -573,3 +563,29 @@ def counts_from_one(over: s.Expr) -> bool:
         return len(over.items) == 1
     return isinstance(over, s.Range) and \
         [getattr(f, "text", None) for f in over.first] in (["1"], ["1", "2"])
+
+
+def loop_range(body: Statements, st: s.For) -> ir.Expr:
+    """The 0-based values of a loop's variable: `range(n)` over 1, …, n, `range(a − 1, b)`
+    over a, …, b (a training card's minibatch, (i − 1) · B + 1, …, i · B)."""
+    if counts_from_one(st.over):
+        return _call("range", body.loop_count(st))
+    if isinstance(st.over, s.Range) and len(st.over.first) == 1:
+        first, last = body.expr(st.over.first[0]).code, body.expr(st.over.last).code
+        return _call("range", _dec(first), last)
+    return body.fail(st.over, "expected a range such as [L], 1, 2, …, L or a, …, b")
+
+
+def layers_run(body: Statements, st: s.For, slot: ModuleSlot) -> ir.Expr:
+    """The stack's layers a loop over them runs: all of them where its range is the
+    stack's own, 1, …, N; else the ones it names, `self.block[a − 1 : b]`."""
+    stack = ir.Ref(f"self.{slot.attr}")
+    if counts_from_one(st.over):
+        last = st.over.last if isinstance(st.over, s.Range) else st.over.items[0]
+        if slot.count is not None and body.size(last) == slot.count:
+            return stack
+        return ir.Sub(stack, (ir.SliceX(None, body.loop_count(st)),))
+    if isinstance(st.over, s.Range) and len(st.over.first) == 1:
+        first, last = body.expr(st.over.first[0]).code, body.expr(st.over.last).code
+        return ir.Sub(stack, (ir.SliceX(_dec(first), last),))
+    return body.fail(st.over, "expected a range such as [N], 1, 2, …, N or a, …, b")

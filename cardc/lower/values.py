@@ -121,6 +121,7 @@ class ModuleSlot:
     attr: str
     card: s.Algorithm
     var: str | None = None  # a stack of layers indexed by `var`
+    count: Dim | None = None  # its layers: the family's range, [N]
 
 
 @dataclass
