@@ -294,10 +294,9 @@ class Procedures:
     def axis_sum(self, e: s.Sum) -> Val:
         """Σ_e F[e] · G[e]: the index reads the last axis of the values it indexes, all of it
         (as the checker typed it), summed."""
-        read = [n for n in s.nodes(e.body) if isinstance(n, s.Index) and n.items and
-                getattr(n.items[-1], "id", None) == e.index]
-        sizes = {self.expr(n.base).ty.shape[-1] for n in read
-                 if isinstance(self.expr(n.base).ty, Ty) and self.expr(n.base).ty.shape}
+        read = [self.expr(n.base).ty for n in s.nodes(e.body) if isinstance(n, s.Index) and
+                n.items and getattr(n.items[-1], "id", None) == e.index]
+        sizes = {ty.shape[-1] for ty in read if isinstance(ty, Ty) and ty.shape}
         if len(sizes) != 1:
             self.fail(e, f"code generation sums Σ_{display(e.index)} over the last axis of the "
                          f"values it indexes, of one size; give the sum its range, "
