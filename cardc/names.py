@@ -42,7 +42,7 @@ GENERATED = frozenset({
     "resume", "hold",  # the cache's methods a recurrence calls
     "holds", "keep", "encoding",  # and those an encoder–decoder's source is encoded once by,
     "kept", "keep_context",  # and its cross keys and values made once
-    "top_mask", "route", "route_dense", "ROWS", "FEW",  # sparse experts
+    "top_mask", "route", "route_one", "route_dense", "ROWS", "FEW",  # sparse experts
     "cut_patches", "gather_patches", "patch_grid",  # patches(X | p)
     "lookup",  # a vector per head read at a tensor of indices
 })
