@@ -44,7 +44,7 @@ GENERATED = frozenset({
     "kept", "keep_context",  # and its cross keys and values made once
     "top_mask", "route", "route_one", "route_dense", "ROWS", "FEW",  # sparse experts
     "cut_patches", "gather_patches", "patch_grid",  # patches(X | p)
-    "lookup",  # a vector per head read at a tensor of indices
+    "lookup", "broadcast_sizes",  # a vector per head read at a tensor of indices
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and
 # shadowing none is simpler to see than which ones it calls.

@@ -306,6 +306,21 @@ def gather_patches(X, p):
     return X.flatten(-3)[..., index]
 
 
+def broadcast_sizes(*shapes):
+    """The shape tensors of these shapes broadcast to, as torch.broadcast_shapes gives it,
+    without its symbolic-shape machinery: that took 20 to 170 µs a call, more than a decoded
+    token's bias lookup it served."""
+    rank = max(len(shape) for shape in shapes)
+    out = [1] * rank
+    for shape in shapes:
+        for i, n in enumerate(shape, rank - len(shape)):
+            if n != 1 and out[i] != n:
+                if out[i] != 1:
+                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+                out[i] = n
+    return tuple(out)
+
+
 def cat_broadcast(tensors, dim):
     """torch.cat along `dim` (negative) of tensors whose other axes broadcast: a value every
     head shares, (…, 1, T, k), beside one per head, (…, H, T, w), as a head's own columns
@@ -313,7 +328,7 @@ def cat_broadcast(tensors, dim):
     sizes = [list(t.shape) for t in tensors]
     for size in sizes:
         size[dim] = 1
-    shape = list(torch.broadcast_shapes(*sizes))
+    shape = list(broadcast_sizes(*sizes))
     out = []
     for t in tensors:
         shape[dim] = t.shape[dim]
@@ -326,7 +341,7 @@ def lookup(table, index, rank):
     other, as a bias table per head is read at the bucket of each pair of positions."""
     n = table.shape[-1]
     table = table.reshape(table.shape[:-1] + (1,) * rank + (n,))
-    shape = torch.broadcast_shapes(table.shape[:-1], index.shape)
+    shape = broadcast_sizes(table.shape[:-1], index.shape)
     return table.expand(shape + (n,)).gather(-1, index.expand(shape).unsqueeze(-1)).squeeze(-1)
 
 def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
