@@ -234,7 +234,12 @@ class ExprChecker(Part):
         if value.shape:
             self.error(e.span, f"∇ needs a scalar to differentiate; {display(render_expr(f))} is {value}")
             raise CheckError
-        return self.expr(f.args[0])
+        wrt = f.args[0]
+        if isinstance(wrt, s.Name):  # a loss of the old θ: its graph is gone
+            stale = self.state.staleness.read(f.func, wrt.id, f.span, render_expr(e))
+            if stale is not None:
+                self.refuse_stale(stale)
+        return self.expr(wrt)
 
     def expr_Power(self, e: s.Power) -> Ty:
         ty = self.tensor(e.base)

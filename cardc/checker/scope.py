@@ -11,12 +11,13 @@ from .. import syntax as s
 from ..builtins import CONSTANTS, SPECIAL_TOKENS
 from ..dims import Dim
 from ..spelling import display
-from ..types import BundleTy, Entry, FamilyTy, Ty
+from ..types import BundleTy, Entry, FamilyTy, FuncTy, Ty
 from .declarations import DeclEnv
 from .indexed import instance, split_name
 from .messages import _read_as_prose, _spelling_hint, _suggest
 from .results import SCALAR, CardInfo, Cards, CheckError, Signature
 from .shapes import _dim, _members
+from .staleness import Staleness, StaleRead, describe
 
 
 class BodyState:
@@ -45,6 +46,8 @@ class BodyState:
         self.scaled: dict[str, s.BinOp] = {}
         # names whose step failed, or already reported unknown: their later uses stay quiet
         self.failed: set[str] = set()
+        # values computed from a name changed since, which a loss or gradient must not read
+        self.staleness = Staleness()
 
     def base_scope(self) -> dict[str, Entry]:
         vocab = DeclEnv(self.c, self.alg).set_size("V")  # special tokens belong to V
@@ -173,3 +176,9 @@ class Part:
 
     def error(self, span, msg, hint=None, notes=()):
         self.state.error(span, msg, hint, notes)
+
+    def refuse_stale(self, r: StaleRead) -> None:
+        """A loss or gradient that reads a value of a changed name's old value."""
+        function = isinstance(self.state.try_lookup(r.name), FuncTy)
+        msg, hint, notes = describe(r, self.state.assigned.get(r.name), function)
+        self.error(r.at, msg, hint=hint, notes=notes)

@@ -94,6 +94,7 @@ class StepChecker(Part):
             self.state.assign_name(target.id, value)
             self.state.assigned[target.id] = st.span
             self.state.depends[target.id] = self.state.computed_from(n.id for n in _names(st.value))
+            self.state.staleness.assign(target.id, st.span, self.state.depends)
             return value
         if isinstance(target, s.Index) and isinstance(target.base, s.Name):
             return self.assign_indexed(target, self.exprs.as_tensor(st.value, value))
@@ -129,6 +130,7 @@ class StepChecker(Part):
             self.state.assign_name(name.id, out)
             self.state.assigned[name.id] = name.span
             self.state.depends[name.id] = computed_from
+            self.state.staleness.assign(name.id, name.span, self.state.depends)
         return None
 
     def state_from_number(self, target: s.Name, value: Entry) -> None:
@@ -175,8 +177,22 @@ class StepChecker(Part):
                            hint=f"its value must be computed from '{display(arg.id)}', here or "
                                 "in an earlier step")
             params.append(arg.id)
+            self.stale_reads(body, arg.id, render_expr(target))
         self.state.bind(target.func, FuncTy(tuple(params), value))
+        self.state.assigned[target.func] = target.span
+        self.state.depends[target.func] = self.state.computed_from(n.id for n in _names(body))
+        self.state.staleness.assign(target.func, target.span, self.state.depends)
         self.info.types[id(target)] = value
+
+    def stale_reads(self, body: s.Expr, wrt: str, reader: str) -> None:
+        """A function of `wrt` reads no value, nor function (`P(θ)`), computed from an older
+        `wrt`."""
+        reads = [(n.id, n.span) for n in _names(body)] + \
+            [(c.func, c.span) for c in s.nodes(body) if isinstance(c, s.Call)]
+        for name, span in reads:
+            found = self.state.staleness.read(name, wrt, span, reader)
+            if found is not None:
+                self.refuse_stale(found)
 
     def assign_indexed(self, target: s.Index, value: Ty) -> Ty:
         name = target.base.id
@@ -372,11 +388,15 @@ class StepChecker(Part):
             if name in self.state.assigned and isinstance(entry, Ty) and not entry.shape:
                 numbers[name] = self.state.assigned[name]
         self.state.number_states = {**outer, **numbers}
+        self.state.staleness.enter_loop()
         try:
             for step in body:
                 self.step(step)
         finally:
             self.state.number_states = outer
+            carried = self.state.staleness.leave_loop()
+        for found in carried:  # what a second pass would read
+            self.refuse_stale(found)
 
     def grow_sequences(self, body: tuple[s.Step, ...]) -> None:
         """A sequence the loop appends to (x ← [x, y]) has a new length on each pass: |x|′."""
