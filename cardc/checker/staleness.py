@@ -52,16 +52,21 @@ class Staleness:
         self.stale: dict[str, Stale] = {}
         self.passes: list[_Pass] = []
         self.reported: set[tuple[str, s.Span]] = set()  # by an inner loop, not again
+        self.sources: dict[str, frozenset[str]] = {}  # each value's, as it was computed
+        self.dependents: dict[str, set[str]] = {}  # the values computed from each name
 
-    def assign(self, name: str, span: s.Span, depends: dict[str, frozenset[str]]) -> None:
-        """`name` takes a new value (computed now: not stale), and every value computed from
-        its old one becomes stale."""
+    def assign(self, name: str, span: s.Span, sources: frozenset[str]) -> None:
+        """`name` takes a new value computed from `sources` (now: not stale), and every value
+        computed from its old one becomes stale."""
         self.stale.pop(name, None)
         for p in self.passes:
             p.assigned.add(name)
-        for other, sources in depends.items():
-            if other != name and name in sources:
+        for other in self.dependents.pop(name, ()):
+            if other != name and name in self.sources.get(other, ()):
                 self.stale[other] = Stale(name, span)
+        self.sources[name] = sources
+        for source in sources - {name}:
+            self.dependents.setdefault(source, set()).add(name)
 
     def read(self, name: str, wrt: str, at: s.Span, reader: str) -> StaleRead | None:
         """`reader`, a function of `wrt` or a gradient with respect to it, reads `name`: stale

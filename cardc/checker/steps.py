@@ -94,7 +94,7 @@ class StepChecker(Part):
             self.state.assign_name(target.id, value)
             self.state.assigned[target.id] = st.span
             self.state.depends[target.id] = self.state.computed_from(n.id for n in _names(st.value))
-            self.state.staleness.assign(target.id, st.span, self.state.depends)
+            self.state.staleness.assign(target.id, st.span, self.state.depends[target.id])
             return value
         if isinstance(target, s.Index) and isinstance(target.base, s.Name):
             return self.assign_indexed(target, self.exprs.as_tensor(st.value, value))
@@ -130,7 +130,7 @@ class StepChecker(Part):
             self.state.assign_name(name.id, out)
             self.state.assigned[name.id] = name.span
             self.state.depends[name.id] = computed_from
-            self.state.staleness.assign(name.id, name.span, self.state.depends)
+            self.state.staleness.assign(name.id, name.span, computed_from)
         return None
 
     def state_from_number(self, target: s.Name, value: Entry) -> None:
@@ -181,7 +181,7 @@ class StepChecker(Part):
         self.state.bind(target.func, FuncTy(tuple(params), value))
         self.state.assigned[target.func] = target.span
         self.state.depends[target.func] = self.state.computed_from(n.id for n in _names(body))
-        self.state.staleness.assign(target.func, target.span, self.state.depends)
+        self.state.staleness.assign(target.func, target.span, self.state.depends[target.func])
         self.info.types[id(target)] = value
 
     def stale_reads(self, body: s.Expr, wrt: str, reader: str) -> None:
