@@ -25,7 +25,6 @@ both continuing `--prompt` decoder tokens, with no end token to stop either earl
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import statistics
 import sys
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from timing import encodes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,12 +72,6 @@ def theirs(mapping, model) -> torch.nn.Module:
     from worker_transformers import as_transformers
 
     return as_transformers(mapping, model, seq2seq=encodes(model)).eval()
-
-
-def encodes(model) -> bool:
-    """Whether the model's generate takes a source before the decoder's tokens."""
-    return hasattr(model, "generate") and \
-        next(iter(inspect.signature(model.generate).parameters)) != "idx"
 
 
 def encoder_decoder_runs(model, hf, vocab: int, args) -> dict:

@@ -2,7 +2,8 @@
 
 A worker is run as `python bench/worker_NAME.py SPEC_JSON`; it builds its model from the spec's
 hyperparameters (the card's names: V, D, H, H_kv, D_f, N, ctx, eps, theta_base), times training
-steps on one fixed batch, and prints one line of JSON. This module needs only torch and the
+steps on one fixed batch (an encoder–decoder reads it reversed as its source), and prints one
+line of JSON. This module needs only torch and the
 standard library, so that it runs in every peer's environment alike.
 """
 
@@ -51,6 +52,19 @@ def fixed_batch(V: int, batch: int, block: int, seed: int,
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, V, (batch, block + 1), generator=g).to(device)
     return x[:, :-1], x[:, 1:]
+
+
+def encodes(model: nn.Module) -> bool:
+    """Whether a generated model is an encoder–decoder: its generate takes a source first."""
+    import inspect
+
+    return hasattr(model, "generate") and \
+        next(iter(inspect.signature(model.generate).parameters)) != "idx"
+
+
+def source_of(x: torch.Tensor) -> torch.Tensor:
+    """An encoder–decoder's source for the batch x: x reversed, the same in every worker."""
+    return x.flip(-1)
 
 
 def time_steps(model: nn.Module, logits_of: Callable[[nn.Module, torch.Tensor], torch.Tensor],

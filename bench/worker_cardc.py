@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from timing import Built, worker_main
+from timing import Built, encodes, source_of, worker_main
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +23,7 @@ def build(spec: dict[str, Any]) -> Built:
 
 
 def logits_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return model(x)
+    return model(source_of(x), x) if encodes(model) else model(x)
 
 
 if __name__ == "__main__":

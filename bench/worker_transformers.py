@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from timing import Built, worker_main
+from timing import Built, encodes, source_of, worker_main
 from torch import nn
 
 
@@ -24,7 +24,8 @@ def exported(spec: dict[str, Any]) -> Built:
     mapping = interop.select_by_name(interop.parse_mappings(raw, spec["mapping"]),
                                      ours.card_meta["name"])
     W_p = getattr(ours, "W_p", None)  # learned positions, as the cardc worker counts them
-    return as_transformers(mapping, ours).train(), W_p.numel() if W_p is not None else 0
+    return as_transformers(mapping, ours, seq2seq=encodes(ours)).train(), \
+        W_p.numel() if W_p is not None else 0
 
 
 def as_transformers(mapping, model: nn.Module, seq2seq: bool = False) -> nn.Module:
@@ -74,6 +75,8 @@ def build(spec: dict[str, Any]) -> Built:
 
 
 def logits_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if model.config.is_encoder_decoder:
+        return model(input_ids=source_of(x), decoder_input_ids=x, use_cache=False).logits
     return model(input_ids=x, use_cache=False).logits
 
 

@@ -199,3 +199,47 @@ def test_a_bias_under_a_condition_follows_the_decoded_positions(tmp_path):
             p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(3))
     x = torch.randint(0, 31, (2, 14), generator=torch.Generator().manual_seed(4))
     check_incremental_decoding(model, [x])
+
+
+def _gathered(table, index, rank):
+    """lookup's meaning: the table broadcast against the indices, then gathered."""
+    n = table.shape[-1]
+    table = table.reshape(table.shape[:-1] + (1,) * rank + (n,))
+    shape = torch.broadcast_shapes(table.shape[:-1], index.shape)
+    return table.expand(shape + (n,)).gather(-1, index.expand(shape).unsqueeze(-1)).squeeze(-1)
+
+
+def test_a_table_read_at_indices_every_head_shares_is_one_selection_with_the_gathers_values():
+    """was: every read gathered from the table broadcast to the indices' shape, whose gradient
+    was made at entries × buckets first (T5's training step at 0.32× transformers'); indices
+    the table's front axes share are now one selection of its rows. Values equal, gradients
+    equal to rounding, for shared indices and for indices of one head each (the gather)."""
+    from cardc.runtime.modelkit import lookup
+
+    torch.manual_seed(0)
+    for table, index, rank in [((4, 32), (8, 1, 16, 16), 2), ((4, 32), (16, 16), 2),
+                               ((32,), (3, 16, 16), 2), ((4, 32), (4, 16, 16), 2),
+                               ((2, 4, 32), (8, 1, 1, 16, 16), 2), ((4, 32), (8, 1, 16), 1),
+                               ((32,), (16,), 1), ((4, 32), (1, 1, 5, 7), 2)]:
+        w = torch.randn(table, dtype=torch.float64, requires_grad=True)
+        at = torch.randint(0, table[-1], index)
+        got, want = lookup(w, at, rank), _gathered(w, at, rank)
+        assert got.shape == want.shape and torch.equal(got, want), (table, index)
+        grad = torch.randn(got.shape, dtype=torch.float64)
+        torch.testing.assert_close(torch.autograd.grad(got, w, grad)[0],
+                                   torch.autograd.grad(want, w, grad)[0])
+
+
+def test_buckets_no_example_varies_are_made_once_for_the_batch():
+    """T5's buckets reach its heads with batch axes of size 1: the bias read at them, and its
+    gradient, are made once, not once per example (the model's output is the same)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "generated" / "t5.py"
+    spec = importlib.util.spec_from_file_location("t5_alone", path)
+    t5 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(t5)
+    X = torch.zeros(8, 12, 16)
+    assert t5.RelativeBuckets(X).shape == (1, 12, 12)
+    assert t5.CausalRelativeBuckets(X).shape == (1, 12, 12)

@@ -321,6 +321,14 @@ def broadcast_sizes(*shapes):
     return tuple(out)
 
 
+def batched(value, rank):
+    """value with axes of size 1 in front of its own, `rank` in all: a card's output that no
+    example varies (a table of position buckets) as one value per example, served to every
+    example by broadcasting, so that what is made of it is made once (a value some example
+    does vary already has its batch axes, and stays as it is)."""
+    return value.reshape((1,) * (rank - value.dim()) + value.shape)
+
+
 def cat_broadcast(tensors, dim):
     """torch.cat along `dim` (negative) of tensors whose other axes broadcast: a value every
     head shares, (…, 1, T, k), beside one per head, (…, H, T, w), as a head's own columns
@@ -339,8 +347,19 @@ def lookup(table, index, rank):
     """table[…, index]: entries of a vector looked up by a tensor of indices (counted from 0)
     with `rank` card axes, the axes in front of both (examples, heads) broadcast against each
     other, as a bias table per head is read at the bucket of each pair of positions."""
-    n = table.shape[-1]
-    table = table.reshape(table.shape[:-1] + (1,) * rank + (n,))
+    n, lead = table.shape[-1], table.shape[:-1]
+    front = index.shape[:index.dim() - rank]  # the index's axes in front of its card axes
+    rest = front[:max(0, len(front) - len(lead))]  # those before the table's own
+    if all(k == 1 for k in front[len(rest):]):
+        # every entry of the table's front axes reads the same indices: one selection of the
+        # table's rows, whose backward adds into the table (index_add, 4× F.embedding's on
+        # the CPU); a gather from the table broadcast to the indices' shape would make its
+        # gradient, entries × n, at that size first
+        at = index.reshape(rest + index.shape[index.dim() - rank:])
+        rows = table.reshape(-1, n).T.index_select(0, at.flatten())  # (…, entries of the table)
+        rows = rows.reshape(at.shape + lead)
+        return rows.movedim(tuple(range(-len(lead), 0)), tuple(range(-len(lead) - rank, -rank)))
+    table = table.reshape(lead + (1,) * rank + (n,))
     shape = broadcast_sizes(table.shape[:-1], index.shape)
     return table.expand(shape + (n,)).gather(-1, index.expand(shape).unsqueeze(-1)).squeeze(-1)
 
