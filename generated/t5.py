@@ -28,7 +28,7 @@ def BiasedHead(Q, K, V, beta, w):
 
     Card: cards/t5.card:87
     """
-    bias = lookup(w, beta - 1, 2).to(Q.dtype)  # added to the scores  [t5.card:94]
+    bias = lookup(w, beta, 2, 1).to(Q.dtype)  # added to the scores  [t5.card:94]
     # (…, T, d)  [t5.card:95]
     return grouped_sdpa(Q, K, V, attn_mask=torch.broadcast_to(bias, Q.shape[:-1] + K.shape[-2:-1]), scale=1.0)
 
@@ -41,7 +41,7 @@ def BiasedCausalHead(Q, K, V, beta, w, cache=None):
     """
     if cache is not None:
         K, V = cache.extend(None, K, V)  # the cached positions come first  [t5.card:120]
-    bias = lookup(w, beta - 1, 2).to(Q.dtype)  # added to the scores  [t5.card:121]
+    bias = lookup(w, beta, 2, 1).to(Q.dtype)  # added to the scores  [t5.card:121]
     def visible():
         return ~(
             torch.arange(K.shape[-2], device=Q.device)[None, :]
@@ -84,7 +84,7 @@ def RelativeBuckets(X, N_b=32, d_max=128):
         max=n - 1 - e,
     )
     # (…, T, T)  [relative.card:12]
-    return batched(1 + n * torch.clamp(torch.clamp(r, min=0), max=1) + torch.clamp(m, max=e) + l, X.dim())
+    return (1 + n * torch.clamp(torch.clamp(r, min=0), max=1) + torch.clamp(m, max=e) + l).expand(X.shape[:-2] + (T, T))
 
 
 def CausalRelativeBuckets(X, N_b=32, d_max=128, past=0):
@@ -109,7 +109,7 @@ def CausalRelativeBuckets(X, N_b=32, d_max=128, past=0):
         ).long(),
         max=N_b - 1 - e,
     )
-    return batched(1 + torch.clamp(m, max=e) + l, X.dim())  # (…, T, T)  [relative.card:23]
+    return (1 + torch.clamp(m, max=e) + l).expand(X.shape[:-2] + (T, T))  # (…, T, T)  [relative.card:23]
 
 
 class T5Attention(nn.Module):
@@ -553,24 +553,23 @@ def broadcast_sizes(*shapes):
         for i, n in enumerate(shape, rank - len(shape)):
             if n != 1 and out[i] != n:
                 if out[i] != 1:
-                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+                    raise RuntimeError("shapes that do not broadcast: " + str(shapes))
                 out[i] = n
     return tuple(out)
 
 
-def batched(value, rank):
-    """value with axes of size 1 in front of its own, `rank` in all: a card's output that no
-    example varies (a table of position buckets) as one value per example, served to every
-    example by broadcasting, so that what is made of it is made once (a value some example
-    does vary already has its batch axes, and stays as it is)."""
-    return value.reshape((1,) * (rank - value.dim()) + value.shape)
-
-
-def lookup(table, index, rank):
-    """table[…, index]: entries of a vector looked up by a tensor of indices (counted from 0)
-    with `rank` card axes, the axes in front of both (examples, heads) broadcast against each
-    other, as a bias table per head is read at the bucket of each pair of positions."""
+def lookup(table, index, rank, first=0):
+    """table[…, index − first]: entries of a vector looked up by a tensor of indices (counted
+    from `first`) with `rank` card axes, the axes in front of both (examples, heads) broadcast
+    against each other, as a bias table per head is read at the bucket of each pair of
+    positions. Indices broadcast along an axis (every example's buckets, one table) are read
+    once along it and the result broadcast back: what is made of them, and their gradient,
+    once too."""
     n, lead = table.shape[-1], table.shape[:-1]
+    shape = broadcast_sizes(lead + (1,) * rank, index.shape)
+    index = index[tuple(slice(0, 1) if step == 0 else slice(None) for step in index.stride())]
+    if first:
+        index = index - first
     front = index.shape[:index.dim() - rank]  # the index's axes in front of its card axes
     rest = front[:max(0, len(front) - len(lead))]  # those before the table's own
     if all(k == 1 for k in front[len(rest):]):
@@ -581,10 +580,12 @@ def lookup(table, index, rank):
         at = index.reshape(rest + index.shape[index.dim() - rank:])
         rows = table.reshape(-1, n).T.index_select(0, at.flatten())  # (…, entries of the table)
         rows = rows.reshape(at.shape + lead)
-        return rows.movedim(tuple(range(-len(lead), 0)), tuple(range(-len(lead) - rank, -rank)))
-    table = table.reshape(lead + (1,) * rank + (n,))
-    shape = broadcast_sizes(table.shape[:-1], index.shape)
-    return table.expand(shape + (n,)).gather(-1, index.expand(shape).unsqueeze(-1)).squeeze(-1)
+        rows = rows.movedim(tuple(range(-len(lead), 0)), tuple(range(-len(lead) - rank, -rank)))
+    else:
+        table = table.reshape(lead + (1,) * rank + (n,))
+        wide = broadcast_sizes(table.shape[:-1], index.shape)
+        rows = table.expand(wide + (n,)).gather(-1, index.expand(wide).unsqueeze(-1)).squeeze(-1)
+    return rows.expand(shape)
 
 
 def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):

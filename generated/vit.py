@@ -166,7 +166,7 @@ def broadcast_sizes(*shapes):
         for i, n in enumerate(shape, rank - len(shape)):
             if n != 1 and out[i] != n:
                 if out[i] != 1:
-                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+                    raise RuntimeError("shapes that do not broadcast: " + str(shapes))
                 out[i] = n
     return tuple(out)
 

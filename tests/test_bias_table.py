@@ -85,7 +85,7 @@ def test_a_column_per_head_read_at_bidirectional_buckets(tmp_path):
     fused = _fused(tmp_path, _card(causal=False))
     assert "for h in" not in fused and "softmax" not in fused
     assert "W_b.transpose(-2, -1)" in fused  # the columns on the head axis
-    assert "lookup(w, beta - 1, 2)" in fused and "grouped_sdpa(Q, K, V, attn_mask=" in fused
+    assert "lookup(w, beta, 2, 1)" in fused and "grouped_sdpa(Q, K, V, attn_mask=" in fused
 
 
 def test_a_column_per_head_read_at_causal_buckets_beside_a_mask(tmp_path):
@@ -95,7 +95,7 @@ def test_a_column_per_head_read_at_causal_buckets_beside_a_mask(tmp_path):
     plain = _plain(X, built.literal, 2, 6, 5, causal=True)
     torch.testing.assert_close(want, plain.detach(), rtol=RTOL, atol=ATOL)
     fused = _fused(tmp_path, _card(causal=True))
-    assert "for h in" not in fused and "lookup(w, beta - 1, 2)" in fused
+    assert "for h in" not in fused and "lookup(w, beta, 2, 1)" in fused
 
 
 def test_lookup_broadcasts_the_heads_against_the_examples():
@@ -230,16 +230,19 @@ def test_a_table_read_at_indices_every_head_shares_is_one_selection_with_the_gat
                                    torch.autograd.grad(want, w, grad)[0])
 
 
-def test_buckets_no_example_varies_are_made_once_for_the_batch():
-    """T5's buckets reach its heads with batch axes of size 1: the bias read at them, and its
-    gradient, are made once, not once per example (the model's output is the same)."""
-    import importlib.util
-    from pathlib import Path
+def test_indices_every_example_shares_are_read_once():
+    """T5's buckets reach its heads as one table broadcast over the examples (a view): the
+    bias read at them is made once and broadcast back, not once per example, and equals the
+    reading of every example's copy."""
+    from cardc.runtime.modelkit import lookup
 
-    path = Path(__file__).resolve().parent.parent / "generated" / "t5.py"
-    spec = importlib.util.spec_from_file_location("t5_alone", path)
-    t5 = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(t5)
-    X = torch.zeros(8, 12, 16)
-    assert t5.RelativeBuckets(X).shape == (1, 12, 12)
-    assert t5.CausalRelativeBuckets(X).shape == (1, 12, 12)
+    torch.manual_seed(0)
+    w = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    buckets = torch.randint(1, 9, (12, 12)).expand(6, 1, 12, 12)  # counted from 1, shared
+    got = lookup(w, buckets, 2, 1)
+    assert got.shape == (6, 4, 12, 12) and got.stride()[0] == 0  # made once, broadcast
+    want = _gathered(w, buckets.contiguous() - 1, 2)
+    assert torch.equal(got, want)
+    grad = torch.randn(got.shape, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(got, w, grad)[0],
+                               torch.autograd.grad(want, w, grad)[0])

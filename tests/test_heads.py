@@ -40,8 +40,8 @@ def _compile(path: Path) -> list[tuple[str, str, str, bool]]:
 # helpers whose loops are not one pass per head, position or token: a scan's ⌈log₂ T⌉ rounds
 # over whole tensors; the parts a card joins; sparse dispatch's pass over the E experts (each
 # called once on its run of tokens) and, without gradients, over at most FEW (a constant)
-# chosen (token, expert) pairs of a decoded token
-ROUNDS = {"linear_scan", "cat_broadcast", "route"}
+# chosen (token, expert) pairs, or over a lone token's k experts; the axes of shapes broadcast
+ROUNDS = {"linear_scan", "cat_broadcast", "route", "route_one", "broadcast_sizes"}
 
 
 def _loops(text: str) -> list[str]:

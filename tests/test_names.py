@@ -335,8 +335,11 @@ GENERATOR_NAMES = {
     "slot", "spare", "FEW", "padded", "ts", "shift", "padding", "called", "call", "any",
     # patches (the patch helpers)
     "cut_patches", "patch_grid", "blocks", "cols",
-    # a vector per head read at a tensor of indices
-    "lookup", "index", "rank",
+    # a vector per head read at a tensor of indices, and shapes broadcast
+    "lookup", "index", "rank", "broadcast_sizes", "shapes", "out", "front", "enumerate", "first", "wide", "slice",
+    "RuntimeError", "str",
+    # a lone decoded token's experts
+    "route_one",
 }
 # what the generator appends to a card's name: a recurrence's state held or read late, all
 # of its states; a head's function over every head at once
@@ -344,6 +347,7 @@ GENERATOR_SUFFIXES = ("held", "all", "late", "per_head")
 GENERATOR_ATTRS = {
     # sparse experts (cardc/runtime/experts.py)
     "new_full", "index_put", "index_put_", "index_select", "index_add_", "items", "setdefault",
+    "stride",
     "is_inference_mode_enabled", "compiler", "is_compiling", "clone", "Module", "joins", "joined", "split_with_sizes", "numel", "requires_grad", "flip", "ModuleList", "Parameter", "SGD", "AdamW", "__init__", "addcmul", "angles", "any",
     "Generator", "Tensor", "no_grad", "scatter", "sort", "to", "values",
     "arange", "argmax", "as_tensor", "backward", "bool", "cat", "cross_entropy", "detach",
@@ -368,6 +372,7 @@ GENERATOR_STRINGS = {"tanh", "omega", "cpu", "probabilities", "params", "weight_
                      " exceeds the model's ", " positions", "sequence length ",
                      "this cache holds tokens decoded after another source: decode this one "
                      "through a new cache (new_cache())",
+                     "shapes that do not broadcast: ",
                      "KVCache"}  # new_cache()'s annotation: the class stands after the model
 # the pieces of the message a model input of the wrong size gets, around the card's own names
 # and sizes (an input's, its declared type's)

@@ -121,8 +121,8 @@ class Indexing:
         indexing would put side by side (modelkit's lookup)."""
         if base.rows or idx.rows or idx.flipped:
             self.fail(e, "code generation looks up a vector by a tensor of indices only")
-        pick = idx.code if idx.ty.vocab is not None else _dec(idx.code)
-        code = _call("lookup", base.code, pick, _int(len(idx.ty.shape)))
+        first = () if idx.ty.vocab is not None else (_int(1),)  # a token counts from 0
+        code = _call("lookup", base.code, idx.code, _int(len(idx.ty.shape)), *first)
         return Val(code, Ty(idx.ty.shape, self.ty(e).elem), True)
 
     def sum_index_read_whole(self, e: s.Index) -> None:

@@ -188,19 +188,17 @@ class Statements:
 
     def per_example(self, val: Val) -> Val:
         """A card's output is one value per example: a tensor that no input varies (a table
-        of position buckets) is given as many batch axes as the card's first input has, each
-        of size 1, as a view (`batched`). Broadcasting serves every example from it, and what
-        is made of it (β − 1, a bias read from a table at β, its gradient) is made once, not
-        once per example."""
+        of position buckets) is given the batch axes of the card's first input, as a view."""
         inputs = self.info.sig.inputs
         if self.procedure or not inputs or val.lifted or val.rows or \
                 not isinstance(val.ty, Ty) or not val.ty.shape or None in val.ty.shape:
             return val
         name, ty = inputs[0]
-        rank = ir.Call(ir.Attr(ir.Ref(local_name(name)), "dim"), ())
-        if ty.rank != val.ty.rank:  # the input's batch axes, then the value's own
-            rank = ir.Bin("+", rank, _int(val.ty.rank - ty.rank))
-        return replace(val, code=ir.Call(ir.Ref("batched"), (val.code, rank)), lifted=True)
+        batch = ir.Sub(ir.Attr(ir.Ref(local_name(name)), "shape"),
+                       (ir.SliceX(None, _int(-ty.rank) if ty.rank else None),))
+        dims = val.ty.shape[:-2] + val.ty.shape[:-3:-1] if val.flipped else val.ty.shape
+        shape = ir.Bin("+", batch, ir.Seq(tuple(self.dim(d) for d in dims)))
+        return replace(val, code=_method(val.code, "expand", shape), lifted=True)
 
     def stmt_For(self, st: s.For, step: s.Step) -> None:
         stack = self.module_stack(st)

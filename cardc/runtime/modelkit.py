@@ -316,17 +316,9 @@ def broadcast_sizes(*shapes):
         for i, n in enumerate(shape, rank - len(shape)):
             if n != 1 and out[i] != n:
                 if out[i] != 1:
-                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+                    raise RuntimeError("shapes that do not broadcast: " + str(shapes))
                 out[i] = n
     return tuple(out)
-
-
-def batched(value, rank):
-    """value with axes of size 1 in front of its own, `rank` in all: a card's output that no
-    example varies (a table of position buckets) as one value per example, served to every
-    example by broadcasting, so that what is made of it is made once (a value some example
-    does vary already has its batch axes, and stays as it is)."""
-    return value.reshape((1,) * (rank - value.dim()) + value.shape)
 
 
 def cat_broadcast(tensors, dim):
@@ -343,11 +335,18 @@ def cat_broadcast(tensors, dim):
         out.append(t.expand(shape))
     return torch.cat(out, dim=dim)
 
-def lookup(table, index, rank):
-    """table[…, index]: entries of a vector looked up by a tensor of indices (counted from 0)
-    with `rank` card axes, the axes in front of both (examples, heads) broadcast against each
-    other, as a bias table per head is read at the bucket of each pair of positions."""
+def lookup(table, index, rank, first=0):
+    """table[…, index − first]: entries of a vector looked up by a tensor of indices (counted
+    from `first`) with `rank` card axes, the axes in front of both (examples, heads) broadcast
+    against each other, as a bias table per head is read at the bucket of each pair of
+    positions. Indices broadcast along an axis (every example's buckets, one table) are read
+    once along it and the result broadcast back: what is made of them, and their gradient,
+    once too."""
     n, lead = table.shape[-1], table.shape[:-1]
+    shape = broadcast_sizes(lead + (1,) * rank, index.shape)
+    index = index[tuple(slice(0, 1) if step == 0 else slice(None) for step in index.stride())]
+    if first:
+        index = index - first
     front = index.shape[:index.dim() - rank]  # the index's axes in front of its card axes
     rest = front[:max(0, len(front) - len(lead))]  # those before the table's own
     if all(k == 1 for k in front[len(rest):]):
@@ -358,10 +357,13 @@ def lookup(table, index, rank):
         at = index.reshape(rest + index.shape[index.dim() - rank:])
         rows = table.reshape(-1, n).T.index_select(0, at.flatten())  # (…, entries of the table)
         rows = rows.reshape(at.shape + lead)
-        return rows.movedim(tuple(range(-len(lead), 0)), tuple(range(-len(lead) - rank, -rank)))
-    table = table.reshape(lead + (1,) * rank + (n,))
-    shape = broadcast_sizes(table.shape[:-1], index.shape)
-    return table.expand(shape + (n,)).gather(-1, index.expand(shape).unsqueeze(-1)).squeeze(-1)
+        rows = rows.movedim(tuple(range(-len(lead), 0)), tuple(range(-len(lead) - rank, -rank)))
+    else:
+        table = table.reshape(lead + (1,) * rank + (n,))
+        wide = broadcast_sizes(table.shape[:-1], index.shape)
+        rows = table.expand(wide + (n,)).gather(-1, index.expand(wide).unsqueeze(-1)).squeeze(-1)
+    return rows.expand(shape)
+
 
 def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
     """A mask site's visible positions, (queries, keys): a value made once (shared_value, the
