@@ -333,3 +333,28 @@ def test_a_loop_over_some_of_a_stacks_layers_runs_those(tmp_path):
         with torch.no_grad():
             for got in (built.fused(X), built.literal(X), built.interpreted(X)):
                 torch.testing.assert_close(got, want)
+
+
+ROW_SUMS = """\
+Algorithm: y ← RowSums(X | W)
+/* The rows of a product summed, all of them and the first K, beside its columns summed. */
+Input: X ∈ ℝ^{T×D}
+Output: y ∈ ℝ^{D}
+Hyperparameters: D, T, K ∈ ℕ
+Parameters: W ∈ ℝ^{D×D}
+1 C ← X W
+2 a ← Σ_{t=1}^{T} C[t, :]
+3 b ← Σ_{t=1}^{K} C[t, :]
+4 c ← Σ_{j=1}^{D} C[:, j]
+5 return y = a + 2 · b + c[1] · a
+"""
+
+
+def test_a_sum_over_the_rows_of_a_matrix(tmp_path):
+    # was: "code generation sums a value's last axis" at build, after check had accepted it
+    built = Built(tmp_path, ROW_SUMS, T=5, D=3, K=2)
+    X = _randn(5, 3)
+    got = built.agree(X)
+    C = X @ built.literal.W.detach()
+    a, b = C.sum(-2), C[:, :2].sum(-2)
+    torch.testing.assert_close(got, a + 2 * b + C.sum(-1)[:, :1] * a)

@@ -18,6 +18,7 @@ from .body import (
     SPECIAL_TOKENS,
     _call,
     _int,
+    _is_all,
     _is_ones_row,
     _is_tensor,
     _like,
@@ -388,6 +389,8 @@ class Expressions:
         if e.over is not None or not (isinstance(e.lo, s.Num) and e.lo.text == "1"):
             self.fail(e, "code generation handles sums Σ_{i=1}^{n} only")
         size = self.low.dim_value(self.alg, e.hi)
+        if _axis_read(e) is not None:
+            return self.axis_read_sum(e, size)
         outer, self.sum_axis = self.sum_axis, (e.index, size)
         try:
             body = self.expr(e.body)
@@ -397,6 +400,22 @@ class Expressions:
         if len(body.ty.shape) != len(kept) + 1:
             self.fail(e, f"the sum over '{display(e.index)}' must index the last axis")
         return Val(_method(body.code, "sum", _int(-1)), Ty(kept), body.lifted)
+
+    def axis_read_sum(self, e: s.Sum, size: Dim) -> Val:
+        """Σ_{t=1}^{n} C[t, :]: C's rows summed, its first n where it has more, the axis t
+        reads summed whichever it is."""
+        k = _axis_read(e)
+        base = self.expr(e.body.base)
+        rank = len(base.ty.shape)
+        if base.rows or base.flipped or not isinstance(base.ty, Ty) or rank != len(e.body.items):
+            self.fail(e.body, f"code generation sums '{display(e.index)}' over an axis of a "
+                              "plain matrix or tensor only")
+        axis = k - rank  # counted from the end: batch axes may stand in front
+        code = base.code
+        if base.ty.shape[k] != size:  # the first n entries of the axis
+            code = ir.Sub(code, (ir.Ref("..."), ir.SliceX(None, self.dim(size)),
+                                 *[ir.SliceX(None, None)] * (-axis - 1)))
+        return Val(_method(code, "sum", _int(axis)), Ty(self.ty(e).shape), base.lifted)
 
     def sums_family(self, e: s.Sum) -> bool:
         """Σ_u f(k_u), Σ_{t=1}^{T} α_t v_t or Σ_{e=1}^{E} g[e] · y^e: the index names members
@@ -514,3 +533,17 @@ def _numbers(val: Val, other: Val, op: str) -> Val:
     else:
         code = _method(val.code, "float")
     return replace(val, code=code, ty=Ty(val.ty.shape, "ℕ"))
+
+
+def _axis_read(e: s.Sum) -> int | None:
+    """The axis k of `Σ_t C[…, t, …]` whose body reads a name at the sum's index on axis k and
+    all of every other axis, k not the last (the last is the general sum's); else None."""
+    body = e.body
+    if not isinstance(body, s.Index) or not isinstance(body.base, s.Name):
+        return None
+    at = [k for k, item in enumerate(body.items)
+          if isinstance(item, s.Name) and item.id == e.index]
+    if len(at) != 1 or at[0] == len(body.items) - 1:
+        return None
+    rest = [item for k, item in enumerate(body.items) if k != at[0]]
+    return at[0] if all(_is_all(item) for item in rest) else None
