@@ -45,6 +45,7 @@ GENERATED = frozenset({
     "top_mask", "route", "route_one", "route_dense", "ROWS", "FEW",  # sparse experts
     "cut_patches", "gather_patches", "patch_grid",  # patches(X | p)
     "lookup", "broadcast_sizes",  # a vector per head read at a tensor of indices
+    "factored_sdpa", "heads_product",  # attention whose queries are a product (cardc.lower.factored)
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and
 # shadowing none is simpler to see than which ones it calls.

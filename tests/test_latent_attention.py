@@ -1,7 +1,8 @@
 """Latent attention in its absorbed form (DeepSeek-V2's): every head attends over one key all
 heads share, a latent beside a rotary key, and reads its values from the key's first columns
-(`softmax(S) K[:, 1 : D_c]`). One SDPA call over the heads batched, and in a causal decoder a
-cache that keeps the keys alone: D_c + d_r numbers per token and layer. The fused and literal
+(`softmax(S) K[:, 1 : D_c]`). One SDPA call over the heads batched, in the association of the
+products that costs least at the sizes it runs at, and in a causal decoder a cache that keeps
+the keys alone: D_c + d_r numbers per token and layer. The fused and literal
 modules equal the reference interpreter in float64, values and gradients; decoding through the
 cache equals recomputation; values that are not the keys' first columns keep their own cache.
 """
@@ -75,8 +76,12 @@ ROTARY_FIRST = LATENT.replace("1 K ← [X W_c, RoPE(X W_kr)]", "1 K ← [RoPE(X 
     .replace("1 Q̃ ← [Q U_k^⊺, RoPE(Q_r)]", "1 Q̃ ← [RoPE(Q_r), Q U_k^⊺]") \
     .replace("softmax(S) K[:, 1 : D_c] U_v", "softmax(S) K[:, d_r + 1 : d_r + D_c] U_v")
 
+# the queries' latent part the product of an expression, not of a name: named for the mask
+SCALED = LATENT.replace("1 Q̃ ← [Q U_k^⊺, RoPE(Q_r)]", "1 Q̃ ← [(2 Q) U_k^⊺, RoPE(Q_r)]")
 
-@pytest.mark.parametrize("card", [LATENT, ROTARY_FIRST], ids=["latent first", "rotary first"])
+
+@pytest.mark.parametrize("card", [LATENT, ROTARY_FIRST, SCALED],
+                         ids=["latent first", "rotary first", "scaled query"])
 def test_fused_and_literal_equal_the_interpreter(tmp_path, card):
     built = Built(tmp_path, card, **SIZES)
     x = torch.randint(0, SIZES["V"], (2, 6), generator=torch.Generator().manual_seed(1))
@@ -110,30 +115,34 @@ def test_the_cache_keeps_the_keys_alone_where_the_values_are_their_first_columns
     assert held == SIZES["N"] * 2 * 12 * width
 
 
-def test_the_heads_are_one_attention_call_over_the_shared_key(tmp_path):
+@pytest.mark.parametrize("card", [LATENT, SCALED], ids=["latent first", "scaled query"])
+def test_the_heads_are_one_attention_call_over_the_shared_key(tmp_path, card):
     """No loop over heads: the heads' queries batched, the shared key broadcast over them."""
     path = tmp_path / "latent.card"
-    path.write_text(LATENT, encoding="utf-8")
+    path.write_text(card, encoding="utf-8")
     lib, checker, _ = build.checked([str(path)], library_roots([str(path)], None))
     text = build.source(checker, build.find_card(lib, checker, str(path), None))
     head = text[text.index("def Head("):text.index("class Absorbed(")]
     attention = text[text.index("class Absorbed("):text.index("class Latent(")]
-    assert head.count("grouped_sdpa(") == 1 and "softmax" not in head
+    assert head.count("factored_sdpa(") == 1 and "softmax" not in head
     assert "for h in" not in attention and "cache.extend(None, K, K[..., :0])" in head
 
 
-def test_attention_reads_values_as_wide_as_the_keys_and_keeps_the_first_columns(
+def test_a_sequence_attends_in_the_heads_width_and_a_decoded_token_in_the_latent(
         tmp_path, monkeypatch):
-    """softmax(S) K[:, 1 : D_c] is computed as (softmax(S) K)[:, 1 : D_c]: SDPA's fused kernels
-    take values as wide as the keys only (narrower ones fell back to its composite, 4× slower
-    at a decoded token). The output is the card's: the same as without a cache, and as the
-    interpreter's in test_fused_and_literal_equal_the_interpreter."""
+    """The products are associated as costs least (factored_sdpa): a whole sequence moves
+    each head's key and value up-projections onto the keys and values, and attends at the
+    head's width d_n + d_r (the values padded to it: SDPA's fused kernels take values as wide
+    as the keys only); a decoded token keeps them on its query and attends over the cached
+    latent, reading the values as the keys' first columns, (softmax(S) K)[:, 1 : D_c]. The
+    output is the card's either way: the same as without a cache, and as the interpreter's
+    in test_fused_and_literal_equal_the_interpreter."""
     model = _model(tmp_path, LATENT)
     seen = []
     sdpa = F.scaled_dot_product_attention
 
     def spy(Q, K, V, **options):
-        seen.append((K.shape[-1], V.shape[-1]))
+        seen.append((Q.shape[-2], K.shape[-1], V.shape[-1]))
         return sdpa(Q, K, V, **options)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
@@ -143,6 +152,8 @@ def test_attention_reads_values_as_wide_as_the_keys_and_keeps_the_first_columns(
         cache = model.new_cache()
         model(x[:, :6], cache=cache)
         last = model(x[:, 6:], cache=cache)
-    width = SIZES["D_c"] + SIZES["d_r"]
-    assert seen == [(width, width)] * (3 * SIZES["N"])
+    head = SIZES["d_n"] + SIZES["d_r"]
+    latent = SIZES["D_c"] + SIZES["d_r"]
+    N = SIZES["N"]
+    assert seen == [(7, head, head)] * N + [(6, head, head)] * N + [(1, latent, latent)] * N
     torch.testing.assert_close(last[:, -1], full[:, -1], rtol=1e-5, atol=1e-5)

@@ -39,7 +39,7 @@ def test_the_literal_pipeline_is_empty_and_the_fused_one_declares_its_patterns()
             assert callable(rule.find) and callable(rule.lower), rule.name
             assert set(rule.patterns) <= set(patterns()), rule.name
     assert [p.__name__ for p in FUSED.passes] == [
-        "_fold_bias", "join_for_cache", "add_kv_cache", "_share_invariants"]
+        "_fold_bias", "_factor_attention", "join_for_cache", "add_kv_cache", "_share_invariants"]
 
 
 def test_every_field_of_a_body_declares_what_a_nested_body_gets():

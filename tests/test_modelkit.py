@@ -182,6 +182,61 @@ def test_grouped_sdpa_equals_sdpa_over_repeated_key_and_value_heads():
     torch.testing.assert_close(grouped, expected.unflatten(1, (2, 2)))
 
 
+def _factored_reference(A, B, R, K, V, out=None, cols=None, **options):
+    Q = A @ B.mT if R is None else torch.cat([A @ B.mT, R.expand(A.shape[:-1] + R.shape[-1:])],
+                                             -1)
+    heads = Q.shape[:-2]
+    Y = F.scaled_dot_product_attention(Q, K.expand(heads + K.shape[-2:]),
+                                       V.expand(heads + V.shape[-2:]), **options)
+    Y = Y if cols is None else Y[..., :cols]
+    return Y if out is None else Y @ out
+
+
+def test_factored_sdpa_equals_the_products_in_either_association():
+    """Queries A Bᵀ beside R against keys whose first columns are a latent, the values the
+    latent, then projected up: one query against many keys keeps the card's association,
+    a sequence moves B onto the keys and U onto the values. Equal to the card's in float64,
+    values and gradients, with and without a scale, a rotary part, a slice or a product."""
+    g = torch.Generator().manual_seed(4)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+
+    B, U = randn(3, 6, 4), randn(3, 6, 5)  # three heads: latent 6 → key part 4, value 5
+    for tq, tk in ((1, 9), (9, 9), (4, 9)):
+        A, R, K = randn(2, 3, tq, 4), randn(2, 1, tq, 2), randn(2, 1, tk, 8)
+        mask = torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+        cases = [dict(R=R, V=K, out=U, cols=6, attn_mask=mask, scale=0.3),
+                 dict(R=R, V=K, out=U, cols=6, attn_mask=mask),
+                 dict(R=None, V=K[..., :6], out=None, cols=None, attn_mask=mask),
+                 dict(R=R, V=randn(2, 1, tk, 7), out=None, cols=3, attn_mask=mask)]
+        for case in cases:
+            Kc = K[..., :6] if case["R"] is None else K
+            args = (A, B, case.pop("R"), Kc, case.pop("V"))
+            got, want = mk.factored_sdpa(*args, **case), _factored_reference(*args, **case)
+            torch.testing.assert_close(got, want)
+            leaves = [t for t in (A, B, U, K, R) if t.requires_grad]
+            dgot = torch.autograd.grad(got.square().sum(), leaves, allow_unused=True)
+            dwant = torch.autograd.grad(want.square().sum(), leaves, allow_unused=True)
+            for a, b in zip(dgot, dwant, strict=True):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    torch.testing.assert_close(a, b)
+
+
+def test_factored_sdpa_moves_the_products_onto_the_keys_for_a_sequence_only(monkeypatch):
+    widths = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda Q, K, V, **o: widths.append(Q.shape[-1]) or sdpa(Q, K, V, **o))
+    B, U = torch.randn(3, 64, 32), torch.randn(3, 64, 32)
+    for t in (1, 128):
+        A, R = torch.randn(2, 3, t, 32), torch.randn(2, 3, t, 16)
+        mk.factored_sdpa(A, B, R, torch.randn(2, 1, 128, 80), torch.randn(2, 1, 128, 80),
+                         out=U, cols=64, scale=0.1)
+    assert widths == [64 + 16, 32 + 16]  # a decoded token in the latent; a sequence in a head
+
+
 def test_every_helper_name_is_reserved_from_cards():
     """A card name never shadows a helper its model may copy (cardc.names.GENERATED)."""
     assert set(HELPERS) <= GENERATED

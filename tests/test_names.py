@@ -340,6 +340,9 @@ GENERATOR_NAMES = {
     "RuntimeError", "str",
     # a lone decoded token's experts
     "route_one",
+    # attention whose queries are a product (cardc.lower.factored)
+    "factored_sdpa", "A", "B", "R", "K", "V", "Q", "a", "tq", "tk", "c", "u",
+    "w", "heads_product", "X", "W", "H",
 }
 # what the generator appends to a card's name: a recurrence's state held or read late, all
 # of its states; a head's function over every head at once
@@ -368,7 +371,7 @@ GENERATOR_ATTRS = {
     "kept", "keep_context", "context", "contexts", "broadcast_tensors", "broadcast_to", "broadcast_shapes",
     "is_tensor", "narrow", "index_add", "nonzero", "split", "indices", "bincount", "permute",
 }
-GENERATOR_STRINGS = {"tanh", "omega", "cpu", "probabilities", "params", "weight_decay", "lr", "-inf",
+GENERATOR_STRINGS = {"tanh", "scale", "omega", "cpu", "probabilities", "params", "weight_decay", "lr", "-inf",
                      " exceeds the model's ", " positions", "sequence length ",
                      "this cache holds tokens decoded after another source: decode this one "
                      "through a new cache (new_cache())",

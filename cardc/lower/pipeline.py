@@ -12,7 +12,10 @@ replaces the literal lowering of what it matched:
 - call: a call of another card;
 - expression: any expression.
 
-Then the passes rewrite the lowered program of a model, in order. `fuse=False` is the literal
+Then the passes rewrite the lowered program of a model, in order: biases folded into their
+products, attention whose queries are a product factored (its products associated by their
+sizes when it runs), sibling projections joined for decoding, the KV cache, values of sizes
+alone made once. `fuse=False` is the literal
 pipeline: no recogniser, no pass; it is the twin the tests compare every fusion against.
 """
 
@@ -37,6 +40,7 @@ from . import (
 )
 from .analysis import Masking
 from .decoding import add_kv_cache, join_for_cache
+from .factored import factor_attention
 from .invariants import share_invariants
 from .peephole import fold_bias
 
@@ -76,6 +80,10 @@ def _fold_bias(program: ir.Program, top: ir.Module, masking: Masking) -> None:
     fold_bias(program)
 
 
+def _factor_attention(program: ir.Program, top: ir.Module, masking: Masking) -> None:
+    factor_attention(program)
+
+
 def _share_invariants(program: ir.Program, top: ir.Module, masking: Masking) -> None:
     share_invariants(program)
 
@@ -98,7 +106,7 @@ FUSED = Pipeline(
                 Recogniser("GELU", gelu.find, gelu.lower),
                 Recogniser("patches", patches.find, patches.lower),
                 Recogniser("sparse experts", experts.find, experts.lower)),
-    passes=(_fold_bias, join_for_cache, add_kv_cache, _share_invariants),
+    passes=(_fold_bias, _factor_attention, join_for_cache, add_kv_cache, _share_invariants),
 )
 
 LITERAL = Pipeline()

@@ -418,6 +418,51 @@ def grouped_sdpa(Q, K, V, **options):
     return Y.unflatten(-3, groups)
 
 
+def factored_sdpa(A, B, R, K, V, out=None, cols=None, **options):
+    """grouped_sdpa(cat_broadcast([A @ B.mT, R], -1), K, V, **options)[…, :cols] @ out (R,
+    cols, out: None where absent), the products associated as costs least at these sizes.
+    The queries' part A Bᵀ meets the keys' first columns K₁ (as wide as B has rows):
+    (A Bᵀ) K₁ᵀ = A (K₁ B)ᵀ, and the attended values' product by `out` is that of the values:
+    (softmax(S) V) U = softmax(S) (V U). Moved onto the keys and values, B and U cost a
+    product per key, and the scores and the attended values are as narrow as A and U;
+    left on the queries, a product per query, and they are as wide as B's rows and V. A
+    decoded token, one query against many cached keys, keeps them on the queries (the cache
+    holds K alone); a whole sequence moves them onto the keys."""
+    n, a = B.shape[-2], B.shape[-1]
+    r = 0 if R is None else R.shape[-1]
+    tq, tk = A.shape[-2], K.shape[-2]
+    c = V.shape[-1] if cols is None else cols
+    u = c if out is None else out.shape[-1]
+    queries = tq * n * a + tq * tk * (n + r + V.shape[-1]) + (0 if out is None else tq * c * u)
+    keys = tk * n * a + tq * tk * (a + r + max(u, a + r)) + (0 if out is None else tk * c * u)
+    if queries <= keys:
+        Q = A @ B.mT if R is None else cat_broadcast([A @ B.mT, R], -1)
+        Y = grouped_sdpa(Q, K, V, **options)
+        Y = Y if cols is None else Y[..., :cols]
+        return Y if out is None else Y @ out
+    options.setdefault("scale", 1.0 / math.sqrt(n + r))  # the scores' own width
+    Q = A if R is None else cat_broadcast([A, R], -1)
+    K = heads_product(K[..., :n], B) if R is None else \
+        cat_broadcast([heads_product(K[..., :n], B), K[..., n:]], -1)
+    V = V if cols is None else V[..., :cols]
+    V = V if out is None else heads_product(V, out)
+    w = K.shape[-1]
+    if V.shape[-1] < w:  # SDPA's fused kernels take values as wide as the keys only
+        V = torch.cat([V, V.new_zeros(V.shape[:-1] + (w - V.shape[-1],))], -1)
+    return grouped_sdpa(Q, K, V, **options)[..., :u]
+
+
+def heads_product(X, W):
+    """X @ W of rows every head shares, (…, 1, T, n), by each head's matrix, (H, n, w): one
+    product by the heads' matrices side by side, (…, H, T, w), where broadcasting X over the
+    heads would make a product per head and example."""
+    if X.dim() < 3 or X.shape[-3] != 1 or W.dim() != 3:
+        return X @ W
+    H, n, w = W.shape
+    Y = X.squeeze(-3) @ W.transpose(0, 1).reshape(n, H * w)  # (…, T, H w)
+    return Y.unflatten(-1, (H, w)).transpose(-3, -2)
+
+
 def linear_scan(a, b, h, dim):
     """Every state of h_t = a_t ⊙ h_{t−1} + b_t along the positions axis `dim` (negative),
     from h (h_0, without that axis): h_1, …, h_T at once. ⌈log₂ T⌉ rounds of whole-tensor
