@@ -134,10 +134,17 @@ def test_every_expert_runs_once_on_the_tokens_that_chose_it(tmp_path):
     seen = []
     for expert in built.fused.moe.theta:
         expert.register_forward_hook(lambda mod, args, out: seen.append(args[0]))
-    built.fused(_randn(6, 4))
-    assert len(seen) == 4 and all(run.shape[0] % 16 == 0 for run in seen)  # padded runs
-    tokens = sum(int((run != 0).any(-1).sum()) for run in seen)  # the padding is zeros
-    assert tokens == 2 * 6 * 2  # B·T tokens, k = 2 experts each
+    X = _randn(6, 4)
+    built.fused(X)
+    tokens = X.reshape(-1, 4)
+    chosen = torch.topk(tokens @ built.fused.moe.W_g, 2).indices
+    assert len(seen) == 4
+    for e, run in enumerate(seen):
+        mine = tokens[(chosen == e).any(-1)]  # the tokens that chose e, in their order
+        n = mine.shape[0]
+        assert run.shape[0] == n + -n % 16  # padded to a multiple of 16 rows
+        assert torch.equal(run[:n], mine)
+    assert sum(int((chosen == e).any(-1).sum()) for e in range(4)) == 2 * 6 * 2  # k = 2 each
 
 
 def test_a_decoded_token_calls_only_the_experts_it_chose(tmp_path):

@@ -19,14 +19,14 @@ def top_mask(scores, k):
 def route(x, chosen, weight, experts):
     """Σ over each token's chosen experts e of weight[e] · experts[e](token): the tokens are
     gathered once, in order of the expert that chose them, each expert runs once on its own
-    run of them, and the weighted outputs are added back at their tokens in one scatter (one
-    gather and one scatter for all experts, in the backward pass too). x is (…, D), chosen
-    and weight (…, E).
+    run of them, and its outputs, weighted, are added back at their tokens (one gather for
+    all experts, whose gradient is one scatter; a scatter per expert, whose gradient is a
+    gather of its own rows: joining the outputs to scatter them at once copied them all
+    twice). x is (…, D), chosen and weight (…, E).
 
-    Each run is padded with zero rows to a multiple of ROWS in that same gather: a token's
-    output is then the same to the bit however many other tokens chose its expert (so a
-    position's logits never depend, even in rounding, on the tokens after it). The padding
-    rows are weighted 0 and added to a spare row past the last token, dropped.
+    Each run is padded to a multiple of ROWS rows: a token's output is then the same to the
+    bit however many other tokens chose its expert (so a position's logits never depend,
+    even in rounding, on the tokens after it). The padding's outputs are dropped.
 
     Where no gradient is taken an expert no token chose is not called (a decoded token calls
     its k experts, not all E); under autograd it runs on no rows, so that its weights get a
@@ -43,17 +43,16 @@ def route(x, chosen, weight, experts):
         weight = weight.expand(chosen.shape)
     weight = weight.reshape(-1, E)
     expert_of, token = chosen.reshape(-1, E).T.nonzero(as_tuple=True)  # grouped by expert
-    spare = tokens.shape[0]  # the zero row the padding reads, and where its output goes
+    spare = tokens.shape[0]
     if spare == 1 and not torch.is_grad_enabled():
         y = route_one(tokens, expert_of.tolist(), weight[0], experts)
         return y.reshape(*lead, *y.shape[1:])
-    padded = torch.cat([tokens, tokens.new_zeros(1, D)])
     if 0 < len(token) <= FEW and not torch.is_grad_enabled():
         runs = {}  # expert → its tokens, the experts in order
         for e, t in zip(expert_of.tolist(), token.tolist(), strict=True):
             runs.setdefault(e, []).append(t)
-        rows = [t for ts in runs.values() for t in ts + [spare] * (-len(ts) % ROWS)]
-        parts = padded.index_select(0, torch.tensor(rows, device=x.device)).split(
+        rows = [t for ts in runs.values() for t in ts + ts[:1] * (-len(ts) % ROWS)]
+        parts = tokens.index_select(0, torch.tensor(rows, device=x.device)).split(
             [len(ts) + -len(ts) % ROWS for ts in runs.values()])
         y = torch.cat([experts[e](run)[:len(ts)] for (e, ts), run in
                        zip(runs.items(), parts, strict=True)])
@@ -69,17 +68,25 @@ def route(x, chosen, weight, experts):
     slot = torch.arange(len(token), device=x.device)
     if padding:
         slot = slot + torch.tensor(shift, device=x.device)[expert_of]
-    rows = token.new_full((sum(sizes),), spare).index_put_((slot,), token)
+    # the padding rows read the first token (any row serves: a product's row depends on its
+    # own row alone, and the padding's outputs are dropped)
+    rows = token.new_zeros(sum(sizes)).index_put_((slot,), token)
     scale = weight.new_zeros(rows.shape).index_put_((slot,), weight[token, expert_of])
-    runs = padded.index_select(0, rows)
     called = [n > 0 or torch.is_grad_enabled() for n in counts]
     if not any(called):  # no token at all: one run on no rows gives the output's shape
         called[0] = True
-    y = torch.cat([expert(run) for expert, run, call in
-                   zip(experts, runs.split(sizes), called, strict=True) if call])
-    y = y * scale.reshape(-1, *[1] * (y.dim() - 1))
-    out = y.new_zeros(spare + 1, *y.shape[1:]).index_add_(0, rows, y)[:spare]
-    return out.reshape(*lead, *y.shape[1:])
+    runs = tokens.index_select(0, rows).split(sizes)
+    out = None
+    for expert, run, at, weights, n, call in zip(experts, runs, rows.split(sizes),
+                                                 scale.split(sizes), counts, called, strict=True):
+        if not call:
+            continue
+        y = expert(run)[:n]
+        y = y * weights[:n].reshape(-1, *[1] * (y.dim() - 1))
+        if out is None:
+            out = y.new_zeros(spare, *y.shape[1:])
+        out.index_add_(0, at[:n], y)  # each token's experts added in their order
+    return out.reshape(*lead, *out.shape[1:])
 
 
 def route_one(token, chosen, weight, experts):
