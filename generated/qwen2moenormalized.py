@@ -546,7 +546,8 @@ def route(x, chosen, weight, experts):
 
     Each run is padded to a multiple of ROWS rows: a token's output is then the same to the
     bit however many other tokens chose its expert (so a position's logits never depend,
-    even in rounding, on the tokens after it). The padding's outputs are dropped.
+    even in rounding, on the tokens after it). The padding rows are weighted 0 and added to
+    a spare row past the last token, dropped.
 
     Where no gradient is taken an expert no token chose is not called (a decoded token calls
     its k experts, not all E); under autograd it runs on no rows, so that its weights get a
@@ -588,25 +589,27 @@ def route(x, chosen, weight, experts):
     slot = torch.arange(len(token), device=x.device)
     if padding:
         slot = slot + torch.tensor(shift, device=x.device)[expert_of]
-    # the padding rows read the first token (any row serves: a product's row depends on its
-    # own row alone, and the padding's outputs are dropped)
-    rows = token.new_zeros(sum(sizes)).index_put_((slot,), token)
+    # where each row's output goes: the padding's to a spare row past the last token, dropped
+    at = token.new_full((sum(sizes),), spare).index_put_((slot,), token)
+    # the padding rows read the last token (any row serves: a product's row depends on its
+    # own row alone), weighted 0
+    rows = at.clamp(max=max(spare - 1, 0))
     scale = weight.new_zeros(rows.shape).index_put_((slot,), weight[token, expert_of])
     called = [n > 0 or torch.is_grad_enabled() for n in counts]
     if not any(called):  # no token at all: one run on no rows gives the output's shape
         called[0] = True
     runs = tokens.index_select(0, rows).split(sizes)
     out = None
-    for expert, run, at, weights, n, call in zip(experts, runs, rows.split(sizes),
-                                                 scale.split(sizes), counts, called, strict=True):
+    for expert, run, to, weights, call in zip(experts, runs, at.split(sizes),
+                                              scale.split(sizes), called, strict=True):
         if not call:
             continue
-        y = expert(run)[:n]
-        y = y * weights[:n].reshape(-1, *[1] * (y.dim() - 1))
+        y = expert(run)
+        y = y * weights.reshape(-1, *[1] * (y.dim() - 1))
         if out is None:
-            out = y.new_zeros(spare, *y.shape[1:])
-        out.index_add_(0, at[:n], y)  # each token's experts added in their order
-    return out.reshape(*lead, *out.shape[1:])
+            out = y.new_zeros(spare + 1, *y.shape[1:])
+        out.index_add_(0, to, y)  # each token's experts added in their order
+    return out[:spare].reshape(*lead, *out.shape[1:])
 
 
 def route_one(token, chosen, weight, experts):
