@@ -730,8 +730,16 @@ def factored_sdpa(A, B, R, K, V, out=None, cols=None, **options):
         return Y if out is None else Y @ out
     options.setdefault("scale", 1.0 / math.sqrt(n + r))  # the scores' own width
     Q = A if R is None else cat_broadcast([A, R], -1)
-    K = heads_product(K[..., :n], B) if R is None else \
-        cat_broadcast([heads_product(K[..., :n], B), K[..., n:]], -1)
+    lead = K[..., :n]
+    if V is K and cols == n and out is not None and B.shape[:-1] == out.shape[:-1] \
+            and r <= u <= a + r:
+        # the values are the keys' lead too: one product for both, (…, T, a + u), whose last
+        # a + r columns are values as wide as the keys, the attended values the last u
+        P = heads_product(lead, torch.cat([B, out], -1))
+        K = P[..., :a] if R is None else cat_broadcast([P[..., :a], K[..., n:]], -1)
+        return grouped_sdpa(Q, K, P[..., u - r:], **options)[..., a + r - u:]
+    K = heads_product(lead, B) if R is None else cat_broadcast([heads_product(lead, B),
+                                                                K[..., n:]], -1)
     V = V if cols is None else V[..., :cols]
     V = V if out is None else heads_product(V, out)
     w = K.shape[-1]
