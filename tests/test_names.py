@@ -342,7 +342,7 @@ GENERATOR_NAMES = {
     "route_one",
     # attention whose queries are a product (cardc.lower.factored)
     "factored_sdpa", "A", "B", "R", "K", "V", "Q", "a", "tq", "tk", "c", "u",
-    "w", "heads_product", "X", "W", "H",
+    "w", "heads_product", "X", "W", "H", "P", "to",
 }
 # what the generator appends to a card's name: a recurrence's state held or read late, all
 # of its states; a head's function over every head at once
