@@ -411,7 +411,7 @@ def grouped_sdpa(Q, K, V, **options):
     by groups of query heads come in fewer heads, (…, H_kv, T, d) against (…, H, T, d) with
     each group's heads side by side, or with a size-1 axis where the queries hold a group
     ((…, 1, T, d) against (…, G, T, d)): SDPA's grouped-query path serves them, uncopied."""
-    if K.shape[-3] == Q.shape[-3]:
+    if K.dim() < 3 or K.shape[-3] == Q.shape[-3]:
         return F.scaled_dot_product_attention(Q, K, V, **options)
     if K.shape[-3] != 1 or Q.dim() == 4:
         return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True, **options)

@@ -157,3 +157,44 @@ def test_a_sequence_attends_in_the_heads_width_and_a_decoded_token_in_the_latent
     N = SIZES["N"]
     assert seen == [(7, head, head)] * N + [(6, head, head)] * N + [(1, latent, latent)] * N
     torch.testing.assert_close(last[:, -1], full[:, -1], rtol=1e-5, atol=1e-5)
+
+
+# any head whose queries are a product by a transposed matrix, a whole sequence
+TRANSPOSED = """\
+Algorithm: Y ← Head(X | W)
+/* One causal head whose queries are the input times a transposed matrix. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×d}
+Hyperparameters: D, d ∈ ℕ
+Parameters: W consisting of:
+    W_q ∈ ℝ^{d×D}, W_k, W_v ∈ ℝ^{D×d}
+1 Q ← X W_q^⊺
+2 S ← Q (X W_k)^⊺/√d
+3 ∀t, t′, if t′ > t then S[t, t′] ← −∞
+4 return Y = softmax(S) (X W_v)
+"""
+
+
+@pytest.mark.parametrize("sizes, width", [(dict(D=6, d=3), 3), (dict(D=2, d=8), 2)],
+                         ids=["kept", "moved"])
+def test_any_attention_whose_queries_are_a_product_is_factored(tmp_path, monkeypatch, sizes,
+                                                               width):
+    """Q = X W_qᵀ: with d < D, moving W_q onto the keys would make the scores D wide, and
+    the queries keep it (SDPA sees queries d wide); with D < d, the keys take it (D wide).
+    Either way the module equals the interpreter, values and gradients."""
+    built = Built(tmp_path, TRANSPOSED, **sizes)
+    X = torch.randn(2, 5, sizes["D"], generator=torch.Generator().manual_seed(4),
+                    dtype=torch.float64)
+    built.agree(X)
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda Q, K, V, **o: seen.append(Q.shape[-1]) or sdpa(Q, K, V, **o))
+    with torch.no_grad():
+        built.fused(X)
+    assert seen == [width]
+    path = tmp_path / "head.card"
+    path.write_text(TRANSPOSED, encoding="utf-8")
+    lib, checker, _ = build.checked([str(path)], library_roots([str(path)], None))
+    text = build.source(checker, build.find_card(lib, checker, str(path), None))
+    assert "factored_sdpa(X, self.W_q, None" in text

@@ -1,7 +1,7 @@
 """Attention whose queries are a product (a pass): the association of the products chosen by
 their sizes when the model runs.
 
-    Q = cat_broadcast([A @ B.mT, R], dim=-1)        (or torch.cat; or A @ B.mT alone)
+    Q = cat_broadcast([A @ B.mT, R], dim=-1)        (or torch.cat; or A @ B.mT alone; B.T)
     … sdpa(Q, K, V, …)[..., :c] @ U …               (the slice and the product by U optional)
 
 becomes `factored_sdpa(A, B, R, K, V, out=U, cols=c, …)` (cardc/runtime/modelkit.py), which
@@ -103,9 +103,9 @@ def _factors(e: ir.Expr) -> Factors | None:
 
 
 def _product(e: ir.Expr) -> tuple[ir.Expr, ir.Expr] | None:
-    """(A, B) of `A @ B.mT`."""
+    """(A, B) of `A @ B.mT` (or `A @ B.T`, a matrix's)."""
     if isinstance(e, ir.Bin) and e.op == "@" and isinstance(e.right, ir.Attr) and \
-            e.right.name == "mT":
+            e.right.name in ("mT", "T"):
         return e.left, e.right.obj
     return None
 
@@ -120,7 +120,8 @@ def _factored(e: ir.Expr, name: str, f: Factors) -> ir.Expr | None:
     if cols is not None:
         e = e.obj  # type: ignore[union-attr]
     if not (isinstance(e, ir.Call) and isinstance(e.func, ir.Ref) and e.func.id in SDPA
-            and len(e.args) == 3 and e.args[0] == ir.Ref(name)):
+            and len(e.args) == 3 and e.args[0] == ir.Ref(name)
+            and "enable_gqa" not in dict(e.kwargs)):  # grouped_sdpa serves fewer key heads
         return None
     q, k, v = e.args
     if cols is not None and v != k:
