@@ -492,3 +492,29 @@ def test_a_generic_recipe_refuses_a_model_that_reads_ahead(tmp_path, cli):
     assert r.stderr == ("cardc: error: LMTraining trains a causal language model, and Ahead "
                         "reads ahead: its scores for a position change with a later token\n")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_training_card_reads_an_example_by_its_number_before_its_loops(tmp_path):
+    """`m ← length(x_1)` before the loops: the first example, a batch of one (check accepted
+    it and build refused it). Its length scales the loss; the run trains."""
+    folder = tmp_path / "paper"
+    folder.mkdir()
+    for card in ("dtraining", "dtransformer"):
+        text = (ROOT / "cards" / "paper" / f"{card}.card").read_text(encoding="utf-8")
+        (folder / f"{card}.card").write_text(text, encoding="utf-8")
+    card = folder / "dtraining.card"
+    text = card.read_text(encoding="utf-8")
+    steps = text[text.index("1 for i = 1, 2, …, N_epochs do"):]
+    renumbered = re.sub(r"^(\d+)(\s)", lambda m: f"{int(m.group(1)) + 1}{m.group(2)}", steps,
+                        flags=re.M)
+    text = text.replace(steps, "1 m ← length(x_1)\n" + renumbered) \
+        .replace("loss(θ) = −Σ", "loss(θ) = −(1/m) Σ")
+    card.write_text(text, encoding="utf-8")
+    assert cardc("check", str(card)).returncode == 0
+    r = cardc("train", str(card), "--preset", "tiny", "--examples", "40", "--eval-every", "20",
+              "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in
+               (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    vals = [r["val_loss"] for r in records if r["val_loss"] is not None]
+    assert len(vals) >= 2 and vals[-1] < vals[0]

@@ -98,6 +98,9 @@ class Expressions:
             return Val(self.dim(hyper.value), Ty(elem="ℕ"))
         if hyper is not None and not hyper.shape:
             return Val(self.dim_of(name), hyper)
+        example = self.example(name)
+        if example is not None:
+            return example
         return self.fail(e, f"cannot generate code for '{display(name)}' here")
 
     def special(self, e: s.Expr) -> bool:

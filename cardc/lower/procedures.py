@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from .. import ir
 from .. import syntax as s
-from ..checker import CONSTANTS, FILTERS
+from ..checker import CONSTANTS, FILTERS, split_name
 from ..dims import Dim
 from ..spelling import display
 from ..types import Ty
@@ -53,6 +53,19 @@ class Procedures:
             body.step(sub)
         body.stop_check()
         self.emit(ir.Loop(var, over, tuple(body.out), self.note(step)))
+
+    def example(self, name: str) -> Val | None:
+        """`x_k`, a dataset's k-th example by a number (`m ← length(x_1)` before the loops):
+        a batch of one, as a loop over the dataset visits it."""
+        base, decor = split_name(name)
+        if len(decor) != 1 or decor[0][0] != "_" or not decor[0][1].isdigit() or \
+                int(decor[0][1]) < 1:
+            return None
+        for elem, (examples, _, ty) in self.datasets.items():
+            if split_name(elem)[0] == base:
+                item = ir.Sub(ir.Ref(examples), (_int(int(decor[0][1]) - 1),))
+                return Val(ir.Sub(item, (ir.Ref("None"),)), ty, True)
+        return None
 
     def ranged_steps(self, st: s.For, step: s.Step) -> None:
         """`for t = 1, …, ℓ do x̃_n[t] ← f(t) end`: each step for every t at once."""
