@@ -204,6 +204,8 @@ class Function:
     origin: str
     args: list[Arg]
     body: list[Stmt]
+    # a training card's updates per example it visits, where not 1 (None: not a fixed number)
+    updates_per_example: int | None = 1
 
 
 @dataclass

@@ -119,3 +119,14 @@ def test_lowering_state_stays_off_the_program():
     second.model(alg)
     assert first.mask_sites == second.mask_sites == 1  # one window rule, shared by the layers
     assert source(checker, alg) == source(checker, alg)
+
+
+def test_a_training_cards_updates_per_example_are_counted_where_fixed():
+    from cardc.lower.cards import _per_example
+
+    assert _per_example([1], 1) == 1 and _per_example([2], 2) == 2
+    assert _per_example([2, 2], 4) == 2  # two loops over examples, alike
+    assert _per_example([None], 1) is None  # an update under a condition
+    assert _per_example([0], 1) is None  # once per epoch, outside the loop over examples
+    assert _per_example([1, 2], 3) is None
+    assert _per_example([], 0) == 1  # no update: nothing to count

@@ -494,22 +494,24 @@ def test_a_generic_recipe_refuses_a_model_that_reads_ahead(tmp_path, cli):
     assert not (tmp_path / "run").exists()
 
 
+FIRST_EXAMPLE = """\
+1 m ← length(x_1)
+2 for i = 1, 2, …, N_epochs do
+3     for n = 1, 2, …, N_data do
+4         ℓ ← length(x_n)
+5         P(θ) ← DTransformer(x_n | θ)
+6         loss(θ) = −(1/m) Σ_{t=1}^{ℓ − 1} log P(θ)[x_n[t + 1], t]
+7         θ ← θ − η · ∇loss(θ)
+8     end
+9 end
+10 return θ̂ = θ
+"""
+
+
 def test_a_training_card_reads_an_example_by_its_number_before_its_loops(tmp_path):
     """`m ← length(x_1)` before the loops: the first example, a batch of one (check accepted
     it and build refused it). Its length scales the loss; the run trains."""
-    folder = tmp_path / "paper"
-    folder.mkdir()
-    for card in ("dtraining", "dtransformer"):
-        text = (ROOT / "cards" / "paper" / f"{card}.card").read_text(encoding="utf-8")
-        (folder / f"{card}.card").write_text(text, encoding="utf-8")
-    card = folder / "dtraining.card"
-    text = card.read_text(encoding="utf-8")
-    steps = text[text.index("1 for i = 1, 2, …, N_epochs do"):]
-    renumbered = re.sub(r"^(\d+)(\s)", lambda m: f"{int(m.group(1)) + 1}{m.group(2)}", steps,
-                        flags=re.M)
-    text = text.replace(steps, "1 m ← length(x_1)\n" + renumbered) \
-        .replace("loss(θ) = −Σ", "loss(θ) = −(1/m) Σ")
-    card.write_text(text, encoding="utf-8")
+    card = _paper_copy(tmp_path, FIRST_EXAMPLE)
     assert cardc("check", str(card)).returncode == 0
     r = cardc("train", str(card), "--preset", "tiny", "--examples", "40", "--eval-every", "20",
               "--out", str(tmp_path / "run"))
@@ -518,3 +520,47 @@ def test_a_training_card_reads_an_example_by_its_number_before_its_loops(tmp_pat
                (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     vals = [r["val_loss"] for r in records if r["val_loss"] is not None]
     assert len(vals) >= 2 and vals[-1] < vals[0]
+
+
+def _paper_copy(tmp_path: Path, steps: str) -> Path:
+    """cards/paper's DTraining beside its DTransformer in tmp_path, its steps replaced."""
+    folder = tmp_path / "paper"
+    folder.mkdir()
+    for card in ("dtraining", "dtransformer"):
+        text = (ROOT / "cards" / "paper" / f"{card}.card").read_text(encoding="utf-8")
+        (folder / f"{card}.card").write_text(text, encoding="utf-8")
+    card = folder / "dtraining.card"
+    text = card.read_text(encoding="utf-8")
+    card.write_text(text[:text.index("1 for i = 1, 2, …, N_epochs do")] + steps,
+                    encoding="utf-8")
+    return card
+
+
+TWICE = """\
+1 for i = 1, 2, …, N_epochs do
+2     for n = 1, 2, …, N_data do
+3         ℓ ← length(x_n)
+4         P(θ) ← DTransformer(x_n | θ)
+5         loss(θ) = −Σ_{t=1}^{ℓ − 1} log P(θ)[x_n[t + 1], t]
+6         θ ← θ − η · ∇loss(θ)
+7         P(θ) ← DTransformer(x_n | θ)
+8         loss(θ) = −Σ_{t=1}^{ℓ − 1} log P(θ)[x_n[t + 1], t]
+9         θ ← θ − η · ∇loss(θ)
+10     end
+11 end
+12 return θ̂ = θ
+"""
+
+
+def test_a_card_that_updates_twice_per_example_counts_its_updates(tmp_path):
+    """Two updates per example: 20 examples make 40 updates, the progress shows 40 of 40
+    (was 40 of 20) and the last update is evaluated as the run's end."""
+    card = _paper_copy(tmp_path, TWICE)
+    r = cardc("train", str(card), "--preset", "tiny", "--examples", "20", "--eval-every", "10",
+              "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    shown = re.findall(r"step (\d+)/(\d+)", r.stdout + r.stderr)
+    assert shown and all(total == "40" for _, total in shown), shown
+    records = [json.loads(line) for line in
+               (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["step"] == 40 and records[-1]["val_loss"] is not None

@@ -507,7 +507,8 @@ class Lowering(Parameters):
         if "stop" in body.hooks:
             args.append(ir.Arg("stop", ir.Lit("None")))  # told each token drawn, may end the loop
         self.program.functions.append(
-            ir.Function(name, _doc(alg), self.origin(alg), args, prologue + stmts))
+            ir.Function(name, _doc(alg), self.origin(alg), args, prologue + stmts,
+                        _per_example(body.visits, len(body.updates))))
         self.program.doc = f"{alg.label}, generated from its card. {_doc(alg)}"
         return self.program
 
@@ -597,3 +598,13 @@ def _quantified(alg: s.Algorithm) -> set[str]:
     return bound
 
 
+def _per_example(visits: list[int | None], updates: int) -> int | None:
+    """A training card's updates per example it visits: the same in every loop over
+    examples, and none outside them; None where that is not a fixed number (an update in a
+    condition, or once per epoch); 1 for a card that makes none."""
+    if not updates:
+        return 1
+    kinds = set(visits)
+    if len(kinds) != 1 or None in kinds or kinds.pop() * len(visits) != updates:
+        return None
+    return visits[0]

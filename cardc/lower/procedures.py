@@ -49,8 +49,14 @@ class Procedures:
                                 ir.Note(None, self.line(step), "a batch of one example")))
             self.scope.values[elem] = Val(ir.Ref(local), ty, True)
         over = loop_range(self, st)
+        before, fixed = len(self.updates), True
         for sub in st.body:
+            made = len(self.updates)
             body.step(sub)
+            if len(self.updates) > made and not isinstance(sub.stmt, s.Assign):
+                fixed = False  # updates inside a loop or a condition: not one each per visit
+        if elems:
+            self.visits.append(len(self.updates) - before if fixed else None)
         body.stop_check()
         self.emit(ir.Loop(var, over, tuple(body.out), self.note(step)))
 
@@ -127,6 +133,7 @@ class Procedures:
             groups = ir.Attr(ir.Ref("optimizer"), "param_groups")
             self.emit(ir.Loop("group", groups, (ir.Assign(('group["lr"]',), lr),),
                               ir.Note(None, self.line(step), "this step's learning rate")))
+        self.updates.append(step)
         if isinstance(grad, Gradient):
             self.emit(ir.Assign((), _method(ir.Ref("optimizer"), "step"), self.note(step)))
             told = (grad.told, lr if lr is not None else ir.Lit("None"))

@@ -58,6 +58,9 @@ class BodyState:
     ranged: dict[str, Val] = _field(SHARED, factory=dict)  # Σ_{t=a}^{b}: t as every value
     decoded: set[str] = _field(SHARED, factory=set)  # P ← M(x | θ̂) with a KV cache: P's last row
     hooks: set[str] = _field(SHARED, factory=set)  # the caller's functions the steps call: "stop"
+    updates: list[s.Step] = _field(SHARED, factory=list)  # the parameter updates lowered so far
+    # each loop over a dataset's examples: its updates per example (None: not a fixed number)
+    visits: list[int | None] = _field(SHARED, factory=list)
     loop_index: dict[str, ir.Expr] = _field(COPIED, factory=dict)  # loop variables, 0-based
     merged: frozenset[str] = _field(FRESH, frozenset())  # inputs holding every head's columns
     out: list[ir.Stmt] = _field(FRESH, factory=list)

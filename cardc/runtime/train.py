@@ -168,11 +168,14 @@ class Plan:
     length: int
     per_update: int  # examples in one update: B for a minibatch card, else 1
     updates: int | None  # known in advance when the card counts them
+    per_example: int = 1  # updates per example of a card that updates per example
 
     @classmethod
     def of(cls, hypers: dict[str, Any], cfg: TrainConfig, model: nn.Module,
-           up_front: bool = True) -> Plan:
-        """`up_front`: the examples are made before training, so their size is bounded."""
+           up_front: bool = True, per_example: int | None = 1) -> Plan:
+        """`up_front`: the examples are made before training, so their size is bounded.
+        `per_example`: the card's updates per example it visits (its function's
+        `updates_per_example`; None: not a fixed number, and the updates are not counted)."""
         limit = getattr(model, "max_seq_len", None)
         length = int(hypers.get("l", min(cfg.length, limit or cfg.length)))
         if isinstance(limit, int) and length > limit:
@@ -184,7 +187,8 @@ class Plan:
         else:
             epochs = hypers.get("N_epochs")
             plan = cls(cfg.examples, length, 1,
-                       None if epochs is None else int(epochs) * cfg.examples)
+                       None if epochs is None or per_example is None
+                       else int(epochs) * cfg.examples * per_example, per_example or 1)
         if up_front and plan.examples * length > MAX_DATASET_TOKENS:
             raise RuntimeInputError(f"{plan.examples:,} examples of {length} tokens are "
                                     f"{plan.examples * length:,} tokens, more than the "
@@ -302,7 +306,8 @@ def train(model: nn.Module, recipe: Recipe, hypers: dict[str, Any], cfg: TrainCo
         summary_writer()  # and now if it cannot be logged as asked
     world = world_from_env()
     device = resolve_device(cfg.device, world)
-    plan = Plan.of(hypers, cfg, model, up_front=not is_data_folder(cfg.data_path))
+    plan = Plan.of(hypers, cfg, model, up_front=not is_data_folder(cfg.data_path),
+                   per_example=getattr(recipe, "updates_per_example", 1))
     data, train_split, val_split = data_splits(cfg, tokenizer)
     if data is not None:
         meta["data"] = data.record()
@@ -631,7 +636,8 @@ def _throughput(run: _Run) -> float:
     if run.device.type == "cuda":
         torch.cuda.synchronize(run.device)  # kernels run asynchronously
     since, at = run.segment
-    tokens = (run.updates - at) * run.plan.per_update * run.tokens_per_example
+    tokens = (run.updates - at) * run.plan.per_update * run.tokens_per_example \
+        / run.plan.per_example
     return tokens / max(time.perf_counter() - since, 1e-9)
 
 
