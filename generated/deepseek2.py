@@ -723,7 +723,7 @@ def factored_sdpa(A, B, R, K, V, out=None, cols=None, **options):
     u = c if out is None else out.shape[-1]
     queries = tq * n * a + tq * tk * (n + r + V.shape[-1]) + (0 if out is None else tq * c * u)
     keys = tk * n * a + tq * tk * (a + r + max(u, a + r)) + (0 if out is None else tk * c * u)
-    if queries <= keys:
+    if queries <= keys or out is not None and out.dim() < 2:  # a vector: (…, T) outputs
         Q = A @ B.mT if R is None else cat_broadcast([A @ B.mT, R], -1)
         Y = grouped_sdpa(Q, K, V, **options)
         Y = Y if cols is None else Y[..., :cols]
