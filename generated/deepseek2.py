@@ -732,12 +732,15 @@ def factored_sdpa(A, B, R, K, V, out=None, cols=None, **options):
     Q = A if R is None else cat_broadcast([A, R], -1)
     lead = K[..., :n]
     if V is K and cols == n and out is not None and B.shape[:-1] == out.shape[:-1] \
-            and r <= u <= a + r:
-        # the values are the keys' lead too: one product for both, (…, T, a + u), whose last
-        # a + r columns are values as wide as the keys, the attended values the last u
-        P = heads_product(lead, torch.cat([B, out], -1))
-        K = P[..., :a] if R is None else cat_broadcast([P[..., :a], K[..., n:]], -1)
-        return grouped_sdpa(Q, K, P[..., u - r:], **options)[..., a + r - u:]
+            and u <= a + r:
+        # the values are the keys' lead too: one product for both, (…, T, a + u), split (not
+        # sliced twice: a slice's gradient is a zeroed copy of the whole product); the values
+        # padded with zeros to the keys' width, their attended padding dropped
+        keys, values = heads_product(lead, torch.cat([B, out], -1)).split([a, u], -1)
+        K = keys if R is None else cat_broadcast([keys, K[..., n:]], -1)
+        pad = values.new_zeros(values.shape[:-1] + (a + r - u,))
+        return grouped_sdpa(Q, K, torch.cat([values, pad], -1), **options).split(
+            [u, a + r - u], -1)[0]
     K = heads_product(lead, B) if R is None else cat_broadcast([heads_product(lead, B),
                                                                 K[..., n:]], -1)
     V = V if cols is None else V[..., :cols]
