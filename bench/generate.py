@@ -71,7 +71,7 @@ def theirs(mapping, model) -> torch.nn.Module:
     """The same weights in transformers, exported through the card's mapping file."""
     from worker_transformers import as_transformers
 
-    return as_transformers(mapping, model, seq2seq=encodes(model)).eval()
+    return as_transformers(mapping, model).eval()
 
 
 def encoder_decoder_runs(model, hf, vocab: int, args) -> dict:

@@ -46,12 +46,16 @@ def adamw(model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
                              fused=True)
 
 
-def fixed_batch(V: int, batch: int, block: int, seed: int,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and next-token targets, the same for every worker given the same seed."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, V, (batch, block + 1), generator=g).to(device)
-    return x[:, :-1], x[:, 1:]
+def fixed_batch(spec: dict[str, Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets, the same for every worker given the same seed: tokens and the next
+    ones, or (a spec with an input `shape`) examples and class labels."""
+    g = torch.Generator().manual_seed(spec["seed"])
+    if "shape" in spec:
+        x = torch.randn(spec["batch"], *spec["shape"], generator=g)
+        y = torch.randint(0, spec["classes"], (spec["batch"],), generator=g)
+        return x.to(device), y.to(device)
+    x = torch.randint(0, spec["hp"]["V"], (spec["batch"], spec["block"] + 1), generator=g)
+    return x[:, :-1].to(device), x[:, 1:].to(device)
 
 
 def encodes(model: nn.Module) -> bool:
@@ -75,7 +79,7 @@ def time_steps(model: nn.Module, logits_of: Callable[[nn.Module, torch.Tensor], 
     model = model.to(device).train()
     opt = adamw(model, device)
     step_model: nn.Module = torch.compile(model) if spec["compile"] else model  # type: ignore[assignment]
-    x, y = fixed_batch(spec["hp"]["V"], spec["batch"], spec["block"], spec["seed"], device)
+    x, y = fixed_batch(spec, device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     def step() -> None:

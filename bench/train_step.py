@@ -81,14 +81,31 @@ def card_spec(card: str, preset: str, args: argparse.Namespace) -> dict[str, Any
     return {"family": model.card_meta["name"], "card": str(Path(card).resolve()),
             "name": model.card_meta["name"], "mapping": str(Path(mapping).resolve()),
             "preset": preset, "overrides": overrides,
-            "hp": model.card_meta["hyperparameters"]}
+            "hp": model.card_meta["hyperparameters"], **card_input(card, args.name, model)}
+
+
+def card_input(card: str, name: str | None, model: Any) -> dict[str, Any]:
+    """What a card's model takes, from its signature: tokens (nothing to add: the spec's V and
+    block), or a real tensor (`shape`, at the built hyperparameters) scored into `classes`
+    logits, whose batch is random examples and class labels, one example a "token"."""
+    from cardc.build import checked, find_card, library_roots
+    from cardc.types import Ty
+
+    lib, checker, _ = checked([card], library_roots([card], None), lazy=True)
+    sig = checker.info(find_card(lib, checker, card, name)).sig
+    (_, x), out = sig.inputs[0], sig.output
+    if x.elem != "ℝ":
+        return {}
+    size = lambda d: int(d.evaluate(model.card_meta["hyperparameters"]))  # noqa: E731
+    assert isinstance(out, Ty) and out.rank == 1, "a real-valued input needs a vector of logits"
+    return {"shape": [size(d) for d in x.shape], "classes": size(out.shape[0])}
 
 
 def bench_one(family: str, config: str, impls: dict[str, str],
               args: argparse.Namespace, card: str | None = None) -> dict[str, Any]:
     if card is not None:
         spec = card_spec(card, config, args)
-        block = 128
+        block = 1 if "shape" in spec else 128  # an example, not a sequence of tokens
     else:
         preset, overrides, block = CONFIGS[family][config]
         spec = {"family": family, "preset": preset, "overrides": overrides,
@@ -124,7 +141,8 @@ def report(run: dict[str, Any], device: str) -> list[str]:
     peak = peak_bf16_flops(first.get("device_name", ""))
     dtype = "bf16 autocast" if device.startswith("cuda") else "fp32"
     shown = " ".join(f"{k}={v}" for k, v in hp.items() if isinstance(v, int))
-    lines = [f"{run['family']} {run['config']}: {shown}, batch {spec['batch']}×{T}, {dtype}, "
+    unit, batch = ("ex", spec["batch"]) if "shape" in spec else ("tok", f"{spec['batch']}×{T}")
+    lines = [f"{run['family']} {run['config']}: {shown}, batch {batch}, {dtype}, "
              f"fused AdamW, {device}"
              + (f" ({first['device_name']})" if "device_name" in first else "")
              + (", torch.compile" if spec["compile"] else "")
@@ -133,7 +151,7 @@ def report(run: dict[str, Any], device: str) -> list[str]:
     for name, rounds in results.items():
         tps = statistics.median(r["tokens_per_s"] for r in rounds)
         low, high = min(r["tokens_per_s"] for r in rounds), max(r["tokens_per_s"] for r in rounds)
-        line = (f"  {name:<13} {tps:12,.0f} tok/s  [{low:,.0f}–{high:,.0f}]"
+        line = (f"  {name:<13} {tps:12,.0f} {unit}/s  [{low:,.0f}–{high:,.0f}]"
                 f"  {1e3 * spec['batch'] * T / tps:8.1f} ms/step  {rounds[0]['params']:>11,} params"
                 f"  torch {rounds[0]['torch']}")
         if flops is not None and peak is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from timing import Built, encodes, source_of, worker_main
+from timing import Built, source_of, worker_main
 from torch import nn
 
 
@@ -24,23 +24,24 @@ def exported(spec: dict[str, Any]) -> Built:
     mapping = interop.select_by_name(interop.parse_mappings(raw, spec["mapping"]),
                                      ours.card_meta["name"])
     W_p = getattr(ours, "W_p", None)  # learned positions, as the cardc worker counts them
-    return as_transformers(mapping, ours, seq2seq=encodes(ours)).train(), \
+    return as_transformers(mapping, ours).train(), \
         W_p.numel() if W_p is not None else 0
 
 
-def as_transformers(mapping, model: nn.Module, seq2seq: bool = False) -> nn.Module:
-    """The card model's weights in `transformers`, exported through its mapping file: SDPA
-    attention, or eager where transformers has no SDPA path for the architecture (Gemma 2);
-    `seq2seq`: as an encoder–decoder (AutoModelForSeq2SeqLM), not a decoder alone."""
+def as_transformers(mapping, model: nn.Module) -> nn.Module:
+    """The card model's weights in `transformers`, exported through its mapping file and loaded
+    as the class the exported config names: SDPA attention, or eager where transformers has no
+    SDPA path for the architecture (Gemma 2)."""
     import tempfile
 
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    import transformers
 
     from cardc import interop
-    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
     with tempfile.TemporaryDirectory() as folder:
         interop.write_model_hf(mapping, model.state_dict(), model.card_meta["hyperparameters"],
                                folder)
+        config = transformers.AutoConfig.from_pretrained(folder)
+        auto = getattr(transformers, config.architectures[0])
         try:
             return auto.from_pretrained(folder, attn_implementation="sdpa")
         except ValueError:
@@ -75,6 +76,8 @@ def build(spec: dict[str, Any]) -> Built:
 
 
 def logits_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if x.is_floating_point():  # an image (transformers' name for it)
+        return model(pixel_values=x).logits
     if model.config.is_encoder_decoder:
         return model(input_ids=source_of(x), decoder_input_ids=x, use_cache=False).logits
     return model(input_ids=x, use_cache=False).logits
