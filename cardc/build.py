@@ -11,7 +11,7 @@ import re
 import tempfile
 import traceback
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +203,46 @@ def lowered(checker: Checker, alg: s.Algorithm, fuse: bool = True,
         diags.error(err.span, err.message, err.hint)
         raise CardError(diags) from None
     return program
+
+
+def written_source(checker: Checker, alg: s.Algorithm, base: str | os.PathLike[str]) -> str:
+    """The module of a card as `cardc build` and `cardc docs` write it: `source`, with each
+    card file it names (the banner, each class's `Card:` line) as `shown_card_path` shows
+    it from `base`, so no file written holds a path of the machine that wrote it."""
+    program = relocated(lowered(checker, alg), lambda path: shown_card_path(path, base))
+    return generated(checker, alg, program)
+
+
+def shown_card_path(path: str, base: str | os.PathLike[str]) -> str:
+    """A card file's path as a written file names it: relative to `base` when it lies below
+    it (`cards/gpt2.card`), else as the shipped library's (`library/nn/mlp.card`), else
+    relative to the working folder when it lies below that (whichever folder the output goes
+    to), else relative to `base` still (`../my/foo.card`); never absolute."""
+    full, root = os.path.abspath(path), os.path.abspath(base)
+    if Path(full).is_relative_to(root):
+        return Path(os.path.relpath(full, root)).as_posix()
+    shipped = shipped_name(path)
+    if shipped is not None:
+        return shipped
+    if Path(full).is_relative_to(os.getcwd()):
+        return Path(os.path.relpath(full, os.getcwd())).as_posix()
+    try:
+        return Path(os.path.relpath(full, root)).as_posix()
+    except ValueError:  # another drive: no relative path exists
+        return Path(path).name
+
+
+def relocated(program: ir.Program, shown: Callable[[str], str]) -> ir.Program:
+    """`program` with the card files it names (its sources and each part's origin,
+    `path:line`) as `shown` writes them."""
+    def at(origin: str) -> str:
+        path, _, line = origin.rpartition(":")
+        return f"{shown(path)}:{line}"
+
+    return dataclasses.replace(
+        program, sources=[shown(p) for p in program.sources],
+        functions=[dataclasses.replace(f, origin=at(f.origin)) for f in program.functions],
+        modules=[dataclasses.replace(m, origin=at(m.origin)) for m in program.modules])
 
 
 def generated(checker: Checker, alg: s.Algorithm, program: ir.Program) -> str:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import syntax as s
 from .diagnostics import Diagnostics
-from .parser import normalize, parse_file, read_card
+from .parser import normalize, parse, parse_file, read_card
 from .spelling import canonical_name
 
 DEFAULT_ROOT = Path("cards")
@@ -138,13 +139,18 @@ def card_paths(paths: list[str | Path]) -> list[Path]:
 
 
 def load(paths: list[str | Path], root: Roots = DEFAULT_ROOT, lazy: bool = False,
-         shipped: bool = True) -> tuple[Library, list[str]]:
+         shipped: bool = True, texts: Mapping[Path, str] | None = None
+         ) -> tuple[Library, list[str]]:
     """Parse the given cards plus the library under `root` (a folder or a list of them, searched
     in order) and the shipped library; return it and the given files' paths.
 
     `lazy`: the library's own files are parsed only when a name they define is looked up (or
     every card is asked for), so checking one card parses the cards it calls and no others.
-    Duplicate names are then reported among the given cards alone."""
+    Duplicate names are then reported among the given cards alone.
+
+    `texts`: the text of some files by resolved path, read instead of the disk's (an editor's
+    unsaved buffers); a given card there need not exist on disk."""
+    texts = texts or {}
     lib = Library()
     targets = card_paths(paths)
     seen: set[Path] = set()
@@ -157,11 +163,14 @@ def load(paths: list[str | Path], root: Roots = DEFAULT_ROOT, lazy: bool = False
         if key in seen:
             continue
         seen.add(key)
-        if not path.exists():
+        if key not in texts and not path.exists():
             lib.diags.error(s.Span(str(path), 0, 0, 0, 0), "no such card file")
             continue
         lib.order[str(path)] = i
         lib.rank[str(path)] = rank
+        if key in texts:
+            lib.files.append(parse(texts[key], str(path), lib.diags))
+            continue
         names = _names_of(path) if lazy and i >= len(targets) else None
         if names is not None:
             lib.pending[path] = names

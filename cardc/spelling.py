@@ -74,3 +74,19 @@ def python_name(text: str) -> str:
     if name[0].isdigit():
         name = "v" + name
     return name + "_" if keyword.iskeyword(name) else name
+
+
+def edit_distance(a: str, b: str) -> int:
+    """The fewest insertions, deletions, substitutions and swaps of two neighbours that turn
+    `a` into `b` (`Ouput` → `Output`: 1; `Inptu` → `Input`: 1)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i]
+        for j, cb in enumerate(b, 1):
+            best = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                best = min(best, prev2[j - 2] + 1)
+            row.append(best)
+        prev2, prev = prev, row
+    return prev[-1]

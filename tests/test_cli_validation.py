@@ -416,3 +416,31 @@ def test_bad_sampling_flags_are_one_line(capsys, trained, flags, message):
     code, _, err = run(capsys, "sample", str(trained), "--tokens", "2", *flags)
     assert code in (1, 2) and message in last_line(err), err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, card", [
+    (["info", "cards/gpt2.card"], "GPT2"),
+    (["train", "cards/gpt2.card", "--steps", "1"], "LMTraining"),  # the recipe's presets
+    (["train", "cards/paper/dtraining.card"], "DTraining"),
+])
+def test_a_misspelt_preset_is_the_flags_error(capsys, argv, card):
+    """`--preset tinyy` is reported against the flag, with the preset meant, not as an error
+    at the card's first line (the card is not at fault)."""
+    code, out, err = run(capsys, *argv, "--preset", "tinyy")
+    assert code == 1 and out == ""
+    assert err.startswith(f"cardc: error: --preset tinyy: '{card}' has no preset 'tinyy'; "
+                          "did you mean 'tiny'? (presets: ")
+    assert err.count("\n") == 1 and ".card:1:1" not in err
+
+
+def test_a_misspelt_preset_of_an_import_is_the_flags_error(capsys, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1,
+                                     n_head=2, bos_token_id=None, eos_token_id=None)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "hf")
+    capsys.readouterr()  # what transformers said while saving
+    code, out, err = run(capsys, "import", "cards/gpt2.card", "--from", str(tmp_path / "hf"),
+                         "--out", str(tmp_path / "run"), "--preset", "tinyy")
+    assert code == 1 and out == "" and not (tmp_path / "run").exists()
+    assert err.startswith("cardc: error: --preset tinyy: 'GPT2' has no preset 'tinyy'; "
+                          "did you mean 'tiny'? (presets: "), err

@@ -4,7 +4,11 @@ would, in a real headless Chromium (Debian's chromium, driven by playwright) fro
 Checked: every card is reachable from the index, every link and anchor is alive, every page
 loads with no console error and fetches nothing but its own files, the MathML is laid out
 (every <math> has a non-empty box), hovering a symbol shows its shape, a call navigates to the
-called card, and the card's lines link to the generated lines they became and back. A
+called card, and the card's lines link to the generated lines they became and back. The
+search index holds every card and every declared name; typing into the search box lists a card
+by a word of its prose and by a declared name however it is spelled (`theta` for θ), with a
+link to the name's anchor; every page's sidebar lists every card and marks its own; the site
+is dark where the system is and light where it is not; the same cards give the same bytes. A
 screenshot of the paper's Algorithm 4 page is kept in test-artifacts/ (or $CARDC_ARTIFACTS)
 for a person to look at.
 
@@ -14,6 +18,7 @@ skip, except under CARDC_REQUIRE_TOOLS=1 (CI), where they fail.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -24,7 +29,15 @@ from urllib.parse import unquote, urldefrag
 
 import pytest
 
+from cardc import syntax as s
+from cardc.app.inputs import library_folders, require_cards
+from cardc.checker import check
+from cardc.docs.catalog import catalog
+from cardc.docs.search import GLOBAL as SEARCH_GLOBAL
+from cardc.docs.search import search_index
+from cardc.library import load
 from cardc.runtime.manifest import MANIFEST
+from cardc.spelling import display
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -131,6 +144,17 @@ def test_presets_calls_and_diffs(site):
     assert 'Called by' in block and 'href="cards-gpt2.GPT2.html">GPT2</a>' in block
     tex = (site / ALGORITHM_4.replace(".html", ".tex")).read_text(encoding="ascii")
     assert r"\begin{document}" in tex and r"\SetAlgoRefName{4}" in tex
+
+
+def test_each_page_shows_its_cards_source_highlighted(site):
+    """The card's own lines as its file holds them, highlighted by cardc's Pygments lexer
+    (the next card's lines not among them)."""
+    page = (site / "cards-gpt2.GPT2.html").read_text(encoding="utf-8")
+    source = page[page.index('<div class="card-source">'):]
+    source = source[:source.index("</div>")]
+    assert '<span class="k">Algorithm</span>' in source
+    assert '<span class="nf">GPT2Block</span>' in source
+    assert "tied unembedding" in source and "pre-LN transformer block" not in source
 
 
 def test_a_card_that_does_not_check_gets_a_page_saying_so(tmp_path):
@@ -265,5 +289,203 @@ def test_hover_shows_a_shape_and_calls_navigate(site, browser, tmp_path):
         page.locator("#pseudocode a", has_text="Attention").first.click()
         page.wait_for_load_state()
         assert page.url.endswith(ALGORITHM_4), page.url
+    finally:
+        page.close()
+
+
+# ------------------------------------------------------------------ search, sidebar, dark mode
+
+
+def _index_of(site: Path) -> dict:
+    """The search index a site's pages load: the JSON that search-index.js assigns."""
+    text = (site / "search-index.js").read_text(encoding="utf-8")
+    head = f"window.{SEARCH_GLOBAL} = "
+    assert text.startswith(head) and text.endswith(";\n")
+    return json.loads(text[len(head):-2])
+
+
+def _names_declared(items: tuple) -> list[str]:
+    """Every name a card's block items declare, bundles and families opened: what the index
+    must hold, said again here rather than taken from the index builder."""
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, s.Decl):
+            out += item.names
+        elif isinstance(item, s.Bundle):
+            out += [item.name, *_names_declared(item.items)]
+        elif isinstance(item, s.Family):
+            out += _names_declared(item.items)
+        elif isinstance(item, s.Dataset):
+            out += item.elems
+    return out
+
+
+def test_the_search_index_holds_every_card_and_every_declared_name():
+    paths = [str(p) for p in require_cards([str(ROOT / "cards")])]
+    lib, targets = load(paths, root=library_folders(None, paths))
+    checker, diags = check(lib)
+    pages = catalog(lib, checker, targets, {d.span.file for d in diags.errors})
+    index = search_index(pages, lambda alg: alg.note or "")
+    assert [p[0] for p in index["pages"]] == [p.href for p in pages]
+    names: dict[int, list[tuple[str, str, str]]] = {}
+    for n, kind, name, keys, _, anchor in index["entries"]:
+        if kind == "card":
+            assert pages[n].label == name and name in keys
+        elif kind != "prose":
+            assert kind in ("Input", "Output", "Hyperparameters", "Parameters"), kind
+            assert name in keys and anchor.startswith("d-")
+            names.setdefault(n, []).append((kind, name, anchor))
+    assert sorted(n for n, kind, *_ in index["entries"] if kind == "card") == \
+        list(range(len(pages)))
+    for n, page in enumerate(pages):
+        wanted = [(b.kind, display(name)) for b in page.alg.blocks
+                  for name in _names_declared(b.items)]
+        assert [(kind, name) for kind, name, _ in names.get(n, [])] == wanted, page.label
+        anchors = [a for *_, a in names.get(n, [])]
+        assert len(set(anchors)) == len(anchors), page.label  # one id, one name
+    gpt2 = next(n for n, p in enumerate(pages) if p.href == "cards-gpt2.GPT2.html")
+    assert ("Parameters", "θ", "d-theta") in names[gpt2]
+    assert ("Parameters", "W_e", "d-W_e") in names[gpt2]
+    theta = next(e for e in index["entries"] if e[0] == gpt2 and e[2] == "θ")
+    assert "theta" in theta[3]  # its ASCII spelling
+    assert index["greek"]["theta"] == "θ" and index["greek"]["gamma"] == "γ"
+
+
+def test_the_site_is_the_same_bytes_each_time(tmp_path):
+    card = str(ROOT / "cards" / "gpt2.card")
+    for name in ("one", "two"):
+        assert _docs(card, "--out", name, cwd=tmp_path).returncode == 0
+    one = {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()}
+    two = {p.name: p.read_bytes() for p in (tmp_path / "two").iterdir()}
+    assert one.keys() == two.keys() and "search-index.js" in one
+    assert [k for k in one if one[k] != two[k]] == []
+
+
+def test_every_page_has_the_sidebar_with_itself_marked(site):
+    pages = sorted(p.name for p in site.glob("*.html"))
+    cards = {name for name in pages if name != "index.html"}
+    for name in pages:
+        text = (site / name).read_text(encoding="utf-8")
+        bar = text[text.index('<nav class="sidebar"'):text.index("</nav>", text.index(
+            '<nav class="sidebar"'))]
+        hrefs = re.findall(r'<a (?:class="[^"]*" )?href="([^"]+)"', bar)
+        assert set(hrefs) == cards | {"index.html"} and len(hrefs) == len(cards) + 1, name
+        current = re.findall(r'href="([^"]+)"[^>]*aria-current="page"', bar)
+        assert current == [name], (name, current)
+        assert 'id="search-box"' in bar and '<script src="search.js" defer>' in text
+
+
+def _search(page, query: str) -> list[dict]:
+    """The results after typing `query` into the search box, key by key: each result's
+    match, card, name and href."""
+    box = page.locator("#search-box")
+    box.fill("")
+    box.press_sequentially(query)
+    page.wait_for_function("() => !document.querySelector('.search-panel').hidden")
+    return page.evaluate("""() => [...document.querySelectorAll('#search-results li')].map(li => ({
+        match: li.dataset.match, card: li.querySelector('.card').textContent,
+        name: (li.querySelector('.name') || {}).textContent || '',
+        href: li.querySelector('a').getAttribute('href')}))""")
+
+
+def test_search_finds_cards_by_their_prose(site, browser):
+    page = _open(browser, site / ALGORITHM_4)
+    try:
+        # BERT's line: "…post-LN blocks and a tanh pooler…"
+        hits = _search(page, "pooler")
+        assert {"href": "cards-bert.BERT.html", "match": "prose", "card": "BERT",
+                "name": ""} in hits, hits
+        # a step's note: GPT2's `return P = E W_e^⊺ ▷ tied unembedding`
+        hits = _search(page, "tied unembedding")
+        assert any(h["href"].startswith("cards-gpt2.GPT2.html") for h in hits), hits
+        assert page.locator(".search-status").inner_text().endswith("results.")
+        assert _search(page, "zzqx nowhere") == []
+        assert "Nothing matches" in page.locator(".search-status").inner_text()
+        assert page.problems == []
+    finally:
+        page.close()
+
+
+def test_search_finds_declared_names_and_links_to_their_anchors(site, browser):
+    page = _open(browser, site / "index.html")
+    try:
+        gpt2 = "cards-gpt2.GPT2.html"
+        for query, name, href in (("W_e", "W_e", f"{gpt2}#d-W_e"),
+                                  ("theta", "θ", f"{gpt2}#d-theta"),
+                                  ("gamma_f", "γ_f", f"{gpt2}#d-gamma_f"),
+                                  ("V~", "Ṽ", f"{ALGORITHM_4}#d-V_tilde")):  # read as a card
+            hits = _search(page, query)
+            assert hits and hits[0]["match"] == "exact", (query, hits[:3])
+            exact = [h for h in hits if h["match"] == "exact"]
+            assert all(h["name"] in (name, "") for h in exact), (query, exact)
+            assert all(h["name"].lower() == name.lower() for h in hits
+                       if h["match"] == "case"), (query, hits)
+            assert any(h["href"] == href and h["name"] == name for h in exact), (query, exact)
+            for h in hits:  # every anchor a result names is on its page
+                target, fragment = urldefrag(h["href"])
+                assert (site / target).exists(), h
+                if fragment:
+                    assert fragment in _anchors(site / target).ids, h
+        ranks = [h["match"] for h in _search(page, "Attention")]
+        assert ranks == sorted(ranks, key=["exact", "case", "prefix", "inside", "prose"].index)
+        assert ranks[0] == "exact" and "prefix" in ranks and "prose" in ranks
+        _search(page, "W_e")
+        page.locator("#search-results a[href='cards-gpt2.GPT2.html#d-W_e']").click()
+        page.wait_for_load_state()
+        assert page.url.endswith("cards-gpt2.GPT2.html#d-W_e")
+        target = page.evaluate("() => document.querySelector(':target').id")
+        assert target == "d-W_e" and page.locator("#d-W_e").is_visible()
+        assert _search(page, "theta")[0]["href"] == f"{gpt2}#d-theta"  # this page's first
+        hits = _search(page, "GPT2Block")  # Enter follows the first result
+        assert hits[0]["href"] == "cards-gpt2.GPT2Block.html"
+        page.locator("#search-box").press("Enter")
+        page.wait_for_url("**/cards-gpt2.GPT2Block.html")
+        assert page.problems == []
+    finally:
+        page.close()
+
+
+def test_the_sidebar_shows_the_current_card(site, browser):
+    page = _open(browser, site / "recipes-lm_training.LMTraining.html")
+    try:
+        current = page.locator(".sidebar a.current")
+        assert current.count() == 1 and current.get_attribute("aria-current") == "page"
+        assert current.get_attribute("href") == "recipes-lm_training.LMTraining.html"
+        assert current.is_visible() and current.evaluate(
+            "a => { const t = a.closest('.toc').getBoundingClientRect(), r = "
+            "a.getBoundingClientRect(); return r.top >= t.top && r.bottom <= t.bottom; }")
+        other = page.locator(".sidebar a[href='cards-gpt2.GPT2.html']")
+        style = "e => getComputedStyle(e).backgroundColor"
+        assert current.evaluate(style) != other.evaluate(style)
+        links = page.locator(".sidebar .toc a").count()
+        assert links == len(list(site.glob("*.html")))
+    finally:
+        page.close()
+
+
+def _luminance(css: str) -> float:
+    """The relative luminance (0 black – 1 white) of a computed `rgb(…)` colour."""
+    r, g, b = (int(x) / 255 for x in re.findall(r"\d+(?:\.\d+)?", css)[:3])
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_the_site_follows_the_systems_colour_scheme(site, browser, scheme):
+    page = browser.new_page(viewport={"width": 1500, "height": 1000}, color_scheme=scheme)
+    try:
+        page.goto((site / "cards-gpt2.GPT2.html").as_uri())
+        colours = page.evaluate("""() => {
+            const of = (sel, prop) => getComputedStyle(document.querySelector(sel))[prop];
+            return {page: of('body', 'backgroundColor'), text: of('body', 'color'),
+                    math: of('#pseudocode math', 'color'), code: of('.python', 'backgroundColor'),
+                    name: of('.python .n', 'color'), side: of('.sidebar', 'backgroundColor'),
+                    link: of('.sidebar a', 'color')}; }""")
+        dark = scheme == "dark"
+        for back in ("page", "code", "side"):
+            assert (_luminance(colours[back]) < 0.2) == dark, (back, colours)
+        for fore in ("text", "math", "name", "link"):
+            assert (_luminance(colours[fore]) > 0.6) == dark, (fore, colours)
+        for fore in ("text", "math", "name"):  # readable: far from the background
+            assert abs(_luminance(colours[fore]) - _luminance(colours["page"])) > 0.6, colours
     finally:
         page.close()

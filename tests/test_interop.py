@@ -131,13 +131,31 @@ def test_greedy_sample_matches_hf_generate(run_dir, hf_model):
     from cardc.runtime.checkpoint import read_checkpoint
 
     assert read_checkpoint(run_dir)[0]["sampler"]["name"] == "LMSampling"
-    r = cardc("sample", str(run_dir), "--prompt", PROMPT, "--temperature", "0", "--tokens", "20")
-    assert r.returncode == 0, r.stderr
     ids = torch.tensor([encode(PROMPT)])
+    prompt = " ".join(map(str, ids[0].tolist()))  # V > 256 and no tokenizer: token IDs
+    r = cardc("sample", str(run_dir), "--prompt", prompt, "--temperature", "0", "--tokens", "20")
+    assert r.returncode == 0, r.stderr
     want = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20,
                              do_sample=False)[0].tolist()
     assert len(want) == len(ids[0]) + 20
-    assert encode(r.stdout.removesuffix("\n")) == want
+    assert [int(w) for w in r.stdout.split()] == want[len(ids[0]):]  # what it adds
+
+
+def test_a_text_prompt_to_more_tokens_than_bytes_is_refused_before_the_model_runs(
+        run_dir, capsys, monkeypatch):
+    """An import without a tokenizer reads text as bytes, which cannot show the model's tokens
+    from 256 up: a text prompt is refused in one line saying what would do, and the model
+    never runs."""
+    import cardc.build
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the sampler was made")
+
+    monkeypatch.setattr(cardc.build, "procedure_function", never)
+    code, out, err = run_main(capsys, "sample", str(run_dir), "--prompt", PROMPT)
+    assert code != 0 and out == "" and err.count("\n") == 1, err
+    assert "has no tokenizer.json" in err and f"{V:,} tokens" in err
+    assert "tokenizer.json, or vocab.json and merges.txt" in err and "token IDs" in err
 
 
 def test_training_fine_tunes_an_imported_checkpoint(run_dir, hf_model, tmp_path):
@@ -178,6 +196,24 @@ def test_export_loads_in_transformers_bit_exact(run_dir, hf_dir, hf_model, idx, 
         assert torch.equal(back(idx).logits, hf_model(idx).logits)
 
 
+def test_bos_and_eos_survive_import_and_export(tmp_path, capsys):
+    """The token IDs config.json names for bos and eos (several, for eos) come back on
+    export: they change no logits, but `generate` stops at eos."""
+    config = transformers.GPT2Config(vocab_size=V, n_positions=CTX, n_embd=D, n_layer=N,
+                                     n_head=H, bos_token_id=5, eos_token_id=[7, 9])
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "src")
+    code, _, err = run_main(capsys, "import", CARD, "--from", str(tmp_path / "src"),
+                            "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    code, _, err = run_main(capsys, "export", str(tmp_path / "run"), "--to", str(tmp_path / "hf"))
+    assert code == 0, err
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (written["bos_token_id"], written["eos_token_id"]) == (5, [7, 9])
+    back = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    assert (back.bos_token_id, back.eos_token_id) == (5, [7, 9])
+
+
 def test_trained_checkpoint_exports_by_its_cards_mapping(tmp_path, idx, capsys):
     """A checkpoint `cardc train` wrote records no mapping: export finds gpt2.hf.json."""
     torch.manual_seed(3)
@@ -189,6 +225,36 @@ def test_trained_checkpoint_exports_by_its_cards_mapping(tmp_path, idx, capsys):
     with torch.no_grad():
         diff = (back(idx).logits - model(idx)).abs().max().item()
     assert diff <= 1e-4, f"max |logits diff| = {diff:.3e}"
+
+
+def test_a_run_of_ones_own_card_exports_by_the_mapping_beside_it(tmp_path, cli):
+    """A run trained from a card outside cards/ (my/foo.card, my/foo.hf.json beside it)
+    exports by that mapping, found where the run's card was; without it the error names where
+    it looked and --mapping, which names a mapping file outright."""
+    import shutil
+
+    mine = tmp_path / "my"
+    mine.mkdir()
+    shutil.copy(ROOT / CARD, mine / "foo.card")
+    shutil.copy(ROOT / "cards/gpt2.hf.json", mine / "foo.hf.json")
+    sets = [a for k, v in {"V": 256, "D": 32, "H": 2, "D_f": 64, "N": 1, "ctx": 32}.items()
+            for a in ("--set", f"{k}={v}")]
+    r = cli("train", str(mine / "foo.card"), "--preset", "tiny", *sets, "--steps", "1",
+            "--batch-size", "2", "--block-size", "16", "--device", "cpu",
+            "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    r = cli("export", str(tmp_path / "run"), "--to", str(tmp_path / "hf"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "hf/config.json").read_text())["n_embd"] == 32
+    (mine / "foo.hf.json").rename(tmp_path / "kept.hf.json")
+    r = cli("export", str(tmp_path / "run"), "--to", str(tmp_path / "hf2"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert str(mine / "foo.hf.json") in r.stderr and "--mapping" in r.stderr
+    assert not (tmp_path / "hf2").exists()
+    r = cli("export", str(tmp_path / "run"), "--to", str(tmp_path / "hf2"),
+            "--mapping", str(tmp_path / "kept.hf.json"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "hf2/model.safetensors").is_file()
 
 
 def test_base_model_file_with_a_preset(hf_dir, tmp_path, capsys):

@@ -26,7 +26,7 @@ from ..names import identifier
 from ..parser import parse_file
 from ..runtime.errors import RuntimeInputError
 from ..runtime.sample import Stops, ids_text
-from ..runtime.tokenizer import Tokenizer, continuation, run_tokenizer
+from ..runtime.tokenizer import ByteTokenizer, Tokenizer, continuation, run_tokenizer
 from ..spelling import display
 from ..types import Ty
 from .inputs import (
@@ -77,7 +77,8 @@ def sample(run: str | os.PathLike[str], *, prompt: str | Sequence[str] | None = 
     `temperature`, `top_k` and `top_p` set its ℓ_gen, τ and the bounds of its top_k and top_p
     steps, `overrides` ({name: value}, or "NAME=VALUE" strings as --set) any hyperparameter
     of it. A continuation ends before the first of `stop`'s texts. Prompts of one length run as
-    one batch, each batch drawn from `seed` afresh.
+    one batch; the batches draw in turn from one random stream seeded with `seed`, so each
+    prompt's continuation is a draw of its own, the same for the same call.
 
     Bad arguments raise `UsageError`, bad cards `CardError`, bad files `RuntimeInputError`."""
     prompts = [prompt] if isinstance(prompt, str) else list(prompt or [])
@@ -186,6 +187,21 @@ def _check_token_ids(ids: list[int], size: int | None) -> None:
                          f"vocabulary (IDs 0 to {size - 1})")
 
 
+def _check_decodable(run: str, tokenizer: Tokenizer, prompts: list[_Prompt],
+                     vocab: int | None) -> None:
+    """Refuse, before the model runs, text prompts whose continuation could not be shown: a
+    run without tokenizer.json reads and writes UTF-8 bytes, 256 token IDs, and a model of
+    more tokens (an import from a folder without its tokenizer) may draw any of them."""
+    if not isinstance(tokenizer, ByteTokenizer) or vocab is None or \
+            vocab <= tokenizer.vocab_size or all(p.numeric for p in prompts):
+        return
+    raise UsageError(f"{run} has no tokenizer.json, so text is read and shown as UTF-8 bytes "
+                     f"(token IDs 0 to {tokenizer.vocab_size - 1}), but its model draws from "
+                     f"{vocab:,} tokens; import the model again from a folder that holds its "
+                     "tokenizer (tokenizer.json, or vocab.json and merges.txt), or give the "
+                     "--prompt as token IDs separated by spaces")
+
+
 def _sample_with_card(o: SampleOptions, model: torch.nn.Module, meta: dict,
                       device: torch.device, card: str, library: list[str] | None,
                       echo: bool) -> list[str]:
@@ -206,6 +222,7 @@ def _sample_with_card(o: SampleOptions, model: torch.nn.Module, meta: dict,
     vocab = _vocabulary(checker, runs_on, meta) if runs_on is not None else None
     for p in prompts:
         _check_token_ids(p.ids, vocab)
+    _check_decodable(o.dir, tokenizer, prompts, vocab)
     hypers = _sampling_values(o, lib, checker, alg, window, model, meta, prompts, vocab)
     stops = _stops(list(o.stop), prompts, tokenizer)
     sampler = build.procedure_function(checker, alg, model)  # the model is not lowered again
@@ -314,7 +331,9 @@ def _stops(texts: list[str], prompts: list[_Prompt], tokenizer: Tokenizer) -> di
 def _run_batches(o: SampleOptions, fn, alg, model: torch.nn.Module, device: torch.device,
                  hypers: dict, prompts: list[_Prompt], stops: dict) -> list[list[int]]:
     """Each prompt's output: prompts of one length (and kind) as one batch, one forward per
-    token for all of them; each batch drawn from the seed afresh."""
+    token for all of them. One random stream, seeded once, runs through every batch in turn:
+    reseeding each batch would hand two prompts the same draws, and a small model would then
+    continue both alike, as if the prompt were ignored."""
     if stops and "stop" not in inspect.signature(fn).parameters:
         raise UsageError(f"{alg.name} draws no token in a loop: --stop has nothing to stop")
     batches: dict[tuple[bool, int], list[int]] = {}
@@ -322,10 +341,10 @@ def _run_batches(o: SampleOptions, fn, alg, model: torch.nn.Module, device: torc
         batches.setdefault((p.numeric, len(p.ids)), []).append(n)
     outs: list[list[int]] = [[] for _ in prompts]
     model.eval()
+    torch.manual_seed(o.seed)  # once: the batches draw one after another from one stream
     for (numeric, _), rows in batches.items():
         x = torch.tensor([prompts[n].ids for n in rows], dtype=torch.long, device=device)
         watch = {"stop": stops[numeric].watch(len(rows))} if stops else {}
-        torch.manual_seed(o.seed)
         with torch.inference_mode():  # as generate(): no autograd bookkeeping per decoded token
             try:
                 out = fn(x, model, **hypers, **watch)

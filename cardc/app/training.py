@@ -16,6 +16,7 @@ from .. import build  # called through the module, which tests may patch
 from ..diagnostics import CardError, Diagnostics
 from ..dims import Dim
 from ..info import preset_values
+from ..interop.transfer import CARD_PATH_KEY
 from ..library import shown_folders
 from ..lower.values import card_names
 from ..presets import OverrideError, PresetError, find_preset, run_values, validate
@@ -175,6 +176,8 @@ def train_with(o: TrainOptions, checked: Callable[[], object] = lambda: None) ->
         _require_causal(model, model_card, recipe)
     if o.finetune:
         load_state(model, started[1])
+    # where the card lives, so that export finds the mapping file a user keeps beside it
+    model.card_meta[CARD_PATH_KEY] = os.path.abspath(lib.file_of(model_card).path)
     build.record_sampler(model.card_meta, lib, checker, model_card)
     params = sum(p.numel() for p in model.parameters())
     start = f"update {snapshot.update} of {o.resume}" if snapshot else \

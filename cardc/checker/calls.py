@@ -14,6 +14,7 @@ from ..library import shown_folders
 from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, FuncTy, SetTy, Ty, subst_dim, substitute
 from .messages import (
+    _call_hint,
     _card_like,
     _entry_text,
     _join_hints,
@@ -82,7 +83,7 @@ class CallChecker(Part):
         cards = [a.name for _, a in self.c.lib.algorithms() if a.name]
         others = sorted(BUILTINS) + [
             k for sc in self.state.scopes for k, v in sc.items() if isinstance(v, FuncTy)]
-        hint = _spelling_hint(e.func) or _join_hints(
+        hint = _call_hint(e) or _spelling_hint(e.func) or _join_hints(
             _suggest(e.func, cards) or (None if _card_like(e.func) else
                                         _suggest(e.func, others)), self.searched())
         self.error(e.span, f"unknown card or function '{display(e.func)}'", hint)

@@ -3,6 +3,7 @@ range, and the errors a value that gives no model raises, located where the valu
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import sys
@@ -36,6 +37,19 @@ class PresetError(Exception):
 
 class OverrideError(ValueError):
     """A value given on the command line (`--set H=3`, `--steps -3`) that the card refuses."""
+
+
+class UnknownPreset(ValueError):
+    """A preset the command line names (--preset) that the card has not: the flag's error,
+    said with the flag, not located in the card, which is not at fault."""
+
+    def __init__(self, card: str, preset: str, names: list[str]):
+        close = difflib.get_close_matches(preset, names, n=1, cutoff=0.6)
+        guess = f"; did you mean '{close[0]}'?" if close else ""
+        listed = ", ".join(names) or "none"
+        super().__init__(f"--preset {preset}: '{card}' has no preset '{preset}'{guess} "
+                         f"(presets: {listed})")
+        self.preset = preset
 
 
 class _Unknown(PresetError):

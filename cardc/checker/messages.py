@@ -9,6 +9,7 @@ import re
 from .. import syntax as s
 from ..builtins import BUILTINS
 from ..dims import Dim
+from ..render.text import render_expr
 from ..spelling import display
 from ..types import Entry, Ty, substitute
 from .shapes import dims_equal
@@ -78,3 +79,17 @@ def _join_hints(*hints: str | None) -> str | None:
 def _suggest(name: str, candidates: list[str]) -> str | None:
     close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     return f"did you mean '{display(close[0])}'?" if close else None
+
+
+def _call_hint(call: s.Call) -> str | None:
+    """What a call to an unknown name was meant to be: Python's `range(N)` as a card's loop
+    writes its range, or a builtin in another case (`relu` for `ReLU`; a card's name in
+    another case gets the hint of any misspelt card, with where cards were looked for)."""
+    if call.func == "range":
+        n = render_expr(call.args[0]) if len(call.args) == 1 else "N"
+        return (f"a card's loops count from 1: 'for i ∈ [{n}] do' or 'for i = 1, …, {n} do' "
+                f"(ASCII 'for i in [{n}] do', '1, ..., {n}')")
+    same = [n for n in sorted(BUILTINS) if n != call.func and n.lower() == call.func.lower()]
+    if same:
+        return f"did you mean '{display(same[0])}'? Names are case-sensitive"
+    return None

@@ -23,7 +23,7 @@ from ..render.text import render_expr
 from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
 from .driver import Checker
-from .exact import MAX_SIZE, PresetError, _NotNumber, _shown, _Unknown, number
+from .exact import MAX_SIZE, PresetError, UnknownPreset, _NotNumber, _shown, _Unknown, number
 from .presetvalues import (
     _declared,
     _define,
@@ -225,9 +225,8 @@ def find_preset(alg: s.Algorithm, preset: str | None) -> s.Preset | None:
     if preset is None:
         return None
     chosen = next((p for p in alg.presets if p.name == preset), None)
-    if chosen is None:
-        names = ", ".join(p.name for p in alg.presets) or "none"
-        raise PresetError(alg.span, f"'{alg.name}' has no preset '{preset}' (presets: {names})")
+    if chosen is None:  # a name only a command gives: the card itself names its own
+        raise UnknownPreset(alg.name, preset, [p.name for p in alg.presets])
     return chosen
 
 

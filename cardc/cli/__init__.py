@@ -1,6 +1,6 @@
 """The `cardc` command line. Bad input ends in one clear message and a non-zero exit.
 
-One module per group of verbs (`source`: check, fmt, render, diff, info, build, docs;
+One module per group of verbs (`source`: check, fmt, render, diff, info, build, docs, lsp;
 `training`: train, eval, prepare; `sampling`: sample; `interop`: import, export), the grammar
 in `parser`, and `main` here, which runs a verb and turns the project's errors into one
 message and an exit code. Training and sampling are `cardc.app`'s; the verbs only read flags
@@ -17,7 +17,7 @@ from .common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, report
 from .interop import cmd_export, cmd_import
 from .parser import Command, build_parser
 from .sampling import cmd_sample
-from .source import cmd_build, cmd_check, cmd_diff, cmd_docs, cmd_fmt, cmd_info, cmd_render
+from .source import cmd_build, cmd_check, cmd_diff, cmd_docs, cmd_fmt, cmd_info, cmd_lsp, cmd_render
 from .training import cmd_eval, cmd_prepare, cmd_train
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "UsageError", "commands", "main"]
@@ -28,7 +28,7 @@ def commands() -> dict[str, Command]:
     return {"check": cmd_check, "fmt": cmd_fmt, "render": cmd_render, "info": cmd_info,
             "diff": cmd_diff, "build": cmd_build, "docs": cmd_docs, "train": cmd_train,
             "sample": cmd_sample, "eval": cmd_eval, "prepare": cmd_prepare,
-            "import": cmd_import, "export": cmd_export}
+            "import": cmd_import, "export": cmd_export, "lsp": cmd_lsp}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,6 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from ..interop import export_hf  # torch
 
-    mapping, dest = export_hf(args.dir, args.to, args.library or ["cards"])
+    mapping, dest = export_hf(args.dir, args.to, args.library or ["cards"], args.mapping)
     print(f"exported {args.dir} as {mapping.architecture}; wrote {dest}/")
     return EXIT_OK

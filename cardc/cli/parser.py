@@ -92,6 +92,8 @@ def build_parser(commands: Mapping[str, Command]) -> argparse.ArgumentParser:
     _prepare(sub)
     with_library.append(_import(sub))
     _export(sub)
+    sub.add_parser("lsp", help="a language server for editors, over stdin and stdout: "
+                               "diagnostics, hover, definitions, completion, formatting")
     for sp in with_library:
         sp.add_argument("--library", action="append", metavar="PATH",
                         help="a folder of cards that calls resolve against after the card's own "
@@ -245,10 +247,10 @@ def _sample(sub) -> argparse.ArgumentParser:
                     help="text to continue, or token IDs separated by spaces; repeat for more, "
                          "each printed under '==> prompt N <=='. Prompts of the same length in "
                          "tokens run as one batch (one forward per token for all), others as "
-                         "batches of their own; each batch draws from --seed afresh, so a "
-                         "prompt of a length of its own, and any prompt at temperature 0, "
-                         "continues as it would alone, while the rows of a batch share one "
-                         "random stream (default: a newline)")
+                         "batches of their own; the batches draw in turn from one random "
+                         "stream seeded with --seed, so each prompt's continuation is a draw "
+                         "of its own, the same for the same command; at temperature 0 each "
+                         "continues as it would alone (default: a newline)")
     sa.add_argument("--tokens", type=_count(1, MAX_TOKENS), default=200,
                     help="tokens to add")
     sa.add_argument("--temperature", type=_finite(0), default=0.8,
@@ -329,3 +331,7 @@ def _export(sub) -> None:
     ex.add_argument("--library", action="append", help="where to find the mapping of a "
                     "trained checkpoint, <card>.hf.json beside its card; repeat for more "
                     "(default: cards)")
+    ex.add_argument("--mapping", metavar="FILE",
+                    help="the mapping file to export by (default: the one an import recorded, "
+                         "else <card>.hf.json beside the card the run was trained from, else "
+                         "beside its card under --library)")

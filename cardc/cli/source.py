@@ -60,6 +60,13 @@ def cmd_fmt(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_lsp(args: argparse.Namespace) -> int:
+    """The language server (cardc.lsp), until the editor closes the connection."""
+    from ..lsp.server import main as serve
+
+    return serve()
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     if args.standalone and args.to != "latex":
         raise UsageError("--standalone goes with --to latex")
@@ -145,7 +152,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from ..build import files_used, generated_cards, module_path, require_clean, source
+    from ..build import files_used, generated_cards, module_path, require_clean, written_source
 
     require_cards(args.paths)
     if not args.check:
@@ -168,7 +175,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             continue
         path = module_path(lib, alg, args.out, roots)
         expected.add(path)
-        text = source(checker, alg)
+        # card files named from the folder that holds the output, as they are found from it
+        text = written_source(checker, alg, Path(os.path.abspath(args.out)).parent)
         if _generated_text(path) == text:
             continue
         if args.check:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import syntax as s
-from ..build import files_used, shipped_name
+from ..build import files_used, shipped_name, shown_card_path
 from ..checker import Checker
 from ..diff import likeness, step_keys
 from ..library import Library
@@ -31,15 +31,17 @@ class Page:
     calls: list[Page] = field(default_factory=list)
     callers: list[Page] = field(default_factory=list)
     related: list[Page] = field(default_factory=list)
+    shown: str = ""  # the card file as the page names it: never an absolute path
 
     @property
     def label(self) -> str:
         return self.alg.label or ""
 
 
-def catalog(lib: Library, checker: Checker, targets: list[str], broken: set[str]) -> list[Page]:
+def catalog(lib: Library, checker: Checker, targets: list[str], broken: set[str],
+            base: str | os.PathLike[str] = ".") -> list[Page]:
     """The pages of the cards in `targets` and of every card they call, in file order;
-    `broken` holds the files with errors."""
+    `broken` holds the files with errors, `base` the folder that holds the site."""
     wanted = files_used(lib, checker, {str(Path(t)) for t in targets})
     pages: list[Page] = []
     taken: set[str] = set()
@@ -53,8 +55,9 @@ def catalog(lib: Library, checker: Checker, targets: list[str], broken: set[str]
                 continue
             href = _unique(_slug(card_file.path, alg.label), taken)
             ok = not files_used(lib, checker, {card_file.path}) & broken
-            pages.append(Page(alg, card_file.path, _folder(card_file.path), href, ok,
-                              range(alg.span.line, end)))
+            pages.append(Page(alg, card_file.path, _folder(card_file.path, base), href, ok,
+                              range(alg.span.line, end),
+                              shown=shown_card_path(card_file.path, base)))
     _link(pages, checker)
     return pages
 
@@ -100,9 +103,10 @@ def _kind(checker: Checker, alg: s.Algorithm) -> tuple[int, int, bool]:
     return len(sig.inputs), len(alg.outputs), bool(sig.tree.members)
 
 
-def _folder(path: str) -> str:
+def _folder(path: str, base: str | os.PathLike[str]) -> str:
     """The index's heading for a card file's folder: relative to the working directory where
-    it lies below it, `library/nn` for the library cardc ships, else the whole path."""
+    it lies below it, `library/nn` for the library cardc ships, else relative to `base`, the
+    folder that holds the site (a page holds no path of the machine that wrote it)."""
     parent = os.path.dirname(os.path.abspath(path))
     rel = os.path.relpath(parent)
     if rel == ".":
@@ -110,7 +114,13 @@ def _folder(path: str) -> str:
     if not rel.startswith(".."):
         return rel
     shipped = shipped_name(path)
-    return os.path.dirname(shipped) if shipped else parent
+    if shipped:
+        return os.path.dirname(shipped)
+    try:
+        rel = os.path.relpath(parent, os.path.abspath(base))
+    except ValueError:  # another drive: no relative path exists
+        return os.path.basename(parent)
+    return os.path.basename(parent) if rel == "." else Path(rel).as_posix()
 
 
 def _slug(path: str, label: str) -> str:

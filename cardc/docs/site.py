@@ -4,6 +4,10 @@
 with its pseudocode (cardc.render.html: MathML, shapes on hover), its generated Python beside
 it (cardc.docs.code), its presets' parameters and FLOPs, the cards it calls and that call it,
 its architecture diff against the cards most like it (cardc.diff), and its LaTeX to download.
+Every page has a sidebar listing the cards under the index's headings, the page's own marked,
+and a search box over the cards, the names they declare and their prose (cardc.docs.search:
+the index is a script, `search-index.js`, as a page read from file:// may fetch nothing). The
+stylesheet follows the reader's system into a dark scheme.
 Pages are jinja2 templates (cardc/templates/docs/) with autoescaping on: card text reaches the
 page as text. The site is written to a staging folder and moved into place whole, over a
 folder only where that is a site cardc wrote and nothing else (runtime.runs).
@@ -14,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
@@ -23,13 +28,17 @@ from ..checker import Checker
 from ..diagnostics import Diagnostics
 from ..diff import diff_cards
 from ..flops import card_cost
+from ..highlight import highlight_card_html
 from ..info import PresetError, byte_size, figure, number, polynomial, summarize
 from ..library import Library
 from ..render import html as card_html
 from ..render.latex import render_latex
 from ..runtime.runs import check_destination, staged_run
+from ..spelling import display
+from .anchors import anchored_figure
 from .catalog import Page, catalog
 from .code import Code, card_code, stylesheet
+from .search import search_index, search_script
 
 DOCS = "docs"  # the kind of folder a site is (runtime.manifest)
 
@@ -50,44 +59,74 @@ def write_site(lib: Library, checker: Checker, diags: Diagnostics, targets: list
     """Write the site of `targets` (and the cards they call) to `out`; its pages."""
     check_destination(out, DOCS)  # before any page is made
     broken = {d.span.file for d in diags.errors}
-    pages = catalog(lib, checker, targets, broken)
+    base = Path(os.path.abspath(out)).parent  # pages name card files from here
+    pages = catalog(lib, checker, targets, broken, base)
     env = Environment(loader=PackageLoader("cardc", "templates/docs"),
                       autoescape=select_autoescape(default=True), keep_trailing_newline=True)
     with staged_run(out, DOCS) as folder:
-        (folder / "style.css").write_text(card_html.CSS + "\n" + _CSS + stylesheet(),
-                                          encoding="utf-8")
+        for name, text in _assets(env, pages).items():
+            (folder / name).write_text(text, encoding="utf-8")
         (folder / "index.html").write_text(_index(env, pages), encoding="utf-8")
         for page in pages:
             errors = [d.message for d in diags.errors if d.span.file == page.path]
-            (folder / page.href).write_text(_page(env, page, pages, checker, errors),
-                                            encoding="utf-8")
+            (folder / page.href).write_text(_page(env, page, pages, checker, errors,
+                                                  base), encoding="utf-8")
             tex = render_latex(s.CardFile(page.path, (page.alg,)), _typed(checker, page), True)
             (folder / _tex(page)).write_text(tex, encoding="ascii")
     return pages
 
 
-def _index(env: Environment, pages: list[Page]) -> str:
+def _assets(env: Environment, pages: list[Page]) -> dict[str, str]:
+    """The files every page loads: the stylesheet, the search script and its index."""
+    css = "\n".join([card_html.CSS, stylesheet(), _raw(env, "site.css.j2")])
+    return {"style.css": css, "search.js": _raw(env, "search.js.j2"),
+            "search-index.js": search_script(search_index(pages, _summary))}
+
+
+def _raw(env: Environment, name: str) -> str:
+    """A file of the templates' folder as it is: a script or a stylesheet, no template (the
+    package ships that folder's `*.j2` files)."""
+    assert env.loader is not None
+    return env.loader.get_source(env, name)[0]
+
+
+def _folders(pages: list[Page]) -> dict[str, list[Page]]:
+    """The pages under the index's headings: their folders, in the pages' order."""
     folders: dict[str, list[Page]] = {}
     for page in pages:
         folders.setdefault(page.folder, []).append(page)
-    return env.get_template("index.html.j2").render(folders=folders, summary=_summary,
-                                                    count=len(pages))
+    return folders
+
+
+def _index(env: Environment, pages: list[Page]) -> str:
+    return env.get_template("index.html.j2").render(folders=_folders(pages), summary=_summary,
+                                                    count=len(pages), current="index.html")
 
 
 def _page(env: Environment, page: Page, pages: list[Page], checker: Checker,
-          errors: list[str]) -> str:
+          errors: list[str], base: Path) -> str:
     checked = _typed(checker, page)
     link = _card_line_link(page, pages)
-    code = card_code(checker, page.alg, link) if page.checked else \
+    code = card_code(checker, page.alg, link, base) if page.checked else \
         Code(missing="the card does not check")
-    figure_html = card_html.algorithm_html(page.alg, checked, _callee_link(pages))
+    figure_html = anchored_figure(page.alg, checked, _callee_link(pages))
     return env.get_template("card.html.j2").render(
         page=page, figure=Markup(_with_code_links(figure_html, page, code)),
         parts=[(folded, [(n, Markup(line)) for n, line in rows]) for folded, rows in code.parts()],
         missing=code.missing,
         presets=_presets(checker, page) if checked else [], errors=errors,
         diffs=[(other, diff_cards(checker, page.alg, other.alg)[1:]) for other in page.related],
-        tex=_tex(page), summary=_summary)
+        tex=_tex(page), summary=_summary, folders=_folders(pages), current=page.href,
+        source=Markup(_card_source(checker, page)))
+
+
+def _card_source(checker: Checker, page: Page) -> str:
+    """The card's own lines as its file holds them (composed Unicode), highlighted."""
+    text = checker.lib.diags.sources.get(page.path, "").split("\n")
+    lines = text[max(page.lines.start, 1) - 1:min(page.lines.stop - 1, len(text))]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return highlight_card_html(display("\n".join(lines)) + "\n")
 
 
 def _typed(checker: Checker, page: Page) -> Checker | None:
@@ -158,29 +197,3 @@ def _presets(checker: Checker, page: Page) -> list[Preset]:
                 polynomial(c.per_token, c.length)
         out.append(Preset(preset.name, values, f"{summary.parameters:,}", memory, flops))
     return out
-
-
-_CSS = """
-body { max-width: 96rem; margin: 0 auto; padding: 1rem 2rem 4rem; }
-h1 { font-family: var(--text); font-size: 1.7rem; margin: .5rem 0 0; }
-nav { font-size: .9rem; margin-bottom: 1rem; }
-.path { color: #555; font-family: ui-monospace, monospace; font-size: .85rem; }
-.split { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 2rem; }
-@media (max-width: 70rem) { .split { grid-template-columns: minmax(0, 1fr); } }
-table.listing { border-collapse: collapse; width: 100%; }
-table.listing td, table.listing th { text-align: left; padding: .25rem .6rem;
-  border-bottom: 1px solid #e4e4e4; vertical-align: top; }
-.python { overflow-x: auto; font-size: .78rem; background: #fbfbfb; border: 1px solid #e4e4e4; }
-.python table { border-collapse: collapse; }
-.python td { padding: 0 .5rem; white-space: pre; font-family: ui-monospace, monospace; }
-.python td.ln { color: #999; text-align: right; user-select: none; }
-.python td.ln { width: 3.5em; }
-.python td.ln a { color: inherit; text-decoration: none; }
-.python summary { color: #555; padding: .2rem .5rem; cursor: pointer; font-size: .85rem; }
-.python tr:target { background: #fff3b0; }
-.python a { color: inherit; }
-pre.diff { background: #fbfbfb; border: 1px solid #e4e4e4; padding: .5rem; overflow-x: auto; }
-pre.diff .gone { color: #a31515; } pre.diff .added { color: #116611; }
-.errors { color: #a31515; }
-td.file { color: #555; font-family: ui-monospace, monospace; font-size: .8rem; white-space: nowrap; }
-"""

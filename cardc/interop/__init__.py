@@ -124,6 +124,12 @@ and because the files it describes (`config.json`, the safetensors index) are JS
 - `ignore`: names (with `{i}`) import skips, such as the causal-mask buffers older GPT-2
   checkpoints carry.
 
+An import records config.json's `bos_token_id` and `eos_token_id` (an ID or a list of them;
+harmless, as they change no logits), and export writes them back over what `export_config`
+says, so `generate` stops where the source did. Export finds a trained run's mapping file
+beside the card the run was trained from (the path it records as `card_path`), else beside a
+card of its name under `--library`; `--mapping FILE` names one outright.
+
 Keys `transformers` has renamed are one shared table (cardc/interop/renamed.py): transformers 4
 wrote `rope_theta`, `partial_rotary_factor` and `rope_scaling` (null for none) where 5 writes
 `rope_parameters.rope_theta`, `rope_parameters.partial_rotary_factor` and `rope_parameters`.

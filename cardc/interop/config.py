@@ -289,6 +289,45 @@ def kept_entries(config: dict[str, Any], mapping: Mapping) -> dict[str, Any]:
             if isinstance(lookup(config, key), (dict, list))}
 
 
+# Token IDs a config names for generation (which token starts and which ends a text): they
+# change no logits, so no mapping maps them, but a model exported without them would no
+# longer stop where its source did.
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id")
+MAX_TOKEN_IDS = 64  # eos_token_id may list several tokens (Llama 3.1 names three)
+
+
+def _token_ids(value: Any) -> bool:
+    """Whether `value` is a token ID, or a short list of them, as config.json writes them."""
+    if isinstance(value, list):
+        return 0 < len(value) <= MAX_TOKEN_IDS and all(_token_ids(v) for v in value) \
+            and not any(isinstance(v, list) for v in value)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def kept_token_ids(config: dict[str, Any], mapping: Mapping) -> dict[str, Any]:
+    """The bos and eos token IDs of config.json, which an import records and export writes
+    back; a key the mapping itself reads or fixes is the mapping's to write."""
+    return {key: config[key] for key in _free_token_keys(mapping)
+            if _token_ids(config.get(key))}
+
+
+def with_token_ids(config: dict[str, Any], kept: Any, mapping: Mapping) -> dict[str, Any]:
+    """`config` with the token IDs an import recorded (`kept_token_ids`) in place of the
+    mapping's defaults. `kept` comes from a checkpoint, untrusted: anything but token IDs of
+    the keys above is left out."""
+    if not isinstance(kept, dict):
+        return config
+    return {**config, **{key: kept[key] for key in _free_token_keys(mapping)
+                         if key in kept and _token_ids(kept[key])}}
+
+
+def _free_token_keys(mapping: Mapping) -> list[str]:
+    """The token ID keys that the mapping neither reads as a hyperparameter nor fixes."""
+    owned = {k for spec in mapping.hyperparameters.values() for k in spec.reads()} | \
+        set(mapping.fixed_config)
+    return [key for key in TOKEN_ID_KEYS if key not in owned]
+
+
 def config_for(mapping: Mapping, hypers: dict[str, Any],
                kept: dict[str, Any] | None = None) -> dict[str, Any]:
     """config.json for a model with these hyperparameters (keyed by Python name): keys first,

@@ -313,6 +313,14 @@ def load_mappings(card: str | os.PathLike[str]) -> list[Mapping]:
     path = mapping_path(card)
     if not path.is_file():
         raise RuntimeInputError(f"{card} has no Hugging Face mapping: expected {path}")
+    return read_mappings(path)
+
+
+def read_mappings(path: str | os.PathLike[str]) -> list[Mapping]:
+    """The mappings of the mapping file `path` (as `cardc export --mapping` names one)."""
+    path = Path(path)
+    if not path.is_file():
+        raise RuntimeInputError(f"no mapping file '{path}'")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:

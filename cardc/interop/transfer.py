@@ -17,11 +17,21 @@ from .config import (
     config_for,
     describe,
     kept_entries,
+    kept_token_ids,
     preset_from_config,
     select_for_config,
+    with_token_ids,
 )
 from .files import HF_CONFIG, read_hf, write_hf
-from .mapping import MAPPING_SUFFIX, Mapping, load_mappings, parse_mapping, select_by_name
+from .mapping import (
+    MAPPING_SUFFIX,
+    Mapping,
+    load_mappings,
+    mapping_path,
+    parse_mapping,
+    read_mappings,
+    select_by_name,
+)
 from .tensors import from_card_state, to_card_state
 
 META_KEY = "hf"  # the checkpoint metadata entry that records an import
@@ -36,6 +46,7 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
     Hyperparameters come from the preset, else from config.json; `overrides` apply last.
     `model.card_meta` records the import and the mapping, so the checkpoint exports anywhere."""
     from ..build import build_model, checked, find_card, library_roots, record_sampler
+    from ..presets import find_preset
     from ..runtime.checkpoint import load_state
 
     mappings = load_mappings(card)
@@ -53,6 +64,7 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
                                 "the hyperparameters")
     lib, checker, _ = checked([card], library_roots([card], library))
     alg = find_card(lib, checker, card, mapping.card)
+    find_preset(alg, preset)  # a --preset the card lacks is the flag's error, said first
     check_card_hypers(checker.info(alg).sig, mapping)
     check_sizes(checker.info(alg), mapping, hypers, preset, overrides or {}, hf_state)
     if hypers and preset is None:  # the mapping's own count first: it names the layers
@@ -64,7 +76,8 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
                           model.card_meta["hyperparameters"])
     load_state(model, state)
     model.card_meta[META_KEY] = {"source": os.fspath(source), "mapping": mapping.raw,
-                                 "entries": kept_entries(config or {}, mapping)}
+                                 "entries": kept_entries(config or {}, mapping),
+                                 "token_ids": kept_token_ids(config or {}, mapping)}
     record_sampler(model.card_meta, lib, checker, alg)
     return model
 
@@ -166,18 +179,21 @@ def import_checkpoint(card: str, source: str | os.PathLike[str], out: str | os.P
 
 
 def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
-              library: str | os.PathLike[str] | list[str] = "cards") -> tuple[Mapping, Path]:
+              library: str | os.PathLike[str] | list[str] = "cards",
+              mapping_file: str | os.PathLike[str] | None = None) -> tuple[Mapping, Path]:
     """A cardc checkpoint as a Hugging Face model folder that `from_pretrained` loads.
 
-    An imported checkpoint carries its mapping; a trained one is matched to the mapping file
-    beside its card in `library`. A run with a tokenizer.json exports it too, with a
-    tokenizer_config.json, so the folder is all that `from_pretrained` needs."""
+    `mapping_file` (--mapping) names the mapping outright. Otherwise an imported checkpoint
+    carries its mapping, and a trained one is matched to the mapping file beside the card it
+    was trained from, else beside its card in `library`. A run with a tokenizer.json exports
+    it too, with a tokenizer_config.json, so the folder is all that `from_pretrained` needs."""
     from ..runtime.checkpoint import read_checkpoint
     from ..runtime.tokenizer import HFTokenizer, run_tokenizer
 
     meta, state = read_checkpoint(run_dir)
     tokenizer = run_tokenizer(run_dir, meta)
-    mapping = checkpoint_mapping(meta, library)
+    mapping = named_mapping(mapping_file, meta) if mapping_file is not None else \
+        checkpoint_mapping(meta, library)
     if meta.get("name") != mapping.card:
         raise RuntimeInputError(f"'{run_dir}' holds {meta.get('name')}, but {mapping.source} "
                                 f"maps {mapping.card}")
@@ -192,6 +208,9 @@ def export_hf(run_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
         config = located_config(mapping, hypers, _kept(meta))
     except KeyError as err:
         raise RuntimeInputError(f"'{run_dir}' records no hyperparameter {err}") from None
+    recorded = meta.get(META_KEY)
+    if isinstance(recorded, dict):  # an import: its source's bos and eos, as it named them
+        config = with_token_ids(config, recorded.get("token_ids"), mapping)
     files = tokenizer.hf_files() if isinstance(tokenizer, HFTokenizer) else {}
     return mapping, write_hf(dest, tensors, config, files)
 
@@ -223,11 +242,40 @@ def _kept(meta: dict[str, Any]) -> dict[str, Any]:
     return kept if isinstance(kept, dict) else {}
 
 
+def named_mapping(path: str | os.PathLike[str], meta: dict[str, Any]) -> Mapping:
+    """The mapping of the checkpoint's card in the mapping file `path`."""
+    mappings = read_mappings(path)
+    return next((m for m in mappings if m.card == meta.get("name")), mappings[0])
+
+
+CARD_PATH_KEY = "card_path"  # where a run records the card file it was trained from
+
+
 def checkpoint_mapping(meta: dict[str, Any],
                        library: str | os.PathLike[str] | list[str]) -> Mapping:
     recorded = meta.get(META_KEY)
     if isinstance(recorded, dict) and "mapping" in recorded:
         return parse_mapping(recorded["mapping"], "the checkpoint's mapping")
+    own = _recorded_card(meta)
+    if own is not None and mapping_path(own).is_file():  # the user's own card, where it was
+        mappings = load_mappings(own)
+    else:
+        mappings = load_mappings(_library_card(meta, library, own))
+    name = meta.get("name")
+    return next((m for m in mappings if m.card == name), mappings[0])
+
+
+def _recorded_card(meta: dict[str, Any]) -> Path | None:
+    """The card file the run was trained from, as it recorded it (None: it records none)."""
+    path = meta.get(CARD_PATH_KEY)
+    return Path(path) if isinstance(path, str) and path else None
+
+
+def _library_card(meta: dict[str, Any], library: str | os.PathLike[str] | list[str],
+                  own: Path | None) -> Path:
+    """The card of the checkpoint's name under `library` that has a mapping beside it, the
+    one whose text the checkpoint recorded first; where there is none, an error naming every
+    place looked in and --mapping."""
     card = str(meta.get("card", ""))
     stem = Path(card).stem
     folders = library if isinstance(library, list) else [library]
@@ -235,14 +283,15 @@ def checkpoint_mapping(meta: dict[str, Any],
         if stem else []
     beside = [p for p in found if p.with_name(stem + ".card").is_file()]
     if not beside:
+        mapping = f"{stem or '<card>'}{MAPPING_SUFFIX}"
+        places = ([f"'{mapping_path(own)}'"] if own is not None else []) + \
+            [f"beside a {stem or '<card>'}.card under {', '.join(map(repr, map(str, folders)))}"]
         raise RuntimeInputError(f"no Hugging Face mapping for {card or 'this checkpoint'}: "
-                                f"expected {stem or '<card>'}{MAPPING_SUFFIX} beside its card "
-                                f"under '{library}' (see --library)")
+                                f"looked for {mapping} at {' and '.join(places)}; name one "
+                                "with --mapping FILE (or the folder of its card with --library)")
     text = (meta.get("cards") or {}).get(card)  # prefer the card the checkpoint was built from
     same = [p for p in beside if p.with_name(stem + ".card").read_text(encoding="utf-8") == text]
-    mappings = load_mappings((same or beside)[0].with_name(stem + ".card"))
-    name = meta.get("name")
-    return next((m for m in mappings if m.card == name), mappings[0])
+    return (same or beside)[0].with_name(stem + ".card")
 
 
 def _layers(mapping: Mapping, meta: dict[str, Any]) -> int:

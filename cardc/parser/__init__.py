@@ -17,6 +17,7 @@ from typing import Any
 from .. import lalr
 from .. import syntax as s
 from ..diagnostics import Diagnostics
+from ..spelling import edit_distance
 from .base import _EXPRS, Line, _join, _keyword, _Open, _Where
 from .build import _Build
 
@@ -121,10 +122,64 @@ def _hint(text: str, err: Exception, line: int, col: int) -> str | None:
     lines = text.split("\n")
     src = lines[line - 1] if line <= len(lines) else ""
     before, rest = src[:col - 1], src[col - 1:]
+    for rule in (_header_hint, _bracket_power_hint):
+        found = rule(before, rest)
+        if found is not None:
+            return found
     for test, hint in _HINTS:
         if test(before, rest):
             return hint
     return None
+
+
+HEADERS = {"Algorithm": "Algorithm:", "Input": "Input:", "Output": "Output:",
+           "Hyperparameters": "Hyperparameters:", "Parameters": "Parameters:",
+           "Preset": "Preset NAME:"}  # each header's word, and how a line starts with it
+
+
+def _header_hint(before: str, rest: str) -> str | None:
+    """A line that starts with one word a slip away from a header (`Ouput:`, `inputs:`,
+    `Prest tiny: …`): the header meant."""
+    word = re.fullmatch(r"\s*([A-Za-z]+)\s*", before)
+    if word is None or not re.match(r"[\w.-]*\s*:", rest):
+        return None
+    typed = word.group(1)
+    allowed = 1 if len(typed) < 5 else 2  # a short word is a slip of one letter at most
+    close = [h for h in HEADERS if h != typed and edit_distance(typed.lower(), h.lower()) <= allowed]
+    if not close:
+        return None
+    header = min(close, key=lambda h: edit_distance(typed.lower(), h.lower()))
+    return f"did you mean '{HEADERS[header]}'? A card's headers are " + \
+        ", ".join(f"'{h}'" for h in HEADERS.values())
+
+
+def _bracket_power_hint(before: str, rest: str) -> str | None:
+    """`f(x)^2`: a power of a bracketed expression, its exponent not in braces (a name takes
+    `x^2` as one name, so only a bracket gets here). The hint writes it as a card does."""
+    exponent = re.match(r"\d+", rest)
+    if exponent is None or not re.search(r"[)\]}]\s*\^\s*$", before):
+        return None
+    base = _bracketed_tail(before.rstrip()[:-1].rstrip())
+    n = exponent.group(0)
+    square = f" or '{base}²'" if n == "2" else ""
+    return f"a power's exponent goes in braces: '{base}^{{{n}}}'{square}"
+
+
+def _bracketed_tail(text: str) -> str:
+    """The bracketed expression `text` ends with, with the name it is a call or index of
+    (`E ← ReLU(X W)` → `ReLU(X W)`); `(…)` where the brackets do not match."""
+    pairs, depth = {")": "(", "]": "[", "}": "{"}, []
+    for i in range(len(text) - 1, -1, -1):
+        ch = text[i]
+        if ch in pairs:
+            depth.append(pairs[ch])
+        elif ch in "([{":
+            if not depth or depth.pop() != ch:
+                return "(…)"
+            if not depth:
+                name = re.search(r"[\w\u0302\u0303′]*$", text[:i])
+                return text[i - len(name.group(0)) if name else i:]
+    return "(…)"
 
 
 def _after(pattern: str) -> Any:

@@ -19,6 +19,13 @@ hovered (CSS `:has`, no script), and highlighting the name's other occurrences. 
 another card shows its name as a link (an HTML `<a>` inside `<mtext>`, which the HTML parser
 allows and Chromium lays out and follows); the caller decides the href (`link`).
 
+A step wider than a narrow pane's line (`STEP` characters of its text) wraps within its row,
+beside its number, its continuation lines hung: its math is in pieces, split at the points of
+cardc.render.breaks that would fit it in such a line, each piece a `<math>` of its own with a
+`<wbr>` after it, so that the browser breaks where the pane needs it (MathML's own line breaks
+are not laid out by Chromium). The figure carries the rules this needs (`LINES_CSS`) in a
+`<style>` of its own, wherever it is shown.
+
 All card text is escaped (`html.escape`): prose, names and numbers cannot open markup. The page
 fetches nothing: its fonts are the reader's own, its links are anchors or relative paths.
 """
@@ -35,7 +42,8 @@ from ..builtins import UPRIGHT
 from ..checker import Checker
 from ..spelling import display
 from ..types import BundleTy, Ty
-from .latex import _WORD, LatexRenderer, typography
+from .breaks import BREAK, pieces, points, width
+from .latex import _WORD, HANG, LatexRenderer, typography
 from .mathml import (
     ELLIPSIS,
     REL,
@@ -54,10 +62,20 @@ from .mathml import (
     tag,
     with_class,
 )
-from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TIGHT, notation
+from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TEXT, TIGHT, notation
 
 Link = Callable[[s.Algorithm], str | None]
 _TRIANGLE = '<span class="tri">▷</span>'
+STEP = 48  # characters of card text past which a step may wrap: a narrow pane's line
+LEVEL = 2  # the characters a loop's body is indented by
+# a step that may wrap: its code beside its number, as wide as the row, each line after the
+# first hung; the pieces of its math, each a <math>, wrap between them (<wbr>); a long note
+# wraps as prose does
+LINES_CSS = (".algorithm .step .code.lines{max-width:100%;min-width:0;box-sizing:border-box;"
+             "padding-left:2em;text-indent:-2em}\n.algorithm .code.lines math{text-indent:0}\n"
+             ".algorithm .step .note.lines{white-space:normal;max-width:100%;"
+             "box-sizing:border-box}")
+_TAG = re.compile(r"<(/?)([a-z]+)\b[^>]*?(/?)>|" + BREAK)
 
 
 # ⌊x⌋, ⌈x⌉, |x|: the builtin → its delimiters
@@ -82,6 +100,7 @@ class HtmlRenderer(LatexRenderer):
         self.callees: dict[int, s.Algorithm] = {}  # id(call node) → the card it calls
         self.link: Link = lambda alg: None
         self.line_ids = True
+        self.wrapped = False  # whether a step of the figure wraps: LINES_CSS goes with it
 
     def attach(self, checker: Checker | None, alg: s.Algorithm, link: Link) -> None:
         """Take the shapes and the calls the checker found in `alg`."""
@@ -115,7 +134,9 @@ class HtmlRenderer(LatexRenderer):
                         if isinstance(c.callee, s.Algorithm)}
 
     def math(self, tex: str) -> str:
-        return f"<math>{_unwrapped(tex)}</math>"
+        if BREAK not in tex:
+            return f"<math>{_unwrapped(tex)}</math>"
+        return "<wbr>".join(f"<math>{_unwrapped(p)}</math>" for p in split_rows(tex))
 
     def prose(self, words: str) -> str:
         return escape(display(words))
@@ -171,7 +192,7 @@ class HtmlRenderer(LatexRenderer):
         right = self.sub(node.right, self.right_min(node.op), tail)
         if node.op == "/":  # TeX's / is a letter: no space either side
             return row(left, mo("/", lspace="0", rspace="0"), right)
-        return row(left, THIN if node.op == " " else mo(node.op), right)
+        return row(left, THIN if node.op == " " else mo(node.op), self.mark(node, 1) + right)
 
     def text_Unary(self, node: s.Unary, tail: bool) -> str:
         if node.op == "−":
@@ -215,10 +236,10 @@ class HtmlRenderer(LatexRenderer):
             return row(tag("msub", function("log"), tag("mn", "2")),
                        self.sub(node.args[0], TIGHT, tail))
         args = [self.text(a) for a in node.args]
-        inner = joined(args)
+        inner = joined(self.marked(node, args))
         if node.params or node.bar:
-            params = joined(self.text(p) for p in node.params)
-            inner = row(inner, mo("∣", stretchy="false"), params)
+            params = joined(self.marked(node, [self.text(p) for p in node.params], len(args)))
+            inner = row(inner, mo("∣", stretchy="false"), self.mark(node, len(args)) + params)
         callee = self.callees.get(id(node))
         href = self.link(callee) if callee is not None else None
         return row(self.function(node.func, href), fenced(inner))
@@ -230,10 +251,11 @@ class HtmlRenderer(LatexRenderer):
         return ELLIPSIS
 
     def text_Concat(self, node: s.Concat, tail: bool) -> str:
-        return fenced(joined((self.sub(i, SUM) for i in node.items), node.sep), "[", "]")
+        items = self.marked(node, [self.sub(i, SUM) for i in node.items])
+        return fenced(joined(items, node.sep), "[", "]")
 
     def text_Several(self, node: s.Several, tail: bool) -> str:
-        return joined(self.sub(i, SUM) for i in node.items)
+        return joined(self.marked(node, [self.sub(i, SUM) for i in node.items]))
 
     def text_Iverson(self, node: s.Iverson, tail: bool) -> str:
         return fenced(self.text(node.cond), "⟦", "⟧", stretchy=False)
@@ -257,7 +279,7 @@ class HtmlRenderer(LatexRenderer):
         options = [self.sub(x, SUM) for x in node.options]
         probs = [self.sub(x, SUM) for x in node.probs]
         return row(joined(options, mtext("or")), mtext("randomly with probability"),
-                   joined(probs, mtext("or")))
+                   self.mark(node, 1) + joined(probs, mtext("or")))
 
     def text_SetBuilder(self, node: s.SetBuilder, tail: bool) -> str:
         inner = row(self.symbol(node.var), mo("∈"), self.sub(node.domain, SUM),
@@ -381,11 +403,13 @@ class HtmlRenderer(LatexRenderer):
         """One statement as a line of the algorithm: text, math inside `<math>`."""
         if isinstance(node, s.Assign):
             op = "←" if node.op == "←" else "="
-            return self.math(row(self.sub(node.target, POSTFIX), mo(op), self.text(node.value)))
+            return self.math(row(self.sub(node.target, POSTFIX), mo(op),
+                                 self.mark(node, 1) + self.text(node.value)))
         if isinstance(node, s.Return):
             name = [] if node.name is None else \
                 [self.symbol(node.name, node.name in self.bold), mo("=")]
-            return f"{_kw('return')} {self.math(row(*name, self.text(node.value)))}"
+            value = self.mark(node, 1) + self.text(node.value)
+            return f"{_kw('return')} {self.math(row(*name, value))}"
         if isinstance(node, s.Sample):
             dist = row(self.symbol(node.dist), mo("∝"), self.weights_text(node.weights))
             return f"{_kw('sample')} a token {self.math(self.symbol(node.var))} from " \
@@ -413,8 +437,12 @@ class HtmlRenderer(LatexRenderer):
         stmt = node.stmt
         where = "" if node.where is None else ", where " + self.prose(node.where)
         opens = isinstance(stmt, s.While) or isinstance(stmt, s.For) and stmt.style != "map"
-        if not opens:
-            return [*out, self.step_row(node, depth, self.stmt_tex(stmt) + where)]
+        if not opens:  # a step wider than a narrow pane's line wraps, even where its
+            # math cannot: its prose can, and it keeps to the row beside its number
+            said = TEXT.text(stmt) + ("" if node.where is None else ", where " + node.where)
+            lines = width(said) > STEP - LEVEL * depth
+            self.wrapped |= lines
+            return [*out, self.step_row(node, depth, self.broken(stmt, depth) + where, lines)]
         if isinstance(stmt, s.While):
             head = f"{_kw('while')} {self.math(self.sub(stmt.cond, CONJ))} {_kw('do')}"
         else:
@@ -427,19 +455,34 @@ class HtmlRenderer(LatexRenderer):
                        f'<span class="code">{_kw("end")}</span></div>')
         return out
 
-    def step_row(self, node: s.Step, depth: int, code: str) -> str:
-        """The row of a step: its number, its code, and after ▷ its annotation and note."""
+    def broken(self, stmt: s.Stmt, depth: int) -> str:
+        """`stmt` as stmt_tex sets it; where it is wider than a narrow pane's line, its math in
+        pieces at every point of the kinds that would bring it within one, for the reader's
+        browser to wrap at (0: outside any loop)."""
+        self.breaks = points(pieces(stmt), STEP - LEVEL * depth, HANG)
+        try:
+            return self.stmt_tex(stmt)
+        finally:
+            self.breaks = frozenset()
+
+    def step_row(self, node: s.Step, depth: int, code: str, lines: bool = False) -> str:
+        """The row of a step: its number, its code (`lines`: in pieces that wrap), and after ▷
+        its annotation and note."""
         margin = []
         if node.annotation is not None:
             margin.append(self.math(self.decl_math(node.annotation, label=True)))
         if node.note is not None:
             margin.append(f'<span class="prose">{self.prose(node.note)}</span>')
-        side = f'<span class="note">{_TRIANGLE} {" ".join(margin)}</span>' if margin else ""
+        wide = node.note is not None and width(display(node.note)) > STEP - LEVEL * depth
+        self.wrapped |= wide  # a note wider than a narrow pane wraps too, right-aligned
+        cls = "note lines" if wide else "note"
+        side = f'<span class="{cls}">{_TRIANGLE} {" ".join(margin)}</span>' if margin else ""
         line = node.span.line
         at = "" if line <= 0 else f' id="L{line}" data-line="{line}"' if self.line_ids else \
             f' data-line="{line}"'
+        cls = "code lines" if lines else "code"
         return f'<div class="step"{at}{_depth(depth)}>{_number(node.number)}' \
-               f'<span class="code">{code}</span>{side}</div>'
+               f'<span class="{cls}">{code}</span>{side}</div>'
 
     # ------------------------------------------------------------------ algorithms
 
@@ -470,7 +513,29 @@ class HtmlRenderer(LatexRenderer):
         steps = [line for step in node.steps for line in self.step_tex(step, 0)]
         if steps:
             out += ['<div class="steps">', *steps, "</div>"]
+        if self.wrapped:  # the rules a step in pieces needs, in whatever page shows the figure
+            out.append(f"<style>{LINES_CSS}</style>")
         return out
+
+
+def split_rows(markup: str) -> list[str]:
+    """MathML split at each BREAK into pieces that are MathML of their own: a piece closes the
+    `<mrow>`s open at its end and the next opens them again (a break inside any other element
+    is dropped: it cannot be split)."""
+    out: list[str] = []
+    stack: list[tuple[str, str]] = []  # the elements open here: name, start tag
+    start, reopened = 0, ""
+    for m in _TAG.finditer(markup):
+        if m.group(0) == BREAK:
+            if all(name == "mrow" for name, _ in stack):
+                closing = "".join(f"</{name}>" for name, _ in reversed(stack))
+                out.append(reopened + markup[start:m.start()] + closing)
+                reopened, start = "".join(tag_ for _, tag_ in stack), m.end()
+        elif m.group(1):
+            stack.pop()
+        elif not m.group(3):
+            stack.append((m.group(2), m.group(0)))
+    return [piece.replace(BREAK, "") for piece in [*out, reopened + markup[start:]]]
 
 
 def _unwrapped(markup: str) -> str:

@@ -14,6 +14,11 @@ every symbol becomes a macro, and prose from comments and declarations is escape
 card text can break the document. `--standalone` wraps it in a document; a snippet needs
 `PREAMBLE` in the including document's preamble.
 
+A step wider than its line (counted in characters of its text: `STEP`, cardc.render.breaks)
+breaks at its loosest operators, its continuation lines hung by 2em; they stay within
+algorithm2e's one line (`\\newline`), so the step keeps its one number. Each line is a
+formula of its own, its `\\left`s and `\\right`s paired with `\\left.` and `\\right.`.
+
 Expressions dispatch on the node's class as the text renderer's do (`text_<Kind>`), sharing
 its precedence table; they return math-mode LaTeX.
 """
@@ -27,6 +32,7 @@ from .. import syntax as s
 from ..builtins import UPRIGHT
 from ..checker import Checker, split_name
 from ..types import Ty
+from .breaks import BREAK, choose, pieces
 from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TEXT, TIGHT, Renderer, notation
 
 PREAMBLE = r"""\usepackage{amsmath,amssymb}
@@ -77,6 +83,10 @@ _OPS = {"+": "+", "−": "-", "·": r"\cdot", "⊙": r"\odot", "/": "/", " ": r"
 _WORD = re.compile(r"[A-Za-z]{2,}")
 SCRIPT_WORD = re.compile(r"[A-Za-z]{2,}[0-9]*")  # a subscript set upright: attn, mlp1
 LINE = 64  # characters of card text a line of the rendered blocks holds
+STEP = 84  # characters of card text a step's line holds, its number and margin aside
+LEVEL = 4  # the characters a loop's body is indented by
+HANG = 4  # the characters a step's continuation line is indented by
+_HANG = r"\newline\hspace*{1.5em}"  # algorithm2e hangs a line 0.5em of its own
 
 
 def text(prose: str) -> str:
@@ -192,6 +202,16 @@ class LatexRenderer(Renderer):
     def __init__(self, bold: frozenset[str] = frozenset(), vectors: frozenset[int] = frozenset()):
         self.bold = bold
         self.vectors = vectors  # ids of numbers typed as vectors: 1 of 1^⊺ is the ones vector
+        self.breaks: frozenset[tuple[int, int]] = frozenset()  # the step's (breaks.Break.key)
+
+    def mark(self, node: object, item: int) -> str:
+        """BREAK where the step being rendered breaks before item `item` of `node`."""
+        return BREAK if (id(node), item) in self.breaks else ""
+
+    def marked(self, node: object, items: list[str], first: int = 0) -> list[str]:
+        """`items` (item `first` on of `node`'s), each but the first after its break where
+        there is one: the first's comes before what holds them all."""
+        return [self.mark(node, first + k) + item if k else item for k, item in enumerate(items)]
 
     indent = r"\hspace*{1.5em}"  # one level of a block's lists
 
@@ -239,7 +259,7 @@ class LatexRenderer(Renderer):
         right = self.sub(node.right, self.right_min(node.op), tail)
         if node.op == "/":
             return f"{left}/{right}"
-        return f"{left} {op} {right}"
+        return f"{left} {op} {self.mark(node, 1)}{right}"
 
     def text_Unary(self, node: s.Unary, tail: bool) -> str:
         if node.op == "−":
@@ -280,10 +300,12 @@ class LatexRenderer(Renderer):
             return rf"\{left} {self.text(node.args[0])} \{right}"
         if written == "log2":
             return r"\log_2 " + self.sub(node.args[0], TIGHT, tail)
-        args = ", ".join(self.text(a) for a in node.args)
+        args = ", ".join(self.marked(node, [self.text(a) for a in node.args]))
         if node.params or node.bar:
-            params = ", ".join(self.text(p) for p in node.params)
-            args = f"{args} \\mid {params}" if args else f"\\mid {params}"
+            params = ", ".join(self.marked(node, [self.text(p) for p in node.params],
+                                           len(node.args)))
+            args = f"{args} \\mid {self.mark(node, len(node.args))}{params}" if args else \
+                f"\\mid {params}"
         return f"{self.function(node.func)}\\left({args}\\right)"
 
     def function(self, name: str) -> str:
@@ -303,7 +325,8 @@ class LatexRenderer(Renderer):
 
     def text_Concat(self, node: s.Concat, tail: bool) -> str:
         sep = ";" if node.sep == ";" else ","
-        return r"\left[" + f"{sep} ".join(self.sub(i, SUM) for i in node.items) + r"\right]"
+        items = self.marked(node, [self.sub(i, SUM) for i in node.items])
+        return r"\left[" + f"{sep} ".join(items) + r"\right]"
 
     def text_Iverson(self, node: s.Iverson, tail: bool) -> str:
         return rf"[\![{self.text(node.cond)}]\!]"
@@ -326,7 +349,10 @@ class LatexRenderer(Renderer):
     def text_Choice(self, node: s.Choice, tail: bool) -> str:
         options = r" \text{ or } ".join(self.sub(x, SUM) for x in node.options)
         probs = r" \text{ or } ".join(self.sub(x, SUM) for x in node.probs)
-        return rf"{options} \text{{ randomly with probability }} {probs}"
+        return rf"{options} \text{{ randomly with probability }} {self.mark(node, 1)}{probs}"
+
+    def text_Several(self, node: s.Several, tail: bool) -> str:
+        return ", ".join(self.marked(node, [self.sub(i, SUM) for i in node.items]))
 
     def text_SetBuilder(self, node: s.SetBuilder, tail: bool) -> str:
         return rf"\{{{symbol(node.var)} \in {self.sub(node.domain, SUM)} : " \
@@ -476,9 +502,11 @@ class LatexRenderer(Renderer):
         """One statement as a line of the algorithm (text mode, math inside $…$)."""
         if isinstance(node, s.Assign):
             op = r"\gets" if node.op == "←" else "="
-            return f"${self.sub(node.target, POSTFIX)} {op} {self.text(node.value)}$"
+            return f"${self.sub(node.target, POSTFIX)} {op} {self.mark(node, 1)}" \
+                   f"{self.text(node.value)}$"
         if isinstance(node, s.Return):
-            name = "" if node.name is None else f"{symbol(node.name, node.name in self.bold)} = "
+            name = "" if node.name is None else \
+                f"{symbol(node.name, node.name in self.bold)} = {self.mark(node, 1)}"
             return rf"\KwRet{{${name}{self.text(node.value)}$}}"
         if isinstance(node, s.Sample):
             return rf"\KwSample{{}} a token ${symbol(node.var)}$ from ${symbol(node.dist)} " \
@@ -527,8 +555,18 @@ class LatexRenderer(Renderer):
             out.append(pad + "}")
         else:  # a side note ends the line itself
             end = rf"\Note*[r]{{{margin}}}" if margin else r"\;"
-            out.append(pad + self.stmt_tex(stmt) + where + end)
+            out.append(pad + self.broken(stmt, depth) + where + end)
         return out
+
+    def broken(self, stmt: s.Stmt, depth: int) -> str:
+        """`stmt` as stmt_tex sets it, broken into lines where it is wider than a step's line
+        at loop depth `depth` (1: outside any loop): one line of algorithm2e, one number."""
+        self.breaks = choose(pieces(stmt), STEP - LEVEL * (depth - 1), HANG)
+        try:
+            line = self.stmt_tex(stmt)
+        finally:
+            self.breaks = frozenset()
+        return broken_math(line)
 
     # ------------------------------------------------------------------ algorithms
 
@@ -593,6 +631,32 @@ def render_latex(card: s.CardFile, checker: Checker | None = None,
         body.append("")
     out = "\n".join(body)
     return _ascii(standalone(out) if whole else out)
+
+
+def broken_math(line: str) -> str:
+    """`line` with each `$…$` that holds a BREAK split there: its pieces on lines of their
+    own (algorithm2e's line goes on, its number once), hung by `_HANG`."""
+    if BREAK not in line:
+        return line
+    parts = re.split(r"(?<!\\)\$", line)  # text, math, text, …: `\$` is prose's dollar
+    for i in range(1, len(parts), 2):
+        parts[i] = f"${_HANG}$".join(_balanced(parts[i].split(BREAK)))
+    return "$".join(parts)
+
+
+def _balanced(pieces_: list[str]) -> list[str]:
+    """Math pieces, each closing with `\\right.` the fences it leaves open and opening with
+    `\\left.` those it goes on inside: TeX pairs each `\\left` with a `\\right` in one formula."""
+    out, held = [], 0
+    for piece in pieces_:
+        ends = held + len(_LEFT.findall(piece)) - len(_RIGHT.findall(piece))
+        out.append(r"\left." * held + piece + r"\right." * ends)
+        held = ends
+    return out
+
+
+_LEFT = re.compile(r"\\left(?![A-Za-z])")
+_RIGHT = re.compile(r"\\right(?![A-Za-z])")
 
 
 def _ascii(tex: str) -> str:
