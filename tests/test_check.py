@@ -459,6 +459,23 @@ def test_two_bundles_on_one_line_get_a_hint(tmp_path):
                           "declare each parameter bundle on its own line")
 
 
+def test_two_bundles_and_their_prose_on_one_line_get_the_hint(tmp_path):
+    """`θ^attn, θ^mlp, the attention and the MLP.`: the second name read as the start of the
+    first one's prose, named by the hint too."""
+    text = (ROOT / "cards" / "llama.card").read_text(encoding="utf-8")
+    text = text.replace("    θ^attn, the attention parameters.\n",
+                        "    θ^attn, θ^mlp, the attention and the MLP.\n", 1)
+    text = text.replace("    θ^mlp, the MLP parameters.\n", "", 1)
+    path = tmp_path / "t.card"
+    path.write_text(text, encoding="utf-8")
+    lib, _ = load([path], root="cards")
+    _, diags = check(lib)
+    (error,) = [d for d in diags.errors if d.span.file == str(path)]
+    assert error.message == "unknown name 'θ^mlp'"
+    assert error.hint is not None and error.hint.startswith(
+        "'θ^attn, θ^mlp, the attention and the MLP.' declares θ^attn")
+
+
 def test_a_node_kind_a_visitor_does_not_handle_is_named():
     """Visitors dispatch on the node's class name (expr_Name); a kind without a method is the
     compiler's fault, reported by its name, not an AttributeError."""

@@ -10,7 +10,7 @@ from .. import syntax as s
 from ..builtins import BUILTINS
 from ..dims import Dim
 from ..render.text import render_expr
-from ..spelling import display
+from ..spelling import canonical_name, display
 from ..types import Entry, Ty, substitute
 from .shapes import dims_equal
 
@@ -39,10 +39,13 @@ def _product_hint(e: s.BinOp, a: Ty, b: Ty) -> str | None:
 
 
 def _read_as_prose(alg: s.Algorithm, name: str) -> str | None:
-    """`θ^attn, θ^mlp` declares θ^attn, described as 'θ^mlp': the hint says so."""
+    """`θ^attn, θ^mlp` (or `θ^attn, θ^mlp, the attention and the MLP`) declares θ^attn,
+    described as 'θ^mlp…': the hint says so."""
     for decl in (n for n in s.nodes(alg) if isinstance(n, s.Decl)):
-        if decl.prose is not None and decl.type is None and decl.prose.strip(" .") in (
-                name, display(name)):
+        if decl.prose is None or decl.type is not None:
+            continue
+        first = decl.prose.split(",")[0].strip(" .")
+        if first in (name, display(name)) or canonical_name(first) == name:
             return (f"'{display(decl.names[-1])}, {decl.prose}' declares "
                     f"{display(decl.names[-1])} and describes it as '{decl.prose}': "
                     f"declare each parameter bundle on its own line")
