@@ -146,6 +146,20 @@ def test_presets_calls_and_diffs(site):
     assert r"\begin{document}" in tex and r"\SetAlgoRefName{4}" in tex
 
 
+def test_the_index_lists_the_papers_algorithms_in_the_papers_order(site):
+    """Algorithm 1 to 15 by number (not by file name), then the folder's unnumbered cards."""
+    index = (site / "index.html").read_text(encoding="utf-8")
+    pages = list(dict.fromkeys(re.findall(r'href="(paper-[^"]+)"', index)))
+    assert pages[:4] == ["paper-token_embedding.TokenEmbedding.html",
+                         "paper-positional_embedding.PositionalEmbedding.html",
+                         "paper-single_query_attention.BasicSingleQueryAttention.html",
+                         "paper-attention.Attention.html"]
+    assert pages.index("paper-etransformer.ETransformer.html") < \
+        pages.index("paper-dtransformer.DTransformer.html") < \
+        pages.index("paper-edinference.EDInference.html") < \
+        pages.index("paper-edinference_guarded.EDInferenceGuarded.html")
+
+
 def test_each_page_shows_its_cards_source_highlighted(site):
     """The card's own lines as its file holds them, highlighted by cardc's Pygments lexer
     (the next card's lines not among them)."""

@@ -91,11 +91,19 @@ def _raw(env: Environment, name: str) -> str:
 
 
 def _folders(pages: list[Page]) -> dict[str, list[Page]]:
-    """The pages under the index's headings: their folders, in the pages' order."""
+    """The pages under the index's headings: their folders, in the pages' order, but the
+    numbered algorithms of a folder (the paper's) first and by their number."""
     folders: dict[str, list[Page]] = {}
     for page in pages:
         folders.setdefault(page.folder, []).append(page)
-    return folders
+    return {folder: sorted(group, key=_numbered_first) for folder, group in folders.items()}
+
+
+def _numbered_first(page: Page) -> tuple[int, int]:
+    """Algorithm 2 before Algorithm 10, and both before cards without a number (which keep
+    their order: the sort is stable)."""
+    number = page.alg.number or ""
+    return (0, int(number)) if number.isdigit() else (1, 0)
 
 
 def _index(env: Environment, pages: list[Page]) -> str:
