@@ -18,7 +18,7 @@ LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
     (1, "front end", ("cardc.lalr", "cardc.parser", "cardc.library", "cardc.render.text")),
     (2, "checker", ("cardc.checker", "cardc.namecheck", "cardc.presets", "cardc.flops",
                     "cardc.info", "cardc.diff")),
-    (3, "render", ("cardc.render",)),
+    (3, "render", ("cardc.render", "cardc.highlight")),
     (3, "lower", ("cardc.ir", "cardc.lower", "cardc.codegen", "cardc.linebreak")),
     (3, "interpret", ("cardc.interpret",)),
     (4, "build", ("cardc.build",)),
@@ -26,6 +26,7 @@ LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
     (6, "interop", ("cardc.interop",)),
     (7, "docs", ("cardc.docs",)),
     (8, "application", ("cardc.app",)),
+    (8, "language server", ("cardc.lsp",)),
     (9, "command line", ("cardc.cli", "cardc.__main__", "cardc")),
 ]
 PACKAGE = "cardc"  # the package itself: its own layer, not a prefix of every module

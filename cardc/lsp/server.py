@@ -4,13 +4,13 @@ on every change and its diagnostics published; requests read the last check of t
 from __future__ import annotations
 
 import traceback
+from importlib import metadata
 from pathlib import Path
 
 from lsprotocol import types as lsp
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
-from .. import __version__
 from ..diagnostics import Diagnostic
 from ..syntax import Span
 from . import features
@@ -21,7 +21,7 @@ class CardServer(LanguageServer):
     """The open documents' last checks, by URI."""
 
     def __init__(self) -> None:
-        super().__init__("cardc", __version__,
+        super().__init__("cardc", _version(),
                          text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental)
         self.checked: dict[str, Document] = {}
         # each document's last check that read its cards: the names in scope while a line
@@ -64,6 +64,15 @@ class CardServer(LanguageServer):
         if uri not in self.checked:
             self.refresh(uri)
         return self.checked[uri]
+
+
+def _version() -> str:
+    """cardc's version as installed (the package's metadata: this layer is below the command
+    line's, which declares it)."""
+    try:
+        return metadata.version("cardc")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 server = CardServer()
