@@ -155,6 +155,12 @@ async def test_completion_offers_symbols_names_and_cards(client: LanguageClient,
     assert arrow.text_edit.range == lsp.Range(lsp.Position(18, 4), at_arrow)
     labels = {i.label for i in items}
     assert {"W_e", "γ_f", "GPT2Block", "LayerNorm", "softmax"} <= labels
+    hover = await client.text_document_hover_async(lsp.HoverParams(
+        lsp.TextDocumentIdentifier(uri), _at(GPT2, 14, "W_e")))
+    assert hover is not None and "ℝ^{V×D}" in hover.contents.value  # the rest still answers
+    edits = await client.text_document_formatting_async(lsp.DocumentFormattingParams(
+        lsp.TextDocumentIdentifier(uri), lsp.FormattingOptions(tab_size=4, insert_spaces=True)))
+    assert not edits  # never the last parsed text over what is being typed
 
 
 async def test_document_symbols_are_the_cards_of_the_file(client: LanguageClient, folder: Path):

@@ -61,9 +61,17 @@ class CardServer(LanguageServer):
             uri, features.diagnostics(doc), version=self.workspace.get_text_document(uri).version))
 
     def document(self, uri: str) -> Document:
+        """The document's last check: what edits it (formatting, rename) reads this."""
         if uri not in self.checked:
             self.refresh(uri)
         return self.checked[uri]
+
+    def readable(self, uri: str) -> Document:
+        """The last check, or while a line being typed keeps the file from parsing (a card
+        with a syntax error has no cards) its last check that had cards: what only reads
+        (hover, definitions, references, completion, symbols) goes on working meanwhile."""
+        doc = self.document(uri)
+        return doc if doc.card_file.algorithms else self.parsed.get(uri, doc)
 
 
 def _version() -> str:
@@ -103,17 +111,17 @@ def did_close(ls: CardServer, params: lsp.DidCloseTextDocumentParams) -> None:
 
 @server.feature(lsp.TEXT_DOCUMENT_HOVER)
 def hover(ls: CardServer, params: lsp.HoverParams) -> lsp.Hover | None:
-    return features.hover(ls.document(params.text_document.uri), params.position)
+    return features.hover(ls.readable(params.text_document.uri), params.position)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DEFINITION)
 def definition(ls: CardServer, params: lsp.DefinitionParams) -> list[lsp.Location]:
-    return features.definition(ls.document(params.text_document.uri), params.position)
+    return features.definition(ls.readable(params.text_document.uri), params.position)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_REFERENCES)
 def references(ls: CardServer, params: lsp.ReferenceParams) -> list[lsp.Location]:
-    return features.references(ls.document(params.text_document.uri), params.position,
+    return features.references(ls.readable(params.text_document.uri), params.position,
                                params.context.include_declaration)
 
 
@@ -123,15 +131,13 @@ def completion(ls: CardServer, params: lsp.CompletionParams) -> lsp.CompletionLi
     uri = params.text_document.uri
     lines = ls.workspace.get_text_document(uri).lines
     line = lines[params.position.line] if params.position.line < len(lines) else ""
-    doc = ls.document(uri)
-    scope = doc if doc.card_file.algorithms else ls.parsed.get(uri, doc)
-    return features.completion(scope, params.position, line.rstrip("\r\n"))
+    return features.completion(ls.readable(uri), params.position, line.rstrip("\r\n"))
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
 def document_symbols(ls: CardServer, params: lsp.DocumentSymbolParams
                      ) -> list[lsp.DocumentSymbol]:
-    return features.document_symbols(ls.document(params.text_document.uri))
+    return features.document_symbols(ls.readable(params.text_document.uri))
 
 
 @server.feature(lsp.TEXT_DOCUMENT_PREPARE_RENAME)
