@@ -1,7 +1,8 @@
 """cardc: algorithm cards in the notation of Phuong & Hutter (arXiv:2207.09238), compiled.
 
 `check`, `render` and `fmt` never import torch; `model()`, `train()` and `sample()` do, when
-called (`train` and `sample` are `cardc.app`'s, loaded on first use).
+called (`train` and `sample` are `cardc.app`'s, loaded on first use), as do `run_with_cache()`
+and `run_with_hooks()` (cardc.runtime.observe: every value a card names, read or replaced).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .app.sampling import sample
     from .app.training import train
+    from .runtime.observe import run_with_cache, run_with_hooks
 
 __version__ = "0.1.0"
 
-__all__ = ["model", "sample", "train"]
+__all__ = ["model", "run_with_cache", "run_with_hooks", "sample", "train"]
 
 
 def model(card: str, preset: str | None = None, library: list[str] | None = None,
@@ -33,7 +35,8 @@ def model(card: str, preset: str | None = None, library: list[str] | None = None
 
 
 def __getattr__(name: str) -> Any:
-    """`cardc.train` and `cardc.sample`, imported when first asked for: they import torch."""
+    """`cardc.train`, `cardc.sample`, `cardc.run_with_cache` and `cardc.run_with_hooks`,
+    imported when first asked for: they import torch."""
     if name == "train":
         from .app.training import train
 
@@ -42,4 +45,8 @@ def __getattr__(name: str) -> Any:
         from .app.sampling import sample
 
         return sample
+    if name in ("run_with_cache", "run_with_hooks"):
+        from .runtime import observe
+
+        return getattr(observe, name)
     raise AttributeError(f"module 'cardc' has no attribute {name!r}")

@@ -176,15 +176,17 @@ Analyses = dict[s.Algorithm, ir.Analysis]
 
 
 def source(checker: Checker, alg: s.Algorithm, fuse: bool = True,
-           analyses: Analyses | None = None) -> str:
+           analyses: Analyses | None = None, observe: bool = False) -> str:
     """The generated Python module for a card."""
-    return generated(checker, alg, lowered(checker, alg, fuse, analyses))
+    return generated(checker, alg, lowered(checker, alg, fuse, analyses, observe))
 
 
 def lowered(checker: Checker, alg: s.Algorithm, fuse: bool = True,
-            analyses: Analyses | None = None) -> ir.Program:
+            analyses: Analyses | None = None, observe: bool = False) -> ir.Program:
     """A card lowered to its program; a model's carries its analysis (`ir.Analysis`).
-    `analyses`: what lowering the models it calls found, when they were built already."""
+    `analyses`: what lowering the models it calls found, when they were built already.
+    `observe`: the observed twin (cardc.lower.observe), whose modules show every value their
+    cards name to `cardc.runtime.observe`."""
     unbound = unbound_models(checker, alg)
     if unbound:
         decl = checker.info(alg).sig.models[unbound[0]].decl
@@ -194,7 +196,7 @@ def lowered(checker: Checker, alg: s.Algorithm, fuse: bool = True,
                                f"--recipe {checker.lib.file_of(alg).path}'")
         raise CardError(diags)
     try:
-        lowering = Lowering(checker, fuse, analyses or {})
+        lowering = Lowering(checker, fuse, analyses or {}, observe)
         inputs = checker.info(alg).sig.inputs
         program = lowering.procedure(alg) if any(isinstance(ty, BundleTy) for _, ty in inputs) \
             else lowering.model(alg)

@@ -18,6 +18,7 @@ from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
 from .analysis import Masking, analyse, decoded_names, positioned, record, recorded
 from .body import bound_sizes
+from .observe import observe
 from .parameters import Parameters, _ctor_dim, _ctor_value
 from .pipeline import pipeline
 from .resume import START, resumable
@@ -47,11 +48,14 @@ class Lowering(Parameters):
     """Lowers a model card and everything it calls into one `ir.Program`."""
 
     def __init__(self, checker: Checker, fuse: bool = True,
-                 analyses: Mapping[s.Algorithm, ir.Analysis] = {}):  # noqa: B006 (read only)
+                 analyses: Mapping[s.Algorithm, ir.Analysis] = {},  # noqa: B006 (read only)
+                 observe: bool = False):
         self.checker = checker
         self.lib = checker.lib
-        self.fuse = fuse
-        self.pipeline = pipeline(fuse)  # the fusion rules and passes (cardc.lower.pipeline)
+        self.fuse, self.observe = fuse, observe
+        # the fusion rules and passes (cardc.lower.pipeline)
+        self.pipeline = pipeline(fuse, observe)
+        self.cards: dict[str, s.Algorithm] = {}  # each function's and module's card, by name
         self.decoder = False  # lowering a causal language model: attention reads a KV cache
         self.masking = Masking()  # how each attention masks, reads a cache (cardc.lower.analysis)
         self.mask_sites = 0  # attention masks made once each through shared_mask, numbered from 1
@@ -82,6 +86,8 @@ class Lowering(Parameters):
         top = self.module(alg, top=True)
         for rewrite in self.pipeline.passes:
             rewrite(self.program, top, self.masking)
+        if self.pipeline.observes:
+            observe(self.program, self.cards)
         self.program.analysis = analyse(self.program, top, self.masking)
         record(self.checker, alg, self.pipeline, self.program.analysis)
         sig = self.checker.info(alg).sig
@@ -104,7 +110,7 @@ class Lowering(Parameters):
         pipeline, lowering it (once) if it never was."""
         found = recorded(self.checker, alg, self.pipeline)
         return found if found is not None else \
-            Lowering(self.checker, self.fuse).model(alg).analysis
+            Lowering(self.checker, self.fuse, observe=self.observe).model(alg).analysis
 
     def origin(self, alg: s.Algorithm) -> str:
         path = self.lib.file_of(alg).path
@@ -179,6 +185,7 @@ class Lowering(Parameters):
             prologue = []
         m.body = prologue + stmts
         self._modules[id(alg)] = m
+        self.cards[m.name] = alg
         self.program.modules.append(m)
         return m
 
@@ -434,6 +441,7 @@ class Lowering(Parameters):
         prologue = [ir.Assign((local_size(k),), v) for k, v in used.items()]
         self.program.functions.append(
             ir.Function(name, _doc(alg), self.origin(alg), args, prologue + stmts))
+        self.cards[name] = alg
         return name
 
     # ------------------------------------------------------------------ procedures

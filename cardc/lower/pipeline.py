@@ -17,6 +17,9 @@ products, attention whose queries are a product factored (its products associate
 sizes when it runs), sibling projections joined for decoding, the KV cache, values of sizes
 alone made once. `fuse=False` is the literal
 pipeline: no recogniser, no pass; it is the twin the tests compare every fusion against.
+`OBSERVED` is the literal pipeline with its maps over heads vectorised (a head's values keep a
+head axis) and every value a card names shown to an observer (cardc.lower.observe), for
+`cardc.run_with_cache`.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class Pipeline:
     call: tuple[Recogniser, ...] = ()
     expression: tuple[Recogniser, ...] = ()
     passes: tuple[Pass, ...] = ()
+    observes: bool = False  # every value a card names goes through `at.see` (cardc.lower.observe)
 
     @property
     def decodes(self) -> bool:
@@ -88,13 +92,15 @@ def _share_invariants(program: ir.Program, top: ir.Module, masking: Masking) -> 
     share_invariants(program)
 
 
+HEADS_VECTORISED = Recogniser("heads vectorised", heads.find, heads.lower)
+
 FUSED = Pipeline(
     card=(Recogniser("grouped-query attention", grouped.find, grouped.lower,
                      ("grouped_query_attention", "grouped_query_attention_biased")),),
     step=(Recogniser("attention core", attention.find, attention.lower),),
     loop=(Recogniser("attention heads", sdpa_heads.find, sdpa_heads.lower,
                      ("attention_head", "attention_head_cm", "cross_attention_head")),
-          Recogniser("heads vectorised", heads.find, heads.lower)),
+          HEADS_VECTORISED),
     recurrence=(Recogniser("linear scan", recurrence.find, recurrence.lower),),
     call=(Recogniser("norm", norms.find, norms.lower,
                      ("layer_norm_ε", "layer_norm", "rms_norm", "rms_norm_offset",
@@ -111,9 +117,11 @@ FUSED = Pipeline(
 
 LITERAL = Pipeline()
 
+OBSERVED = Pipeline(loop=(HEADS_VECTORISED,), observes=True)
 
-def pipeline(fuse: bool) -> Pipeline:
-    return FUSED if fuse else LITERAL
+
+def pipeline(fuse: bool, observe: bool = False) -> Pipeline:
+    return OBSERVED if observe else FUSED if fuse else LITERAL
 
 
 def first(recognisers: tuple[Recogniser, ...], *subject: Any) -> Any:
