@@ -7,6 +7,7 @@ and `run_with_hooks()` (cardc.runtime.observe: every value a card names, read or
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-__all__ = ["model", "run_with_cache", "run_with_hooks", "sample", "train"]
+__all__ = ["load", "model", "run_with_cache", "run_with_hooks", "sample", "train"]
 
 
 def model(card: str, preset: str | None = None, library: list[str] | None = None,
@@ -32,6 +33,15 @@ def model(card: str, preset: str | None = None, library: list[str] | None = None
     if isinstance(library, str):
         library = [library]
     return build_model(card, preset, overrides, library, name)
+
+
+def load(run: str | os.PathLike[str], device: str = "cpu"):
+    """The model of a finished run (`cardc train … --out RUN`, `cardc import … --out RUN`),
+    rebuilt from the cards its checkpoint records, with its weights, in evaluation mode."""
+    from .app.runs import trained_model
+
+    _, built, _ = trained_model(os.fspath(run), device)
+    return built.eval()
 
 
 def __getattr__(name: str) -> Any:

@@ -291,6 +291,16 @@ def card_line(err: BaseException) -> str | None:
     return found
 
 
+class ZeroSize(ValueError):
+    """Hyperparameters of value 0 where the model divides by one of them."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        them = "it" if len(names) == 1 else "one of them"
+        super().__init__(f"{' and '.join(f'{n} = 0' for n in names)}: the model divides by "
+                         f"{them} (as d = D/H divides by H); make {them} a positive whole number")
+
+
 def instantiate(checker: Checker, alg: s.Algorithm, values: dict[str, float], fuse: bool = True):
     """Generate `alg`'s module, then build its class; `values` are keyed by Python name."""
     program = lowered(checker, alg, fuse)
@@ -303,7 +313,10 @@ def instantiate(checker: Checker, alg: s.Algorithm, values: dict[str, float], fu
     if missing:
         raise ValueError(f"'{alg.label}' needs values for {', '.join(missing)}: "
                          "choose a preset or set them")
-    model = cls(**kwargs)
+    try:
+        model = cls(**kwargs)
+    except ZeroDivisionError:  # a size the card divides by (d = D/H), given as 0
+        raise ZeroSize([k for k, v in kwargs.items() if v == 0]) from None
     model.analysis = program.analysis  # what its lowering found (cardc.lower.analysis)
     return model, kwargs
 
@@ -420,6 +433,9 @@ def rebuild_model(meta: dict[str, Any], stored: int | None = None):
         except ValueError as err:  # name the recorded cards as the checkpoint does
             raise ValueError(str(err).replace(f"{tmp}{os.sep}", "")) from None
         model, _ = instantiate(checker, alg, hypers)
+    # what build_model records, so the rebuilt model can be rebuilt again (cardc.run_with_cache)
+    model.card_meta = {k: meta[k] for k in ("card", "name", "preset", "hyperparameters", "cards")
+                       if k in meta}
     return model
 
 

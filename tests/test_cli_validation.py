@@ -283,11 +283,10 @@ def no_model(monkeypatch):
 
 
 @pytest.mark.parametrize("config, message", [
-    (dict(n_head=0), "config.json has n_head = 0; the card's H must be a positive whole number"),
-    (dict(n_embd=-128), "config.json has n_embd = -128; the card's D must be a positive whole "
-                        "number"),
-    (dict(n_layer=2.5), "config.json has n_layer = 2.5; the card's N must be a positive whole "
-                        "number"),
+    (dict(n_head=0), "config.json has n_head = 0; the card's H must be a positive whole number: "
+                     "the card divides by it"),
+    (dict(n_embd=-128), "config.json has n_embd = -128; the card's D must be a whole number"),
+    (dict(n_layer=2.5), "config.json has n_layer = 2.5; the card's N must be a whole number"),
     (dict(n_layer=10**6), "config.json's sizes (vocab_size = 300, n_embd = 48, n_head = 4, "
                           "n_layer = 1,000,000, n_positions = 64, n_inner = 192) make "
                           "28,272,017,568 parameters, but the checkpoint holds 14,400 values; "

@@ -155,3 +155,20 @@ def test_observing_needs_a_run_and_a_card():
         observing(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="only a model built from a card"):
         run_with_cache(torch.nn.Linear(2, 2), torch.zeros(2))
+
+
+def test_a_trained_run_is_observed_from_its_checkpoint(tmp_path, monkeypatch):
+    """`cardc.load` rebuilds a run's model from the cards its checkpoint records, and those
+    cards are what its observed twin is lowered from: no card file is read from disk."""
+    monkeypatch.chdir(tmp_path)
+    card = tmp_path / "tiny.card"
+    card.write_text((ROOT / "cards" / "gpt2.card").read_text(encoding="utf-8"), encoding="utf-8")
+    cardc.train(str(card), preset="tiny", overrides={"D": 32, "N": 1, "D_f": 64}, steps=2,
+                batch_size=2, block_size=16, eval_every=1, out="run", device="cpu")
+    card.unlink()
+    model = cardc.load("run")
+    x = torch.tensor([list(b"The cat")])
+    with torch.no_grad():
+        logits, cache = run_with_cache(model, x)
+        torch.testing.assert_close(logits, model(x), atol=1e-5, rtol=1e-5)
+    assert cache["block.0.attn.AttentionHead.S@5"].shape == (1, 4, 7, 7)

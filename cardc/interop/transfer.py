@@ -45,7 +45,14 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
     The card is `name`, else the one whose mapping fits config.json (`select_for_config`).
     Hyperparameters come from the preset, else from config.json; `overrides` apply last.
     `model.card_meta` records the import and the mapping, so the checkpoint exports anywhere."""
-    from ..build import build_model, checked, find_card, library_roots, record_sampler
+    from ..build import (
+        ZeroSize,
+        build_model,
+        checked,
+        find_card,
+        library_roots,
+        record_sampler,
+    )
     from ..presets import find_preset
     from ..runtime.checkpoint import load_state
 
@@ -70,7 +77,13 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
     if hypers and preset is None:  # the mapping's own count first: it names the layers
         mapping.layer_count({identifier(k): v for k, v in {**hypers, **(overrides or {})}.items()})
     check_card_sizes(checker, alg, mapping, hypers, preset, overrides or {})
-    model = build_model(card, preset, {**hypers, **(overrides or {})}, library, mapping.card)
+    try:
+        model = build_model(card, preset, {**hypers, **(overrides or {})}, library, mapping.card)
+    except ZeroSize as err:
+        zero = [n for n in hypers if identifier(n) in err.names]
+        if not zero:
+            raise
+        raise RuntimeInputError(_divides_by_zero(mapping, zero[0])) from None
     expected = model.state_dict()
     state = to_card_state(mapping, hf_state, expected, _layers(mapping, model.card_meta),
                           model.card_meta["hyperparameters"])
@@ -80,6 +93,11 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
                                  "token_ids": kept_token_ids(config or {}, mapping)}
     record_sampler(model.card_meta, lib, checker, alg)
     return model
+
+
+def _divides_by_zero(mapping: Mapping, name: str) -> str:
+    return (f"config.json {describe(mapping.hyperparameters[name], 0)}; the card's {name} must "
+            "be a positive whole number: the card divides by it")
 
 
 def check_card_hypers(sig: Any, mapping: Mapping) -> None:
@@ -100,23 +118,20 @@ def check_card_hypers(sig: Any, mapping: Mapping) -> None:
 def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: str | None,
                 overrides: dict[str, float], hf_state: dict[str, torch.Tensor]) -> None:
     """Refuse config.json sizes the card cannot be built at, before any tensor is allocated:
-    a dimension that is not a positive whole number (`n_head = 0`), a value outside the range
-    the card declares, or more parameters than the source's tensors hold (`n_layer = 10^6`)."""
-    from .. import syntax as s
+    a size that is not a whole number (`n_head = 2.5`), a value outside the range the card
+    declares, or more parameters than the source's tensors hold (`n_layer = 10^6`)."""
     from ..info import PresetError, check_ranges, count, preset_values
     from ..types import BundleTy
 
     sig = info.sig
-    ranged = {n for d in sig.alg.decls("Hyperparameters")  # {0..V}: check_ranges bounds it
-              if isinstance(d, s.Decl) and isinstance(d.type, s.IntRange) for n in d.names}
     for name, value in hypers.items():
         spec = sig.hypers.get(name)
-        least = 0 if name in ranged else 1
-        if spec is not None and spec.elem == "ℕ" and not (value >= least and
+        # ℕ holds 0: a count of layers or of experts may be 0; one the card divides by may not,
+        # which building the model finds (ZeroSize, in import_hf)
+        if spec is not None and spec.elem == "ℕ" and not (value >= 0 and
                                                           float(value).is_integer()):
-            what = "a whole number" if least == 0 else "a positive whole number"
             raise RuntimeInputError(f"config.json {describe(mapping.hyperparameters[name], value)}"
-                                    f"; the card's {name} must be {what}")
+                                    f"; the card's {name} must be a whole number")
     try:
         values = preset_values(sig, preset, {**hypers, **overrides})
         check_ranges(sig.alg, values)
@@ -125,6 +140,12 @@ def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: s
         keys = [mapping.hyperparameters[n].key for n in hypers if f"'{n}'" in err.message]
         raise RuntimeInputError(f"config.json{' (' + keys[0] + ')' if keys else ''}: "
                                 f"{err.message}") from None
+    except ZeroDivisionError:  # a size the card divides by (d = D/H), given as 0
+        zero = [n for n, v in {**hypers, **overrides}.items() if v == 0]
+        if not zero or zero[0] not in hypers:
+            raise RuntimeInputError(f"{', '.join(f'{n} = 0' for n in zero) or 'a size of 0'}: "
+                                    "the card divides by it") from None
+        raise RuntimeInputError(_divides_by_zero(mapping, zero[0])) from None
     except (ArithmeticError, ValueError) as err:
         raise RuntimeInputError(f"config.json: these sizes do not build the card: {err}") from None
     held = sum(t.numel() for t in hf_state.values())
