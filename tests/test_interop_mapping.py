@@ -241,8 +241,8 @@ def test_computed_value_that_is_not_whole_is_refused_by_name():
     check_sizes(info, m, hypers, None, {}, held)
     hypers = preset_from_config({**config, "mlp_ratio": 3.51}, m)
     with pytest.raises(RuntimeInputError, match=re.escape(
-            "config.json gives n_embd * mlp_ratio = 168.48; the card's D_f must be a positive "
-            "whole number")):
+            "config.json gives n_embd * mlp_ratio = 168.48; the card's D_f must be a whole "
+            "number")):
         check_sizes(info, m, hypers, None, {}, held)
 
 
@@ -1094,3 +1094,17 @@ def test_a_bad_second_index_is_one_clear_error(indices, tensors, message):
         mapping({"N": "num_hidden_layers", "E": "num_local_experts"}, tensors, layers="N",
                 indices=indices)
     assert str(err.value) == message or str(err.value).startswith(message), err.value
+
+
+def test_a_misspelt_entry_key_is_refused(tmp_path):
+    """`"tranpose": true` must not load the square matrix untransposed without a word."""
+    import json
+
+    from cardc.interop.mapping import parse_mapping
+
+    raw = json.loads((ROOT / "cards" / "gpt2.hf.json").read_text(encoding="utf-8"))
+    raw["tensors"]["transformer.wte.weight"] = {"card": "W_e", "tranpose": True}
+    with pytest.raises(Exception, match=r"tensor 'transformer.wte.weight': unknown key "
+                                        r"'tranpose' \(an entry takes axis, card, chunk, shape, "
+                                        r"transpose\)"):
+        parse_mapping(raw, str(tmp_path / "x.hf.json"))

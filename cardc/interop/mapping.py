@@ -654,12 +654,20 @@ def _check_written_once(hypers: dict[str, Hyper], fixed: dict[str, str], need: N
                      f"'{name}' and in '{where}'{part}: a value is set in one place")
 
 
+ENTRY_KEYS = frozenset({"card", "transpose", "chunk", "axis", "shape"})  # besides "fused"
+
+
 def _entry(hf: str, spec: Any, need: Need) -> Entry:
     spec = {"card": spec} if isinstance(spec, str) else spec
     if isinstance(spec, dict) and "fused" in spec:
         return _fused_entry(hf, spec, need)
     need(isinstance(spec, dict) and isinstance(spec.get("card"), str),
          f"tensor '{hf}' must map to a card tensor name")
+    unknown = sorted(set(spec) - ENTRY_KEYS)  # a misspelt "tranpose" would load wrong weights
+    need(not unknown, f"tensor '{hf}': unknown key {unknown[0]!r} (an entry takes "
+         f"{', '.join(sorted(ENTRY_KEYS))})" if unknown else "")
+    need(type(spec.get("transpose", False)) is bool,
+         f"tensor '{hf}': 'transpose' must be true or false")
     chunk, axis = spec.get("chunk", [0, 1]), spec.get("axis", 0)
     need(isinstance(chunk, list) and len(chunk) == 2 and all(type(c) is int for c in chunk)
          and 0 <= chunk[0] < chunk[1], f"tensor '{hf}': 'chunk' must be [k, n] with 0 <= k < n")
@@ -673,7 +681,7 @@ def _entry(hf: str, spec: Any, need: Need) -> Entry:
             _parse(n, f"tensor '{hf}': 'shape'", need)
     need(shape is None or chunk == [0, 1],
          f"tensor '{hf}': 'shape' cannot be combined with 'chunk'")
-    return Entry(hf, spec["card"], spec.get("transpose", False) is True, (chunk[0], chunk[1]), axis,
+    return Entry(hf, spec["card"], spec.get("transpose", False), (chunk[0], chunk[1]), axis,
                  None if shape is None else tuple(shape))
 
 
