@@ -231,6 +231,24 @@ def test_prose_cannot_inject_markup(tmp_path):
     assert run.stdout.count(escaped) >= 5, run.stdout  # in the tips and titles too
 
 
+def test_prose_math_is_well_formed_and_escaped(tmp_path):
+    """Math found in prose beside markup, and in names that hold it, is MathML Core, its text
+    escaped; names in it carry their shapes as the steps' do."""
+    prose = "x_{<b>} W^⊺<i> </math> <script>x</script> t − 1 < d, d/2"
+    card = tmp_path / "math.card"
+    card.write_text(f"Algorithm: y ← Math(x | W)\n/* {prose} */\nInput: x ∈ ℝ^{{d}}, {prose}\n"
+                    "Output: y ∈ ℝ^{d}\nHyperparameters: d ∈ ℕ\nParameters: W ∈ ℝ^{d×d}\n"
+                    f"1 y ← W x  ▷ {prose}\n2 return y\n", encoding="utf-8")
+    run = _html(card)
+    assert run.returncode == 0, run.stderr
+    parser = _check_page(run.stdout)
+    assert "script" not in parser.tags and "i" not in parser.tags
+    comment = re.search(r'<div class="comment">(.*?)</div>', run.stdout).group(1)
+    assert comment.count("<math>") == 4 and "&lt;/math&gt; &lt;script&gt;<math>" in comment
+    assert re.search(r'<msup><mi class="ic name s\d+" title="W ∈ ℝ\^\{d×d\}" '
+                     r'mathvariant="bold-italic">𝑾</mi><mo>⊺</mo></msup>', comment)
+
+
 def test_names_cannot_inject_markup():
     """Names and numbers reach the page escaped, whatever a parser would let through."""
     bad = '</math><script>"&'

@@ -111,7 +111,7 @@ def test_every_card_renders_as_ascii(card, rendered):
 
 def test_prose_cannot_break_the_document(tmp_path):
     """Comments and declarations holding every character TeX treats specially compile, and
-    the PDF reads them back as written."""
+    the PDF reads them back as written; the math among them (`x_i y^2`) is typeset."""
     nasty = r"costs 5% of $2 {a} #1 x_i y^2 a\b & c ~ d"
     card = tmp_path / "nasty.card"
     card.write_text(f"Algorithm: y ← Nasty(x)\n/* {nasty} */\n"
@@ -123,8 +123,24 @@ def test_prose_cannot_break_the_document(tmp_path):
     pdf = _compile(run.stdout, tmp_path)
     words = subprocess.run([_tool("pdftotext"), str(pdf), "-"], capture_output=True,
                            text=True).stdout
-    for piece in ("5%", "$2", "{a}", "#1", "x_i", "y^2", "a\\b", "& c", "~ d"):
+    for piece in ("5%", "$2", "{a}", "#1", "a\\b", "& c", "~ d"):
         assert words.count(piece) >= 3, (piece, words)  # the comment, the input, the note
+    assert run.stdout.count(r"\#1 $x_{i} \, y^{2}$ a\textbackslash{}b") == 3
+
+
+def test_prose_math_compiles(tmp_path):
+    """Math found in prose beside TeX's special characters, and in names that hold them
+    (`x_{\\input}`), compiles: its names and operators are math, never commands."""
+    prose = r"x_i\input{a} $x$ x_{<b>} x_{\input} W^⊺<i> 5% t − 1 < d, T × d/2 #1"
+    card = tmp_path / "math.card"
+    card.write_text(f"Algorithm: y ← Math(x | W)\n/* {prose} */\nInput: x ∈ ℝ^{{d}}, {prose}\n"
+                    "Output: y ∈ ℝ^{d}\nHyperparameters: d ∈ ℕ\nParameters: W ∈ ℝ^{d×d}\n"
+                    f"1 y ← W x  ▷ {prose}\n2 return y\n", encoding="utf-8")
+    run = _latex(card, "--standalone")
+    assert run.returncode == 0, run.stderr
+    math = r"$x_{<b>} \, x_{{\backslash}input} \, {\boldsymbol{W}}^{\intercal} < i$"
+    assert run.stdout.count(math) == 3
+    assert _compile(run.stdout, tmp_path).stat().st_size > 1000
 
 
 def test_text_escapes_and_keeps_ascii():

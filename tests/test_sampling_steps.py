@@ -111,7 +111,7 @@ def test_the_library_card_checks_and_names_its_bounds():
                r"\mid k\right) \mid p\right)"]),
     ("md", [r"q \propto \mathrm{top}_{p}\left(\mathrm{top}_{k}\left("]),
     ("html", ['<mo>∝</mo><mrow><msub><mi mathvariant="normal">top</mi><mi>p</mi></msub>',
-              '<mo stretchy="false">∣</mo><mi class="name s6" title="k ∈ ℕ']),
+              '<mo stretchy="false">∣</mo><mi class="name s4" title="k ∈ ℕ']),
 ])
 def test_the_filters_render_in_every_format(capsys, to, parts):
     assert main(["render", "--to", to, str(SAMPLING.relative_to(ROOT))]) == 0

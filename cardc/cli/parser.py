@@ -146,6 +146,9 @@ def _diff(sub) -> argparse.ArgumentParser:
     d.add_argument("b", help="the card file to compare it with")
     d.add_argument("--name-a", help="which card of the first file (default: its model card)")
     d.add_argument("--name-b", help="which card of the second file (default: its model card)")
+    d.add_argument("--to", default="text", choices=["text", "html"],
+                   help="the output format: text, or an HTML page of both cards' pseudocode "
+                        "with the steps that differ boxed (default: text)")
     return d
 
 

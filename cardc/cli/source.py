@@ -110,7 +110,8 @@ def _render_typeset(args: argparse.Namespace, paths: list[Path]) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    """`cardc diff A B`: the architecture difference of two model cards, step by step."""
+    """`cardc diff A B`: the architecture difference of two model cards, step by step; with
+    `--to html`, a page of their pseudocode with the steps that differ boxed."""
     from ..build import checked, find_card
     from ..diff import diff_cards
 
@@ -118,6 +119,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     lib, checker, _ = checked([args.a, args.b], library(args, [args.a]))
     a = find_card(lib, checker, args.a, args.name_a)
     b = find_card(lib, checker, args.b, args.name_b)
+    if args.to == "html":
+        from ..docs.boxed import diff_page
+
+        sys.stdout.write(diff_page(checker, a, b))
+        return EXIT_OK
     print("\n".join(diff_cards(checker, a, b)))
     return EXIT_OK
 

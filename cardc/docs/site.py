@@ -3,7 +3,9 @@
 `index.html` lists the cards by folder; each card has a page (`<folder>-<file>.<card>.html`)
 with its pseudocode (cardc.render.html: MathML, shapes on hover), its generated Python beside
 it (cardc.docs.code), its presets' parameters and FLOPs, the cards it calls and that call it,
-its architecture diff against the cards most like it (cardc.diff), and its LaTeX to download.
+its architecture diff against the cards most like it (cardc.diff: each such card's pseudocode
+with the steps that differ boxed, cardc.docs.boxed, the diff's text as its caption), and its
+LaTeX to download.
 Every page has a sidebar listing the cards under the index's headings, the page's own marked,
 and a search box over the cards, the names they declare and their prose (cardc.docs.search:
 the index is a script, `search-index.js`, as a page read from file:// may fetch nothing). The
@@ -26,7 +28,7 @@ from markupsafe import Markup
 from .. import syntax as s
 from ..checker import Checker
 from ..diagnostics import Diagnostics
-from ..diff import diff_cards
+from ..diff import changes, diff_cards
 from ..flops import card_cost
 from ..highlight import highlight_card_html
 from ..info import PresetError, byte_size, figure, number, polynomial, summarize
@@ -36,11 +38,23 @@ from ..render.latex import render_latex
 from ..runtime.runs import check_destination, staged_run
 from ..spelling import display
 from .anchors import anchored_figure
+from .boxed import BOXED_CSS, boxed_figure, legend
 from .catalog import Page, catalog
 from .code import Code, card_code, stylesheet
 from .search import search_index, search_script
 
 DOCS = "docs"  # the kind of folder a site is (runtime.manifest)
+
+
+@dataclass
+class Related:
+    """A card like the page's, as the page compares them: its figure with what differs boxed,
+    the legend of the boxes, and the lines of `cardc diff` (without its head line)."""
+
+    page: Page
+    figure: Markup
+    legend: Markup
+    lines: list[str]
 
 
 @dataclass
@@ -78,7 +92,7 @@ def write_site(lib: Library, checker: Checker, diags: Diagnostics, targets: list
 
 def _assets(env: Environment, pages: list[Page]) -> dict[str, str]:
     """The files every page loads: the stylesheet, the search script and its index."""
-    css = "\n".join([card_html.CSS, stylesheet(), _raw(env, "site.css.j2")])
+    css = "\n".join([card_html.CSS, stylesheet(), BOXED_CSS, _raw(env, "site.css.j2")])
     return {"style.css": css, "search.js": _raw(env, "search.js.j2"),
             "search-index.js": search_script(search_index(pages, _summary))}
 
@@ -123,9 +137,22 @@ def _page(env: Environment, page: Page, pages: list[Page], checker: Checker,
         parts=[(folded, [(n, Markup(line)) for n, line in rows]) for folded, rows in code.parts()],
         missing=code.missing,
         presets=_presets(checker, page) if checked else [], errors=errors,
-        diffs=[(other, diff_cards(checker, page.alg, other.alg)[1:]) for other in page.related],
+        related=_related(checker, page, pages),
         tex=_tex(page), summary=_summary, folders=_folders(pages), current=page.href,
         source=Markup(_card_source(checker, page)))
+
+
+def _related(checker: Checker, page: Page, pages: list[Page]) -> list[Related]:
+    """The cards most like the page's, each drawn with its steps that differ from the page's
+    boxed: the reader sees what changes in the notation it is written in."""
+    out = []
+    for n, other in enumerate(page.related, 1):
+        changed = changes(checker, page.alg, other.alg)[1]
+        figure = boxed_figure(other.alg, checker, changed, page.label, _callee_link(pages),
+                              f"related-{n}", other.href)
+        out.append(Related(other, Markup(figure), Markup(legend(changed, page.label)),
+                           diff_cards(checker, page.alg, other.alg)[1:]))
+    return out
 
 
 def _card_source(checker: Checker, page: Page) -> str:
@@ -195,7 +222,8 @@ def _presets(checker: Checker, page: Page) -> list[Preset]:
         named = [k for k, _ in preset.values]  # the preset's own order, then the defaults
         order = sorted(summary.values, key=lambda k: (k not in named, named.index(k)
                                                       if k in named else 0))
-        values = ", ".join(f"{k} = {number(summary.values[k])}" for k in order)
+        values = Markup(card_html.assignments_html(  # the names as the card's math sets them
+            page.alg, checker, [(k, number(summary.values[k])) for k in order]))
         memory = ", ".join(f"{byte_size(summary.parameters * n)} {k}"
                            for k, n in (("fp32", 4), ("bf16", 2)))
         flops = ""

@@ -26,8 +26,10 @@ cardc.render.breaks that would fit it in such a line, each piece a `<math>` of i
 are not laid out by Chromium). The figure carries the rules this needs (`LINES_CSS`) in a
 `<style>` of its own, wherever it is shown.
 
-All card text is escaped (`html.escape`): prose, names and numbers cannot open markup. The page
-fetches nothing: its fonts are the reader's own, its links are anchors or relative paths.
+Math written in prose is MathML as the steps' math is (cardc.render.prose), its names with their
+shapes on hover; a tip sets its declaration's prose so too. All card text is escaped
+(`html.escape`): prose, names and numbers cannot open markup. The page fetches nothing: its
+fonts are the reader's own, its links are anchors or relative paths.
 """
 
 from __future__ import annotations
@@ -41,9 +43,8 @@ from .. import syntax as s
 from ..builtins import UPRIGHT
 from ..checker import Checker
 from ..spelling import display
-from ..types import BundleTy, Ty
 from .breaks import BREAK, pieces, points, width
-from .latex import _WORD, HANG, LatexRenderer, typography
+from .latex import HANG, LatexRenderer, typography
 from .mathml import (
     ELLIPSIS,
     REL,
@@ -62,6 +63,7 @@ from .mathml import (
     tag,
     with_class,
 )
+from .prose import Formula
 from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TEXT, TIGHT, notation
 
 Link = Callable[[s.Algorithm], str | None]
@@ -92,8 +94,6 @@ class HtmlRenderer(LatexRenderer):
 
     def __init__(self, bold: frozenset[str] = frozenset(), vectors: frozenset[int] = frozenset()):
         super().__init__(bold, vectors)
-        self.at: dict[int, Ty] = {}  # a name node's type there
-        self.named: dict[str, Ty] = {}  # a name's declared (or first inferred) type
         self.about: dict[str, str] = {}  # a declared name's prose
         # a name's shape as text → n of its class s{n} (in order of appearance), and its tip
         self.tips: dict[str, tuple[int, str]] = {}
@@ -101,35 +101,19 @@ class HtmlRenderer(LatexRenderer):
         self.link: Link = lambda alg: None
         self.line_ids = True
         self.wrapped = False  # whether a step of the figure wraps: LINES_CSS goes with it
+        self.plain = False  # while a tip's prose is set: its names carry no tips of their own
 
     def attach(self, checker: Checker | None, alg: s.Algorithm, link: Link) -> None:
-        """Take the shapes and the calls the checker found in `alg`."""
+        """Take the declarations' prose and the calls the checker found in `alg` (the types
+        `typography` took)."""
         self.link = link
         info = checker.infos.get(id(alg)) if checker is not None else None
         if info is None:
             return
-        self.at = {k: t for k, t in info.types.items() if isinstance(t, Ty)}
-        for n in s.nodes(alg.steps):  # a target is typed by what it is given
-            if isinstance(n, s.Assign) and isinstance(n.target, s.Name) and \
-                    isinstance(info.types.get(id(n.value)), Ty):
-                self.at.setdefault(id(n.target), info.types[id(n.value)])
-        sig = info.sig
-        declared: list[tuple[str, object]] = [*sig.inputs, *sig.hypers.items()]
-        outs = alg.outputs or tuple(n for d in alg.decls("Output") if isinstance(d, s.Decl)
-                                    for n in d.names)  # a titled card's one Output
-        if sig.output is not None and (alg.outputs or len(outs) == 1):
-            declared.append((outs[0], sig.output))
-        declared += [(o, ty) for o, ty in zip(alg.outputs[1:], sig.more, strict=True) if ty]
-        declared += _members(sig.tree)
-        declared += [(n.id, self.at[id(n)]) for n in s.nodes(alg.steps)
-                     if isinstance(n, s.Name) and id(n) in self.at]
-        for name, ty in declared:
-            if isinstance(ty, Ty):
-                self.named.setdefault(name, ty)
         for d in checker.decls(alg):
             if isinstance(d, s.Decl) and d.prose:
                 for name in d.names:
-                    self.about.setdefault(name, display(d.prose))
+                    self.about.setdefault(name, d.prose)
         self.callees = {k: c.callee for k, c in info.calls.items()
                         if isinstance(c.callee, s.Algorithm)}
 
@@ -138,8 +122,16 @@ class HtmlRenderer(LatexRenderer):
             return f"<math>{_unwrapped(tex)}</math>"
         return "<wbr>".join(f"<math>{_unwrapped(p)}</math>" for p in split_rows(tex))
 
-    def prose(self, words: str) -> str:
-        return escape(display(words))
+    def words(self, prose: str) -> str:
+        return escape(display(prose))
+
+    def formula(self, f: Formula) -> str:
+        if isinstance(f.parts[0], s.Decl):
+            return self.decl_math(f.parts[0], label=True)
+        out = [self.text(f.parts[0])]
+        for rel, part in zip(f.relations, f.parts[1:], strict=True):
+            out += [mo(rel), self.text(part)]
+        return row(*out)
 
     def sub(self, node: object, min_prec: int, tail: bool = True) -> str:
         if self.precedence(node) < min_prec or (not tail and isinstance(node, s.Sum)):
@@ -151,15 +143,25 @@ class HtmlRenderer(LatexRenderer):
         out = symbol(name, bold)
         ty = self.at.get(id(node)) if node is not None else None
         ty = ty or self.named.get(name)
-        if ty is None:
+        if ty is None or self.plain:
             return out
         shape = f"{display(name)} ∈ {ty}"
         about = self.about.get(name)
         if shape not in self.tips:  # the tip typesets what the title spells
-            tip = self.math(row(symbol(name, bold), mo("∈"), shape_math(ty)))
-            self.tips[shape] = (len(self.tips) + 1, tip + (f" — {escape(about)}" if about else ""))
+            tip = self.math(row(symbol(name, self.bolded(name)), mo("∈"), shape_math(ty)))
+            said = f" — {self.tip_prose(about)}" if about else ""
+            self.tips[shape] = (len(self.tips) + 1, tip + said)
         n = self.tips[shape][0]
-        return with_class(out, f"name s{n}", title=shape + (f", {about}" if about else ""))
+        said = f", {display(about)}" if about else ""
+        return with_class(out, f"name s{n}", title=shape + said)
+
+    def tip_prose(self, prose: str) -> str:
+        """A declaration's prose as its tip shows it: its math set, its names without tips."""
+        self.plain, was = True, self.plain
+        try:
+            return self.prose(prose)
+        finally:
+            self.plain = was
 
     def tip_html(self, anchor: str) -> list[str]:
         """The hidden tips of the names shown, and the rules that show them on hover."""
@@ -175,9 +177,9 @@ class HtmlRenderer(LatexRenderer):
     # ------------------------------------------------------------------ expressions
 
     def text_Name(self, node: s.Name, tail: bool) -> str:
-        if node.id in UPRIGHT and node.id not in self.bold:  # log, exp: upright
+        if node.id in UPRIGHT and not self.bolded(node.id):  # log, exp: upright
             return self.function(node.id)
-        return self.symbol(node.id, node.id in self.bold, node)
+        return self.name_math(node.id, node)
 
     def text_Num(self, node: s.Num, tail: bool) -> str:
         return number(node.text, id(node) in self.vectors)
@@ -240,6 +242,8 @@ class HtmlRenderer(LatexRenderer):
         if node.params or node.bar:
             params = joined(self.marked(node, [self.text(p) for p in node.params], len(args)))
             inner = row(inner, mo("∣", stretchy="false"), self.mark(node, len(args)) + params)
+        if self.lettered(node.func):  # P(θ): a name, its value's type
+            return row(corrected(self.name_math(node.func, node)), fenced(inner))
         callee = self.callees.get(id(node))
         href = self.link(callee) if callee is not None else None
         return row(self.function(node.func, href), fenced(inner))
@@ -264,7 +268,7 @@ class HtmlRenderer(LatexRenderer):
         return fenced(self.text(node.operand), "‖", "‖")
 
     def text_Sum(self, node: s.Sum, tail: bool) -> str:
-        index = self.symbol(node.index)
+        index = self.name_math(node.index)
         if node.over is not None:
             head = tag("munder", mo("∑"), row(index, mo("∈"), self.sub(node.over, SUM)))
         elif node.lo is None and node.hi is None:
@@ -282,7 +286,7 @@ class HtmlRenderer(LatexRenderer):
                    self.mark(node, 1) + joined(probs, mtext("or")))
 
     def text_SetBuilder(self, node: s.SetBuilder, tail: bool) -> str:
-        inner = row(self.symbol(node.var), mo("∈"), self.sub(node.domain, SUM),
+        inner = row(self.name_math(node.var), mo("∈"), self.sub(node.domain, SUM),
                     mo(":", lspace=REL, rspace=REL),
                     self.sub(node.cond, COND))
         return fenced(inner, "{", "}", stretchy=False)
@@ -314,13 +318,13 @@ class HtmlRenderer(LatexRenderer):
         return fenced(self.text(node.size), "[", "]", stretchy=False)
 
     def text_Sequences(self, node: s.Sequences, tail: bool) -> str:
-        return tag("msup", self.symbol(node.of), mo("*"))
+        return tag("msup", self.name_math(node.of), mo("*"))
 
     def text_Iso(self, node: s.Iso, tail: bool) -> str:
-        return row(self.symbol(node.name), mo("≅"), self.text(node.of))
+        return row(self.name_math(node.name), mo("≅"), self.text(node.of))
 
     def text_Simplex(self, node: s.Simplex, tail: bool) -> str:
-        return row(mi("Δ", mathvariant="normal"), fenced(self.symbol(node.over)))
+        return row(mi("Δ", mathvariant="normal"), fenced(self.name_math(node.over)))
 
     def text_Tensor(self, node: s.Tensor, tail: bool) -> str:
         dims = joined((self.dim_text(node, d) for d in node.dims), "×")
@@ -333,18 +337,17 @@ class HtmlRenderer(LatexRenderer):
     def text_CardType(self, node: s.CardType, tail: bool) -> str:
         window = []
         if node.window:
-            window = [mtext("for"), self.symbol(node.length or ""), mo("≤"),
-                      self.symbol(node.window)]
+            window = [mtext("for"), self.name_math(node.length or ""), mo("≤"),
+                      self.name_math(node.window)]
         return row(self.text(node.input), mo("→"), self.text(node.output), *window)
 
     # ------------------------------------------------------------------ declarations
 
     def decl_math(self, node: s.Decl, label: bool = False) -> str:
-        """As LatexRenderer.decl_math: a `label` (a step's annotation) is bold only for a name
-        of the card's, and upright for a word (`Query`)."""
-        bold = not label and isinstance(node.type, s.Tensor)
-        names = [self.symbol(n, bold or n in self.bold) if not label or n in self.bold or
-                 not _WORD.fullmatch(n) else mi(n) for n in node.names]
+        """As LatexRenderer.decl_math: in a `label` (a step's annotation, prose) a word that
+        names nothing of the card's is upright (`Query`)."""
+        names = [mi(n) if label and self.unknown_word(n) else self.name_math(n)
+                 for n in node.names]
         out = [joined(names)]
         if node.type is not None:
             out += [mo("∈"), self.text(node.type)]
@@ -364,11 +367,11 @@ class HtmlRenderer(LatexRenderer):
     def decl_tex(self, node: s.Decl) -> str:
         out = self.math(self.decl_math(node))
         if node.pad is not None:
-            out += f", padding row {self.math(self.symbol(node.pad))}"
+            out += f", padding row {self.math(self.name_math(node.pad))}"
         if node.seed:
             out += ", seed of every random draw"
         if node.format_of is not None:
-            out += f", number format of {self.math(self.symbol(node.format_of))}"
+            out += f", number format of {self.math(self.name_math(node.format_of))}"
         if node.prose is not None:
             out += ", " + self.prose(node.prose)
         return out + self.prose(node.end)
@@ -376,20 +379,20 @@ class HtmlRenderer(LatexRenderer):
     def item_tex(self, item: s.Item, depth: int) -> list[str]:
         indent = self.indent * depth
         if isinstance(item, s.Bundle):
-            head = f"{self.math(self.symbol(item.name))} {self.prose(item.intro)}:"
+            head = f"{self.math(self.name_math(item.name))} {self.prose(item.intro)}:"
             if item.prose is not None:
                 head += " " + self.prose(item.prose)
             return [indent + head, *self.items_tex(item.items, depth + 1)]
         if isinstance(item, s.Family):
             binder = "=" if isinstance(item.over, s.Range) else "∈"
-            head = row(self.symbol(item.index), mo(binder), self.text(item.over))
+            head = row(self.name_math(item.index), mo(binder), self.text(item.over))
             return [indent + f"For {self.math(head)}:", *self.items_tex(item.items, depth + 1)]
         if isinstance(item, s.Dataset):
-            elems = joined(self.symbol(e) for e in item.elems)
+            elems = joined(self.name_math(e) for e in item.elems)
             if len(item.elems) > 1:
                 elems = fenced(elems)
             line = self.math(tag("msubsup", fenced(elems, "{", "}", stretchy=False),
-                                 row(self.symbol(item.index), mo("="), self.text(item.lo)),
+                                 row(self.name_math(item.index), mo("="), self.text(item.lo)),
                                  self.text(item.hi)))
             return [indent + line + ("" if item.prose is None else ", " +
                                      self.prose(item.prose))]
@@ -407,16 +410,17 @@ class HtmlRenderer(LatexRenderer):
                                  self.mark(node, 1) + self.text(node.value)))
         if isinstance(node, s.Return):
             name = [] if node.name is None else \
-                [self.symbol(node.name, node.name in self.bold), mo("=")]
+                [self.name_math(node.name), mo("=")]
             value = self.mark(node, 1) + self.text(node.value)
             return f"{_kw('return')} {self.math(row(*name, value))}"
         if isinstance(node, s.Sample):
-            dist = row(self.symbol(node.dist), mo("∝"), self.weights_text(node.weights))
-            return f"{_kw('sample')} a token {self.math(self.symbol(node.var))} from " \
+            dist = row(self.name_math(node.dist), mo("∝"), self.weights_text(node.weights))
+            return f"{_kw('sample')} a token {self.math(self.name_math(node.var))} from " \
                    f"{self.math(dist)}"
         if isinstance(node, s.ForAll):
             over = node.over or (None,) * len(node.vars)
-            names = joined(self.symbol(v) if o is None else row(self.symbol(v), mo("∈"), self.text(o))
+            names = joined(self.name_math(v) if o is None else
+                           row(self.name_math(v), mo("∈"), self.text(o))
                            for v, o in zip(node.vars, over, strict=True))
             return f"{self.math(row(mo('∀'), names))}, {self.stmt_tex(node.body)}"
         if isinstance(node, s.If):
@@ -428,7 +432,7 @@ class HtmlRenderer(LatexRenderer):
         raise TypeError(f"cannot render {type(node).__name__} as a line")
 
     def loop_head(self, node: s.For) -> str:
-        return row(self.symbol(node.var), mo(node.binder), self.text(node.over))
+        return row(self.name_math(node.var), mo(node.binder), self.text(node.over))
 
     def step_tex(self, node: s.Step, depth: int) -> list[str]:
         """A step as a `<div class="step">`, a loop's body in a `<div class="body">` after it,
@@ -489,10 +493,10 @@ class HtmlRenderer(LatexRenderer):
     def caption(self, node: s.Algorithm) -> str:
         if node.name is None:
             return self.prose(node.title or "")
-        outs = joined(self.symbol(o, o in self.bold) for o in node.outputs)
-        args = joined(self.symbol(a, a in self.bold) for a in node.args)
+        outs = joined(self.name_math(o) for o in node.outputs)
+        args = joined(self.name_math(a) for a in node.args)
         if node.params:
-            params = joined(self.symbol(p, p in self.bold) for p in node.params)
+            params = joined(self.name_math(p) for p in node.params)
             args = row(args, mo("∣", stretchy="false"), params)
         return self.math(row(outs, mo("←"), self.function(node.name), fenced(args)))
 
@@ -561,14 +565,6 @@ def _depth(depth: int) -> str:
 
 def _number(text: str | None) -> str:
     return f'<span class="no">{escape(text)}</span>' if text is not None else ""
-
-
-def _members(bundle: BundleTy) -> list[tuple[str, object]]:
-    """Every parameter of a bundle, nested bundles opened."""
-    out: list[tuple[str, object]] = []
-    for name, entry in bundle.members.items():
-        out += _members(entry) if isinstance(entry, BundleTy) else [(name, entry)]
-    return out
 
 
 def _css_ident(text: str) -> str:
@@ -653,6 +649,16 @@ def algorithm_html(alg: s.Algorithm, checker: Checker | None, link: Link, *,
     lines += r.tip_html(anchor(alg))
     return f'<figure class="algorithm" id="{escape(anchor(alg))}">\n' + "\n".join(lines) + \
         "\n</figure>\n"
+
+
+def assignments_html(alg: s.Algorithm, checker: Checker | None,
+                     values: list[tuple[str, str]]) -> str:
+    """`name = value, …` (a preset's hyperparameters, each value a number as written) as
+    MathML, a `<math>` a pair: each name set as `alg`'s figure sets it, without its tip."""
+    r = typography(checker, alg, HtmlRenderer)
+    assert isinstance(r, HtmlRenderer)
+    r.plain = True
+    return ", ".join(r.math(row(r.name_math(k), mo("="), number(v))) for k, v in values)
 
 
 def link_step(figure: str, line: int, href: str) -> str:

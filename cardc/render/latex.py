@@ -6,11 +6,14 @@ the card is numbered), the `/* … */` comments, `Input:`, `Output:`, `Hyperpara
 `for … do … end` and `while … do … end` with vertical rules, annotations and notes sit in the
 right margin after ▷, and `return` is bold.
 
-Typography follows the paper: a name the checker types as a vector or matrix is bold, names of
-cards and functions are upright (`softmax`, `LayerNorm`), a subscript or superscript that is a
-word is upright (`W_attn`), ℝ and ℕ are blackboard bold, and ⊙, ⊺, √ are math. Without a
-checker (a card that does not check), names keep the letters' own style. The output is ASCII:
-every symbol becomes a macro, and prose from comments and declarations is escaped so that no
+Typography follows the paper: a name the checker types as a vector or matrix is bold, in one
+weight wherever it is set (`bold_names`: its declared type, else its types in the steps), names
+of cards and functions are upright (`softmax`, `LayerNorm`) but a function the card defines is
+its letter (`P(θ)`), a subscript or superscript that is a word is upright (`W_attn`), ℝ and ℕ
+are blackboard bold, and ⊙, ⊺, √ are math. Without a checker (a card that does not check),
+names keep the letters' own style. Math written in prose (comments, declarations' words,
+notes, `where`: `Q K^⊺/√s`) is found by cardc.render.prose and set as the steps' math. The
+output is ASCII: every symbol becomes a macro, and the rest of the prose is escaped so that no
 card text can break the document. `--standalone` wraps it in a document; a snippet needs
 `PREAMBLE` in the including document's preamble.
 
@@ -30,9 +33,11 @@ import unicodedata
 
 from .. import syntax as s
 from ..builtins import UPRIGHT
-from ..checker import Checker, split_name
-from ..types import Ty
+from ..checker import CardInfo, Checker, split_name
+from ..types import BundleTy, FamilyTy, Ty
 from .breaks import BREAK, choose, pieces
+from .prose import Formula, Vocabulary, vocabulary
+from .prose import pieces as prose_pieces
 from .text import COND, CONJ, POSTFIX, PRODUCT, SUM, TEXT, TIGHT, Renderer, notation
 
 PREAMBLE = r"""\usepackage{amsmath,amssymb}
@@ -183,8 +188,8 @@ def _decoration(part: str) -> str:
 
 def _math_char(c: str) -> str:
     if c.isascii():
-        return {"\\": r"\backslash", "{": r"\{", "}": r"\}", "$": r"\$", "%": r"\%",
-                "#": r"\#", "&": r"\&", "~": r"\sim", "^": r"\hat{}", "_": r"\_"}.get(c, c)
+        return {"\\": r"{\backslash}", "{": r"\{", "}": r"\}", "$": r"\$", "%": r"\%",
+                "#": r"\#", "&": r"\&", "~": r"{\sim}", "^": r"\hat{}", "_": r"\_"}.get(c, c)
     if c in MATH:  # a macro ending in a letter is braced: {\ell}_x, not \ell_x run on
         return "{" + MATH[c] + "}" if MATH[c][-1].isalpha() else MATH[c]
     if c in ACCENTS:
@@ -197,12 +202,31 @@ _BRACKETS = {"floor": ("lfloor", "rfloor"), "ceil": ("lceil", "rceil"), "abs": (
 
 
 class LatexRenderer(Renderer):
-    """Card AST → LaTeX; `bold` holds the names the checker types as vectors or matrices."""
+    """Card AST → LaTeX; `bold` holds the names set in bold (`typography` finds them from the
+    checker's types), `vectors` the numbers typed as vectors.
+
+    Bold has one rule, `bolded`, wherever a name is set: in steps, declarations, the caption,
+    prose and tips alike."""
 
     def __init__(self, bold: frozenset[str] = frozenset(), vectors: frozenset[int] = frozenset()):
         self.bold = bold
         self.vectors = vectors  # ids of numbers typed as vectors: 1 of 1^⊺ is the ones vector
         self.breaks: frozenset[tuple[int, int]] = frozenset()  # the step's (breaks.Break.key)
+        self.at: dict[int, Ty] = {}  # a name's (or a call's) type where it is written
+        self.named: dict[str, Ty] = {}  # a name's declared (or first inferred) type
+        self.vocab = Vocabulary()  # what the card's prose is read against (cardc.render.prose)
+
+    def bolded(self, name: str) -> bool:
+        """Whether a name of the card is set in bold, wherever it is (`bold_names`)."""
+        return name in self.bold
+
+    def name_math(self, name: str, node: object = None) -> str:
+        """A name of the card, in the weight `bolded` gives it (`node`: where it is written)."""
+        return self.symbol(name, self.bolded(name), node)
+
+    def symbol(self, name: str, bold: bool = False, node: object = None) -> str:
+        """A name in the weight `bold` says (a renderer may show its type at `node`)."""
+        return symbol(name, bold)
 
     def mark(self, node: object, item: int) -> str:
         """BREAK where the step being rendered breaks before item `item` of `node`."""
@@ -220,8 +244,25 @@ class LatexRenderer(Renderer):
         return f"${tex}$"
 
     def prose(self, words: str) -> str:
-        """A card's prose as the output's text."""
-        return text(words)
+        """A card's prose as the output's text, the math in it (cardc.render.prose) as math."""
+        return "".join(self.words(p) if isinstance(p, str) else self.math(self.formula(p))
+                       for p in prose_pieces(words, self.vocab))
+
+    def words(self, prose: str) -> str:
+        """Prose that holds no math, escaped."""
+        return text(prose)
+
+    def formula(self, f: Formula) -> str:
+        """Math found in prose, set as the steps set theirs."""
+        if isinstance(f.parts[0], s.Decl):
+            return self.decl_math(f.parts[0], label=True)
+        out = self.text(f.parts[0])
+        for rel, part in zip(f.relations, f.parts[1:], strict=True):
+            out += f" {self.relation(rel)} {self.text(part)}"
+        return out
+
+    def relation(self, op: str) -> str:
+        return MATH.get(op, _math_char(op))
 
     def sub(self, node: object, min_prec: int, tail: bool = True) -> str:
         if self.precedence(node) < min_prec or (not tail and isinstance(node, s.Sum)):
@@ -231,9 +272,9 @@ class LatexRenderer(Renderer):
     # ------------------------------------------------------------------ expressions
 
     def text_Name(self, node: s.Name, tail: bool) -> str:
-        if node.id in UPRIGHT and node.id not in self.bold:  # log, exp: upright
+        if node.id in UPRIGHT and not self.bolded(node.id):  # log, exp: upright
             return self.function(node.id)
-        return symbol(node.id, node.id in self.bold)
+        return self.name_math(node.id, node)
 
     def text_Num(self, node: s.Num, tail: bool) -> str:
         t = node.text
@@ -306,7 +347,19 @@ class LatexRenderer(Renderer):
                                            len(node.args)))
             args = f"{args} \\mid {self.mark(node, len(node.args))}{params}" if args else \
                 f"\\mid {params}"
-        return f"{self.function(node.func)}\\left({args}\\right)"
+        head = self.name_math(node.func, node) if self.lettered(node.func) else \
+            self.function(node.func)
+        return f"{head}\\left({args}\\right)"
+
+    def lettered(self, func: str) -> bool:
+        """Whether a call's function is set as a name, not upright: one letter (with its
+        accents and scripts) that the card defines as a function of its parameters (P(θ) ← …)
+        or that names nothing the card knows (prose's P̂_θ(x)); never a builtin or a card."""
+        base = re.sub(r"[\u0300-\u036f′']", "", split_name(func)[0])
+        if len(base) != 1 or func in UPRIGHT or func in MATH:
+            return False
+        vocab = self.vocab
+        return func in vocab.defined or (func not in vocab.names and func not in vocab.functions)
 
     def function(self, name: str) -> str:
         """A card's or a function's name, upright; σ stays the letter."""
@@ -335,7 +388,7 @@ class LatexRenderer(Renderer):
         return rf"\lVert {self.text(node.operand)} \rVert"
 
     def text_Sum(self, node: s.Sum, tail: bool) -> str:
-        index = symbol(node.index)
+        index = self.name_math(node.index)
         if node.over is not None:
             head = rf"\sum_{{{index} \in {self.sub(node.over, SUM)}}}"
         elif node.lo is None and node.hi is None:
@@ -355,7 +408,7 @@ class LatexRenderer(Renderer):
         return ", ".join(self.marked(node, [self.sub(i, SUM) for i in node.items]))
 
     def text_SetBuilder(self, node: s.SetBuilder, tail: bool) -> str:
-        return rf"\{{{symbol(node.var)} \in {self.sub(node.domain, SUM)} : " \
+        return rf"\{{{self.name_math(node.var)} \in {self.sub(node.domain, SUM)} : " \
                rf"{self.sub(node.cond, COND)}\}}"
 
     def text_Range(self, node: s.Range, tail: bool) -> str:
@@ -384,13 +437,13 @@ class LatexRenderer(Renderer):
         return f"[{self.text(node.size)}]"
 
     def text_Sequences(self, node: s.Sequences, tail: bool) -> str:
-        return f"{symbol(node.of)}^{{*}}"
+        return f"{self.name_math(node.of)}^{{*}}"
 
     def text_Iso(self, node: s.Iso, tail: bool) -> str:
-        return rf"{symbol(node.name)} \cong {self.text(node.of)}"
+        return rf"{self.name_math(node.name)} \cong {self.text(node.of)}"
 
     def text_Simplex(self, node: s.Simplex, tail: bool) -> str:
-        return rf"\Delta\left({symbol(node.over)}\right)"
+        return rf"\Delta\left({self.name_math(node.over)}\right)"
 
     def text_Tensor(self, node: s.Tensor, tail: bool) -> str:
         dims = r" \times ".join(self.dim_text(node, d) for d in node.dims)
@@ -403,17 +456,17 @@ class LatexRenderer(Renderer):
     def text_CardType(self, node: s.CardType, tail: bool) -> str:
         window = ""
         if node.window:
-            window = rf" \text{{ for }} {symbol(node.length)} \le {symbol(node.window)}"
+            window = rf" \text{{ for }} {self.name_math(node.length or '')} \le " \
+                     rf"{self.name_math(node.window)}"
         return rf"{self.text(node.input)} \to {self.text(node.output)}{window}"
 
     # ------------------------------------------------------------------ declarations
 
     def decl_math(self, node: s.Decl, label: bool = False) -> str:
-        """`names ∈ type = value ~ init`; a `label` (a step's annotation) is bold only for a
-        name of the card's, and upright for a word (`Query`)."""
-        bold = not label and isinstance(node.type, s.Tensor)
-        names = [symbol(n, bold or n in self.bold) if not label or n in self.bold or
-                 not _WORD.fullmatch(n) else rf"\mathrm{{{n}}}" for n in node.names]
+        """`names ∈ type = value ~ init`; in a `label` (a step's annotation, prose) a word
+        that names nothing of the card's is upright (`Query`)."""
+        names = [rf"\mathrm{{{n}}}" if label and self.unknown_word(n) else self.name_math(n)
+                 for n in node.names]
         out = ", ".join(names)
         if node.type is not None:
             out += rf" \in {self.text(node.type)}"
@@ -430,14 +483,18 @@ class LatexRenderer(Renderer):
                 out += rf" \sim {self.text(init)}"
         return out
 
+    def unknown_word(self, name: str) -> bool:
+        """A word (`Query`) that the card has no type for."""
+        return _WORD.fullmatch(name) is not None and name not in self.named
+
     def decl_tex(self, node: s.Decl) -> str:
         out = self.math(self.decl_math(node))
         if node.pad is not None:
-            out += f", padding row {self.math(symbol(node.pad))}"
+            out += f", padding row {self.math(self.name_math(node.pad))}"
         if node.seed:
             out += ", seed of every random draw"
         if node.format_of is not None:
-            out += f", number format of {self.math(symbol(node.format_of))}"
+            out += f", number format of {self.math(self.name_math(node.format_of))}"
         if node.prose is not None:
             out += ", " + self.prose(node.prose)
         return out + self.prose(node.end)
@@ -476,19 +533,20 @@ class LatexRenderer(Renderer):
     def item_tex(self, item: s.Item, depth: int) -> list[str]:
         indent = self.indent * depth
         if isinstance(item, s.Bundle):
-            head = f"{self.math(symbol(item.name))} {self.prose(item.intro)}:"
+            head = f"{self.math(self.name_math(item.name))} {self.prose(item.intro)}:"
             if item.prose is not None:
                 head += " " + self.prose(item.prose)
             return [indent + head, *self.items_tex(item.items, depth + 1)]
         if isinstance(item, s.Family):
             binder = "=" if isinstance(item.over, s.Range) else r"\in"
-            head = f"For {self.math(f'{symbol(item.index)} {binder} {self.text(item.over)}')}:"
+            index = self.name_math(item.index)
+            head = f"For {self.math(f'{index} {binder} {self.text(item.over)}')}:"
             return [indent + head, *self.items_tex(item.items, depth + 1)]
         if isinstance(item, s.Dataset):
-            elems = ", ".join(symbol(e) for e in item.elems)
+            elems = ", ".join(self.name_math(e) for e in item.elems)
             if len(item.elems) > 1:
                 elems = rf"\left({elems}\right)"
-            line = self.math(rf"\{{{elems}\}}_{{{symbol(item.index)}={self.text(item.lo)}}}"
+            line = self.math(rf"\{{{elems}\}}_{{{self.name_math(item.index)}={self.text(item.lo)}}}"
                              rf"^{{{self.text(item.hi)}}}")
             return [indent + line + ("" if item.prose is None else ", " +
                                      self.prose(item.prose))]
@@ -506,10 +564,11 @@ class LatexRenderer(Renderer):
                    f"{self.text(node.value)}$"
         if isinstance(node, s.Return):
             name = "" if node.name is None else \
-                f"{symbol(node.name, node.name in self.bold)} = {self.mark(node, 1)}"
+                f"{self.name_math(node.name)} = {self.mark(node, 1)}"
             return rf"\KwRet{{${name}{self.text(node.value)}$}}"
         if isinstance(node, s.Sample):
-            return rf"\KwSample{{}} a token ${symbol(node.var)}$ from ${symbol(node.dist)} " \
+            return rf"\KwSample{{}} a token ${self.name_math(node.var)}$ from " \
+                   rf"${self.name_math(node.dist)} " \
                    rf"\propto {self.weights_text(node.weights)}$"
         if isinstance(node, s.ForAll):
             return rf"$\forall {self.quantified(node)}$, {self.stmt_tex(node.body)}"
@@ -527,24 +586,25 @@ class LatexRenderer(Renderer):
     def quantified(self, node: s.ForAll) -> str:
         """The variables of `∀`, each with its range where the card states one."""
         over = node.over or (None,) * len(node.vars)
-        return ", ".join(symbol(v) if o is None else rf"{symbol(v)} \in {self.text(o)}"
+        return ", ".join(self.name_math(v) if o is None else
+                         rf"{self.name_math(v)} \in {self.text(o)}"
                          for v, o in zip(node.vars, over, strict=True))
 
     def loop_head(self, node: s.For) -> str:
         binder = {"∈": r"\in", "=": "=", "←": r"\gets"}.get(node.binder, node.binder)
-        return f"{symbol(node.var)} {binder} {self.text(node.over)}"
+        return f"{self.name_math(node.var)} {binder} {self.text(node.over)}"
 
     def step_tex(self, node: s.Step, depth: int) -> list[str]:
         pad = "  " * depth
-        out = [pad + rf"\tcc{{{text(c)}}}" for c in node.comments]
+        out = [pad + rf"\tcc{{{self.prose(c)}}}" for c in node.comments]
         stmt = node.stmt
         margin = ""
         if node.annotation is not None:
             margin = f"${self.decl_math(node.annotation, label=True)}$"
         if node.note is not None:
-            margin = (margin + " " if margin else "") + text(node.note)
+            margin = (margin + " " if margin else "") + self.prose(node.note)
         side = rf"\hfill$\triangleright$\ {margin}" if margin else ""  # in a loop's head
-        where = "" if node.where is None else ", where " + text(node.where)
+        where = "" if node.where is None else ", where " + self.prose(node.where)
         if isinstance(stmt, s.For) and stmt.style != "map":
             out.append(pad + rf"\For{{${self.loop_head(stmt)}${side}}}{{")
             out += [line for step in stmt.body for line in self.step_tex(step, depth + 1)]
@@ -572,11 +632,11 @@ class LatexRenderer(Renderer):
 
     def caption(self, node: s.Algorithm) -> str:
         if node.name is None:
-            return text(node.title or "")
-        outs = ", ".join(symbol(o, o in self.bold) for o in node.outputs)
-        args = ", ".join(symbol(a, a in self.bold) for a in node.args)
+            return self.prose(node.title or "")
+        outs = ", ".join(self.name_math(o) for o in node.outputs)
+        args = ", ".join(self.name_math(a) for a in node.args)
         if node.params:
-            params = ", ".join(symbol(p, p in self.bold) for p in node.params)
+            params = ", ".join(self.name_math(p) for p in node.params)
             args = f"{args} \\mid {params}" if args else f"\\mid {params}"
         return rf"${outs} \gets {self.function(node.name)}\left({args}\right)$"
 
@@ -585,7 +645,7 @@ class LatexRenderer(Renderer):
         if node.number is not None:
             out.append(rf"\SetAlgoRefName{{{text(node.number)}}}")
         out.append(rf"\caption{{{self.caption(node)}}}")
-        out += [rf"\tcc{{{text(c)}}}" for c in node.comments]
+        out += [rf"\tcc{{{self.prose(c)}}}" for c in node.comments]
         macro = {"Input": r"\KwIn", "Output": r"\KwOut", "Hyperparameters": r"\KwHyper",
                  "Parameters": r"\KwParams"}
         for block in node.blocks:
@@ -600,26 +660,101 @@ class LatexRenderer(Renderer):
 
 def typography(checker: Checker | None, alg: s.Algorithm,
                kind: type[LatexRenderer] | None = None) -> LatexRenderer:
-    """A renderer for `alg` (of class `kind`, LatexRenderer by default) that sets in bold
-    what the checker typed as vectors or matrices."""
+    """A renderer for `alg` (of class `kind`, LatexRenderer by default) holding what the
+    checker found: each name's type where it is written and as declared (bold follows them),
+    the numbers typed as vectors, and the names and functions its prose is read against."""
     kind = kind or LatexRenderer
-    if checker is None or id(alg) not in checker.infos:
-        return kind()
-    info = checker.infos[id(alg)]
-    bold = {n.id for step in alg.steps for n in s.nodes(step.stmt) if isinstance(n, s.Name)
-            and isinstance(info.types.get(id(n)), Ty) and info.types[id(n)].shape}
-    bold |= {name for name, ty in info.sig.inputs if isinstance(ty, Ty) and ty.shape}
-    if info.sig.more:  # a card of several outputs: each its header names, as declared
-        bold |= {name for name, ty in zip(alg.outputs, [info.sig.output, *info.sig.more],
-                                          strict=True) if isinstance(ty, Ty) and ty.shape}
-    bold |= {n.name for n in s.nodes(alg.steps) if isinstance(n, s.Return) and n.name and
-             isinstance(info.types.get(id(n.value)), Ty) and info.types[id(n.value)].shape}
+    info = checker.infos.get(id(alg)) if checker is not None else None
+    if info is None:
+        r = kind()
+        r.vocab = vocabulary(alg)
+        return r
+    at, named, declared = types(info, alg)
+    bold = bold_names(alg, at, named, declared)
     vectors = {id(n) for n in s.nodes(alg.steps) if isinstance(n, s.Num) and
                isinstance(info.types.get(id(n)), Ty) and info.types[id(n)].shape}
     vectors |= {id(n.operand) for n in s.nodes(alg.steps)  # 1^⊺: the ones vector, transposed
                 if isinstance(n, s.Transpose) and isinstance(n.operand, s.Num) and
                 isinstance(info.types.get(id(n)), Ty) and info.types[id(n)].shape}
-    return kind(frozenset(bold), frozenset(vectors))
+    r = kind(bold, frozenset(vectors))
+    r.at, r.named = at, named
+    called = {c.callee.name for c in info.calls.values()
+              if isinstance(c.callee, s.Algorithm) and c.callee.name}
+    r.vocab = vocabulary(alg, frozenset(called))
+    return r
+
+
+def types(info: CardInfo, alg: s.Algorithm
+          ) -> tuple[dict[int, Ty], dict[str, Ty], frozenset[str]]:
+    """The type of each name (and call) node of `alg` where the checker typed it, an
+    assignment's target typed by its value; each name's type as declared (its inputs,
+    hyperparameters, outputs and parameters), else where it is first typed; and the names
+    declared so."""
+    at = {k: t for k, t in info.types.items() if isinstance(t, Ty)}
+    for n in s.nodes(alg.steps):  # a target is typed by what it is given
+        if isinstance(n, s.Assign) and isinstance(n.target, s.Name) and \
+                isinstance(info.types.get(id(n.value)), Ty):
+            at.setdefault(id(n.target), info.types[id(n.value)])
+    sig = info.sig
+    declared: list[tuple[str, object]] = [*sig.inputs, *sig.hypers.items()]
+    outs = alg.outputs or tuple(n for d in alg.decls("Output") if isinstance(d, s.Decl)
+                                for n in d.names)  # a titled card's one Output
+    if sig.output is not None and (alg.outputs or len(outs) == 1):
+        declared.append((outs[0], sig.output))
+    declared += [(o, ty) for o, ty in zip(alg.outputs[1:], sig.more, strict=True) if ty]
+    declared += _members(sig.tree)
+    names = frozenset(name for name, ty in declared if isinstance(ty, Ty))
+    declared += [(n.id, at[id(n)]) for n in s.nodes(alg.steps)
+                 if isinstance(n, s.Name) and id(n) in at]
+    named: dict[str, Ty] = {}
+    for name, ty in declared:
+        if isinstance(ty, Ty):
+            named.setdefault(name, ty)
+    return at, named, names
+
+
+def bold_names(alg: s.Algorithm, at: dict[int, Ty], named: dict[str, Ty],
+               declared: frozenset[str]) -> frozenset[str]:
+    """The names of `alg` set in bold, by the paper's rule from the checker's types: a vector
+    or a matrix is bold, a scalar never is. A name the card declares goes by its declared
+    type; any other (a step's, a function its steps define: P(θ) ← …) is bold where the checker
+    types it as a vector or a matrix at any point: a state started as a broadcast zero
+    (`h ← 0`, then `h ← a ⊙ h + u`) is one vector throughout. The weight belongs to the name,
+    so it is the same in every place the name is set."""
+    out = {name for name in declared if named[name].shape}
+    for n in s.nodes(alg.steps):
+        if isinstance(n, s.Name):
+            name, ty = n.id, at.get(id(n))
+        elif isinstance(n, s.Assign) and isinstance(n.target, s.Call):  # P(θ) ← …
+            name, ty = n.target.func, at.get(id(n.target))
+        elif isinstance(n, s.Return) and n.name:  # return P = …
+            name, ty = n.name, at.get(id(n.value))
+        else:
+            continue
+        if name not in declared and ty is not None and ty.shape:
+            out.add(name)
+    for d in s.nodes(alg.blocks):  # the header's x_{1:N_data} is the data set {x_n}: one weight
+        if isinstance(d, s.Dataset):
+            out |= {a for a in alg.args for e in d.elems if e in out and _whole(a, e, d.index)}
+    return frozenset(out)
+
+
+def _whole(name: str, elem: str, index: str) -> bool:
+    """Whether `name` (x_{1:N}) names every example `elem` (x_n) of a data set over `index`."""
+    (base, decor), (of, scripts) = split_name(name), split_name(elem)
+    return base == of and bool(decor) and decor[:-1] == scripts[:-1] and \
+        scripts[-1:] == [("_", index)] and decor[-1][0] == "_" and ":" in decor[-1][1]
+
+
+def _members(bundle: BundleTy) -> list[tuple[str, object]]:
+    """Every parameter of a bundle, nested bundles and families (`For h ∈ [H]: W^h_q …`, an
+    entry per index) opened."""
+    out: list[tuple[str, object]] = []
+    for name, entry in bundle.members.items():
+        while isinstance(entry, FamilyTy):
+            entry = entry.entry
+        out += _members(entry) if isinstance(entry, BundleTy) else [(name, entry)]
+    return out
 
 
 def render_latex(card: s.CardFile, checker: Checker | None = None,

@@ -3,8 +3,10 @@
 The layout is the LaTeX rendering's (cardc.render.latex), line for line: the signature in bold,
 the `/* … */` comments in italics, the blocks, then the steps with their numbers, keywords in
 bold and bodies indented, annotations after ▷. The math is the LaTeX renderer's, with braces
-written `\\lbrace`/`\\rbrace`, which Markdown's backslash escapes leave alone; prose has
-Markdown's special characters escaped, so that no card text turns into links, emphasis or HTML.
+written `\\lbrace`/`\\rbrace`, which Markdown's backslash escapes leave alone (`<`, `>` as
+`\\lt`, `\\gt`); math written in prose is math too (cardc.render.prose), and the rest of the prose
+has Markdown's special characters escaped, so that no card text turns into links, emphasis or
+HTML.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 
 from .. import syntax as s
 from ..checker import Checker
-from .latex import CONJ, POSTFIX, LatexRenderer, symbol, typography
+from .latex import CONJ, POSTFIX, LatexRenderer, typography
 
 _SPECIAL = re.compile(r"([\\`*_\[\]<>#|$~&])")  # what can start markup mid-line
 INDENT = "&emsp;&emsp;"
@@ -25,9 +27,10 @@ def md_text(prose: str) -> str:
 
 
 def _math(tex: str) -> str:
-    """Inline math as GitHub reads it: braces that Markdown would unescape spelled out."""
+    """Inline math as GitHub reads it: braces that Markdown would unescape spelled out, and
+    `<` and `>` too, which Markdown would read as the start of HTML (`x_{<b>}`)."""
     tex = tex.replace(r"\{", r"\lbrace ").replace(r"\}", r"\rbrace ")
-    return f"${tex}$"
+    return "$" + tex.replace("<", r"\lt ").replace(">", r"\gt ") + "$"
 
 
 class MarkdownRenderer(LatexRenderer):
@@ -38,18 +41,18 @@ class MarkdownRenderer(LatexRenderer):
     def math(self, tex: str) -> str:
         return _math(tex)
 
-    def prose(self, words: str) -> str:
-        return md_text(words)
+    def words(self, prose: str) -> str:
+        return md_text(prose)
 
     def algorithm(self, node: s.Algorithm) -> list[str]:
         number = f" {node.number}" if node.number is not None else ""
         head = f"**Algorithm{md_text(number)}:** "
         if node.name is None:
-            head += md_text(node.title or "")
+            head += self.prose(node.title or "")
         else:
             head += _math(self.caption(node).strip("$"))
         out = [head, ""]
-        out += [f"*/\\* {md_text(c)} \\*/*  " for c in node.comments]
+        out += [f"*/\\* {self.prose(c)} \\*/*  " for c in node.comments]
         for block in node.blocks:
             lines = self.items_tex(block.items, 0)
             first = lines[0] if lines else ""
@@ -65,12 +68,11 @@ class MarkdownRenderer(LatexRenderer):
             op = r"\gets" if node.op == "←" else "="
             return _math(f"{tex.sub(node.target, POSTFIX)} {op} {tex.text(node.value)}")
         if isinstance(node, s.Return):
-            name = "" if node.name is None else \
-                f"{symbol(node.name, node.name in tex.bold)} = "
+            name = "" if node.name is None else f"{tex.name_math(node.name)} = "
             return "**return** " + _math(name + tex.text(node.value))
         if isinstance(node, s.Sample):
-            return f"**sample** a token {_math(symbol(node.var))} from " + \
-                _math(rf"{symbol(node.dist)} \propto {tex.text(node.weights)}")
+            return f"**sample** a token {_math(tex.name_math(node.var))} from " + \
+                _math(rf"{tex.name_math(node.dist)} \propto {tex.text(node.weights)}")
         if isinstance(node, s.ForAll):
             return _math(rf"\forall {tex.quantified(node)}") + ", " + self.stmt(node.body)
         if isinstance(node, s.If):
@@ -83,15 +85,15 @@ class MarkdownRenderer(LatexRenderer):
     def step(self, node: s.Step, depth: int) -> list[str]:
         number = md_text(node.number) + " " if node.number is not None else ""
         pad = INDENT * depth
-        out = [f"{pad}*/\\* {md_text(c)} \\*/*  " for c in node.comments]
+        out = [f"{pad}*/\\* {self.prose(c)} \\*/*  " for c in node.comments]
         stmt = node.stmt
         side = ""
         if node.where is not None:
-            side += ", where " + md_text(node.where)
+            side += ", where " + self.prose(node.where)
         if node.annotation is not None:
             side += " ▷ " + _math(self.decl_math(node.annotation, label=True))
         if node.note is not None:
-            side += " ▷ " + md_text(node.note)
+            side += " ▷ " + self.prose(node.note)
         opens = isinstance(stmt, s.While) or isinstance(stmt, s.For) and stmt.style != "map"
         if not opens:
             return [*out, f"{number}{pad}{self.stmt(stmt)}{side}  "]
