@@ -94,6 +94,7 @@ SLOWEST = (
     "test_interpret.py", "test_render_latex.py", "test_fuzz.py", "test_cli_runs.py",
     "test_docs.py", "test_resume.py", "test_reproducers.py", "test_cardgen.py",
     "test_render_text.py", "test_interop_mapping.py", "test_file_fuzz.py", "test_decoding.py",
+    "test_mapping_guide.py", "test_observe.py", "test_diff_boxed.py",
 )
 
 

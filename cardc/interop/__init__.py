@@ -105,7 +105,10 @@ and because the files it describes (`config.json`, the safetensors index) are JS
   are whole numbers or expressions of the card's hyperparameters, and with `"transpose": true`
   the card's tensor is transposed first (ViT's patch embedding, a convolution's (D, C, p, p)
   weight, is the card's W_p ∈ ℝ^{C p p×D}: `{"card": "W_p", "transpose": true, "shape": ["D",
-  "C", "p", "p"]}`).
+  "C", "p", "p"]}`). `{"card": NAME, "row": "{i}"}`: the Hugging Face tensor of layer i is
+  row i of the card's tensor, a family the model card declares itself and stacks ("For ℓ ∈
+  [N]: γ^1_ℓ ∈ ℝ^{D}" is `gamma1` of shape (N, D)); transposed after the row is taken where
+  `"transpose": true`. Import joins the rows in order and refuses a row twice or one missing.
   `{"fused": {"axis": a, "groups": EXPR, "parts": [P1, P2, …]}, "transpose": …}`: one Hugging
   Face tensor holds several card tensors laid out group by group. Along axis a (of the card's
   layout, after any transpose) it is EXPR groups (an expression of the card's hyperparameters;

@@ -49,6 +49,9 @@ class Entry:
     shape: tuple[int | str, ...] | None = None
     groups: str | None = None  # fused: how many times the parts repeat along `axis`
     parts: tuple[Part, ...] = ()  # fused: the roles within one group, in order
+    # a row of a stacked family (`gamma1` of shape (N, D)): its index along the first axis,
+    # `{i}` as written, a number once the entry is at a layer
+    row: str | None = None
 
     @property
     def cards(self) -> tuple[str, ...]:
@@ -67,14 +70,16 @@ class Entry:
         """This entry with each index `values` gives evaluated, the others as written."""
         parts = tuple(Part(index_name(p.card, values), p.size) for p in self.parts)
         return Entry(index_name(self.hf, values), index_name(self.card, values), self.transpose,
-                     self.chunk, self.axis, self.shape, self.groups, parts)
+                     self.chunk, self.axis, self.shape, self.groups, parts,
+                     None if self.row is None else index_name(self.row, values))
 
 
     def sized(self, sizes: dict[str, Fraction]) -> Entry:
         """This entry with the hyperparameters its indices read replaced by their values."""
         parts = tuple(Part(sized_name(p.card, sizes), p.size) for p in self.parts)
         return Entry(sized_name(self.hf, sizes), sized_name(self.card, sizes), self.transpose,
-                     self.chunk, self.axis, self.shape, self.groups, parts)
+                     self.chunk, self.axis, self.shape, self.groups, parts,
+                     None if self.row is None else sized_name(self.row, sizes))
 
 
 _INDEX = re.compile(r"\{([^{}]*)\}")  # a layer index in a name: {i}, {2i}, {2*i + 1}
@@ -654,7 +659,7 @@ def _check_written_once(hypers: dict[str, Hyper], fixed: dict[str, str], need: N
                      f"'{name}' and in '{where}'{part}: a value is set in one place")
 
 
-ENTRY_KEYS = frozenset({"card", "transpose", "chunk", "axis", "shape"})  # besides "fused"
+ENTRY_KEYS = frozenset({"card", "transpose", "chunk", "axis", "shape", "row"})  # or "fused"
 
 
 def _entry(hf: str, spec: Any, need: Need) -> Entry:
@@ -681,8 +686,14 @@ def _entry(hf: str, spec: Any, need: Need) -> Entry:
             _parse(n, f"tensor '{hf}': 'shape'", need)
     need(shape is None or chunk == [0, 1],
          f"tensor '{hf}': 'shape' cannot be combined with 'chunk'")
+    row = spec.get("row")
+    need(row is None or isinstance(row, str) and _INDEX.fullmatch(row) is not None and
+         set(index_vars(row)) <= set(index_vars(hf)),
+         f"tensor '{hf}': 'row' must be an index of its name, as '{{i}}'")
+    need(row is None or not {"chunk", "axis", "shape"} & set(spec),
+         f"tensor '{hf}': 'row' cannot be combined with 'chunk', 'axis' or 'shape'")
     return Entry(hf, spec["card"], spec.get("transpose", False), (chunk[0], chunk[1]), axis,
-                 None if shape is None else tuple(shape))
+                 None if shape is None else tuple(shape), row=row)
 
 
 def _fused_entry(hf: str, spec: dict[str, Any], need: Need) -> Entry:

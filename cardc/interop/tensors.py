@@ -35,6 +35,11 @@ def to_card_state(mapping: Mapping, hf_state: dict[str, torch.Tensor],
     axis: dict[str, int] = {}
     with _naming(mapping):
         _read_entries(entries, hf_state, expected, hypers or {}, parts, axis)
+    for card, ts in parts.items():
+        rows = sorted(k for k, _ in ts)
+        if axis[card] == 0 and rows != list(range(len(rows))):  # a stacked family's, each once
+            raise RuntimeInputError(f"{mapping.source}: the card's {card} gets rows {rows}, "
+                                    f"not each of 0 … {len(rows) - 1} once")
     return {card: _joined([t for _, t in sorted(ts, key=lambda kt: kt[0])], axis[card])
             for card, ts in parts.items()}
 
@@ -60,14 +65,33 @@ def _read_entries(entries: list[Entry], hf_state: dict[str, torch.Tensor],
                 parts.setdefault(card, []).append((k, t))
                 axis[card] = e.axis
             continue
-        _check_axis(e, expected[e.card].shape)
-        want = _hf_shape(e, expected[e.card].shape, hypers)
+        shape = expected[e.card].shape
+        row = _row(e, shape)
+        shape = shape[1:] if row is not None else shape
+        _check_axis(e, shape)
+        want = _hf_shape(e, shape, hypers)
         if tuple(got.shape) != want:
             raise RuntimeInputError(f"tensor '{e.hf}' has shape {tuple(got.shape)}; the card's "
-                                    f"{e.card} needs {want}")
-        got = got.reshape(_card_layout(e, expected[e.card].shape)) if e.shape is not None else got
-        parts.setdefault(e.card, []).append((e.chunk[0], got.T if e.transpose else got))
+                                    f"{e.card}{'' if row is None else f' row {row}'} needs {want}")
+        got = got.reshape(_card_layout(e, shape)) if e.shape is not None else got
+        got = got.T if e.transpose else got
+        if row is not None:  # a member of a stacked family: its row, joined in order below
+            parts.setdefault(e.card, []).append((row, got.unsqueeze(0)))
+            axis[e.card] = 0
+            continue
+        parts.setdefault(e.card, []).append((e.chunk[0], got))
         axis[e.card] = e.axis
+
+
+def _row(e: Entry, shape: torch.Size) -> int | None:
+    """The row of a stacked family an entry at a layer names, checked against its rows."""
+    if e.row is None:
+        return None
+    if not e.row.isdigit() or not shape or int(e.row) >= shape[0]:
+        rows = f"{shape[0]} rows" if shape else "no rows"
+        raise RuntimeInputError(f"tensor '{e.hf}': row {e.row} of the card's {e.card}, which "
+                                f"has {rows}")
+    return int(e.row)
 
 
 def _joined(pieces: list[torch.Tensor], axis: int) -> torch.Tensor:
@@ -301,6 +325,8 @@ def _written(e: Entry, state: dict[str, torch.Tensor], hypers: Hypers) -> torch.
     if e.parts:
         return _join_fused(e, state, hypers).contiguous().clone().cpu()
     t = state[e.card].detach()
+    row = _row(e, t.shape)
+    t = t[row] if row is not None else t
     _check_axis(e, t.shape)
     k, n = e.chunk
     t = t.chunk(n, dim=e.axis)[k] if n > 1 else t
