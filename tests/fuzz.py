@@ -374,12 +374,25 @@ def run_case(path: str) -> Outcome:
     return Outcome("clean")
 
 
+def _mapped() -> int:
+    """The bytes of address space this process maps (0 where the system does not say)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            kib = next(line.split()[1] for line in f if line.startswith("VmSize:"))
+    except (OSError, StopIteration):
+        return 0
+    return int(kib) * 1024
+
+
 def _worker(conn, folder: str, memory: int) -> None:
     """Runs cases sent down `conn` until told to stop."""
     try:
         import resource
 
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        # `memory` more than the address space the fork inherits: a test process that imported
+        # much (transformer_lens maps 1.4 GB) must not leave its cases none
+        limit = _mapped() + memory
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except (ImportError, ValueError, OSError):
         pass
     path = os.path.join(folder, "case.card")

@@ -1105,6 +1105,6 @@ def test_a_misspelt_entry_key_is_refused(tmp_path):
     raw = json.loads((ROOT / "cards" / "gpt2.hf.json").read_text(encoding="utf-8"))
     raw["tensors"]["transformer.wte.weight"] = {"card": "W_e", "tranpose": True}
     with pytest.raises(Exception, match=r"tensor 'transformer.wte.weight': unknown key "
-                                        r"'tranpose' \(an entry takes axis, card, chunk, shape, "
-                                        r"transpose\)"):
+                                        r"'tranpose' \(an entry takes axis, card, chunk, row, "
+                                        r"shape, transpose\)"):
         parse_mapping(raw, str(tmp_path / "x.hf.json"))

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformer_lens as lens  # a test extra
 from test_parity_gpt2 import D_F, B, D, H, N, T, V, load_hf_into_ours, make_hf, make_ours
-from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
 
 from cardc import run_with_cache, run_with_hooks
 
@@ -23,6 +21,11 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def models():
+    # imported here, not when tests are collected: it maps 1.4 GB of address space into the
+    # process, which every process forked from it (tests/fuzz.py's workers) would inherit
+    import transformer_lens as lens  # a test extra
+    from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
+
     hf = make_hf()
     ours = make_ours()
     load_hf_into_ours(hf, ours)
