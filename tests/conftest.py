@@ -9,8 +9,24 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tools import CHROMIUM, FLAGS, missing
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium, through playwright (the docs site's and the renderings' tests)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("playwright")
+    if not Path(CHROMIUM).exists():
+        missing("chromium")
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield chromium
+        chromium.close()
 
 
 def _share_the_cores() -> None:

@@ -4,7 +4,6 @@ headless Chromium the boxes show and no step leaves its pane."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -18,9 +17,6 @@ from cardc.diff import REWRITTEN, SWAPPED, Changed, changes, swapped_cards
 from cardc.docs.boxed import boxed_figure, legend
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ROW = re.compile(r'<div class="step( end)?( boxed (\w+)")?[^>]*>(?:<span class="no">|'
                  r'<a class="no"[^>]*>)(\d+)<')
 
@@ -97,26 +93,6 @@ def test_diff_to_html_boxes_both_sides_and_the_cards_they_swap(capsys):
 
 
 # ------------------------------------------------------------------ in a real browser
-
-
-@pytest.fixture(scope="module")
-def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright")
-    if not Path(CHROMIUM).exists():
-        _missing("chromium")
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium
-        chromium.close()
-
-
-def _missing(tool: str) -> None:
-    if os.environ.get("CARDC_REQUIRE_TOOLS"):
-        pytest.fail(f"{tool} is required here (CARDC_REQUIRE_TOOLS) and is not installed")
-    pytest.skip(f"{tool} is not installed")
 
 
 @pytest.fixture(scope="module")

@@ -40,9 +40,6 @@ from cardc.runtime.manifest import MANIFEST
 from cardc.spelling import display
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ALGORITHM_4 = "paper-attention.Attention.html"
 
 
@@ -220,26 +217,6 @@ def test_a_card_that_does_not_parse_stops_the_site(tmp_path):
 
 
 # ------------------------------------------------------------------ in a real browser
-
-
-@pytest.fixture(scope="module")
-def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright")
-    if not Path(CHROMIUM).exists():
-        _missing("chromium")
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium
-        chromium.close()
-
-
-def _missing(tool: str) -> None:
-    if os.environ.get("CARDC_REQUIRE_TOOLS"):
-        pytest.fail(f"{tool} is required here (CARDC_REQUIRE_TOOLS) and is not installed")
-    pytest.skip(f"{tool} is not installed")
 
 
 def _open(browser, path: Path):

@@ -9,7 +9,6 @@ installed by .ci/run; where one is missing its tests skip, except under CARDC_RE
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from tools import missing
 
 from cardc import syntax as s
 from cardc.checker import Checker, check
@@ -30,22 +30,13 @@ from cardc.render.text import TEXT
 
 ROOT = Path(__file__).resolve().parent.parent
 GEMMA2 = "cards/gemma2.card"
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 MARGIN = 72.27 / 2.54 * 2  # the standalone document's margins, 2cm, in PDF points
-
-
-def _missing(tool: str) -> None:
-    if os.environ.get("CARDC_REQUIRE_TOOLS"):
-        pytest.fail(f"{tool} is required here (CARDC_REQUIRE_TOOLS) and is not installed")
-    pytest.skip(f"{tool} is not installed")
 
 
 def _tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
-        _missing(name)
+        missing(name)
     assert found is not None
     return found
 
@@ -224,20 +215,6 @@ def site(tmp_path_factory) -> Path:
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     return out
-
-
-@pytest.fixture(scope="module")
-def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright")
-    if not Path(CHROMIUM).exists():
-        _missing("chromium")
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium
-        chromium.close()
 
 
 # every step of the page: how far it reaches past its figure, whether it scrolls, and whether

@@ -21,6 +21,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from tools import CHROMIUM
 
 from cardc import syntax as s
 from cardc.render.html import CSS, HtmlRenderer, algorithm_html, link_step, page, render_html
@@ -37,7 +38,7 @@ GOLDEN_CARDS = ["cards/paper/attention.card", "cards/gpt2.card", "cards/mistral.
 MATHML = {"math", "mi", "mo", "mn", "mrow", "msub", "msup", "msubsup", "msqrt", "mfrac",
           "munder", "munderover", "mover", "mtext", "mspace"}
 VOID = {"meta", "br", "hr", "img", "input", "link", "wbr"}
-CHROMIUM = "/usr/bin/chromium"
+
 
 
 def _html(path: str | Path, *flags: str) -> subprocess.CompletedProcess:
