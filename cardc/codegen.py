@@ -90,7 +90,8 @@ def _cond(e: ir.Cond) -> tuple[str, int]:
 
 
 def _lambda(e: ir.Lambda) -> tuple[str, int]:
-    return f"lambda: {expr_py(e.body)}", 0
+    params = f" {', '.join(e.params)}" if e.params else ""
+    return f"lambda{params}: {expr_py(e.body)}", 0
 
 
 _EXPR = {"Ref": _ref, "Lit": _lit, "Call": _call, "Attr": _attr, "Bin": _bin, "Un": _un,
@@ -124,7 +125,8 @@ def _functions_above(st: ir.Assign | ir.Return, indent: str) -> list[str]:
 
     st = ir.rewrite(st, name)
     defs = [line for f in named
-            for line in (f"{indent}def {f.name}():", f"{indent}    return {expr_py(f.body)}")]
+            for line in (f"{indent}def {f.name}({', '.join(f.params)}):",
+                         f"{indent}    return {expr_py(f.body)}")]
     return defs + _STMT[type(st).__name__](st, indent) if named else []
 
 

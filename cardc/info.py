@@ -84,6 +84,9 @@ class Compute:
     batch: int
     per_token: Dim  # forward FLOPs per token, in `length` only
     values: Dim  # entries of the values one sequence computes, in `length` only
+    # a language model's loss: its vocabulary, and the most logits training holds at once
+    # (None: all of them; cardc.lower.likelihood)
+    loss: tuple[int, int | None] | None = None
 
     def lines(self) -> list[str]:
         t = self.length
@@ -96,10 +99,23 @@ class Compute:
             per = "example" if t is None else "token"
             return [f"  FLOPs per {per}{where}: forward {figure(fwd)}, training {figure(3 * fwd)}",
                     f"  activations{where}, batch {self.batch}: " +
-                    ", ".join(f"{byte_size(acts * n)} {k}" for k, n in DTYPES.items())]
+                    ", ".join(f"{byte_size(acts * n)} {k}" for k, n in DTYPES.items()),
+                    *self.loss_lines(where)]
         return [f"  FLOPs per token: forward {polynomial(self.per_token, t)}, training 3× that "
                 f"({display(t)}: the sequence length; --seq to evaluate)",
                 f"  activations per sequence: {polynomial(self.values, t)} values (--seq, --batch)"]
+
+
+    def loss_lines(self, where: str) -> list[str]:
+        """What the training loss holds of the logits at the batch and sequence length."""
+        if self.loss is None or self.seq is None:
+            return []
+        vocab, most = self.loss
+        logits = self.batch * self.seq * vocab
+        held = logits if most is None else min(logits, most)
+        how = "all at once" if held == logits else "a few positions at a time"
+        return [f"  the loss{where}, batch {self.batch}: {logits:,} logits, {held:,} held at "
+                f"once ({how}; {byte_size(held * 4)} fp32, and as much for their log-softmax)"]
 
 
 def number(v: float) -> str:

@@ -96,6 +96,7 @@ class Lambda:
 
     body: Expr
     name: str = "make"
+    params: tuple[str, ...] = ()  # `lambda h: body`: a function of these
 
 
 Expr = Ref | Lit | Call | Attr | Bin | Un | Sub | Seq | Cond | Lambda
@@ -236,6 +237,9 @@ class Analysis:
 
     decodes: bool = False  # forward(x, cache=…) reads a KV cache: it decodes token by token
     causal: bool = False  # forward(x, targets), and no position's scores read a later token
+    # forward(x, nll=(rows, targets)): the log-likelihood of targets at those rows, per
+    # example, made a few rows' logits at a time (cardc.lower.likelihood)
+    likelihood: bool = False
 
 
 @dataclass

@@ -234,7 +234,7 @@ class BART(nn.Module):
             BARTDecoderBlock(D=D, eps=eps, H=H, D_f=D_f) for _ in range(N)
         )  # [bart.card:17]
 
-    def forward(self, z, x, targets=None, cache=None):
+    def forward(self, z, x, targets=None, nll=None, cache=None):
         if cache is not None and cache.holds(z):
             Z = cache.encoding[0]  # the source, encoded once per cache
         else:
@@ -257,6 +257,8 @@ class BART(nn.Module):
         X = F.layer_norm(X, (self.D,), self.gamma_dec_e, self.beta_dec_e, self.eps)  # (B, T, D)  [bart.card:29]
         for dec in self.dec:  # [bart.card:30]
             X = dec(X, Z, cache=cache)  # (B, T, D)  [bart.card:31]
+        if nll is not None:  # training's loss: the targets' log-likelihood, a few rows at a time
+            return log_likelihood(lambda X: X @ self.W_e.T + self.b_f, X, *nll, self.V)  # (B,)
         P = X @ self.W_e.T + self.b_f  # (B, T, V)  [bart.card:33]
         if cache is not None:
             cache.pos = cache.pos + T
@@ -411,6 +413,31 @@ class KVCache:
 # Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
 # cost: a decoded row against at most 2^20 weights (4 MiB in float32).
 JOINED_MAX = 1 << 20
+
+
+LOGITS_AT_ONCE = 1 << 24  # the logits log_likelihood holds at once: 64 MiB in float32
+
+
+def log_likelihood(head, h, rows, targets, width):
+    """Σ over the rows picked of log softmax(head(h[…, rows, :]))[targets], per example (…,),
+    the head's logits (width of them per row) made a few rows at a time: no more than
+    LOGITS_AT_ONCE at once, each chunk's made again for the backward pass (a checkpoint) where
+    there are several, so the loss never holds every position's logits."""
+    h = h[..., rows, :]  # (…, R, D): the rows scored
+    per_row = max(1, h[..., 0, 0].numel() * width)  # logits in one row of every example
+    size = max(1, LOGITS_AT_ONCE // per_row)
+
+    def chunk(h, targets):  # (…, c, D), (…, c) → (…,)
+        logp = torch.log_softmax(head(h), dim=-1)  # (…, c, width)
+        return logp.gather(-1, targets[..., None])[..., 0].sum(-1)
+
+    if h.shape[-2] <= size:
+        return chunk(h, targets)
+    total = 0
+    for lo in range(0, h.shape[-2], size):
+        part = h[..., lo:lo + size, :], targets[..., lo:lo + size]
+        total = total + torch.utils.checkpoint.checkpoint(chunk, *part, use_reentrant=False)
+    return total
 
 
 # How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.

@@ -118,7 +118,7 @@ class BERTForMaskedLM(nn.Module):
             BERTBlock(D=D, eps=eps, H=H, D_f=D_f) for _ in range(N)
         )  # [bert.card:45]
 
-    def forward(self, x, s, targets=None):
+    def forward(self, x, s, targets=None, nll=None):
         T = x.shape[-1]
         if T > self.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds the model's {self.max_seq_len} positions")
@@ -128,8 +128,38 @@ class BERTForMaskedLM(nn.Module):
             E = block(E)  # (B, T, D)  [bert.card:54]
         # (B, T, D)  [bert.card:56]
         E = F.layer_norm(F.gelu(F.linear(E, self.W_t.T, self.b_t)), (self.D,), self.gamma_t, self.beta_t, self.eps)
+        if nll is not None:  # training's loss: the targets' log-likelihood, a few rows at a time
+            return log_likelihood(lambda E: E @ self.W_e.T + self.b_u, E, *nll, self.V)  # (B,)
         P = E @ self.W_e.T + self.b_u  # (B, T, V)  [bert.card:57]
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
+
+
+# Helpers the code above calls: cardc/runtime/modelkit.py's, copied by name.
+
+
+LOGITS_AT_ONCE = 1 << 24  # the logits log_likelihood holds at once: 64 MiB in float32
+
+
+def log_likelihood(head, h, rows, targets, width):
+    """Σ over the rows picked of log softmax(head(h[…, rows, :]))[targets], per example (…,),
+    the head's logits (width of them per row) made a few rows at a time: no more than
+    LOGITS_AT_ONCE at once, each chunk's made again for the backward pass (a checkpoint) where
+    there are several, so the loss never holds every position's logits."""
+    h = h[..., rows, :]  # (…, R, D): the rows scored
+    per_row = max(1, h[..., 0, 0].numel() * width)  # logits in one row of every example
+    size = max(1, LOGITS_AT_ONCE // per_row)
+
+    def chunk(h, targets):  # (…, c, D), (…, c) → (…,)
+        logp = torch.log_softmax(head(h), dim=-1)  # (…, c, width)
+        return logp.gather(-1, targets[..., None])[..., 0].sum(-1)
+
+    if h.shape[-2] <= size:
+        return chunk(h, targets)
+    total = 0
+    for lo in range(0, h.shape[-2], size):
+        part = h[..., lo:lo + size, :], targets[..., lo:lo + size]
+        total = total + torch.utils.checkpoint.checkpoint(chunk, *part, use_reentrant=False)
+    return total

@@ -116,7 +116,7 @@ class GPT2(nn.Module):
             GPT2Block(D=D, eps=eps, H=H, D_f=D_f) for _ in range(N)
         )  # [gpt2.card:10]
 
-    def forward(self, x, targets=None, cache=None):
+    def forward(self, x, targets=None, nll=None, cache=None):
         T = x.shape[-1]
         past = 0 if cache is None else cache.pos  # tokens decoded before these
         if past + T > self.max_seq_len:
@@ -125,6 +125,8 @@ class GPT2(nn.Module):
         for block in self.block:  # [gpt2.card:15]
             E = block(E, cache=cache)  # (B, T, D)  [gpt2.card:16]
         E = F.layer_norm(E, (self.D,), self.gamma_f, self.beta_f, self.eps)  # (B, T, D)  [gpt2.card:18]
+        if nll is not None:  # training's loss: the targets' log-likelihood, a few rows at a time
+            return log_likelihood(lambda E: E @ self.W_e.T, E, *nll, self.V)  # (B,)
         P = E @ self.W_e.T  # (B, T, V)  [gpt2.card:19]
         if cache is not None:
             cache.pos = cache.pos + T
@@ -278,6 +280,31 @@ class KVCache:
 # Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its
 # cost: a decoded row against at most 2^20 weights (4 MiB in float32).
 JOINED_MAX = 1 << 20
+
+
+LOGITS_AT_ONCE = 1 << 24  # the logits log_likelihood holds at once: 64 MiB in float32
+
+
+def log_likelihood(head, h, rows, targets, width):
+    """Σ over the rows picked of log softmax(head(h[…, rows, :]))[targets], per example (…,),
+    the head's logits (width of them per row) made a few rows at a time: no more than
+    LOGITS_AT_ONCE at once, each chunk's made again for the backward pass (a checkpoint) where
+    there are several, so the loss never holds every position's logits."""
+    h = h[..., rows, :]  # (…, R, D): the rows scored
+    per_row = max(1, h[..., 0, 0].numel() * width)  # logits in one row of every example
+    size = max(1, LOGITS_AT_ONCE // per_row)
+
+    def chunk(h, targets):  # (…, c, D), (…, c) → (…,)
+        logp = torch.log_softmax(head(h), dim=-1)  # (…, c, width)
+        return logp.gather(-1, targets[..., None])[..., 0].sum(-1)
+
+    if h.shape[-2] <= size:
+        return chunk(h, targets)
+    total = 0
+    for lo in range(0, h.shape[-2], size):
+        part = h[..., lo:lo + size, :], targets[..., lo:lo + size]
+        total = total + torch.utils.checkpoint.checkpoint(chunk, *part, use_reentrant=False)
+    return total
 
 
 # How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.

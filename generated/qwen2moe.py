@@ -222,12 +222,14 @@ class Qwen2MoE(nn.Module):
             for _ in range(N)
         )  # [qwen2moe.card:14]
 
-    def forward(self, x, targets=None, cache=None):
+    def forward(self, x, targets=None, nll=None, cache=None):
         # (B, T, D)  [qwen2moe.card:19]
         X = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
         for block in self.block:  # [qwen2moe.card:20]
             X = block(X, cache=cache)  # (B, T, D)  [qwen2moe.card:21]
         X = rms_normalize(X, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [qwen2moe.card:23]
+        if nll is not None:  # training's loss: the targets' log-likelihood, a few rows at a time
+            return log_likelihood(lambda X: X @ self.W_u, X, *nll, self.V)  # (B,)
         P = X @ self.W_u  # (B, T, V)  [qwen2moe.card:24]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]
@@ -508,6 +510,31 @@ def rms_normalize(X, shape, gamma, eps):
     norm = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
     normed = X / torch.hypot(norm * roots[1], roots[0])
     return normed if gamma is None else normed * gamma
+
+
+LOGITS_AT_ONCE = 1 << 24  # the logits log_likelihood holds at once: 64 MiB in float32
+
+
+def log_likelihood(head, h, rows, targets, width):
+    """Σ over the rows picked of log softmax(head(h[…, rows, :]))[targets], per example (…,),
+    the head's logits (width of them per row) made a few rows at a time: no more than
+    LOGITS_AT_ONCE at once, each chunk's made again for the backward pass (a checkpoint) where
+    there are several, so the loss never holds every position's logits."""
+    h = h[..., rows, :]  # (…, R, D): the rows scored
+    per_row = max(1, h[..., 0, 0].numel() * width)  # logits in one row of every example
+    size = max(1, LOGITS_AT_ONCE // per_row)
+
+    def chunk(h, targets):  # (…, c, D), (…, c) → (…,)
+        logp = torch.log_softmax(head(h), dim=-1)  # (…, c, width)
+        return logp.gather(-1, targets[..., None])[..., 0].sum(-1)
+
+    if h.shape[-2] <= size:
+        return chunk(h, targets)
+    total = 0
+    for lo in range(0, h.shape[-2], size):
+        part = h[..., lo:lo + size, :], targets[..., lo:lo + size]
+        total = total + torch.utils.checkpoint.checkpoint(chunk, *part, use_reentrant=False)
+    return total
 
 
 # How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.

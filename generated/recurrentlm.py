@@ -113,11 +113,13 @@ class RecurrentLM(nn.Module):
             RecurrentBlock(D=D, eps=eps, D_h=D_h, D_f=D_f) for _ in range(N)
         )  # [recurrent.card:9]
 
-    def forward(self, x, targets=None, cache=None):
+    def forward(self, x, targets=None, nll=None, cache=None):
         E = self.W_e[x]  # (B, T, D)  [recurrent.card:12]
         for block in self.block:  # [recurrent.card:13]
             E = block(E, cache=cache)  # (B, T, D)  [recurrent.card:14]
         E = rms_normalize(E, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [recurrent.card:16]
+        if nll is not None:  # training's loss: the targets' log-likelihood, a few rows at a time
+            return log_likelihood(lambda E: E @ self.W_e.T, E, *nll, self.V)  # (B,)
         P = E @ self.W_e.T  # (B, T, V)  [recurrent.card:17]
         if cache is not None:
             cache.pos = cache.pos + x.shape[-1]
@@ -325,6 +327,31 @@ def linear_scan(a, b, h, dim):
             a = torch.cat([a.narrow(dim, 0, step), a_late * a.narrow(dim, 0, rest)], dim)
         step *= 2
     return b
+
+
+LOGITS_AT_ONCE = 1 << 24  # the logits log_likelihood holds at once: 64 MiB in float32
+
+
+def log_likelihood(head, h, rows, targets, width):
+    """Σ over the rows picked of log softmax(head(h[…, rows, :]))[targets], per example (…,),
+    the head's logits (width of them per row) made a few rows at a time: no more than
+    LOGITS_AT_ONCE at once, each chunk's made again for the backward pass (a checkpoint) where
+    there are several, so the loss never holds every position's logits."""
+    h = h[..., rows, :]  # (…, R, D): the rows scored
+    per_row = max(1, h[..., 0, 0].numel() * width)  # logits in one row of every example
+    size = max(1, LOGITS_AT_ONCE // per_row)
+
+    def chunk(h, targets):  # (…, c, D), (…, c) → (…,)
+        logp = torch.log_softmax(head(h), dim=-1)  # (…, c, width)
+        return logp.gather(-1, targets[..., None])[..., 0].sum(-1)
+
+    if h.shape[-2] <= size:
+        return chunk(h, targets)
+    total = 0
+    for lo in range(0, h.shape[-2], size):
+        part = h[..., lo:lo + size, :], targets[..., lo:lo + size]
+        total = total + torch.utils.checkpoint.checkpoint(chunk, *part, use_reentrant=False)
+    return total
 
 
 # How tokens are picked and filtered: cardc/runtime/logits.py's, cardc's sampler's.

@@ -99,3 +99,19 @@ def test_activation_memory_is_what_backpropagation_keeps(family):
     kept = sum(n for ptr, n in saved.items() if ptr not in params)
     estimate = float(summary.compute.values.evaluate({"T": seq})) * 2 * 4  # batch 2, fp32
     assert 0.75 < estimate / kept < 1.25, (estimate, kept)
+
+
+def test_info_prints_what_the_loss_holds_of_the_logits():
+    """GPT-2 scores its rows itself (cardc.lower.likelihood): training holds 2^24 logits at
+    most; the paper's DTransformer (column-major) every one of them."""
+    def info(*args: str) -> str:
+        run = subprocess.run([sys.executable, "-m", "cardc", "info", *args], cwd=ROOT,
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    assert "the loss at T = 1024, batch 8: 411,705,344 logits, 16,777,216 held at once (a few " \
+           "positions at a time; 67.1 MB fp32" in info("cards/gpt2.card", "--preset", "gpt2",
+                                                       "--seq", "1024", "--batch", "8")
+    assert "the loss at T = 64, batch 2: 32,768 logits, 32,768 held at once (all at once" in \
+        info("cards/gpt2.card", "--preset", "tiny", "--seq", "64", "--batch", "2")

@@ -72,7 +72,7 @@ def test_no_class_of_the_lowering_is_over_500_lines():
 def test_analyses_are_recorded_with_the_model_and_its_metadata():
     gpt2 = build_model(str(ROOT / "cards/gpt2.card"), "tiny")
     assert (gpt2.analysis.decodes, gpt2.analysis.causal) == (True, True)
-    assert gpt2.card_meta["analysis"] == {"decodes": True, "causal": True}
+    assert gpt2.card_meta["analysis"] == {"decodes": True, "causal": True, "likelihood": True}
     paper = build_model(str(ROOT / "cards/paper/dtransformer.card"), "tiny")
     assert (paper.analysis.decodes, paper.analysis.causal) == (False, True)  # by its mask rule
     encoder = build_model(str(ROOT / "cards/paper/etransformer.card"), "tiny", name="ETransformer")
@@ -98,7 +98,8 @@ def test_the_literal_lowering_proves_causality_from_its_own_masks():
     for card in ("cards/gpt2.card", "cards/mistral.card", "cards/gemma2.card"):
         literal = build_model(str(ROOT / card), "tiny", fuse=False)
         assert predicts_next_token(literal) and not literal.analysis.decodes, card
-        assert literal.card_meta["analysis"] == {"decodes": False, "causal": True}
+        assert literal.card_meta["analysis"] == {"decodes": False, "causal": True,
+                                                 "likelihood": True}
     gpt2 = build_model(str(ROOT / "cards/gpt2.card"), "tiny", fuse=False).eval()
     x = torch.randint(0, 256, (2, 12))
     y = x.clone()

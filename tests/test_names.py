@@ -343,6 +343,9 @@ GENERATOR_NAMES = {
     # attention whose queries are a product (cardc.lower.factored)
     "factored_sdpa", "A", "B", "R", "K", "V", "Q", "a", "tq", "tk", "c", "u",
     "w", "heads_product", "X", "W", "H", "P", "to",
+    # the training loss a few rows at a time (cardc.lower.likelihood)
+    "nll", "log_likelihood", "LOGITS_AT_ONCE", "head", "h", "per_row", "chunk", "logp", "total",
+    "lo", "max", "use_reentrant",
 }
 # what the generator appends to a card's name: a recurrence's state held or read late, all
 # of its states; a head's function over every head at once
@@ -367,6 +370,7 @@ GENERATOR_ATTRS = {
     "slice_scatter", "zeros_like", "dim", "repeat", "repeat_interleave", "clear", "calls", "called",
     "new_ones", "new_zeros", "get", "isin", "full_like", "is_grad_enabled", "type", "linalg",
     "vector_norm", "hypot", "addcmul_", "dtype",
+    "utils", "checkpoint",  # torch.utils.checkpoint, the loss's chunks
     "resume", "hold", "states", "carried", "holds", "keep", "source", "encoding",
     "kept", "keep_context", "context", "contexts", "broadcast_tensors", "broadcast_to", "broadcast_shapes",
     "is_tensor", "narrow", "index_add", "nonzero", "split", "indices", "bincount", "permute",

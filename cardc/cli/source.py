@@ -151,10 +151,26 @@ def cmd_info(args: argparse.Namespace) -> int:
         validate(checker, alg, args.preset, overrides, set_flags(args.set))
         summary = summarize(checker.infos[id(alg)].sig, args.preset, overrides,
                             card_cost(checker, alg), args.seq, args.batch)
+        if summary.compute is not None:
+            summary.compute.loss = _loss_logits(checker, alg, summary.values)
     except PresetError as err:
         return report(err.card_error(diags.sources).diagnostics)
     print(summary.text())
     return EXIT_OK
+
+
+def _loss_logits(checker, alg, values) -> tuple[int, int | None] | None:
+    """A language model's vocabulary, and the most logits its training loss holds at once
+    (None: every one), as its lowering found (cardc.lower.likelihood)."""
+    from ..build import lowered, unbound_models
+    from ..lower import Lowering
+    from ..lower.likelihood import LOGITS_AT_ONCE
+
+    sig = checker.info(alg).sig
+    if not Lowering.is_language_model(sig) or unbound_models(checker, alg):
+        return None
+    vocab = int(sig.output.shape[0 if sig.layout == "column" else -1].evaluate(values))
+    return vocab, LOGITS_AT_ONCE if lowered(checker, alg).analysis.likelihood else None
 
 
 def cmd_build(args: argparse.Namespace) -> int:

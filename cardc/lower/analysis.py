@@ -293,7 +293,9 @@ def analyse(program: ir.Program, top: ir.Module, masking: Masking) -> ir.Analysi
     tokens_in = [a.name for a in top.inputs[1:2]] == ["targets"]  # forward(x, targets)
     causal = top.language_model and tokens_in and masking.causal() and \
         not masking.unrecognised(program, top)
-    return ir.Analysis(decodes=decodes, causal=causal or decodes and top.generates)
+    likelihood = any(a.name == "nll" for a in top.inputs)
+    return ir.Analysis(decodes=decodes, causal=causal or decodes and top.generates,
+                       likelihood=likelihood)
 
 
 def literal_softmaxes(program: ir.Program) -> int:

@@ -18,6 +18,7 @@ from ..spelling import display
 from ..types import BundleTy, Entry, FamilyTy, Ty
 from .analysis import Masking, analyse, decoded_names, positioned, record, recorded
 from .body import bound_sizes
+from .likelihood import likelihood_step
 from .observe import observe
 from .parameters import Parameters, _ctor_dim, _ctor_value
 from .pipeline import pipeline
@@ -286,6 +287,13 @@ class Lowering(Parameters):
             value = ir.Call(value.func, (ir.Ref(z),), value.kwargs)
         else:
             z = logits
+        sig = self.checker.info(body.alg).sig
+        likely = likelihood_step(value.args[0] if m.probabilities else value,
+                                 body.dim(sig.output.shape[-1])) \
+            if sig.layout != "column" else None
+        if likely is not None:  # training's loss reads no more logits than it needs at once
+            m.inputs.append(ir.Arg("nll", ir.Lit("None")))
+            out.insert(0, likely)
         flat = ir.Call(ir.Attr(ir.Ref(z), "flatten"), (ir.Lit("0"), ir.Lit("-2")))
         loss = ir.Call(ir.Ref("F.cross_entropy"),
                        (flat, ir.Call(ir.Attr(ir.Ref("targets"), "flatten"))))

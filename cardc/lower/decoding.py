@@ -337,7 +337,7 @@ def _pass_cache(m: ir.Module, cached: set[str], functions: set[str],
 # ------------------------------------------------------------------ the language model
 def _count_positions(top: ir.Module) -> None:
     """The decoded sequence's positions start at `past`; the cache counts the new tokens in."""
-    x = [a.name for a in top.inputs if a.name not in ("targets", "cache")][-1]  # decoded
+    x = _decoded_input(top)
     tokens = ir.Sub(ir.Attr(ir.Ref(x), "shape"), (ir.Lit("-1"),))
     length = next((st.targets[0] for st in top.body if isinstance(st, ir.Assign) and
                    st.value == tokens), None)
@@ -370,8 +370,12 @@ def _count_positions(top: ir.Module) -> None:
 
 
 def _decoded_input(top: ir.Module) -> str:
-    """The input the model decodes: its last but the targets and the cache."""
-    return [a.name for a in top.inputs if a.name not in ("targets", "cache")][-1]
+    """The input the model decodes: its last but the targets, the likelihood's rows and
+    targets (cardc.lower.likelihood) and the cache."""
+    return [a.name for a in top.inputs if a.name not in NOT_TOKENS][-1]
+
+
+NOT_TOKENS = ("targets", "nll", "cache")  # a language model's inputs that are not its tokens
 
 
 def _encode_once(top: ir.Module) -> str | None:
@@ -380,7 +384,7 @@ def _encode_once(top: ir.Module) -> str | None:
     the decoder reads are taken from it; otherwise computed and kept. Comments stay in place;
     a cache that decoded tokens after another source refuses this one (KVCache.holds)."""
     decoded = _decoded_input(top)
-    sources = [a.name for a in top.inputs if a.name not in (decoded, "targets", "cache")]
+    sources = [a.name for a in top.inputs if a.name not in (decoded, *NOT_TOKENS)]
     if len(sources) != 1:
         return None
     tainted = {decoded, "targets", "cache", "past"}

@@ -295,6 +295,9 @@ class Procedures:
             return self.minibatch_sum(e, elems)
         if e.over is None and (e.lo is None or e.hi is None):
             return self.axis_sum(e)
+        found = self.likelihood_sum(e)
+        if found is not None:
+            return found
         if e.over is not None:
             if not (isinstance(e.over, s.Name) and e.over.id in self.sets):
                 self.fail(e.over, "code generation sums over a set built with {t ∈ … : …}")
@@ -310,6 +313,27 @@ class Procedures:
         if mask is not None:
             code = _call("torch.where", mask.code, code, ir.Lit("0.0"))
         return Val(_method(code, "sum", _int(-1)), Ty(), body.lifted)
+
+    def likelihood_sum(self, e: s.Sum) -> Val | None:
+        """Σ_{t=a}^{b} log softmax(M(x | θ)[t, :])[y] of a language model that scores rows
+        itself (cardc.lower.likelihood): M(x, nll=(t − 1, y)), no more logits at once than it
+        needs; None for any other sum, which is lowered as written."""
+        call = _likelihood_call(e)
+        info = self.info.calls.get(id(call)) if call is not None else None
+        if info is None or e.over is not None or self.module_for(call, info) is None or \
+                not self.low.analysis(info.callee).likelihood:
+            return None
+        t = self.arange_of(e.index, s.Range((e.lo,), e.hi), e)
+        outer, self.ranged = self.ranged, {**self.ranged, e.index: t}
+        try:
+            model, y = self.expr(call), self.expr(e.body.right.items[0])
+        finally:
+            self.ranged = outer
+        if not isinstance(model.code, ir.Call):
+            return None
+        rows = ir.Seq((ir.Bin("-", t.code, _int(1)), y.code))  # the card counts rows from 1
+        code = ir.Call(model.code.func, model.code.args, (*model.code.kwargs, ("nll", rows)))
+        return Val(code, Ty(), True)
 
     def axis_sum(self, e: s.Sum) -> Val:
         """Σ_e F[e] · G[e]: the index reads the last axis of the values it indexes, all of it
@@ -371,3 +395,24 @@ class Procedures:
 
     def batch_source(self) -> ir.Expr:
         return ir.Ref(local_name(self.info.sig.inputs[0][0]))
+
+
+def _likelihood_call(e: s.Sum) -> s.Call | None:
+    """The call M(x | θ) of a sum `log softmax(M(x | θ)[t, :])[y]` over t, or None."""
+    b = e.body
+    if not (isinstance(b, s.BinOp) and b.op == " " and isinstance(b.left, s.Name) and
+            b.left.id == "log" and isinstance(b.right, s.Index) and len(b.right.items) == 1):
+        return None
+    soft = b.right.base
+    if not (isinstance(soft, s.Call) and soft.func == "softmax" and len(soft.args) == 1 and
+            not soft.params and isinstance(soft.args[0], s.Index)):
+        return None
+    scores = soft.args[0]
+    if len(scores.items) != 2:
+        return None
+    row, cols = scores.items
+    whole = isinstance(cols, s.Slice) and cols.lo is None and cols.hi is None
+    if not (isinstance(row, s.Name) and row.id == e.index and whole and
+            isinstance(scores.base, s.Call)):
+        return None
+    return scores.base

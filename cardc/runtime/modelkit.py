@@ -511,3 +511,28 @@ def stack_broadcast(rows, dim):
     """Rows a loop over positions collected, stacked on a new axis `dim`: the first may lack
     batch axes that later ones carry (a state that starts as a parameter)."""
     return torch.stack(torch.broadcast_tensors(*rows), dim)
+
+
+LOGITS_AT_ONCE = 1 << 24  # the logits log_likelihood holds at once: 64 MiB in float32
+
+
+def log_likelihood(head, h, rows, targets, width):
+    """Σ over the rows picked of log softmax(head(h[…, rows, :]))[targets], per example (…,),
+    the head's logits (width of them per row) made a few rows at a time: no more than
+    LOGITS_AT_ONCE at once, each chunk's made again for the backward pass (a checkpoint) where
+    there are several, so the loss never holds every position's logits."""
+    h = h[..., rows, :]  # (…, R, D): the rows scored
+    per_row = max(1, h[..., 0, 0].numel() * width)  # logits in one row of every example
+    size = max(1, LOGITS_AT_ONCE // per_row)
+
+    def chunk(h, targets):  # (…, c, D), (…, c) → (…,)
+        logp = torch.log_softmax(head(h), dim=-1)  # (…, c, width)
+        return logp.gather(-1, targets[..., None])[..., 0].sum(-1)
+
+    if h.shape[-2] <= size:
+        return chunk(h, targets)
+    total = 0
+    for lo in range(0, h.shape[-2], size):
+        part = h[..., lo:lo + size, :], targets[..., lo:lo + size]
+        total = total + torch.utils.checkpoint.checkpoint(chunk, *part, use_reentrant=False)
+    return total
