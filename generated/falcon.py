@@ -217,6 +217,7 @@ class KVCache:
         self.encoding = ()  # what its encoder made of it that the decoder reads
         self.context = []  # what the decoder's steps made of the encoding (cross keys, values)
         self.contexts = 0, 0  # (pos, n): n of them read by the forward at pos so far
+        self.room = {}  # layer → (K, V, end): buffers its kept keys and values end at `end` in
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
@@ -242,11 +243,29 @@ class KVCache:
             self.called = at, seen
             layer = (layer, n) if n else layer
         if layer in self.kv:
-            K_past, V_past = self.kv[layer]
-            K, V = torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+            K, V = self.appended(layer, K, V)
         drop = 0 if keep is None else K.shape[-2] - keep
         self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
         return K, V
+
+    def appended(self, layer, K, V):
+        """The layer's kept keys then K (values alike). Without gradients they are written
+        after the kept ones in buffers with room to spare, which double when full (only then
+        is the past copied): a decoded token costs no copy of every position before it."""
+        K_past, V_past = self.kv[layer]
+        if torch.is_grad_enabled() and (K.requires_grad or K_past.requires_grad):
+            return torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
+        n, t = K_past.shape[-2], K.shape[-2]
+        K_room, V_room, end = self.room.get(layer, (None, None, 0))
+        if K_room is None or end + t > K_room.shape[-2] or K_room.shape[:-2] != K.shape[:-2]:
+            size = max(2 * (n + t), 16)
+            K_room = K.new_empty((*K.shape[:-2], size, K.shape[-1]))
+            V_room = V.new_empty((*V.shape[:-2], size, V.shape[-1]))
+            K_room[..., :n, :], V_room[..., :n, :], end = K_past, V_past, n
+        K_room[..., end:end + t, :], V_room[..., end:end + t, :] = K, V
+        end += t
+        self.room[layer] = K_room, V_room, end
+        return K_room[..., end - n - t:end, :], V_room[..., end - n - t:end, :]
 
     def joined(self, weights):
         """project's matrices side by side, their biases (None if none has one) and widths;

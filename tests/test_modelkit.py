@@ -44,6 +44,38 @@ def test_kvcache_keeps_only_a_window_when_asked():
     assert torch.equal(held, K[..., 2:, :])
 
 
+def test_kvcache_decoding_copies_no_past_per_token():
+    """Token by token, without gradients, the keys land in buffers that double when full: 300
+    tokens after a prompt of 5 use a handful of buffers, and every step reads what plain
+    concatenation (and a window's cut) would give."""
+    for keep in (None, 40):
+        cache, want = mk.KVCache(), torch.randn(1, 2, 5, 4)
+        buffers = set()
+        with torch.no_grad():
+            cache.extend(0, want, 2 * want, keep=keep)
+            want = want[..., -keep:, :] if keep else want
+            for _ in range(300):
+                cache.pos += 1 if cache.pos else 5  # the next forward
+                k = torch.randn(1, 2, 1, 4)
+                got, values = cache.extend(0, k, 2 * k, keep=keep)
+                want = torch.cat([want, k], -2)
+                assert torch.equal(got, want) and torch.equal(values, 2 * want)
+                want = want[..., -keep:, :] if keep else want
+                buffers.add(cache.room[0][0].data_ptr())
+        assert len(buffers) <= (6 if keep is None else 9), keep
+
+
+def test_kvcache_concatenates_where_gradients_flow():
+    cache = mk.KVCache()
+    K1 = torch.randn(1, 1, 3, 2, requires_grad=True)
+    cache.extend(0, K1, K1)
+    cache.pos += 3
+    K2 = torch.randn(1, 1, 1, 2, requires_grad=True)
+    K, _ = cache.extend(0, K2, K2)
+    K.sum().backward()  # no buffer written in place under the graph
+    assert not cache.room and torch.equal(K1.grad, torch.ones_like(K1))
+
+
 def test_kvcache_keys_unnamed_calls_by_their_order_within_a_forward():
     cache = mk.KVCache()
     first, second = torch.zeros(1, 1, 1, 2), torch.ones(1, 1, 1, 2)
