@@ -236,15 +236,16 @@ class KVCache:
 
     def appended(self, layer, K, V):
         """The layer's kept keys then K (values alike). Without gradients they are written
-        after the kept ones in buffers with room to spare, which double when full (only then
-        is the past copied): a decoded token costs no copy of every position before it."""
+        after the kept ones in buffers with room to spare, which grow by a quarter when full
+        (only then is the past copied): a decoded token costs no copy of every position
+        before it, and the room costs a quarter more memory at most."""
         K_past, V_past = self.kv[layer]
         if torch.is_grad_enabled() and (K.requires_grad or K_past.requires_grad):
             return torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
         n, t = K_past.shape[-2], K.shape[-2]
         K_room, V_room, end = self.room.get(layer, (None, None, 0))
         if K_room is None or end + t > K_room.shape[-2] or K_room.shape[:-2] != K.shape[:-2]:
-            size = max(2 * (n + t), 16)
+            size = n + t + max((n + t) // 4, 16)
             K_room = K.new_empty((*K.shape[:-2], size, K.shape[-1]))
             V_room = V.new_empty((*V.shape[:-2], size, V.shape[-1]))
             K_room[..., :n, :], V_room[..., :n, :], end = K_past, V_past, n

@@ -45,7 +45,7 @@ def test_kvcache_keeps_only_a_window_when_asked():
 
 
 def test_kvcache_decoding_copies_no_past_per_token():
-    """Token by token, without gradients, the keys land in buffers that double when full: 300
+    """Token by token, without gradients, the keys land in buffers that grow when full: 300
     tokens after a prompt of 5 use a handful of buffers, and every step reads what plain
     concatenation (and a window's cut) would give."""
     for keep in (None, 40):
@@ -62,7 +62,7 @@ def test_kvcache_decoding_copies_no_past_per_token():
                 assert torch.equal(got, want) and torch.equal(values, 2 * want)
                 want = want[..., -keep:, :] if keep else want
                 buffers.add(cache.room[0][0].data_ptr())
-        assert len(buffers) <= (6 if keep is None else 9), keep
+        assert len(buffers) <= 12, keep  # 300 tokens: room grown by a quarter at a time
 
 
 def test_kvcache_concatenates_where_gradients_flow():
