@@ -275,7 +275,8 @@ class KVCache:
         (only then is the past copied): a decoded token costs no copy of every position
         before it, and the room costs a quarter more memory at most."""
         K_past, V_past = self.kv[layer]
-        if torch.is_grad_enabled() and (K.requires_grad or K_past.requires_grad):
+        if torch.is_grad_enabled() and (K.requires_grad or K_past.requires_grad) or \
+                torch.compiler.is_compiling():  # a buffer made in a graph is not one it keeps
             return torch.cat([K_past, K], dim=-2), torch.cat([V_past, V], dim=-2)
         n, t = K_past.shape[-2], K.shape[-2]
         K_room, V_room, end = self.room.get(layer, (None, None, 0))
