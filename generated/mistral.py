@@ -406,6 +406,10 @@ def rope_angles(pairs, X, theta_base, past, width=None):
     are kept apart: autograd cannot save them for a training step's backward."""
     T, d = X.shape[-2], X.shape[-1]
     dtype = real_type(X.dtype)
+    if torch.compiler.is_compiling():  # the memo's size would be a guard: a graph per token
+        table = rope_table(pairs, d, d if width is None else width, theta_base, X.device,
+                           past + T, dtype)
+        return *(rows[past:past + T] for rows in table[:3]), table[3]
     key = pairs, past, T, d, width, theta_base, X.device, dtype, inference_made()
     found = ANGLES.get(key)
     if found is None:
@@ -499,13 +503,16 @@ def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
     step of the same sizes, device and numbers; None where every position is visible (a
     decoded token that sees all the keys a window keeps). With a dtype, as a bias to add to
     scores: 0 where visible, −∞ where hidden."""
-    def made():
-        mask = make()
-        if mask.all().item():
-            return None
+    def as_bias(mask):
         return mask if dtype is None else \
             torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
 
+    def made():
+        mask = make()
+        return None if mask.all().item() else as_bias(mask)
+
+    if torch.compiler.is_compiling():  # in a graph: the mask itself, nothing read back
+        return as_bias(make())
     return shared_value(-site, made, queries, keys, device, dtype, *numbers)
 
 
@@ -518,6 +525,8 @@ def shared_value(site, make, *reads):
     forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
     entry holds it, so no other tensor takes its id while the entry stands. One made under
     inference mode is kept apart: autograd cannot save it."""
+    if torch.compiler.is_compiling():  # the memo's size would be a guard: a graph per token
+        return make()
     key = site, inference_made(), \
         *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
     found = VALUES.get(key)

@@ -258,6 +258,10 @@ def rope_angles(pairs, X, theta_base, past, width=None):
     are kept apart: autograd cannot save them for a training step's backward."""
     T, d = X.shape[-2], X.shape[-1]
     dtype = real_type(X.dtype)
+    if torch.compiler.is_compiling():  # the memo's size would be a guard: a graph per token
+        table = rope_table(pairs, d, d if width is None else width, theta_base, X.device,
+                           past + T, dtype)
+        return *(rows[past:past + T] for rows in table[:3]), table[3]
     key = pairs, past, T, d, width, theta_base, X.device, dtype, inference_made()
     found = ANGLES.get(key)
     if found is None:

@@ -617,13 +617,16 @@ def shared_mask(site, make, queries, keys, device, *numbers, dtype=None):
     step of the same sizes, device and numbers; None where every position is visible (a
     decoded token that sees all the keys a window keeps). With a dtype, as a bias to add to
     scores: 0 where visible, −∞ where hidden."""
-    def made():
-        mask = make()
-        if mask.all().item():
-            return None
+    def as_bias(mask):
         return mask if dtype is None else \
             torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
 
+    def made():
+        mask = make()
+        return None if mask.all().item() else as_bias(mask)
+
+    if torch.compiler.is_compiling():  # in a graph: the mask itself, nothing read back
+        return as_bias(make())
     return shared_value(-site, made, queries, keys, device, dtype, *numbers)
 
 
@@ -636,6 +639,8 @@ def shared_value(site, make, *reads):
     forward that reads the same. A tensor it reads is such a value too, keyed by identity: the
     entry holds it, so no other tensor takes its id while the entry stands. One made under
     inference mode is kept apart: autograd cannot save it."""
+    if torch.compiler.is_compiling():  # the memo's size would be a guard: a graph per token
+        return make()
     key = site, inference_made(), \
         *(id(r) if isinstance(r, torch.Tensor) else r for r in reads)
     found = VALUES.get(key)

@@ -78,3 +78,48 @@ def test_a_compiled_training_run_gives_eagers_losses(tmp_path, monkeypatch):
                                if "train_loss" in json.loads(line)]
     assert len(losses[True]) == 3
     assert max(abs(a - b) for a, b in zip(losses[True], losses[False], strict=True)) < 1e-5
+
+
+DECODERS = {"gpt2": {**SMALL, "ctx": 64}, "llama": {**SMALL, "H_kv": 2, "ctx": 64},
+            "bloom": dict(V=97, D=32, H=4, N=2),  # ALiBi: its slopes and biases made once
+            "mistral": dict(V=97, w=6), "gemma2": dict(V=97, w=6)}  # sliding windows
+# An encoder–decoder's cache checks that it holds the source given (torch.equal): data the
+# trace cannot read, a graph break; its decoder's steps compile as these do.
+
+
+@pytest.mark.parametrize("card", DECODERS)
+def test_cached_decoding_compiles_to_a_few_graphs(card):
+    """A whole generation through the KV cache, traced: a prefill and decode steps make at most
+    three graphs (the decode step's first, then one whose positions are symbols), however many
+    tokens follow, and every step gives eager's logits. The position tables, masks and values
+    made once are made in the graph instead of read from their memos (whose sizes would be
+    guards), so no token recompiles."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    preset = "tiny" if card in ("mistral", "gemma2") else None
+    model = cardc.model(f"cards/{card}.card", preset, **DECODERS[card]).eval()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 97, (2, 9), generator=g)
+    with torch.no_grad():
+        eager_cache, traced_cache = model.new_cache(), model.new_cache()
+        for _ in range(20):
+            want, got = model(x, cache=eager_cache), compiled(x, cache=traced_cache)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            x = want[:, -1:].argmax(-1)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 3
+
+
+def test_cached_decoding_compiles_with_inductor():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = cardc.model("cards/llama.card", **{**SMALL, "H_kv": 2, "ctx": 64}).eval()
+    compiled = torch.compile(model, fullgraph=True)  # inductor
+    x = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eager_cache, traced_cache = model.new_cache(), model.new_cache()
+        for _ in range(12):
+            want, got = model(x, cache=eager_cache), compiled(x, cache=traced_cache)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            x = want[:, -1:].argmax(-1)

@@ -41,7 +41,8 @@ def _compile(path: Path) -> list[tuple[str, str, str, bool]]:
 # over whole tensors; the parts a card joins; sparse dispatch's pass over the E experts (each
 # called once on its run of tokens) and, without gradients, over at most FEW (a constant)
 # chosen (token, expert) pairs, or over a lone token's k experts; the axes of shapes broadcast
-ROUNDS = {"linear_scan", "cat_broadcast", "route", "route_one", "broadcast_sizes"}
+ROUNDS = {"linear_scan", "cat_broadcast", "route", "route_one", "broadcast_sizes",
+          "log_likelihood"}  # its loop: chunks of positions, not heads
 
 
 def _loops(text: str) -> list[str]:

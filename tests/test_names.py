@@ -346,6 +346,8 @@ GENERATOR_NAMES = {
     # the training loss a few rows at a time (cardc.lower.likelihood)
     "nll", "log_likelihood", "LOGITS_AT_ONCE", "head", "h", "per_row", "chunk", "logp", "total",
     "lo", "max", "use_reentrant",
+    # the cache's room to grow (KVCache.appended), and what a traced graph makes anew
+    "appended", "room", "K_room", "V_room", "as_bias", "is_compiling",
 }
 # what the generator appends to a card's name: a recurrence's state held or read late, all
 # of its states; a head's function over every head at once
@@ -371,6 +373,7 @@ GENERATOR_ATTRS = {
     "new_ones", "new_zeros", "get", "isin", "full_like", "is_grad_enabled", "type", "linalg",
     "vector_norm", "hypot", "addcmul_", "dtype",
     "utils", "checkpoint",  # torch.utils.checkpoint, the loss's chunks
+    "appended", "room", "new_empty", "element_size",  # the cache's room to grow
     "resume", "hold", "states", "carried", "holds", "keep", "source", "encoding",
     "kept", "keep_context", "context", "contexts", "broadcast_tensors", "broadcast_to", "broadcast_shapes",
     "is_tensor", "narrow", "index_add", "nonzero", "split", "indices", "bincount", "permute",
