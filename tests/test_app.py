@@ -94,7 +94,7 @@ def test_sample_says_so_where_the_model_decodes_without_a_cache(trained, tmp_pat
     with safe_open(str(run / "model.safetensors"), framework="pt") as f:
         metadata, state = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
     meta = json.loads(metadata["cardc"])
-    assert meta["analysis"] == {"decodes": True, "causal": True}
+    assert meta["analysis"] == {"decodes": True, "causal": True, "likelihood": True}
     meta["analysis"]["decodes"] = False
     save_file(state, str(run / "model.safetensors"), {**metadata, "cardc": json.dumps(meta)})
     claimed = cli("sample", str(run), *args)

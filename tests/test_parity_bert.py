@@ -206,14 +206,15 @@ def test_cardc_import_of_a_saved_bert_matches(base, inputs, tmp_path):
 
 def test_only_vocabulary_scores_take_targets(base, inputs):
     """BERT's output is D-wide hidden states, not scores over its V tokens: its forward takes
-    no targets (a cross-entropy of them would mean nothing); BERTForMaskedLM's does. Both still
+    no targets (a cross-entropy of them would mean nothing); BERTForMaskedLM's does, and the
+    log-likelihood of targets at rows (cardc.lower.likelihood). Both still
     refuse a sequence longer than their learned positions."""
     import inspect
 
     _, ours = base
     mlm = make_ours("BERTForMaskedLM")
     assert list(inspect.signature(ours.forward).parameters) == ["x", "s"]
-    assert list(inspect.signature(mlm.forward).parameters) == ["x", "s", "targets"]
+    assert list(inspect.signature(mlm.forward).parameters) == ["x", "s", "targets", "nll"]
     long = torch.zeros(1, CTX + 1, dtype=torch.long)
     for model in (ours, mlm):
         with pytest.raises(ValueError, match=f"sequence length {CTX + 1} exceeds"):

@@ -165,10 +165,12 @@ def _loss_logits(checker, alg, values) -> tuple[int, int | None] | None:
     from ..build import lowered, unbound_models
     from ..lower import Lowering
     from ..lower.likelihood import LOGITS_AT_ONCE
+    from ..types import Ty
 
     sig = checker.info(alg).sig
-    if not Lowering.is_language_model(sig) or unbound_models(checker, alg):
-        return None
+    if not isinstance(sig.output, Ty) or not Lowering.is_language_model(sig) or \
+            unbound_models(checker, alg):
+        return None  # a recipe's output is parameters; a generic one has no model yet
     vocab = int(sig.output.shape[0 if sig.layout == "column" else -1].evaluate(values))
     return vocab, LOGITS_AT_ONCE if lowered(checker, alg).analysis.likelihood else None
 
