@@ -26,7 +26,7 @@ OVER_LAST = frozenset({"torch.softmax", "torch.log_softmax"})  # with dim=-1: a 
 def likelihood_step(head: ir.Expr, width: ir.Expr) -> ir.If | None:
     """`if nll is not None: return log_likelihood(lambda h: head, h, *nll, width)`, where the
     head reads one local value, row by row; None where it reads more, or may mix rows."""
-    local = [n for n in _locals(head)]
+    local = _locals(head)
     if len(set(local)) != 1 or not _row_wise(head, local[0]):
         return None
     h = local[0]
