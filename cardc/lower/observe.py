@@ -124,8 +124,9 @@ class _Observed:
         return out
 
     def _calls(self, st, step: str | None):
-        """`st` with each call of a card's function handed the callee's `at`."""
-        if step is None or isinstance(st, (ir.Loop, ir.If, ir.While)):
+        """`st` with each call of a card's function handed the callee's `at` (every call: a
+        function's `at` is never None), keyed by the step where the caller calls it at several."""
+        if isinstance(st, (ir.Loop, ir.If, ir.While)):
             return st  # a compound statement's own steps are rewritten one by one
 
         def hand(node):
@@ -133,7 +134,8 @@ class _Observed:
                     node.func.id in self.functions):
                 return None
             card = self.functions[node.func.id]
-            segment = f"{card}@{step}" if len(self.calls[card]) > 1 else card
+            segment = f"{card}@{step}" if step is not None and len(self.calls[card]) > 1 \
+                else card
             at = ir.Call(ir.Attr(ir.Ref("at"), "call"), (ir.Lit(repr(segment)),))
             return ir.Call(node.func, tuple(ir.rewrite(a, hand) for a in node.args),
                            (*((k, ir.rewrite(v, hand)) for k, v in node.kwargs), ("at", at)))
