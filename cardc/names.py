@@ -40,6 +40,7 @@ GENERATED = frozenset({
     "hold_stopped", "stop",  # and the stop tokens it holds; a sampling card's caller's stop(y)
     "linear_scan", "previous_states", "stack_broadcast",  # a recurrence over positions
     "resume", "hold",  # the cache's methods a recurrence calls
+    "advance", "sees_all", "first_query", "rows_at", "beyond", "rope_rows",  # the positions a static cache holds
     "holds", "keep", "encoding",  # and those an encoder–decoder's source is encoded once by,
     "kept", "keep_context",  # and its cross keys and values made once
     "top_mask", "route", "route_one", "route_dense", "ROWS", "FEW",  # sparse experts

@@ -249,11 +249,11 @@ class BART(nn.Module):
                 cache.keep(z, Z)
         T = x.shape[-1]
         past = 0 if cache is None else cache.pos  # tokens decoded before these
-        if past + T > self.max_seq_len:
+        if beyond(past + T, self.max_seq_len):
             raise ValueError(f"sequence length {past + T} exceeds the model's {self.max_seq_len} positions")
         # Encode the source:
         # Decode the target, each block attending to the encoded source:
-        X = self.W_e[x] + self.W_dec_p[past + 2:past + T + 2]  # (B, T, D)  [bart.card:28]
+        X = self.W_e[x] + rows_at(self.W_dec_p, past + 2, T + 2 - 2)  # (B, T, D)  [bart.card:28]
         X = F.layer_norm(X, (self.D,), self.gamma_dec_e, self.beta_dec_e, self.eps)  # (B, T, D)  [bart.card:29]
         for dec in self.dec:  # [bart.card:30]
             X = dec(X, Z, cache=cache)  # (B, T, D)  [bart.card:31]
@@ -261,15 +261,21 @@ class BART(nn.Module):
             return log_likelihood(lambda X: X @ self.W_e.T + self.b_f, X, *nll, self.V)  # (B,)
         P = X @ self.W_e.T + self.b_f  # (B, T, V)  [bart.card:33]
         if cache is not None:
-            cache.pos = cache.pos + T
+            cache.advance(T)
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
 
-    def new_cache(self) -> "KVCache":
-        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
-        return KVCache()
+    def new_cache(self, length=None) -> "KVCache":
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds. With a
+        length, a static one: that many positions held in place, whose steps torch.compile
+        traces once for all."""
+        if length is None:
+            return KVCache()
+        if length > self.max_seq_len:
+            raise ValueError(f"a cache of {length} positions exceeds the model's {self.max_seq_len}")
+        return KVCache(length=length, device=next(self.parameters()).device)
 
     @torch.no_grad()
     def generate(self, z, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
@@ -302,28 +308,38 @@ class BART(nn.Module):
 
 class KVCache:
     """The keys and values of the tokens decoded so far, per attention layer, so that
-    forward(x, cache=…) reads only the tokens after them."""
+    forward(x, cache=…) reads only the tokens after them. A static cache (`length`) holds them
+    in buffers of that many positions made at its first step, and its position is a tensor:
+    every decode step then has the same shapes and nothing a trace would specialise on, so
+    torch.compile makes one graph for the prefill and one for every decoded token."""
 
-    def __init__(self, joins=None):
-        self.pos = 0  # tokens decoded so far
+    def __init__(self, joins=None, length=None, device=None):
+        self.length, self.device = length, device
+        # tokens decoded so far: a number, or a static cache's 0-d tensor
+        self.pos = 0 if length is None else torch.zeros((), dtype=torch.long, device=device)
         self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
         self.tokens = None  # those tokens, (B, pos), when they came through new()
         self.joins = {} if joins is None else joins  # project's joined weights, by their ids
-        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
-        self.called = 0, {}  # (pos, {module: n}): its calls by the forward at pos so far
+        self.calls = 0  # attention calls made by this forward so far
+        self.called = {}  # {module: n}: its calls by this forward so far
         self.states = {}  # recurrence over positions → the state its last position left
-        self.carried = 0, 0  # (pos, n): n recurrences resumed by the forward at pos so far
+        self.carried = 0  # recurrences resumed by this forward so far
         self.source = None  # an encoder–decoder's source, encoded once for its decoded tokens
         self.encoding = ()  # what its encoder made of it that the decoder reads
         self.context = []  # what the decoder's steps made of the encoding (cross keys, values)
-        self.contexts = 0, 0  # (pos, n): n of them read by the forward at pos so far
+        self.contexts = 0  # of them read by this forward so far
         self.room = {}  # layer → (K, V, end): buffers its kept keys and values end at `end` in
+
+    def advance(self, t):
+        """The forward's t new tokens counted in; the next forward's calls counted afresh."""
+        self.pos = self.pos + t
+        self.calls, self.called, self.carried, self.contexts = 0, {}, 0, 0
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
         held = 0 if self.tokens is None else self.tokens.shape[-1]
         if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
-            self.__init__(self.joins)
+            self.__init__(self.joins, self.length, self.device)
             held = 0
         self.tokens = x
         return x[..., held:]
@@ -335,18 +351,34 @@ class KVCache:
         forward (its output written twice, its weights shared by layers) is another attention
         each time: its calls are keyed by their order too."""
         if layer is None:
-            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
-            layer, self.calls = n, (at, n + 1)
+            layer, self.calls = self.calls, self.calls + 1
         else:
-            at, seen = self.called if self.called[0] == self.pos else (self.pos, {})
-            n = seen[layer] = seen.get(layer, -1) + 1
-            self.called = at, seen
+            n = self.called[layer] = self.called.get(layer, -1) + 1
             layer = (layer, n) if n else layer
+        if self.length is not None:
+            return self.written(layer, K, V)
         if layer in self.kv:
             K, V = self.appended(layer, K, V)
         drop = 0 if keep is None else K.shape[-2] - keep
         self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
         return K, V
+
+    def written(self, layer, K, V):
+        """A static cache's every position, K and V written at theirs. Those not yet written
+        hold zeros, and lie after every query: the causal rule of each mask hides them (a
+        sliding window's too, which a static cache masks rather than drops)."""
+        t = K.shape[-2]
+        if not torch.compiler.is_compiling() and int(self.pos) + t > self.length:
+            raise ValueError(f"this static cache holds {self.length} positions: "
+                             f"{int(self.pos) + t} do not fit (new_cache(length=…))")
+        held = self.kv.get(layer)
+        if held is None or held[0].shape[:-2] != K.shape[:-2]:
+            held = self.kv[layer] = (K.new_zeros((*K.shape[:-2], self.length, K.shape[-1])),
+                                     V.new_zeros((*V.shape[:-2], self.length, V.shape[-1])))
+        at = self.pos + torch.arange(t, device=K.device)  # (t,)
+        held[0].index_copy_(-2, at, K)
+        held[1].index_copy_(-2, at, V)
+        return held
 
     def appended(self, layer, K, V):
         """The layer's kept keys then K (values alike). Without gradients they are written
@@ -386,16 +418,41 @@ class KVCache:
     def mask(self, Q, K):
         """Which keys each new query sees: the cached ones, and the new ones up to itself."""
         q, k = Q.shape[-2], K.shape[-2]
+        if self.length is not None:  # the keys of every position, written or not
+            return self.first(Q, K) + torch.arange(q, device=Q.device)[:, None] >= \
+                torch.arange(k, device=Q.device)
         if q == 1:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+    def first(self, Q, K):
+        """The position of the first new query among the keys K at hand: after the cached
+        ones (a static cache's own position: its keys are every position it holds)."""
+        return K.shape[-2] - Q.shape[-2] if self.length is None else self.pos
+
+    def sees_all(self, Q):
+        """Whether the new queries see every key at hand: one decoded token, which a window's
+        cache keeps only the visible keys for; never in a static cache."""
+        return self.length is None and Q.shape[-2] == 1
+
+    def dynamic(self, what):
+        """Refuse a static cache for what it cannot hold."""
+        if self.length is not None:
+            raise ValueError(f"a static cache (new_cache(length=…)) holds keys and values "
+                             f"alone: this model's {what} needs new_cache()")
+
+    def count(self, what):
+        """The tokens decoded before, as a number: what reads them so (a value over every
+        position so far, cardc.lower.calls) needs a cache that grows."""
+        self.dynamic(what)
+        return self.pos
 
     def resume(self, h):
         """The state the last cached position left in the next recurrence of this forward
         (h, its start, before any), and the key `hold` keeps its new one under: recurrences
         are keyed by their order in the forward, as attention calls are by extend."""
-        at, n = self.carried if self.carried[0] == self.pos else (self.pos, 0)
-        self.carried = at, n + 1
+        self.dynamic("recurrence")
+        n, self.carried = self.carried, self.carried + 1
         return self.states.get(n, h), n
 
     def hold(self, key, h):
@@ -405,6 +462,7 @@ class KVCache:
     def holds(self, z):
         """Whether the source z is the one this cache encoded. A cache that holds tokens
         decoded after another source has nothing for z: it refuses it (start a new cache)."""
+        self.dynamic("encoder")
         if self.source is not None and self.source.shape == z.shape and \
                 torch.equal(self.source, z):
             return True
@@ -422,13 +480,26 @@ class KVCache:
         """What the next step of this forward that reads the source alone (a cross-attention's
         keys and values) made of it before, or None where it has not yet: made once per
         source, in the order every forward makes them."""
-        at, n = self.contexts if self.contexts[0] == self.pos else (self.pos, 0)
-        self.contexts = at, n + 1
+        n, self.contexts = self.contexts, self.contexts + 1
         return self.context[n] if n < len(self.context) else None
 
     def keep_context(self, *values):
         """Keep what that step made of the source, for the tokens decoded after."""
         self.context.append(values)
+
+
+def rows_at(W, start, count):
+    """W's rows start, …, start + count − 1: of a table over positions, read at the new tokens'
+    positions. A static cache's position is a tensor: a gather there, which a trace keeps."""
+    if isinstance(start, torch.Tensor):
+        return W[start + torch.arange(count, device=W.device)]
+    return W[start:start + count]
+
+
+def beyond(end, limit):
+    """Whether positions up to `end` pass `limit`. A static cache's (a tensor) never do: its
+    length was held to the limit when it was made."""
+    return not isinstance(end, torch.Tensor) and end > limit
 
 
 # Joining copies the weights; it pays where a product's dispatch, not its arithmetic, is its

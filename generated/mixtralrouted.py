@@ -284,6 +284,9 @@ def rope_angles(pairs, X, theta_base, past, width=None):
     are kept apart: autograd cannot save them for a training step's backward."""
     T, d = X.shape[-2], X.shape[-1]
     dtype = real_type(X.dtype)
+    if isinstance(past, torch.Tensor):  # a static cache's position: the angles there alone
+        at = (past + torch.arange(T, device=X.device)).to(dtype)
+        return rope_rows(pairs, d, d if width is None else width, theta_base, at)
     if torch.compiler.is_compiling():  # the memo's size would be a guard: a graph per token
         table = rope_table(pairs, d, d if width is None else width, theta_base, X.device,
                            past + T, dtype)
@@ -307,19 +310,25 @@ def rope_table(pairs, d, r, theta_base, device, positions, dtype=torch.float32):
     table = TABLES.get(key)
     if table is None or table[0].shape[0] < positions:
         n = max(positions, 64 if table is None else 2 * table[0].shape[0])
-        omega = rope_frequencies(theta_base, r, device, dtype)
-        phi = torch.arange(n, device=device, dtype=dtype)[:, None] * omega
-        cos, sin = phi.cos(), phi.sin()  # (n, r/2)
-        columns = torch.arange(d, device=device)
-        partners = columns[:r].view(-1, 2).flip(-1).flatten() if pairs else columns[:r].roll(r // 2)
-        if pairs:
-            cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
-        else:
-            cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
-        table = TABLES[key] = (torch.cat([cos, cos.new_ones(n, d - r)], -1), sin,
-                               torch.cat([sin, sin.new_zeros(n, d - r)], -1),
-                               torch.cat([partners, columns[r:]]))
+        table = TABLES[key] = rope_rows(pairs, d, r, theta_base,
+                                        torch.arange(n, device=device, dtype=dtype))
     return table
+
+
+def rope_rows(pairs, d, r, theta_base, at):
+    """rope_angles' tables at the positions `at` (n,), in their number format."""
+    omega = rope_frequencies(theta_base, r, at.device, at.dtype)
+    phi = at[:, None] * omega
+    cos, sin = phi.cos(), phi.sin()  # (n, r/2)
+    n = at.shape[0]
+    columns = torch.arange(d, device=at.device)
+    partners = columns[:r].view(-1, 2).flip(-1).flatten() if pairs else columns[:r].roll(r // 2)
+    if pairs:
+        cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
+    else:
+        cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
+    return (torch.cat([cos, cos.new_ones(n, d - r)], -1), sin,
+            torch.cat([sin, sin.new_zeros(n, d - r)], -1), torch.cat([partners, columns[r:]]))
 
 
 def rope_frequencies(theta_base, r, device, dtype):

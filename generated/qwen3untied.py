@@ -191,28 +191,34 @@ class Qwen3Untied(nn.Module):
             return log_likelihood(lambda E: E @ self.W_u, E, *nll, self.V)  # (B,)
         P = E @ self.W_u  # (B, T, V)  [qwen3.card:42]
         if cache is not None:
-            cache.pos = cache.pos + x.shape[-1]
+            cache.advance(x.shape[-1])
         if targets is None:
             return P
         loss = F.cross_entropy(P.flatten(0, -2), targets.flatten())
         return P, loss
 
-    def new_cache(self) -> "KVCache":
-        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds."""
-        return KVCache()
+    def new_cache(self, length=None) -> "KVCache":
+        """An empty cache: forward(x, cache=c) then decodes x after the tokens c holds. With a
+        length, a static one: that many positions held in place, whose steps torch.compile
+        traces once for all."""
+        if length is None:
+            return KVCache()
+        return KVCache(length=length, device=next(self.parameters()).device)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 generator=None, stop_tokens=None):
+                 generator=None, stop_tokens=None, static=False):
         """idx (B, T) followed by max_new_tokens tokens, each the most probable (temperature 0)
         or drawn from softmax(logits / temperature) within the top_k most probable and the
         fewest whose probabilities sum to top_p. A row that draws a token of stop_tokens (a
         set of token IDs) repeats it from then on, and generation ends once every row has: the
         result may be shorter. Each step feeds the model only the newest
-        token, through a KV cache. Call eval() first."""
+        token, through a KV cache. With static, a static cache
+        (new_cache(length=…)): a forward under torch.compile then traces once for the prompt
+        and once for every token after. Call eval() first."""
         stops = torch.tensor(sorted(stop_tokens or ()), dtype=torch.long, device=idx.device)
         held = torch.full_like(idx[:, :1], -1)  # each row's stop token once it has drawn one
-        cache = self.new_cache()
+        cache = self.new_cache(idx.shape[1] + max_new_tokens if static else None)
         for _ in range(max_new_tokens):
             context = idx  # no fixed context: every token so far
             logits = self(cache.new(context), cache=cache)[:, -1, :].float()  # (B, V)
@@ -230,28 +236,38 @@ class Qwen3Untied(nn.Module):
 
 class KVCache:
     """The keys and values of the tokens decoded so far, per attention layer, so that
-    forward(x, cache=…) reads only the tokens after them."""
+    forward(x, cache=…) reads only the tokens after them. A static cache (`length`) holds them
+    in buffers of that many positions made at its first step, and its position is a tensor:
+    every decode step then has the same shapes and nothing a trace would specialise on, so
+    torch.compile makes one graph for the prefill and one for every decoded token."""
 
-    def __init__(self, joins=None):
-        self.pos = 0  # tokens decoded so far
+    def __init__(self, joins=None, length=None, device=None):
+        self.length, self.device = length, device
+        # tokens decoded so far: a number, or a static cache's 0-d tensor
+        self.pos = 0 if length is None else torch.zeros((), dtype=torch.long, device=device)
         self.kv = {}  # attention module → its keys and values, (B, heads, pos, d) each
         self.tokens = None  # those tokens, (B, pos), when they came through new()
         self.joins = {} if joins is None else joins  # project's joined weights, by their ids
-        self.calls = 0, 0  # (pos, n): n attention calls made by the forward at pos so far
-        self.called = 0, {}  # (pos, {module: n}): its calls by the forward at pos so far
+        self.calls = 0  # attention calls made by this forward so far
+        self.called = {}  # {module: n}: its calls by this forward so far
         self.states = {}  # recurrence over positions → the state its last position left
-        self.carried = 0, 0  # (pos, n): n recurrences resumed by the forward at pos so far
+        self.carried = 0  # recurrences resumed by this forward so far
         self.source = None  # an encoder–decoder's source, encoded once for its decoded tokens
         self.encoding = ()  # what its encoder made of it that the decoder reads
         self.context = []  # what the decoder's steps made of the encoding (cross keys, values)
-        self.contexts = 0, 0  # (pos, n): n of them read by the forward at pos so far
+        self.contexts = 0  # of them read by this forward so far
         self.room = {}  # layer → (K, V, end): buffers its kept keys and values end at `end` in
+
+    def advance(self, t):
+        """The forward's t new tokens counted in; the next forward's calls counted afresh."""
+        self.pos = self.pos + t
+        self.calls, self.called, self.carried, self.contexts = 0, {}, 0, 0
 
     def new(self, x):
         """The tokens of x after the cached ones; if x does not start with them, start over."""
         held = 0 if self.tokens is None else self.tokens.shape[-1]
         if not 0 < held < x.shape[-1] or not torch.equal(x[..., :held], self.tokens):
-            self.__init__(self.joins)
+            self.__init__(self.joins, self.length, self.device)
             held = 0
         self.tokens = x
         return x[..., held:]
@@ -263,18 +279,34 @@ class KVCache:
         forward (its output written twice, its weights shared by layers) is another attention
         each time: its calls are keyed by their order too."""
         if layer is None:
-            at, n = self.calls if self.calls[0] == self.pos else (self.pos, 0)
-            layer, self.calls = n, (at, n + 1)
+            layer, self.calls = self.calls, self.calls + 1
         else:
-            at, seen = self.called if self.called[0] == self.pos else (self.pos, {})
-            n = seen[layer] = seen.get(layer, -1) + 1
-            self.called = at, seen
+            n = self.called[layer] = self.called.get(layer, -1) + 1
             layer = (layer, n) if n else layer
+        if self.length is not None:
+            return self.written(layer, K, V)
         if layer in self.kv:
             K, V = self.appended(layer, K, V)
         drop = 0 if keep is None else K.shape[-2] - keep
         self.kv[layer] = (K[..., drop:, :], V[..., drop:, :]) if drop > 0 else (K, V)
         return K, V
+
+    def written(self, layer, K, V):
+        """A static cache's every position, K and V written at theirs. Those not yet written
+        hold zeros, and lie after every query: the causal rule of each mask hides them (a
+        sliding window's too, which a static cache masks rather than drops)."""
+        t = K.shape[-2]
+        if not torch.compiler.is_compiling() and int(self.pos) + t > self.length:
+            raise ValueError(f"this static cache holds {self.length} positions: "
+                             f"{int(self.pos) + t} do not fit (new_cache(length=…))")
+        held = self.kv.get(layer)
+        if held is None or held[0].shape[:-2] != K.shape[:-2]:
+            held = self.kv[layer] = (K.new_zeros((*K.shape[:-2], self.length, K.shape[-1])),
+                                     V.new_zeros((*V.shape[:-2], self.length, V.shape[-1])))
+        at = self.pos + torch.arange(t, device=K.device)  # (t,)
+        held[0].index_copy_(-2, at, K)
+        held[1].index_copy_(-2, at, V)
+        return held
 
     def appended(self, layer, K, V):
         """The layer's kept keys then K (values alike). Without gradients they are written
@@ -314,16 +346,41 @@ class KVCache:
     def mask(self, Q, K):
         """Which keys each new query sees: the cached ones, and the new ones up to itself."""
         q, k = Q.shape[-2], K.shape[-2]
+        if self.length is not None:  # the keys of every position, written or not
+            return self.first(Q, K) + torch.arange(q, device=Q.device)[:, None] >= \
+                torch.arange(k, device=Q.device)
         if q == 1:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
+
+    def first(self, Q, K):
+        """The position of the first new query among the keys K at hand: after the cached
+        ones (a static cache's own position: its keys are every position it holds)."""
+        return K.shape[-2] - Q.shape[-2] if self.length is None else self.pos
+
+    def sees_all(self, Q):
+        """Whether the new queries see every key at hand: one decoded token, which a window's
+        cache keeps only the visible keys for; never in a static cache."""
+        return self.length is None and Q.shape[-2] == 1
+
+    def dynamic(self, what):
+        """Refuse a static cache for what it cannot hold."""
+        if self.length is not None:
+            raise ValueError(f"a static cache (new_cache(length=…)) holds keys and values "
+                             f"alone: this model's {what} needs new_cache()")
+
+    def count(self, what):
+        """The tokens decoded before, as a number: what reads them so (a value over every
+        position so far, cardc.lower.calls) needs a cache that grows."""
+        self.dynamic(what)
+        return self.pos
 
     def resume(self, h):
         """The state the last cached position left in the next recurrence of this forward
         (h, its start, before any), and the key `hold` keeps its new one under: recurrences
         are keyed by their order in the forward, as attention calls are by extend."""
-        at, n = self.carried if self.carried[0] == self.pos else (self.pos, 0)
-        self.carried = at, n + 1
+        self.dynamic("recurrence")
+        n, self.carried = self.carried, self.carried + 1
         return self.states.get(n, h), n
 
     def hold(self, key, h):
@@ -333,6 +390,7 @@ class KVCache:
     def holds(self, z):
         """Whether the source z is the one this cache encoded. A cache that holds tokens
         decoded after another source has nothing for z: it refuses it (start a new cache)."""
+        self.dynamic("encoder")
         if self.source is not None and self.source.shape == z.shape and \
                 torch.equal(self.source, z):
             return True
@@ -350,8 +408,7 @@ class KVCache:
         """What the next step of this forward that reads the source alone (a cross-attention's
         keys and values) made of it before, or None where it has not yet: made once per
         source, in the order every forward makes them."""
-        at, n = self.contexts if self.contexts[0] == self.pos else (self.pos, 0)
-        self.contexts = at, n + 1
+        n, self.contexts = self.contexts, self.contexts + 1
         return self.context[n] if n < len(self.context) else None
 
     def keep_context(self, *values):
@@ -395,6 +452,9 @@ def rope_angles(pairs, X, theta_base, past, width=None):
     are kept apart: autograd cannot save them for a training step's backward."""
     T, d = X.shape[-2], X.shape[-1]
     dtype = real_type(X.dtype)
+    if isinstance(past, torch.Tensor):  # a static cache's position: the angles there alone
+        at = (past + torch.arange(T, device=X.device)).to(dtype)
+        return rope_rows(pairs, d, d if width is None else width, theta_base, at)
     if torch.compiler.is_compiling():  # the memo's size would be a guard: a graph per token
         table = rope_table(pairs, d, d if width is None else width, theta_base, X.device,
                            past + T, dtype)
@@ -418,19 +478,25 @@ def rope_table(pairs, d, r, theta_base, device, positions, dtype=torch.float32):
     table = TABLES.get(key)
     if table is None or table[0].shape[0] < positions:
         n = max(positions, 64 if table is None else 2 * table[0].shape[0])
-        omega = rope_frequencies(theta_base, r, device, dtype)
-        phi = torch.arange(n, device=device, dtype=dtype)[:, None] * omega
-        cos, sin = phi.cos(), phi.sin()  # (n, r/2)
-        columns = torch.arange(d, device=device)
-        partners = columns[:r].view(-1, 2).flip(-1).flatten() if pairs else columns[:r].roll(r // 2)
-        if pairs:
-            cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
-        else:
-            cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
-        table = TABLES[key] = (torch.cat([cos, cos.new_ones(n, d - r)], -1), sin,
-                               torch.cat([sin, sin.new_zeros(n, d - r)], -1),
-                               torch.cat([partners, columns[r:]]))
+        table = TABLES[key] = rope_rows(pairs, d, r, theta_base,
+                                        torch.arange(n, device=device, dtype=dtype))
     return table
+
+
+def rope_rows(pairs, d, r, theta_base, at):
+    """rope_angles' tables at the positions `at` (n,), in their number format."""
+    omega = rope_frequencies(theta_base, r, at.device, at.dtype)
+    phi = at[:, None] * omega
+    cos, sin = phi.cos(), phi.sin()  # (n, r/2)
+    n = at.shape[0]
+    columns = torch.arange(d, device=at.device)
+    partners = columns[:r].view(-1, 2).flip(-1).flatten() if pairs else columns[:r].roll(r // 2)
+    if pairs:
+        cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
+    else:
+        cos, sin = cos.repeat(1, 2), torch.cat([-sin, sin], dim=-1)
+    return (torch.cat([cos, cos.new_ones(n, d - r)], -1), sin,
+            torch.cat([sin, sin.new_zeros(n, d - r)], -1), torch.cat([partners, columns[r:]]))
 
 
 def rope_frequencies(theta_base, r, device, dtype):

@@ -626,9 +626,10 @@ def _gap(a, b) -> str:
 
 def cache_equals_recomputation(built: Built) -> None:
     """Oracle 3: a model with new_cache() decodes chunk by chunk to full recomputation's logits,
-    and with gradients to its gradients."""
+    through a static cache too (where it holds keys and values alone), and with gradients to
+    its gradients."""
     import torch
-    from decodecheck import check_cached_gradients
+    from decodecheck import check_cached_gradients, check_static_decoding
 
     model = built.module(True).eval()
     if not hasattr(model, "new_cache"):
@@ -642,6 +643,9 @@ def cache_equals_recomputation(built: Built) -> None:
     if rows.shape != full.shape or not torch.allclose(rows, full, rtol=1e-7, atol=1e-7):
         raise Disagreement(f"cached decoding differs from recomputation: {_gap(rows, full)}")
     try:
+        why = check_static_decoding(model, [x], (3, 1, 2), tolerance=1e-7)
+        if why is not None and "this model's value of positions" not in why:
+            raise Disagreement(f"a token model refuses a static cache: {why}")
         check_cached_gradients(model, [x], (3, 1, 2), tolerance=1e-7)
     except AssertionError as err:
         raise Disagreement(str(err)) from None

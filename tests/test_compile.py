@@ -89,7 +89,7 @@ DECODERS = {"gpt2": {**SMALL, "ctx": 64}, "llama": {**SMALL, "H_kv": 2, "ctx": 6
 
 @pytest.mark.parametrize("card", DECODERS)
 def test_cached_decoding_compiles_to_a_few_graphs(card):
-    """A whole generation through the KV cache, traced: a prefill and decode steps make at most
+    """A whole generation through the growing KV cache, traced: a prefill and decode steps make at most
     three graphs (the decode step's first, then one whose positions are symbols), however many
     tokens follow, and every step gives eager's logits. The position tables, masks and values
     made once are made in the graph instead of read from their memos (whose sizes would be
@@ -111,15 +111,76 @@ def test_cached_decoding_compiles_to_a_few_graphs(card):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 3
 
 
-def test_cached_decoding_compiles_with_inductor():
+@pytest.mark.parametrize("card", DECODERS)
+def test_a_static_cache_decodes_in_two_graphs(card):
+    """Through a static cache (`new_cache(length=…)`: keys and values written in place in
+    buffers of every position, its position a tensor) a whole generation is two graphs, the
+    prefill's and the decode step's, and every step gives the growing cache's eager logits:
+    learned positions (GPT-2), RoPE (Llama), ALiBi (BLOOM), sliding windows (Mistral) and soft
+    caps over windows (Gemma 2), past the window."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    preset = "tiny" if card in ("mistral", "gemma2") else None
+    model = cardc.model(f"cards/{card}.card", preset, **DECODERS[card]).eval()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eager_cache, static_cache = model.new_cache(), model.new_cache(length=40)
+        for _ in range(20):
+            want, got = model(x, cache=eager_cache), compiled(x, cache=static_cache)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            x = want[:, -1:].argmax(-1)
+    assert int(static_cache.pos) == 28
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_cached_decoding_compiles_with_inductor(static):
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     torch.manual_seed(0)
     model = cardc.model("cards/llama.card", **{**SMALL, "H_kv": 2, "ctx": 64}).eval()
     compiled = torch.compile(model, fullgraph=True)  # inductor
     x = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        eager_cache, traced_cache = model.new_cache(), model.new_cache()
+        eager_cache = model.new_cache()
+        traced_cache = model.new_cache(length=32) if static else model.new_cache()
         for _ in range(12):
             want, got = model(x, cache=eager_cache), compiled(x, cache=traced_cache)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
             x = want[:, -1:].argmax(-1)
+    if static:
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+
+
+def test_generate_through_a_static_cache_traces_its_forward_twice():
+    """`generate(…, static=True)` with its forward under torch.compile: the tokens eager
+    greedy decoding gives, from two graphs."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    model = cardc.model("cards/llama.card", **{**SMALL, "H_kv": 2, "ctx": 64}).eval()
+    prompt = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
+    want = model.generate(prompt, 16, temperature=0)
+    model.forward = torch.compile(model.forward, backend="aot_eager", fullgraph=True)
+    assert torch.equal(model.generate(prompt, 16, temperature=0, static=True), want)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+
+
+def test_a_static_cache_refuses_what_it_cannot_hold():
+    """More positions than it holds, a length past the model's context, and what a cache of
+    keys and values alone cannot hold (a recurrence's states): each a message saying so."""
+    model = cardc.model("cards/gpt2.card", **DECODERS["gpt2"]).eval()
+    with pytest.raises(ValueError, match="a cache of 65 positions exceeds the model's 64"):
+        model.new_cache(length=65)
+    cache = model.new_cache(length=10)
+    with torch.no_grad():
+        model(torch.zeros(1, 9, dtype=torch.long), cache=cache)
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="this static cache holds 10 positions: 11 do not"):
+            model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    recurrent = cardc.model("cards/recurrent.card", "tiny").eval()
+    with torch.no_grad(), pytest.raises(ValueError, match="this model's recurrence needs "
+                                                          r"new_cache\(\)"):
+        recurrent(torch.zeros(1, 4, dtype=torch.long), cache=recurrent.new_cache(length=8))

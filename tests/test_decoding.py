@@ -13,6 +13,7 @@ import torch
 from decodecheck import (
     check_cached_gradients,
     check_incremental_decoding,
+    check_static_decoding,
     is_causal,
     token_inputs,
     walk_models,
@@ -286,16 +287,17 @@ def test_a_window_mask_is_made_once_per_sizes():
     with torch.no_grad():
         model(torch.randint(0, 97, (1, 5)), cache=cache)
         assert len(masks()) == 1  # three layers, one mask
-        (site, inference, queries, keys, _, dtype, w), = masks()
-        assert (inference, queries, keys, dtype, w) == (False, 5, 5, None, 3)  # SDPA's boolean
+        (site, inference, queries, keys, _, dtype, w, first), = masks()
+        # SDPA's boolean; the first query at position 0 of the keys
+        assert (inference, queries, keys, dtype, w, first) == (False, 5, 5, None, 3, 0)
         t = torch.arange(5)
-        assert torch.equal(masks()[site, False, 5, 5, torch.device("cpu"), None, 3],
+        assert torch.equal(masks()[site, False, 5, 5, torch.device("cpu"), None, 3, 0],
                            (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - 3))
         for _ in range(3):  # each step: one new query against the w − 1 kept keys and itself,
             model(torch.randint(0, 97, (1, 1)), cache=cache)  # all visible: no mask at all
         assert len(masks()) == 1  # not even looked up
         model(torch.randint(0, 97, (1, 2)), cache=cache)  # two queries: the first misses one
-        assert masks()[site, False, 2, 4, torch.device("cpu"), None, 3].tolist() == [
+        assert masks()[site, False, 2, 4, torch.device("cpu"), None, 3, 2].tolist() == [
             [True, True, True, False], [False, True, True, True]]
 
 
@@ -520,6 +522,7 @@ def test_walk_every_model_with_a_cache_decodes_as_full_recomputation(walked):
     cached = [(name, model) for name, model, _, _ in walked if hasattr(model, "new_cache")]
     assert {name for name, _ in cached} <= causal
     assert causal - {name for name, _ in cached} == set(RECOMPUTING)
+    refused = {}
     for name, model in cached:
         with torch.no_grad():
             g = torch.Generator().manual_seed(3)
@@ -527,12 +530,19 @@ def test_walk_every_model_with_a_cache_decodes_as_full_recomputation(walked):
                 p.add_(0.1 * torch.randn(p.shape, generator=g))  # are: positions then matter
         try:
             if name in FLOAT64_VALUES:
-                check_incremental_decoding(model.double(), token_inputs(model, 14, 2),
-                                           tolerance=1e-9)
-            else:
-                check_incremental_decoding(model, token_inputs(model, 14, 2))
+                model = model.double()
+            inputs, tolerance = token_inputs(model, 14, 2), 1e-9 if name in FLOAT64_VALUES \
+                else 1e-5
+            check_incremental_decoding(model, inputs, tolerance=tolerance)
+            refused[name] = check_static_decoding(model, inputs, tolerance=tolerance)
         except AssertionError as err:
             raise AssertionError(f"{name}: {err}") from None
+    # a static cache holds keys and values alone: what else a cache holds is refused by name
+    static = {name for name, why in refused.items() if why is None}
+    assert len(static) >= 12, static
+    for name, why in refused.items():
+        assert why is None or any(f"this model's {what} needs" in why for what in (
+            "recurrence", "encoder", "value of positions")), f"{name}: {why}"
 
 
 @pytest.mark.parametrize("card, sizes, inputs", [

@@ -68,7 +68,8 @@ def test_the_generated_bloom_shares_its_slopes_and_bias():
     calls = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Call) and
              ast.unparse(n.func) == "shared_value"]
     assert "shared_value(1, make, self.H, X.device, c, X.dtype)" in calls
-    assert "shared_value(2, make, m, K.shape[-2], Q.shape[-2], Q.device, Q.dtype)" in calls
+    assert "shared_value(2, make, m, Q.shape[-2], Q.device, first_query(cache, Q, K), " \
+        "K.shape[-2], Q.dtype)" in calls
 
 
 def test_a_bias_that_reads_a_tensors_entries_is_not_shared(tmp_path):

@@ -16,7 +16,7 @@ def test_kvcache_extends_each_layer_with_its_own_keys_and_values():
     cache = mk.KVCache()
     K1, V1, K2, V2 = (torch.randn(1, 2, n, 4) for n in (3, 3, 1, 1))
     assert cache.extend("a", K1, V1)[0] is K1
-    cache.pos += 3  # the next forward, as the model counts its tokens in
+    cache.advance(3)  # the next forward, as the model counts its tokens in
     K, V = cache.extend("a", K2, V2)
     assert torch.equal(K, torch.cat([K1, K2], -2)) and torch.equal(V, torch.cat([V1, V2], -2))
     assert cache.extend("b", K2, V2)[0] is K2  # another layer starts empty
@@ -29,7 +29,7 @@ def test_kvcache_gives_a_module_called_twice_by_one_forward_two_slots():
     K1, K2 = torch.zeros(1, 1, 2, 2), torch.ones(1, 1, 2, 2)
     assert cache.extend("a", K1, K1)[0] is K1
     assert cache.extend("a", K2, K2)[0] is K2  # the same forward: a slot of its own
-    cache.pos += 2
+    cache.advance(2)
     K3 = torch.full((1, 1, 1, 2), 2.0)
     assert torch.equal(cache.extend("a", K3, K3)[0], torch.cat([K1, K3], -2))
     assert torch.equal(cache.extend("a", K3, K3)[0], torch.cat([K2, K3], -2))
@@ -55,7 +55,7 @@ def test_kvcache_decoding_copies_no_past_per_token():
             cache.extend(0, want, 2 * want, keep=keep)
             want = want[..., -keep:, :] if keep else want
             for _ in range(300):
-                cache.pos += 1 if cache.pos else 5  # the next forward
+                cache.advance(1 if cache.pos else 5)  # the next forward
                 k = torch.randn(1, 2, 1, 4)
                 got, values = cache.extend(0, k, 2 * k, keep=keep)
                 want = torch.cat([want, k], -2)
@@ -69,7 +69,7 @@ def test_kvcache_concatenates_where_gradients_flow():
     cache = mk.KVCache()
     K1 = torch.randn(1, 1, 3, 2, requires_grad=True)
     cache.extend(0, K1, K1)
-    cache.pos += 3
+    cache.advance(3)
     K2 = torch.randn(1, 1, 1, 2, requires_grad=True)
     K, _ = cache.extend(0, K2, K2)
     K.sum().backward()  # no buffer written in place under the graph
@@ -82,7 +82,7 @@ def test_kvcache_keys_unnamed_calls_by_their_order_within_a_forward():
     cache.extend(None, first, first)
     cache.extend(None, second, second)
     assert set(cache.kv) == {0, 1}
-    cache.pos += 1  # the next forward: its calls count from 0 again
+    cache.advance(1)  # the next forward: its calls count from 0 again
     K, _ = cache.extend(None, second, second)
     assert torch.equal(K, torch.cat([first, second], -2))
 

@@ -682,7 +682,7 @@ def _one_sees_all(core: Core, q: Val, mask: ir.Expr) -> ir.Expr:
     if _window(core) is None:
         return mask
     one = ir.Bin("and", ir.Bin("is not", CACHE, ir.Lit("None")),
-                 ir.Bin("==", _count(q), ir.Lit("1")))
+                 ir.Call(ir.Attr(CACHE, "sees_all"), (q.code,)))
     return ir.Cond(one, ir.Lit("None"), mask)
 
 
@@ -769,6 +769,9 @@ def _remembered(body: Steps, core: Core, q: Val, k: Val, visible: ir.Expr) -> ir
             if val.lifted or val.rows or val.ty.shape:
                 return visible
             numbers.append(val.code)
+    first = first_query(q.code, k.code)
+    if _holds(visible, first):  # the queries' positions: a static cache's own (a tensor)
+        numbers.append(first)
     body.low.mask_sites += 1
     site = ir.Lit(str(body.low.mask_sites))
     rule = ir.Lambda(visible, body.fresh("visible"))  # a local function where a line is too short
@@ -781,6 +784,25 @@ def _count(x: Val) -> ir.Expr:
     return ir.Sub(ir.Attr(x.code, "shape"), (ir.Lit("-2"),))
 
 
+def _holds(e: ir.Expr, part: ir.Expr) -> bool:
+    """Whether `part` stands in `e`."""
+    found = False
+
+    def visit(n):
+        nonlocal found
+        found = found or n == part
+
+    ir.rewrite(e, visit)
+    return found
+
+
+def first_query(q: ir.Expr, k: ir.Expr) -> ir.Call:
+    """`first_query(cache, Q, K)`: the position of the first query among the keys at hand,
+    after those decoded before (a static cache's own position: its keys are every position
+    it holds); without a cache, the keys' count less the queries'."""
+    return ir.Call(ir.Ref("first_query"), (CACHE, q, k))
+
+
 def _not(e: ir.Expr) -> ir.Expr:
     return e.operand if isinstance(e, ir.Un) and e.op == "~" else ir.Un("~", e)
 
@@ -789,8 +811,8 @@ def _positions(body: Steps, t: str, u: str, q: Val, k: Val, shape) -> dict[str, 
     """0-based positions of the queries (a column) and the keys (a row)."""
     rows, cols = _count(q), _count(k)
     device = {"device": ir.Attr(q.code, "device")}
-    first = ir.Bin("-", cols, rows)
-    queries = ir.Call(ir.Ref("torch.arange"), (first, cols), tuple(device.items()))
+    queries = ir.Bin("+", ir.Call(ir.Ref("torch.arange"), (rows,), tuple(device.items())),
+                     first_query(q.code, k.code))
     keys = ir.Call(ir.Ref("torch.arange"), (cols,), tuple(device.items()))
     return {
         t: Val(ir.Sub(queries, (ir.SliceX(None, None), ir.Ref("None"))), Ty((shape[0], None), "ℕ")),

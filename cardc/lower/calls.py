@@ -203,8 +203,9 @@ class Calls:
         .positioned): with a cache, made over the cached positions and the new ones, `past=`
         (cardc.lower.decoding gives the function that argument), and read at the new rows."""
         self.low.masking.position_functions.add(fn)
-        pos = ir.Attr(ir.Ref("cache"), "pos")
-        over = ir.Call(call.func, call.args, (*call.kwargs, ("past", pos)))
+        pos = ir.Attr(ir.Ref("cache"), "pos")  # a static cache's refused by count
+        count = ir.Call(ir.Attr(ir.Ref("cache"), "count"), (ir.Lit('"value of positions"'),))
+        over = ir.Call(call.func, call.args, (*call.kwargs, ("past", count)))
         rows = ir.Sub(over, (ir.Ref("..."), ir.SliceX(pos, None), ir.SliceX(None, None)))
         return ir.Cond(ir.Bin("is", ir.Ref("cache"), ir.Lit("None")), call, rows)
 

@@ -109,6 +109,9 @@ def _no_cache(e):
         return TRUE
     if e == HAS_CACHE or isinstance(e, ir.Bin) and e.op == "and" and e.left == HAS_CACHE:
         return FALSE
+    if isinstance(e, ir.Call) and e.func == ir.Ref("first_query"):  # keys over the queries'
+        q, k = (ir.Sub(ir.Attr(x, "shape"), (ir.Lit("-2"),)) for x in e.args[1:])
+        return ir.Bin("-", k, q)
     if isinstance(e, ir.Cond):
         test = ir.rewrite(e.test, _no_cache)
         if test in (TRUE, FALSE):
@@ -347,12 +350,12 @@ def _count_positions(top: ir.Module) -> None:
     def shift(e):
         if isinstance(e, ir.Sub) and len(e.items) == 1 and _positions(e.items[0], t):
             lo, hi = e.items[0].lo, e.items[0].hi
-            lo = PAST if lo is None else ir.Bin("+", PAST, lo)
-            hi = shifted if hi == t else ir.Bin("+", shifted, hi.right)  # past + T + k
-            return dataclasses.replace(e, items=(ir.SliceX(lo, hi),))
+            start = PAST if lo is None else ir.Bin("+", PAST, lo)
+            count = hi if lo is None else ir.Bin("-", hi, lo)
+            return ir.Call(ir.Ref("rows_at"), (e.obj, start, count))
         if isinstance(e, ir.Bin) and e.op == ">" and e.left == t and \
-                e.right == ir.Ref("self.max_seq_len"):
-            return dataclasses.replace(e, left=shifted)
+                e.right == ir.Ref("self.max_seq_len"):  # a static cache's bound: its length
+            return ir.Call(ir.Ref("beyond"), (shifted, e.right))
         if isinstance(e, ir.Lit) and e.text.startswith('f"sequence length {'):
             return ir.Lit(e.text.replace(f"{{{length}}}", f"{{past + {length}}}"))
         return None
@@ -364,7 +367,7 @@ def _count_positions(top: ir.Module) -> None:
         body.insert(at, _past())
     done = next(i for i, st in enumerate(body) if isinstance(st, ir.If) and
                 st.cond == ir.Bin("is", ir.Ref("targets"), ir.Lit("None")))
-    count = ir.Assign(("cache.pos",), ir.Bin("+", ir.Attr(CACHE, "pos"), t))
+    count = ir.Assign((), ir.Call(ir.Attr(CACHE, "advance"), (t,)))
     body.insert(done, ir.If(HAS_CACHE, (count,)))
     top.body = body
 

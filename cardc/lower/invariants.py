@@ -164,6 +164,9 @@ def _leaves(e, known: Known) -> list[ir.Expr] | None:
                 isinstance(n.left, ir.Ref) and n.left.id == "cache":
             add(n)
             return True
+        if isinstance(n, ir.Call) and n.func == ir.Ref("first_query"):
+            add(n)  # a position the cache gives: a number, a static cache's tensor
+            return True
         if isinstance(n, ir.Call):
             func = n.func
             if isinstance(func, ir.Ref):
