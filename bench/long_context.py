@@ -11,6 +11,10 @@ with the same tokens, or no figure is given for the pair. The model is a card wi
 
     python bench/long_context.py [--family llama] [--preset tiny] [--set NAME=VALUE]
                                  [--contexts 256 512 1024 2048 4096] [--tokens 32] [--rounds 3]
+                                 [--compile]
+
+`--compile` adds ours through a static cache under torch.compile (inductor), each context's
+two graphs compiled by an untimed round first.
 """
 
 from __future__ import annotations
@@ -27,14 +31,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def ours_decode(model, prompt: torch.Tensor, tokens: int) -> tuple[float, int, torch.Tensor]:
+def ours_decode(model, prompt: torch.Tensor, tokens: int,
+                step=None) -> tuple[float, int, torch.Tensor]:
     """Seconds of the decode steps, the cache's bytes, and the tokens, through the model's
-    own KV cache (as its generate does)."""
-    cache = model.new_cache()
-    logits = model(prompt, cache=cache)[:, -1]
+    own KV cache (as its generate does); with `step` (the model under torch.compile), through
+    a static cache of the positions needed."""
+    cache = model.new_cache() if step is None else \
+        model.new_cache(length=prompt.shape[-1] + tokens)
+    step = model if step is None else step
+    logits = step(prompt, cache=cache)[:, -1]
     out, start = [logits.argmax(-1, keepdim=True)], time.perf_counter()
     for _ in range(tokens - 1):
-        logits = model(out[-1], cache=cache)[:, -1]
+        logits = step(out[-1], cache=cache)[:, -1]
         out.append(logits.argmax(-1, keepdim=True))
     spent = time.perf_counter() - start
     held = sum(K.numel() * K.element_size() + V.numel() * V.element_size()
@@ -72,6 +80,7 @@ def main() -> int:
     p.add_argument("--contexts", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--compile", action="store_true")
     args = p.parse_args()
     from generate import context_hyper, theirs
 
@@ -94,9 +103,15 @@ def main() -> int:
     runs = {"cardc": lambda x: ours_decode(model, x, args.tokens),
             "dynamic": lambda x: theirs_decode(hf, x, args.tokens, False),
             "static": lambda x: theirs_decode(hf, x, args.tokens, True)}
+    if args.compile:
+        torch._dynamo.config.cache_size_limit = 4 * len(args.contexts)
+        step = torch.compile(model, fullgraph=True)
+        runs["compiled"] = lambda x: ours_decode(model, x, args.tokens, step)
     with torch.no_grad():
         for length in args.contexts:
             prompt = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(length))
+            if args.compile:
+                runs["compiled"](prompt)  # this context's graphs, compiled untimed
             times: dict[str, list[float]] = {name: [] for name in runs}
             held, seqs = {}, {}
             for _ in range(args.rounds):  # alternating: the machine's load falls on all three
@@ -108,9 +123,12 @@ def main() -> int:
             ratio = {name: f"{ms[name] / ms['cardc']:.2f}×" if same[name] else "differ"
                      for name in ("dynamic", "static")}
             mib = {name: f"{held[name] / 2**20:.1f} MiB" for name in runs}
+            compiled = "" if not args.compile else \
+                f"  compiled static {ms['compiled']:.2f} ms" + ("" if same["compiled"] else
+                                                                 " (differs)")
             print(f"{length:>8} {ms['cardc']:>8.2f} {ms['dynamic']:>9.2f} {ms['static']:>9.2f} "
                   f"{ratio['dynamic']:>8} {ratio['static']:>8}  {mib['cardc']:>12} "
-                  f"{mib['dynamic']:>12} {mib['static']:>12}", flush=True)
+                  f"{mib['dynamic']:>12} {mib['static']:>12}{compiled}", flush=True)
     return 0
 
 

@@ -307,6 +307,9 @@ class KVCache:
         hold zeros, and lie after every query: the causal rule of each mask hides them (a
         sliding window's too, which a static cache masks rather than drops)."""
         t = K.shape[-2]
+        if torch.is_grad_enabled() and K.requires_grad:  # its buffers are written over
+            raise ValueError("a static cache (new_cache(length=…)) decodes without gradients: "
+                             "new_cache() passes them on")
         if not torch.compiler.is_compiling() and int(self.pos) + t > self.length:
             raise ValueError(f"this static cache holds {self.length} positions: "
                              f"{int(self.pos) + t} do not fit (new_cache(length=…))")

@@ -169,8 +169,9 @@ def test_generate_through_a_static_cache_traces_its_forward_twice():
 
 
 def test_a_static_cache_refuses_what_it_cannot_hold():
-    """More positions than it holds, a length past the model's context, and what a cache of
-    keys and values alone cannot hold (a recurrence's states): each a message saying so."""
+    """More positions than it holds, a length past the model's context, gradients (its
+    buffers are written over), and what a cache of keys and values alone cannot hold (a
+    recurrence's states): each a message saying so."""
     model = cardc.model("cards/gpt2.card", **DECODERS["gpt2"]).eval()
     with pytest.raises(ValueError, match="a cache of 65 positions exceeds the model's 64"):
         model.new_cache(length=65)
@@ -180,6 +181,8 @@ def test_a_static_cache_refuses_what_it_cannot_hold():
         model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
         with pytest.raises(ValueError, match="this static cache holds 10 positions: 11 do not"):
             model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="a static cache .* decodes without gradients"):
+        model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(length=8))
     recurrent = cardc.model("cards/recurrent.card", "tiny").eval()
     with torch.no_grad(), pytest.raises(ValueError, match="this model's recurrence needs "
                                                           r"new_cache\(\)"):

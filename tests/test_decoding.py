@@ -352,6 +352,9 @@ def test_cached_sampling_equals_recomputation_past_the_context(card):
     cached = generate(model, prompt, 30, temperature=0)
     plain = generate(Uncached(model), prompt, 30, temperature=0)
     assert torch.equal(cached, plain)
+    # the model's own generate, through a static cache of its context: each start-over a
+    # prefill of the whole context into it
+    assert torch.equal(model.generate(prompt, 30, temperature=0, static=True), plain)
 
 
 @pytest.mark.parametrize("card", list(FAMILIES))

@@ -390,7 +390,9 @@ GENERATOR_STRINGS = {"tanh", "scale", "omega", "cpu", "probabilities", "params",
                      "KVCache", "recurrence", "encoder",  # what a static cache refuses
                      "this static cache holds ", " positions: ", " do not fit (new_cache(length=…))",
                      "a static cache (new_cache(length=…)) holds keys and values alone: this "
-                     "model's ", " needs new_cache()", "a cache of ", "value of positions",
+                     "model's ", " needs new_cache()", "a cache of ",
+                     "a static cache (new_cache(length=…)) decodes without gradients: "
+                     "new_cache() passes them on", "value of positions",
                      " positions exceeds the model's "}  # new_cache()'s annotation: the class stands after the model
 # the pieces of the message a model input of the wrong size gets, around the card's own names
 # and sizes (an input's, its declared type's)
