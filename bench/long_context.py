@@ -11,7 +11,7 @@ with the same tokens, or no figure is given for the pair. The model is a card wi
 
     python bench/long_context.py [--family llama] [--preset tiny] [--set NAME=VALUE]
                                  [--contexts 256 512 1024 2048 4096] [--tokens 32] [--rounds 3]
-                                 [--compile]
+                                 [--compile] [--device cpu|cuda]
 
 `--compile` adds ours through a static cache under torch.compile (inductor), each context's
 two graphs compiled by an untimed round first.
@@ -44,11 +44,18 @@ def ours_decode(model, prompt: torch.Tensor, tokens: int,
     for _ in range(tokens - 1):
         logits = step(out[-1], cache=cache)[:, -1]
         out.append(logits.argmax(-1, keepdim=True))
+    synchronize(prompt.device)
     spent = time.perf_counter() - start
     held = sum(K.numel() * K.element_size() + V.numel() * V.element_size()
                for K, V, _ in cache.room.values()) or \
         sum(K.numel() * K.element_size() * 2 for K, _ in cache.kv.values())
     return spent, held, torch.cat(out, -1)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that the clock counts it (CUDA runs ahead)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def theirs_decode(hf, prompt: torch.Tensor, tokens: int,
@@ -59,13 +66,15 @@ def theirs_decode(hf, prompt: torch.Tensor, tokens: int,
     total = prompt.shape[-1] + tokens
     cache = StaticCache(config=hf.config, max_cache_len=total) if static else \
         DynamicCache(config=hf.config)
-    positions = torch.arange(prompt.shape[-1])
+    positions = torch.arange(prompt.shape[-1], device=prompt.device)
     logits = hf(prompt, cache=cache, cache_position=positions, use_cache=True).logits
     out, start = [logits[:, -1].argmax(-1, keepdim=True)], time.perf_counter()
     for i in range(tokens - 1):
         at = torch.tensor([prompt.shape[-1] + i])
-        logits = hf(out[-1], cache=cache, cache_position=at, use_cache=True).logits
+        logits = hf(out[-1], cache=cache, cache_position=at.to(prompt.device),
+                    use_cache=True).logits
         out.append(logits[:, -1].argmax(-1, keepdim=True))
+    synchronize(prompt.device)
     spent = time.perf_counter() - start
     held = sum(t.numel() * t.element_size() for layer in cache.layers
                for t in (layer.keys, layer.values) if isinstance(t, torch.Tensor))
@@ -81,6 +90,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--device", default="cpu")
     args = p.parse_args()
     from generate import context_hyper, theirs
 
@@ -94,7 +104,8 @@ def main() -> int:
     overrides[context_hyper(mapping)] = max(args.contexts) + args.tokens
     torch.manual_seed(0)
     model = build.build_model(card, args.preset, overrides).eval()
-    hf = theirs(mapping, model)
+    hf = theirs(mapping, model).to(args.device)
+    model.to(args.device)
     vocab = int(model.card_meta["hyperparameters"]["V"])
     print(f"{args.family} ({args.preset}), {args.tokens} tokens decoded after each context; "
           f"ms a token (median of {args.rounds}), and the cache's size at the end")
@@ -109,7 +120,8 @@ def main() -> int:
         runs["compiled"] = lambda x: ours_decode(model, x, args.tokens, step)
     with torch.no_grad():
         for length in args.contexts:
-            prompt = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(length))
+            prompt = torch.randint(0, vocab, (1, length),
+                                   generator=torch.Generator().manual_seed(length)).to(args.device)
             if args.compile:
                 runs["compiled"](prompt)  # this context's graphs, compiled untimed
             times: dict[str, list[float]] = {name: [] for name in runs}

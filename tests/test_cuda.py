@@ -67,6 +67,27 @@ def test_every_causal_decoder_decodes_through_its_cache_on_cuda(walked):  # noqa
         assert (rows - full).abs().max().item() < 1e-5 * full.abs().max().item(), name
 
 
+def test_a_static_cache_decodes_on_cuda_in_two_graphs():
+    """Llama's card compiled (inductor) on the GPU, decoding through a static cache (its
+    position a tensor on the device): the growing cache's eager logits, from two graphs."""
+    import cardc as api
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    model = api.model("cards/llama.card", V=97, D=32, H=4, H_kv=2, N=2, D_f=64,
+                      ctx=64).eval().cuda()
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randint(0, 97, (2, 9), device="cuda")
+    with torch.no_grad():
+        eager_cache, static_cache = model.new_cache(), model.new_cache(length=40)
+        for _ in range(16):
+            want, got = model(x, cache=eager_cache), compiled(x, cache=static_cache)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+            x = want[:, -1:].argmax(-1)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+
+
 def cardc(*args: str, torchrun: bool = False) -> subprocess.CompletedProcess:
     launch = ["-m", "torch.distributed.run", "--nproc-per-node", "1", "--standalone"] \
         if torchrun else []
