@@ -438,34 +438,31 @@ class KVCache:
         cache keeps only the visible keys for; never in a static cache."""
         return self.length is None and Q.shape[-2] == 1
 
-    def dynamic(self, what):
-        """Refuse a static cache for what it cannot hold."""
-        if self.length is not None:
-            raise ValueError(f"a static cache (new_cache(length=…)) holds keys and values "
-                             f"alone: this model's {what} needs new_cache()")
-
     def count(self, what):
-        """The tokens decoded before, as a number: what reads them so (a value over every
-        position so far, cardc.lower.calls) needs a cache that grows."""
-        self.dynamic(what)
+        """The tokens decoded before, as a number: what reads them so (a value made over every
+        position so far, cardc.lower.calls) grows with them, which a static cache does not."""
+        if self.length is not None:
+            raise ValueError(f"a static cache (new_cache(length=…)) keeps its shapes: this "
+                             f"model's {what}, made over every position so far, needs "
+                             "new_cache()")
         return self.pos
 
     def resume(self, h):
         """The state the last cached position left in the next recurrence of this forward
         (h, its start, before any), and the key `hold` keeps its new one under: recurrences
         are keyed by their order in the forward, as attention calls are by extend."""
-        self.dynamic("recurrence")
         n, self.carried = self.carried, self.carried + 1
         return self.states.get(n, h), n
 
     def hold(self, key, h):
-        """The state after the new positions, where the next tokens resume."""
-        self.states[key] = h
+        """The state after the new positions, where the next tokens resume: a copy of its
+        own, not a view that keeps the new positions' whole tensor (and, traced, every
+        state of one layout: a decode step's graph serves the next)."""
+        self.states[key] = h.contiguous()
 
     def holds(self, z):
         """Whether the source z is the one this cache encoded. A cache that holds tokens
         decoded after another source has nothing for z: it refuses it (start a new cache)."""
-        self.dynamic("encoder")
         if self.source is not None and self.source.shape == z.shape and \
                 torch.equal(self.source, z):
             return True

@@ -12,8 +12,9 @@ Oracles, each a function of a built case so that more can be added (a reference 
 `runs` — `build` either refuses with one located diagnostic or gives a module that runs on random
 inputs; `fused_equals_literal` — the fused lowering and the literal one (`fuse=False`) agree in
 float64, values and gradients; `cache_equals_recomputation` — a model that offers `new_cache()`
-decodes a few tokens at a time to the logits of full recomputation, and with gradients enabled
-to its gradients (tests/decodecheck.py, check_cached_gradients). Some token cards are causal
+decodes a few tokens at a time to the logits of full recomputation, through a static cache too
+(`new_cache(length=…)`), and with gradients enabled to its gradients (tests/decodecheck.py,
+check_static_decoding, check_cached_gradients). Some token cards are causal
 language models (every mask hides later keys, the library's attention is causal), which the
 lowering gives a cache where it proves every attention extends it.
 

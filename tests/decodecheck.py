@@ -55,9 +55,9 @@ def check_static_decoding(model, inputs: list[torch.Tensor],
                           chunks: tuple[int, ...] = (5, 1, 1, 4),
                           tolerance: float = 1e-5) -> str | None:
     """Through `model.new_cache(length=…)`, a static cache of 3 positions more than the last
-    input holds (at most the model's context), fed in chunks as check_incremental_decoding does: the same logits as one
-    forward over the whole input. A model whose cache holds more than keys and values (a
-    recurrence's states, an encoder's source) refuses a static one: the refusal's message."""
+    input holds (at most the model's context), fed in chunks as check_incremental_decoding
+    does: the same logits as one forward over the whole input. A model that makes a value
+    over every position so far (T5's buckets) refuses a static one: the refusal's message."""
     *prefix, x = inputs
     with torch.no_grad():
         full = model(*prefix, x)

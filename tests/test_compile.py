@@ -82,7 +82,9 @@ def test_a_compiled_training_run_gives_eagers_losses(tmp_path, monkeypatch):
 
 DECODERS = {"gpt2": {**SMALL, "ctx": 64}, "llama": {**SMALL, "H_kv": 2, "ctx": 64},
             "bloom": dict(V=97, D=32, H=4, N=2),  # ALiBi: its slopes and biases made once
-            "mistral": dict(V=97, w=6), "gemma2": dict(V=97, w=6)}  # sliding windows
+            "mistral": dict(V=97, w=6), "gemma2": dict(V=97, w=6),  # sliding windows
+            "recurrent": dict(V=97)}  # a recurrence's state carried from token to token
+TINY = {"mistral", "gemma2", "recurrent"}  # built at their tiny presets
 # An encoder–decoder's cache checks that it holds the source given (torch.equal): data the
 # trace cannot read, a graph break; its decoder's steps compile as these do.
 
@@ -97,7 +99,7 @@ def test_cached_decoding_compiles_to_a_few_graphs(card):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     torch.manual_seed(0)
-    preset = "tiny" if card in ("mistral", "gemma2") else None
+    preset = "tiny" if card in TINY else None
     model = cardc.model(f"cards/{card}.card", preset, **DECODERS[card]).eval()
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     g = torch.Generator().manual_seed(1)
@@ -117,11 +119,12 @@ def test_a_static_cache_decodes_in_two_graphs(card):
     buffers of every position, its position a tensor) a whole generation is two graphs, the
     prefill's and the decode step's, and every step gives the growing cache's eager logits:
     learned positions (GPT-2), RoPE (Llama), ALiBi (BLOOM), sliding windows (Mistral) and soft
-    caps over windows (Gemma 2), past the window."""
+    caps over windows (Gemma 2), past the window, and a recurrence's state (its copy held:
+    a view of the prefill's rows would be another layout, another graph)."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     torch.manual_seed(0)
-    preset = "tiny" if card in ("mistral", "gemma2") else None
+    preset = "tiny" if card in TINY else None
     model = cardc.model(f"cards/{card}.card", preset, **DECODERS[card]).eval()
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     x = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
@@ -170,8 +173,8 @@ def test_generate_through_a_static_cache_traces_its_forward_twice():
 
 def test_a_static_cache_refuses_what_it_cannot_hold():
     """More positions than it holds, a length past the model's context, gradients (its
-    buffers are written over), and what a cache of keys and values alone cannot hold (a
-    recurrence's states): each a message saying so."""
+    buffers are written over), and a value made over every position so far (T5's buckets,
+    which grow with the positions): each a message saying so."""
     model = cardc.model("cards/gpt2.card", **DECODERS["gpt2"]).eval()
     with pytest.raises(ValueError, match="a cache of 65 positions exceeds the model's 64"):
         model.new_cache(length=65)
@@ -183,7 +186,8 @@ def test_a_static_cache_refuses_what_it_cannot_hold():
             model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="a static cache .* decodes without gradients"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(length=8))
-    recurrent = cardc.model("cards/recurrent.card", "tiny").eval()
-    with torch.no_grad(), pytest.raises(ValueError, match="this model's recurrence needs "
-                                                          r"new_cache\(\)"):
-        recurrent(torch.zeros(1, 4, dtype=torch.long), cache=recurrent.new_cache(length=8))
+    t5 = cardc.model("cards/t5.card", "tiny").eval()
+    z, x = torch.zeros(1, 6, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long)
+    with torch.no_grad(), pytest.raises(ValueError, match="this model's value of positions, "
+                                                          "made over every position so far"):
+        t5(z, x, cache=t5.new_cache(length=8))
