@@ -321,14 +321,15 @@ class KVCache:
         cache keeps only the visible keys for; never in a static cache."""
         return self.length is None and Q.shape[-2] == 1
 
-    def count(self, what):
-        """The tokens decoded before, as a number: what reads them so (a value made over every
-        position so far, cardc.lower.calls) grows with them, which a static cache does not."""
-        if self.length is not None:
-            raise ValueError(f"a static cache (new_cache(length=…)) keeps its shapes: this "
-                             f"model's {what}, made over every position so far, needs "
-                             "new_cache()")
-        return self.pos
+    def positioned(self, over, t):
+        """A value of every pair of positions (T5's buckets), made by over(past) for the t new
+        positions after `past` ones, at the new rows. A static cache makes it over all of its
+        positions (the keys it holds; those not yet written hidden by the causal masks) and
+        reads the rows at its position."""
+        if self.length is None:
+            return over(self.pos)[..., self.pos:, :]
+        every = over(self.length - t)  # (…, length, length)
+        return every.index_select(-2, self.pos + torch.arange(t, device=every.device))
 
     def resume(self, h):
         """The state the last cached position left in the next recurrence of this forward

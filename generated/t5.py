@@ -332,6 +332,7 @@ class T5(nn.Module):
         )  # [t5.card:16]
 
     def forward(self, z, x, targets=None, nll=None, cache=None):
+        past = 0 if cache is None else cache.pos  # tokens decoded before these
         # Encode the source:
         if cache is not None and cache.holds(z):
             Z = cache.encoding[0]  # the source, encoded once per cache
@@ -345,12 +346,12 @@ class T5(nn.Module):
                 cache.keep(z, Z)
         # Decode the target:
         X = self.W_e[x]  # (B, T, D)  [t5.card:28]
+        def over(past):
+            return CausalRelativeBuckets(X, N_b=self.N_b, d_max=self.d_max, past=past)
         # (B, T, T)  [t5.card:29]
-        beta_prime = CausalRelativeBuckets(
-            X, N_b=self.N_b, d_max=self.d_max
-        ) if cache is None else CausalRelativeBuckets(
-            X, N_b=self.N_b, d_max=self.d_max, past=cache.count("value of positions")
-        )[..., cache.pos:, :]
+        beta_prime = CausalRelativeBuckets(X, N_b=self.N_b, d_max=self.d_max) if cache is None else cache.positioned(
+            over, X.shape[-2]
+        )
         for dec in self.dec:  # [t5.card:30]
             X = dec(X, Z, beta_prime, self.W_dec_b, cache=cache)  # (B, T, D)  [t5.card:31]
         X = rms_normalize(X, (self.D,), self.gamma_dec_f, self.eps)  # (B, T, D)  [t5.card:33]
@@ -532,14 +533,15 @@ class KVCache:
         cache keeps only the visible keys for; never in a static cache."""
         return self.length is None and Q.shape[-2] == 1
 
-    def count(self, what):
-        """The tokens decoded before, as a number: what reads them so (a value made over every
-        position so far, cardc.lower.calls) grows with them, which a static cache does not."""
-        if self.length is not None:
-            raise ValueError(f"a static cache (new_cache(length=…)) keeps its shapes: this "
-                             f"model's {what}, made over every position so far, needs "
-                             "new_cache()")
-        return self.pos
+    def positioned(self, over, t):
+        """A value of every pair of positions (T5's buckets), made by over(past) for the t new
+        positions after `past` ones, at the new rows. A static cache makes it over all of its
+        positions (the keys it holds; those not yet written hidden by the causal masks) and
+        reads the rows at its position."""
+        if self.length is None:
+            return over(self.pos)[..., self.pos:, :]
+        every = over(self.length - t)  # (…, length, length)
+        return every.index_select(-2, self.pos + torch.arange(t, device=every.device))
 
     def resume(self, h):
         """The state the last cached position left in the next recurrence of this forward

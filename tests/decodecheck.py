@@ -56,8 +56,8 @@ def check_static_decoding(model, inputs: list[torch.Tensor],
                           tolerance: float = 1e-5) -> str | None:
     """Through `model.new_cache(length=…)`, a static cache of 3 positions more than the last
     input holds (at most the model's context), fed in chunks as check_incremental_decoding
-    does: the same logits as one forward over the whole input. A model that makes a value
-    over every position so far (T5's buckets) refuses a static one: the refusal's message."""
+    does: the same logits as one forward over the whole input; or, where a static cache is
+    refused (a ValueError that says so), the refusal's message."""
     *prefix, x = inputs
     with torch.no_grad():
         full = model(*prefix, x)

@@ -172,9 +172,8 @@ def test_generate_through_a_static_cache_traces_its_forward_twice():
 
 
 def test_a_static_cache_refuses_what_it_cannot_hold():
-    """More positions than it holds, a length past the model's context, gradients (its
-    buffers are written over), and a value made over every position so far (T5's buckets,
-    which grow with the positions): each a message saying so."""
+    """More positions than it holds, a length past the model's context, and gradients (its
+    buffers are written over): each a message saying so."""
     model = cardc.model("cards/gpt2.card", **DECODERS["gpt2"]).eval()
     with pytest.raises(ValueError, match="a cache of 65 positions exceeds the model's 64"):
         model.new_cache(length=65)
@@ -186,8 +185,4 @@ def test_a_static_cache_refuses_what_it_cannot_hold():
             model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="a static cache .* decodes without gradients"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(length=8))
-    t5 = cardc.model("cards/t5.card", "tiny").eval()
-    z, x = torch.zeros(1, 6, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long)
-    with torch.no_grad(), pytest.raises(ValueError, match="this model's value of positions, "
-                                                          "made over every position so far"):
-        t5(z, x, cache=t5.new_cache(length=8))
+

@@ -540,12 +540,7 @@ def test_walk_every_model_with_a_cache_decodes_as_full_recomputation(walked):
             refused[name] = check_static_decoding(model, inputs, tolerance=tolerance)
         except AssertionError as err:
             raise AssertionError(f"{name}: {err}") from None
-    # a static cache keeps its shapes: a value made over every position so far is refused
-    static = {name for name, why in refused.items() if why is None}
-    assert len(static) >= 30 and {"RecurrentLM", "BART"} <= static, static
-    for name, why in refused.items():
-        assert why is None or "this model's value of positions, made over every" in why, \
-            f"{name}: {why}"
+    assert not any(refused.values()), refused  # every cached model takes a static cache
 
 
 @pytest.mark.parametrize("card, sizes, inputs", [

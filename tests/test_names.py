@@ -350,7 +350,7 @@ GENERATOR_NAMES = {
     "appended", "room", "K_room", "V_room", "as_bias", "is_compiling",
     # a static cache: its positions a tensor, its keys and values held in place
     "next", "static", "length", "advance", "written", "first_query", "rows_at", "beyond", "rope_rows", "limit",
-    "count", "sees_all", "what", "t", "omega", "cos", "sin",
+    "count", "sees_all", "over", "every", "positioned", "t", "omega", "cos", "sin",
 }
 # what the generator appends to a card's name: a recurrence's state held or read late, all
 # of its states; a head's function over every head at once
@@ -380,7 +380,7 @@ GENERATOR_ATTRS = {
     "resume", "hold", "states", "carried", "holds", "keep", "source", "encoding",
     "kept", "keep_context", "context", "contexts", "broadcast_tensors", "broadcast_to", "broadcast_shapes",
     "is_tensor", "narrow", "index_add", "nonzero", "split", "indices", "bincount", "permute",
-    "length", "advance", "written", "first", "sees_all", "index_copy_", "count", "contiguous",
+    "length", "advance", "written", "first", "sees_all", "index_copy_", "positioned", "contiguous",
 }
 GENERATOR_STRINGS = {"tanh", "scale", "omega", "cpu", "probabilities", "params", "weight_decay", "lr", "-inf",
                      " exceeds the model's ", " positions", "sequence length ",
@@ -389,10 +389,9 @@ GENERATOR_STRINGS = {"tanh", "scale", "omega", "cpu", "probabilities", "params",
                      "shapes that do not broadcast: ",
                      "KVCache",  # new_cache()'s annotation: the class stands after the model
                      "this static cache holds ", " positions: ", " do not fit (new_cache(length=…))",
-                     "a static cache (new_cache(length=…)) keeps its shapes: this model's ",
-                     ", made over every position so far, needs new_cache()", "a cache of ",
+                     "a cache of ",
                      "a static cache (new_cache(length=…)) decodes without gradients: "
-                     "new_cache() passes them on", "value of positions",
+                     "new_cache() passes them on",
                      " positions exceeds the model's "}
 # the pieces of the message a model input of the wrong size gets, around the card's own names
 # and sizes (an input's, its declared type's)

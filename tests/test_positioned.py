@@ -50,7 +50,8 @@ def test_a_value_of_positions_given_to_the_heads_follows_the_decoded_rows(tmp_pa
     check_incremental_decoding(model, [x])  # distances past N_b − 1 share the last bucket
     code = _source(tmp_path, CARD.read_text(encoding="utf-8"))
     # made over the cached positions and the new ones, read at the new rows
-    assert "X, N_b=self.N_b, past=cache.count(\"value of positions\")\n        )[..., cache.pos:, :]" in code
+    assert "return CappedDistance(X, N_b=self.N_b, past=past)" in code and \
+        "cache.positioned(over, X.shape[-2])" in code
     assert "def CappedDistance(X, N_b, past=0):" in code and "T = past + X.shape[-2]" in code
 
 

@@ -200,13 +200,14 @@ class Calls:
 
     def positioned(self, fn: str, call: ir.Call) -> ir.Expr:
         """A value of every pair of the decoded rows' positions (cardc.lower.analysis
-        .positioned): with a cache, made over the cached positions and the new ones, `past=`
-        (cardc.lower.decoding gives the function that argument), and read at the new rows."""
+        .positioned): with a cache, made over the positions before the new ones too, `past=`
+        (cardc.lower.decoding gives the function that argument), and read at the new rows
+        (`cache.positioned`)."""
         self.low.masking.position_functions.add(fn)
-        pos = ir.Attr(ir.Ref("cache"), "pos")  # a static cache's refused by count
-        count = ir.Call(ir.Attr(ir.Ref("cache"), "count"), (ir.Lit('"value of positions"'),))
-        over = ir.Call(call.func, call.args, (*call.kwargs, ("past", count)))
-        rows = ir.Sub(over, (ir.Ref("..."), ir.SliceX(pos, None), ir.SliceX(None, None)))
+        over = ir.Lambda(ir.Call(call.func, call.args, (*call.kwargs, ("past", ir.Ref("past")))),
+                         "over", ("past",))
+        new = ir.Sub(ir.Attr(call.args[0], "shape"), (ir.Lit("-2"),))
+        rows = ir.Call(ir.Attr(ir.Ref("cache"), "positioned"), (over, new))
         return ir.Cond(ir.Bin("is", ir.Ref("cache"), ir.Lit("None")), call, rows)
 
     def reads_position(self, e: s.Call) -> bool:
