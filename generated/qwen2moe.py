@@ -293,7 +293,8 @@ class KVCache:
         self.called = {}  # {module: n}: its calls by this forward so far
         self.states = {}  # recurrence over positions → the state its last position left
         self.carried = 0  # recurrences resumed by this forward so far
-        self.source = None  # an encoder–decoder's source, encoded once for its decoded tokens
+        self.source = self.given = None  # an encoder–decoder's source (a copy; as given),
+        # encoded once for its decoded tokens
         self.encoding = ()  # what its encoder made of it that the decoder reads
         self.context = []  # what the decoder's steps made of the encoding (cross keys, values)
         self.contexts = 0  # of them read by this forward so far
@@ -432,19 +433,28 @@ class KVCache:
 
     def holds(self, z):
         """Whether the source z is the one this cache encoded. A cache that holds tokens
-        decoded after another source has nothing for z: it refuses it (start a new cache)."""
-        if self.source is not None and self.source.shape == z.shape and \
+        decoded after another source has nothing for z: it refuses it (start a new cache).
+        A trace reads no data: there the source is the tensor the cache encoded, by identity,
+        and the graph asserts that its values are still those encoded."""
+        if torch.compiler.is_compiling():
+            if self.source is not None and z is self.given:
+                torch._assert_async((z == self.source).all(), "the source was written over "
+                                    "after this cache encoded it: decode through a new cache")
+                return True
+        elif self.source is not None and self.source.shape == z.shape and \
                 torch.equal(self.source, z):
             return True
-        if self.pos:
+        if self.kv or self.states:
             raise ValueError("this cache holds tokens decoded after another source: decode "
-                             "this one through a new cache (new_cache())")
+                             "this one through a new cache (new_cache())" +
+                             (", or give a traced forward the source tensor it encoded"
+                              if torch.compiler.is_compiling() else ""))
         return False
 
     def keep(self, z, *encoding):
-        """Keep the source z (a copy: the caller may write into its own) and what the encoder
-        made of it, for the tokens decoded after."""
-        self.source, self.encoding, self.context = z.clone(), encoding, []
+        """Keep the source z (a copy: the caller may write into its own; and z itself, which
+        a trace knows it by) and what the encoder made of it, for the tokens decoded after."""
+        self.source, self.given, self.encoding, self.context = z.clone(), z, encoding, []
 
     def kept(self):
         """What the next step of this forward that reads the source alone (a cross-attention's

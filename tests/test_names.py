@@ -380,7 +380,7 @@ GENERATOR_ATTRS = {
     "resume", "hold", "states", "carried", "holds", "keep", "source", "encoding",
     "kept", "keep_context", "context", "contexts", "broadcast_tensors", "broadcast_to", "broadcast_shapes",
     "is_tensor", "narrow", "index_add", "nonzero", "split", "indices", "bincount", "permute",
-    "length", "advance", "written", "first", "sees_all", "index_copy_", "positioned", "contiguous",
+    "length", "advance", "written", "first", "sees_all", "index_copy_", "positioned", "contiguous", "given", "_assert_async",
 }
 GENERATOR_STRINGS = {"tanh", "scale", "omega", "cpu", "probabilities", "params", "weight_decay", "lr", "-inf",
                      " exceeds the model's ", " positions", "sequence length ",
@@ -389,7 +389,9 @@ GENERATOR_STRINGS = {"tanh", "scale", "omega", "cpu", "probabilities", "params",
                      "shapes that do not broadcast: ",
                      "KVCache",  # new_cache()'s annotation: the class stands after the model
                      "this static cache holds ", " positions: ", " do not fit (new_cache(length=…))",
-                     "a cache of ",
+                     "a cache of ", "the source was written over after this cache encoded it: "
+                     "decode through a new cache", ", or give a traced forward the source tensor "
+                     "it encoded", "",
                      "a static cache (new_cache(length=…)) decodes without gradients: "
                      "new_cache() passes them on",
                      " positions exceeds the model's "}
