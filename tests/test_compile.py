@@ -63,11 +63,13 @@ def test_the_loss_a_few_rows_at_a_time_compiles(backend):
 
 def test_a_compiled_training_run_gives_eagers_losses(tmp_path, monkeypatch):
     """`cardc train --compile` (inductor): the recipe's steps through the compiled model, its
-    loss a few rows at a time, make the updates eager makes."""
+    loss a few rows at a time, make the updates eager makes, from one graph."""
     import json
 
     monkeypatch.chdir(tmp_path)
     losses = {}
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     for compile in (False, True):
         cardc.train(str(ROOT / "cards" / "gpt2.card"), preset="tiny",
                     overrides={"D": 32, "N": 2, "D_f": 64}, steps=4, batch_size=2,
@@ -78,6 +80,9 @@ def test_a_compiled_training_run_gives_eagers_losses(tmp_path, monkeypatch):
                                if "train_loss" in json.loads(line)]
     assert len(losses[True]) == 3
     assert max(abs(a - b) for a, b in zip(losses[True], losses[False], strict=True)) < 1e-5
+    # every step one graph, forward and loss, traced once: no break, no recompilation
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["graph_break"]
 
 
 DECODERS = {"gpt2": {**SMALL, "ctx": 64}, "llama": {**SMALL, "H_kv": 2, "ctx": 64},
