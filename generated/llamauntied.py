@@ -259,9 +259,13 @@ class KVCache:
             raise ValueError(f"this static cache holds {self.length} positions: "
                              f"{int(self.pos) + t} do not fit (new_cache(length=…))")
         held = self.kv.get(layer)
-        if held is None or held[0].shape[:-2] != K.shape[:-2]:
+        if held is None:
             held = self.kv[layer] = (K.new_zeros((*K.shape[:-2], self.length, K.shape[-1])),
                                      V.new_zeros((*V.shape[:-2], self.length, V.shape[-1])))
+        elif held[0].shape[:-2] != K.shape[:-2]:  # their keys would be lost, or misread
+            raise ValueError(f"this static cache holds keys for {tuple(held[0].shape[:-2])}, "
+                             f"not {tuple(K.shape[:-2])}: decode another batch through a new "
+                             "cache")
         at = self.pos + torch.arange(t, device=K.device)  # (t,)
         held[0].index_copy_(-2, at, K)
         held[1].index_copy_(-2, at, V)

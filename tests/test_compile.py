@@ -200,8 +200,9 @@ def test_generate_through_a_static_cache_traces_its_forward_twice():
 
 
 def test_a_static_cache_refuses_what_it_cannot_hold():
-    """More positions than it holds, a length past the model's context, and gradients (its
-    buffers are written over): each a message saying so."""
+    """More positions than it holds, a length past the model's context, another batch (its
+    keys would be lost), and gradients (its buffers are written over): each a message saying
+    so."""
     model = cardc.model("cards/gpt2.card", **DECODERS["gpt2"]).eval()
     with pytest.raises(ValueError, match="a cache of 65 positions exceeds the model's 64"):
         model.new_cache(length=65)
@@ -211,6 +212,10 @@ def test_a_static_cache_refuses_what_it_cannot_hold():
         model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
         with pytest.raises(ValueError, match="this static cache holds 10 positions: 11 do not"):
             model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+        cache = model.new_cache(length=10)
+        model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match=r"holds keys for \(1, 4\), not \(2, 4\)"):
+            model(torch.zeros(2, 1, dtype=torch.long), cache=cache)  # another batch
     with pytest.raises(ValueError, match="a static cache .* decodes without gradients"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(length=8))
 

@@ -389,7 +389,8 @@ GENERATOR_STRINGS = {"tanh", "scale", "omega", "cpu", "probabilities", "params",
                      "shapes that do not broadcast: ",
                      "KVCache",  # new_cache()'s annotation: the class stands after the model
                      "this static cache holds ", " positions: ", " do not fit (new_cache(length=…))",
-                     "a cache of ", "the source was written over after this cache encoded it: "
+                     "a cache of ", "this static cache holds keys for ", ", not ",
+                     ": decode another batch through a new cache", "the source was written over after this cache encoded it: "
                      "decode through a new cache", ", or give a traced forward the source tensor "
                      "it encoded", "",
                      "a static cache (new_cache(length=…)) decodes without gradients: "
