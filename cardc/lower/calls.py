@@ -205,7 +205,7 @@ class Calls:
         (`cache.positioned`)."""
         self.low.masking.position_functions.add(fn)
         over = ir.Lambda(ir.Call(call.func, call.args, (*call.kwargs, ("past", ir.Ref("past")))),
-                         "over", ("past",))
+                         self.fresh("over"), ("past",))
         new = ir.Sub(ir.Attr(call.args[0], "shape"), (ir.Lit("-2"),))
         rows = ir.Call(ir.Attr(ir.Ref("cache"), "positioned"), (over, new))
         return ir.Cond(ir.Bin("is", ir.Ref("cache"), ir.Lit("None")), call, rows)
