@@ -103,10 +103,32 @@ def time_steps(model: nn.Module, logits_of: Callable[[nn.Module, torch.Tensor], 
     sync()
     seconds = (time.perf_counter() - start) / spec["steps"]
     result = {"step_s": seconds, "tokens_per_s": spec["batch"] * spec["block"] / seconds}
+    if spec.get("profile"):
+        result["profile"] = where_time_goes(step, sync, device)
     if device.type == "cuda":
         result["device_name"] = torch.cuda.get_device_name(device)
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return result
+
+
+def where_time_goes(step: Callable[[], None], sync: Callable[[], None], device: torch.device,
+                    steps: int = 3, top: int = 6) -> list[tuple[str, float]]:
+    """The operators that take the most of a few more steps, each with its share of the time
+    every operator takes itself (on CUDA the device's time, else the CPU's): the kernels a
+    step is made of, and how much falls between them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    field = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    spent = sorted(((e.key, getattr(e, field)) for e in prof.key_averages()),
+                   key=lambda kv: -kv[1])
+    total = sum(t for _, t in spent) or 1
+    return [(key, t / total) for key, t in spent[:top]]
 
 
 def unique_params(model: nn.Module) -> int:

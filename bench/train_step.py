@@ -112,7 +112,7 @@ def bench_one(family: str, config: str, impls: dict[str, str],
                 "hp": hyperparameters(family, preset, overrides)}
     spec.update({"batch": args.batch, "block": args.block or block, "steps": args.steps,
                  "warmup": args.warmup, "device": args.device, "compile": args.compile,
-                 "seed": 0})
+                 "profile": args.profile, "seed": 0})
     names = list(impls)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     failed: set[str] = set()
@@ -161,6 +161,10 @@ def report(run: dict[str, Any], device: str) -> list[str]:
         if name != "cardc":
             line += f"  ours/peer {ours / tps:.2f}×"
         lines.append(line)
+    for name, rounds in results.items():  # the first round's profile, where asked for
+        if "profile" in rounds[0]:
+            lines.append(f"  {name} spends: " + ", ".join(
+                f"{op} {share:.0%}" for op, share in rounds[0]["profile"]))
     return lines
 
 
@@ -186,6 +190,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first in each round")
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", action="store_true", help="torch.compile every model")
+    p.add_argument("--profile", action="store_true",
+                   help="also where each implementation's step goes: its costliest operators")
     p.add_argument("--python", default=sys.executable, help="Python for cardc and transformers")
     p.add_argument("--litgpt-python", default=str(BENCH / ".venv-litgpt" / "bin" / "python"),
                    help="Python with litgpt installed (bench/setup_peers.sh)")
