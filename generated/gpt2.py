@@ -296,16 +296,11 @@ class KVCache:
         """Which keys each new query sees: the cached ones, and the new ones up to itself."""
         q, k = Q.shape[-2], K.shape[-2]
         if self.length is not None:  # the keys of every position, written or not
-            return self.first(Q, K) + torch.arange(q, device=Q.device)[:, None] >= \
+            return self.pos + torch.arange(q, device=Q.device)[:, None] >= \
                 torch.arange(k, device=Q.device)
         if q == 1:
             return None  # the newest token sees every position
         return torch.ones(q, k, dtype=torch.bool, device=Q.device).tril(k - q)
-
-    def first(self, Q, K):
-        """The position of the first new query among the keys K at hand: after the cached
-        ones (a static cache's own position: its keys are every position it holds)."""
-        return K.shape[-2] - Q.shape[-2] if self.length is None else self.pos
 
     def sees_all(self, Q):
         """Whether the new queries see every key at hand: one decoded token, which a window's

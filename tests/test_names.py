@@ -380,7 +380,7 @@ GENERATOR_ATTRS = {
     "resume", "hold", "states", "carried", "holds", "keep", "source", "encoding",
     "kept", "keep_context", "context", "contexts", "broadcast_tensors", "broadcast_to", "broadcast_shapes",
     "is_tensor", "narrow", "index_add", "nonzero", "split", "indices", "bincount", "permute",
-    "length", "advance", "written", "first", "sees_all", "index_copy_", "positioned", "contiguous", "given", "_assert_async",
+    "length", "advance", "written", "sees_all", "index_copy_", "positioned", "contiguous", "given", "_assert_async",
 }
 GENERATOR_STRINGS = {"tanh", "scale", "omega", "cpu", "probabilities", "params", "weight_decay", "lr", "-inf",
                      " exceeds the model's ", " positions", "sequence length ",
