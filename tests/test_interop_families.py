@@ -67,11 +67,13 @@ FAMILIES = {
     "falcon-tied": Family("cards/falcon.card", "Falcon", "FalconForCausalLM", True),
     "falcon-untied": Family("cards/falcon.card", "FalconUntied", "FalconForCausalLM", False),
     "gemma2": Family("cards/gemma2.card", "Gemma2", "Gemma2ForCausalLM", True),
+    "cohere": Family("cards/cohere.card", "Cohere", "CohereForCausalLM", True),
+    "cohereqk": Family("cards/cohere.card", "CohereQKNorm", "CohereForCausalLM", True),
     "bert": Family("cards/bert.card", "BERT", "BertModel", True),
     "bert-mlm": Family("cards/bert.card", "BERTForMaskedLM", "BertForMaskedLM", True),
 }
 THETA = {"llama": 10000.0, "qwen2": 1e6, "qwen3": 1e6, "mistral": 1e4, "olmo2": 5e5, "stablelm2": 1e4,
-         "gemma2": 1e4, "falcon": 1e4}
+         "gemma2": 1e4, "falcon": 1e4, "cohere": 1e4, "cohereqk": 1e4}
 EXTRA = {  # what each family's config sets beyond Llama's: heads wider than D/H, a window
     "qwen2": {"use_sliding_window": False},
     "qwen3": {"head_dim": 16},
@@ -81,8 +83,12 @@ EXTRA = {  # what each family's config sets beyond Llama's: heads wider than D/H
     "gemma2": {"head_dim": 16, "sliding_window": 5, "query_pre_attn_scalar": 20,
                "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
                "num_hidden_layers": 4},  # two (local, global) pairs
+    "cohere": {"logit_scale": 0.25, "pad_token_id": 5, "bos_token_id": None, "eos_token_id": None},
+    "cohereqk": {"logit_scale": 0.25, "use_qk_norm": True, "pad_token_id": 5,
+                 "bos_token_id": None, "eos_token_id": None},  # a LayerNorm per head
 }
-EPS_KEY = {"stablelm2": "layer_norm_eps"}  # the config key of ε where it is not rms_norm_eps
+EPS_KEY = {"stablelm2": "layer_norm_eps",  # the config key of ε where it is not rms_norm_eps
+           "cohere": "layer_norm_eps", "cohereqk": "layer_norm_eps"}
 
 
 def config_of(key: str, fam: Family, **changes):
