@@ -187,6 +187,7 @@ class Submodule:
     kwargs: tuple[tuple[str, Expr], ...]
     count: Expr | None = None  # a stack of layers: nn.ModuleList of `count` copies
     note: Note = Note()
+    index: str | None = None  # the stack's 0-based layer, where a layer's sizes depend on it
 
 
 @dataclass

@@ -591,3 +591,19 @@ def test_a_card_that_updates_twice_per_example_counts_its_updates(tmp_path):
     records = [json.loads(line) for line in
                (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["step"] == 40 and records[-1]["val_loss"] is not None
+
+
+def test_sample_takes_no_filter_bound_from_the_models_hyperparameters(tmp_path):
+    """Mixtral's k (experts per token) is the model's, not the sampler's top-k: sampling its
+    run without --top-k draws from every token, as --top-k V does."""
+    out = tmp_path / "moe"
+    r = cardc("train", "cards/mixtral.card", "--preset", "tiny", "--set", "D=32", "--set", "d=8",
+              "--set", "D_f=32", "--set", "N=1", "--steps", "2", "--batch-size", "2",
+              "--block-size", "8", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    common = ["sample", str(out), "--prompt", "a", "--tokens", "40", "--temperature", "3",
+              "--seed", "1"]
+    every = cardc(*common, "--top-k", "256")
+    assert every.returncode == 0, every.stderr
+    assert cardc(*common).stdout == every.stdout
+    assert cardc(*common, "--top-k", "2").stdout != every.stdout  # the old, silent reading

@@ -258,7 +258,7 @@ def _sampling_values(o: SampleOptions, lib, checker, alg, window: str | None,
     of the model's vocabulary (of `vocab`)."""
     info = checker.info(alg)
     declared = card_names(info.sig)
-    shared = {n: meta["hyperparameters"][identifier(n)] for n in declared
+    shared = {n: meta["hyperparameters"][identifier(n)] for n in _shared_with_model(info.sig, declared)
               if identifier(n) in meta.get("hyperparameters", {})}
     if window is not None:  # the longest input the card states M is handed
         limits = [n for n in (getattr(model, "max_seq_len", None), trained_context(meta))
@@ -280,6 +280,22 @@ def _sampling_values(o: SampleOptions, lib, checker, alg, window: str | None,
     if missing:
         raise UsageError(f"{alg.name} needs {', '.join(missing)}: set it with --set NAME=VALUE")
     return typed(info.sig, declared, values)
+
+
+def _shared_with_model(sig, declared: list[str]) -> list[str]:
+    """The hyperparameters a run's model hands the sampler: for a card that takes its model
+    as a hyperparameter, only the sizes of the model's type (V of `{1..V}^{T} → ℝ^{T×V}`), so
+    that a model's own `k` (experts per token) never becomes the sampler's top-k; for a card
+    that calls its model by name, every name the two share."""
+    if not sig.models:
+        return declared
+    sizes: set[str] = set()
+    for m in sig.models.values():
+        for ty in (m.input, m.output):
+            sizes.update(sym for d in ty.shape if d is not None for sym in d.symbols)
+            if ty.vocab is not None:
+                sizes.update(ty.vocab.symbols)
+    return [n for n in declared if n in sizes]
 
 
 def _filter_flags(o: SampleOptions, alg, bounds: dict[str, str]) -> dict[str, float]:

@@ -459,6 +459,14 @@ class CallChecker(Part):
         raise CheckError
 
     def bind_entry(self, want: Entry, given: s.Expr, bind: dict[str, Dim], callee) -> None:
+        if isinstance(given, s.Index) and isinstance(given.base, s.Name):
+            base = display(given.base.id)
+            self.error(given.span, f"a call binds a parameter by its name, not a part of "
+                                   f"'{base}'",
+                       hint=f"declare a family of parameters instead of '{base}' (`For h ∈ [H]: "
+                            f"γ^h ∈ ℝ^{{d}}`) and pass 'γ^h', or use the part of '{base}' in an "
+                            "expression of this card")
+            raise CheckError
         if not isinstance(given, s.Name):
             self.error(given.span, "expected the name of a parameter or bundle")
             raise CheckError

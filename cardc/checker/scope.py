@@ -79,8 +79,8 @@ class BodyState:
                     return entry.entry
         if name in CONSTANTS:
             return SCALAR
-        if name in self.failed:  # a consequence of an error already reported
-            raise CheckError
+        if name in self.failed or self.of_failed_family(name):  # a consequence of an
+            raise CheckError                                       # error already reported
         self.failed.add(name)
         if name in self.sig.run:
             what = "seed" if self.sig.run[name].seed else "number format"
@@ -91,6 +91,11 @@ class BodyState:
             _suggest(name, [k for sc in self.scopes for k in sc])
         self.error(span, f"unknown name '{display(name)}'", hint)
         raise CheckError
+
+    def of_failed_family(self, name: str) -> bool:
+        """Y^1 where the step that defines Y^h failed: no new error for its members."""
+        return any(instance(f, var, name) is not None
+                   for f in self.failed for _, var in split_name(f)[1] if var.isidentifier())
 
     def known_index(self, idx: str | None) -> bool:
         """e_1, W_{l+1}, x_m: a member of a family where the index is a number or names in scope."""

@@ -340,16 +340,18 @@ class Lowering(Parameters):
             if not any(isinstance(e, BundleTy) for _, e in self.checker.info(call.callee).sig.params):
                 continue
             for arg in self.ctor_args(call.callee):
-                for sym in self.kwarg_symbols(call, arg):
+                for sym in self.kwarg_symbols(call, arg, sig.hypers):
                     want(sym)
         return out
 
-    def kwarg_symbols(self, call: CallInfo, arg: str) -> set[str]:
+    def kwarg_symbols(self, call: CallInfo, arg: str, hypers: Mapping[str, object]) -> set[str]:
+        """The caller's hyperparameters that the callee's `arg` is made from: those an
+        explicit value names (not a step's value, nor a layer's index), or `arg` itself."""
         sig = self.checker.info(call.callee).sig
         if arg in call.hypers:
             given = call.hypers[arg]
             value = given.value if isinstance(given, s.Arg) else given
-            return {n.id for n in _names(value)}
+            return {n.id for n in _names(value) if n.id in hypers}
         if arg in call.bind:
             return call.bind[arg].symbols
         return set() if arg in sig.defaults else {arg}
@@ -624,3 +626,4 @@ def _per_example(visits: list[int | None], updates: int) -> int | None:
     if len(kinds) != 1 or None in kinds or kinds.pop() * len(visits) != updates:
         return None
     return visits[0]
+

@@ -41,11 +41,24 @@ class Parameters:
         cls = self.module(callee)
         attr = attr_name(name, var)
         kwargs = tuple((local_name(a), v) for a in self.ctor_args(callee)
-                       if (v := self.ctor_kwarg(callee, call, a)) is not None)
+                       if (v := self.ctor_kwarg(callee, call, a, self.ctor_names(alg, call, name, var)))
+                       is not None)
         count = None if over is None else _ctor_dim(over)
+        index = LAYER if any(_reads_layer(v) for _, v in kwargs) else None
         m.submodules.append(ir.Submodule(attr, cls.name, kwargs, count,
-                                         ir.Note(None, self.decl_line(alg, name))))
+                                         ir.Note(None, self.decl_line(alg, name)), index))
         scope.modules[name] = ModuleSlot(attr, callee, var, over)
+
+    def ctor_names(self, alg, call: CallInfo, name: str, var: str | None) -> dict[str, ir.Expr]:
+        """What the names a call's hyperparameters may read are in the caller's constructor:
+        its arguments, its derived sizes, and the index of the layer a stack builds."""
+        sig = self.checker.info(alg).sig
+        names: dict[str, ir.Expr] = {n: ir.Ref(local_name(n)) for n in self.ctor_args(alg)}
+        names.update({n: _ctor_dim(d) for n, d in sig.definitions.items()})
+        layer = _layer_index(call, name, var)
+        if layer is not None:
+            names[layer] = ir.Bin("+", ir.Ref(LAYER), ir.Lit("1"))
+        return names
 
     def call_passing(self, alg, calls: dict[int, CallInfo], name: str, var) -> CallInfo:
         for call in calls.values():
@@ -55,11 +68,18 @@ class Parameters:
                     return call
         raise LowerError(alg.span, f"the parameters '{name}' are never passed to a card")
 
-    def ctor_kwarg(self, callee, call: CallInfo, arg: str) -> ir.Expr | None:
+    def ctor_kwarg(self, callee, call: CallInfo, arg: str,
+                   names: dict[str, ir.Expr] | None = None) -> ir.Expr | None:
+        """The value the call hands the callee's constructor for `arg`; `names`: what each
+        name it may read is in the caller's constructor."""
         sig = self.checker.info(callee).sig
         if arg in call.hypers:
             given = call.hypers[arg]
-            return _ctor_value(given.value if isinstance(given, s.Arg) else given)
+            value = given.value if isinstance(given, s.Arg) else given
+            want = sig.hypers.get(arg)
+            if want is not None and want.elem in ("ℕ", "ℤ"):
+                _whole(value)
+            return _ctor_expr(value, names or {})
         if arg in call.bind:
             return _ctor_dim(call.bind[arg])
         if arg in sig.defaults:
@@ -129,6 +149,11 @@ def _ctor_dim(d: Dim) -> ir.Expr:
     return dim_expr(d, lambda sym: ir.Ref(local_name(sym.lstrip("?"))))
 
 
+LAYER = "layer"  # a stack's 0-based index in the generator that builds its layers
+_CTOR_OPS = {"+": "+", "−": "-", "·": "*", " ": "*", "/": "/", "≤": "<=", "<": "<", "≥": ">=",
+             ">": ">", "=": "==", "≠": "!="}
+
+
 def _ctor_value(e: s.Expr) -> ir.Expr:
     if isinstance(e, s.Num):
         return num_lit(e.text, e.span)
@@ -137,6 +162,68 @@ def _ctor_value(e: s.Expr) -> ir.Expr:
     if isinstance(e, s.Unary) and e.op == "−":
         return ir.Un("-", _ctor_value(e.operand))
     raise LowerError(e.span, "expected a number or a hyperparameter")
+
+
+def _ctor_expr(e: s.Expr, names: dict[str, ir.Expr]) -> ir.Expr:
+    """A hyperparameter a call hands its callee, in `__init__`: numbers, the caller's
+    hyperparameters (`names`: each one's value there) and their arithmetic, and in a stack of
+    layers the layer's index (θ_base = θ_local + [[ℓ mod p = 0]] (θ_global − θ_local)),
+    computed once per layer."""
+    def expr(x: s.Expr) -> ir.Expr:
+        return _ctor_expr(x, names)
+
+    if isinstance(e, s.Num):
+        return num_lit(e.text, e.span)
+    if isinstance(e, s.Name) and e.id in names:
+        return names[e.id]
+    if isinstance(e, s.Name):
+        raise LowerError(e.span, f"'{display(e.id)}' is a value of the steps: a hyperparameter "
+                                 "a call hands its callee is computed from hyperparameters")
+    if isinstance(e, s.Unary) and e.op == "−":
+        return ir.Un("-", expr(e.operand))
+    if isinstance(e, s.BinOp) and e.op in _CTOR_OPS:
+        return ir.Bin(_CTOR_OPS[e.op], expr(e.left), expr(e.right))
+    if isinstance(e, s.Iverson):
+        return ir.Call(ir.Ref("int"), (expr(e.cond),))
+    if isinstance(e, s.Call) and e.func in ("floor", "ceil") and len(e.args) == 1 and not e.params:
+        inner = e.args[0]
+        if e.func == "floor" and isinstance(inner, s.BinOp) and inner.op == "/":
+            return ir.Bin("//", expr(inner.left), expr(inner.right))
+        return ir.Call(ir.Ref(f"math.{e.func}"), (expr(inner),))
+    if isinstance(e, s.Call) and e.func in ("min", "max") and e.args and not e.params:
+        return ir.Call(ir.Ref(e.func), tuple(expr(a) for a in e.args))
+    raise LowerError(e.span, "expected a number, a hyperparameter, their arithmetic or, in a "
+                             "loop over layers, the layer's index")
+
+
+def _whole(e: s.Expr) -> None:
+    """A whole-number hyperparameter's value divides only inside ⌊·⌋ or ⌈·⌉, where what it
+    does with a remainder is written."""
+    if isinstance(e, s.Call) and e.func in ("floor", "ceil"):
+        return
+    if isinstance(e, s.BinOp) and e.op == "/":
+        raise LowerError(e.span, "a whole number's value divides only inside ⌊·⌋ or ⌈·⌉")
+    for child in (e.left, e.right) if isinstance(e, s.BinOp) else \
+            (e.operand,) if isinstance(e, s.Unary) else ():
+        _whole(child)
+
+
+def _layer_index(call: CallInfo, name: str, var: str | None) -> str | None:
+    """The loop variable a call names its layer by (ℓ of θ^block_ℓ), where it is a name."""
+    if var is None:
+        return None
+    for given in call.params.values():
+        if isinstance(given, s.Name) and (idx := instance(name, var, given.id)) is not None:
+            return idx if idx.isidentifier() else None
+    return None
+
+
+def _reads_layer(e: ir.Expr) -> bool:
+    if isinstance(e, ir.Ref):
+        return e.id == LAYER
+    parts = (e.left, e.right) if isinstance(e, ir.Bin) else (e.operand,) if isinstance(e, ir.Un) \
+        else e.args if isinstance(e, ir.Call) else ()
+    return any(_reads_layer(x) for x in parts)
 
 
 def _shape(dims) -> str:

@@ -204,6 +204,11 @@ class _Exprs(_Rules):
         return s.SetBuilder(str(parts[0]), parts[1], parts[2], span=self.sp(meta))
 
     @_meta
+    def iverson_eq(self, meta, c):
+        left, right = [x for x in c if not isinstance(x, Token)]
+        return s.Iverson(s.BinOp("=", left, right, span=self.sp(meta)), span=self.sp(meta))
+
+    @_meta
     def set_eq(self, meta, c):
         return s.BinOp("=", c[0], c[-1], span=self.sp(meta))
 
