@@ -21,6 +21,7 @@ import torch
 from cardc.interop import (
     config_for,
     from_card_state,
+    load_mapping,
     load_mappings,
     parse_mapping,
     preset_from_config,
@@ -1108,3 +1109,17 @@ def test_a_misspelt_entry_key_is_refused(tmp_path):
                                         r"'tranpose' \(an entry takes axis, card, chunk, row, "
                                         r"shape, transpose\)"):
         parse_mapping(raw, str(tmp_path / "x.hf.json"))
+
+
+def test_a_refused_value_names_the_default_that_gave_it():
+    """A transformers 4 config.json of GPT-NeoX has rotary_pct, not rope_parameters: a rotary
+    width it makes fractional is refused naming rotary_pct, the key the value came from."""
+    config = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"],
+              "vocab_size": 101, "hidden_size": 48, "num_attention_heads": 3,
+              "intermediate_size": 96, "num_hidden_layers": 2, "max_position_embeddings": 64,
+              "layer_norm_eps": 1e-5, "rotary_pct": 0.3, "rotary_emb_base": 10000,
+              "use_parallel_residual": True, "hidden_act": "gelu", "tie_word_embeddings": False}
+    with pytest.raises(RuntimeInputError) as err:
+        preset_from_config(config, load_mapping(ROOT / "cards" / "gptneox.card"))
+    assert "gives (hidden_size / num_attention_heads) * rotary_pct = 4.8" in str(err.value)
+    assert "partial_rotary_factor" not in str(err.value)

@@ -66,7 +66,7 @@ def preset_from_config(config: dict[str, Any], mapping: Mapping) -> dict[str, fl
     broken = broken_constraint(mapping, out)
     if broken is not None:
         name, why = broken
-        raise RuntimeInputError(f"config.json {describe(mapping.hyperparameters[name], out[name])}"
+        raise RuntimeInputError(f"config.json {describe(mapping.hyperparameters[name], out[name], config)}"
                                 f", but {mapping.source} maps only a card's {name} {why}")
     return out
 
@@ -147,10 +147,19 @@ def _computed(expr: ex.Expr, env: dict[str, Fraction], what: str,
         raise RuntimeInputError(f"config.json: cannot compute {what}: {err}") from None
 
 
-def describe(spec: Hyper, value: Any) -> str:
+def describe(spec: Hyper, value: Any, config: dict[str, Any] | None = None) -> str:
     """`has n_head = 0`, or `gives head_dim * partial_rotary_factor = 3.5`: where a value of
-    config.json's came from."""
-    return f"{'gives' if spec.computed else 'has'} {spec.text} = {value!r}"
+    config.json's came from: with `config`, the expression that gave it (a default where the
+    first expression's keys are absent)."""
+    text, computed = spec.text, spec.computed
+    if config is not None and not spec.count:
+        current, _ = current_config(config)
+        if _env(current, ex.names(spec.expr), "")[1] is not None:
+            used = next((d for d in spec.default if _env(current, ex.names(d), "")[1] is None),
+                        None)
+            if used is not None:
+                text, computed = ex.render(used), not isinstance(used, ex.Name)
+    return f"{'gives' if computed else 'has'} {text} = {value!r}"
 
 
 def check_config(config: dict[str, Any], mapping: Mapping) -> None:

@@ -73,17 +73,17 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
     alg = find_card(lib, checker, card, mapping.card)
     find_preset(alg, preset)  # a --preset the card lacks is the flag's error, said first
     check_card_hypers(checker.info(alg).sig, mapping)
-    check_sizes(checker.info(alg), mapping, hypers, preset, overrides or {}, hf_state)
+    check_sizes(checker.info(alg), mapping, hypers, preset, overrides or {}, hf_state, config)
     if hypers and preset is None:  # the mapping's own count first: it names the layers
         mapping.layer_count({identifier(k): v for k, v in {**hypers, **(overrides or {})}.items()})
-    check_card_sizes(checker, alg, mapping, hypers, preset, overrides or {})
+    check_card_sizes(checker, alg, mapping, hypers, preset, overrides or {}, config)
     try:
         model = build_model(card, preset, {**hypers, **(overrides or {})}, library, mapping.card)
     except ZeroSize as err:
         zero = [n for n in hypers if identifier(n) in err.names]
         if not zero:
             raise
-        raise RuntimeInputError(_divides_by_zero(mapping, zero[0])) from None
+        raise RuntimeInputError(_divides_by_zero(mapping, zero[0], config)) from None
     expected = model.state_dict()
     state = to_card_state(mapping, hf_state, expected, _layers(mapping, model.card_meta),
                           model.card_meta["hyperparameters"])
@@ -95,8 +95,8 @@ def import_hf(card: str, source: str | os.PathLike[str], preset: str | None = No
     return model
 
 
-def _divides_by_zero(mapping: Mapping, name: str) -> str:
-    return (f"config.json {describe(mapping.hyperparameters[name], 0)}; the card's {name} must "
+def _divides_by_zero(mapping: Mapping, name: str, config: dict[str, Any] | None) -> str:
+    return (f"config.json {describe(mapping.hyperparameters[name], 0, config)}; the card's {name} must "
             "be a positive whole number: the card divides by it")
 
 
@@ -116,7 +116,8 @@ def check_card_hypers(sig: Any, mapping: Mapping) -> None:
 
 
 def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: str | None,
-                overrides: dict[str, float], hf_state: dict[str, torch.Tensor]) -> None:
+                overrides: dict[str, float], hf_state: dict[str, torch.Tensor],
+                config: dict[str, Any] | None = None) -> None:
     """Refuse config.json sizes the card cannot be built at, before any tensor is allocated:
     a size that is not a whole number (`n_head = 2.5`), a value outside the range the card
     declares, or more parameters than the source's tensors hold (`n_layer = 10^6`)."""
@@ -130,7 +131,7 @@ def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: s
         # which building the model finds (ZeroSize, in import_hf)
         if spec is not None and spec.elem == "ℕ" and not (value >= 0 and
                                                           float(value).is_integer()):
-            raise RuntimeInputError(f"config.json {describe(mapping.hyperparameters[name], value)}"
+            raise RuntimeInputError(f"config.json {describe(mapping.hyperparameters[name], value, config)}"
                                     f"; the card's {name} must be a whole number")
     try:
         values = preset_values(sig, preset, {**hypers, **overrides})
@@ -145,7 +146,7 @@ def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: s
         if not zero or zero[0] not in hypers:
             raise RuntimeInputError(f"{', '.join(f'{n} = 0' for n in zero) or 'a size of 0'}: "
                                     "the card divides by it") from None
-        raise RuntimeInputError(_divides_by_zero(mapping, zero[0])) from None
+        raise RuntimeInputError(_divides_by_zero(mapping, zero[0], config)) from None
     except (ArithmeticError, ValueError) as err:
         raise RuntimeInputError(f"config.json: these sizes do not build the card: {err}") from None
     held = sum(t.numel() for t in hf_state.values())
@@ -158,13 +159,14 @@ def check_sizes(info: Any, mapping: Mapping, hypers: dict[str, float], preset: s
 
 
 def check_card_sizes(checker: Any, alg: Any, mapping: Mapping, hypers: dict[str, float],
-                     preset: str | None, overrides: dict[str, float]) -> None:
+                     preset: str | None, overrides: dict[str, float],
+                     config: dict[str, Any] | None = None) -> None:
     """Refuse config.json values that make a size of any card the model calls empty or
     fractional (a partial rotary width that is the whole head: d − d_r = 0), naming the
     config key, before the model is built: what sampling would find later."""
     from ..presets import OverrideError, PresetError, validate
 
-    flags = {name: f"config.json {describe(mapping.hyperparameters[name], value)}"
+    flags = {name: f"config.json {describe(mapping.hyperparameters[name], value, config)}"
              for name, value in hypers.items()
              if name in mapping.hyperparameters and name not in overrides}
     try:
