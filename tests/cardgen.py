@@ -365,8 +365,9 @@ class Generator:
         self.feature("Σ/mean/var")
         return name
 
-    def block_card(self, layout: Layout) -> str:
-        """A block X ↦ X + f(X) with its own parameter bundle, for a loop over layers."""
+    def block_card(self, layout: Layout, scaled: bool = False) -> str:
+        """A block X ↦ X + f(X) with its own parameter bundle, for a loop over layers;
+        `scaled`: X + κ · f(X), κ a real hyperparameter each layer is handed."""
         name = f"Block{self.seed}x{len(self.subcards)}"
         params: list[str] = []
         w = CardWriter(self, layout, params)
@@ -374,16 +375,23 @@ class Generator:
         out = w.expr("D", 1)
         if not params:
             self.feature("parameter-free block")
-        steps = w.steps + [f"return X + {out}"]
+        steps = w.steps + [f"return X + κ · ({out})" if scaled else f"return X + {out}"]
         self.hypers |= w.hypers  # the caller declares what its blocks take from it
+        own = "; κ ∈ (0, ∞)" if scaled else ""
         self.subcards.append("\n".join([
             f"Algorithm: X ← {name}(X | θ)", "/* A generated block. */",
             f"Input: X ∈ ℝ^{{{layout.shape('T', 'D')}}}",
             f"Output: X ∈ ℝ^{{{layout.shape('T', 'D')}}}",
-            f"Hyperparameters: {hyper_line(w.hypers)}",
+            f"Hyperparameters: {hyper_line(w.hypers)}{own}",
             "Parameters: θ consisting of:", *(f"    {p}" for p in params),
             *(f"{i} {s}" for i, s in enumerate(steps, 1))]))
         return name
+
+    def layer_value(self) -> str:
+        """A positive real made of the layer's index ℓ and the depth N, for `κ = …`."""
+        return self.rng.choice((
+            "ℓ/N", "1 + [[ℓ = N]]", "[[2 ⌊ℓ/2⌋ = ℓ]] + 1/2", "⌊ℓ/2⌋ + 1", "min(ℓ, 2)/3",
+            "1/(N + 1 − ℓ)", "[[ℓ ≤ N − 1]] (ℓ + 1)/N + [[ℓ > N − 1]]", "⌈ℓ/2⌉/N"))
 
     def head_card(self) -> str:
         """One attention head for a map over heads: its own projections, a mask."""
@@ -432,11 +440,16 @@ class Generator:
             w.hypers.add("H")
         if rng.random() < 0.4:
             self.feature("loop over layers")
-            block = self.block_card(lay)
+            scaled = rng.random() < 0.4
+            block = self.block_card(lay, scaled)
             params.append("For ℓ ∈ [N]:")
             params.append("    θ^block_ℓ, the parameters of block ℓ.")
             w.step("for ℓ = 1, …, N do")
-            w.step(f"    E ← {block}(E | θ^block_ℓ)")
+            if scaled:
+                self.feature("per-layer hyperparameter")
+                w.step(f"    E ← {block}(E | θ^block_ℓ, κ = {self.layer_value()})")
+            else:
+                w.step(f"    E ← {block}(E | θ^block_ℓ)")
             w.step("end")
             w.hypers.add("N")
         for _ in range(rng.randint(1, 3)):

@@ -83,3 +83,38 @@ def test_a_value_build_cannot_make_is_refused_where_it_is_written(tmp_path, caps
     err = capsys.readouterr().err
     assert f"error: {message}" in err and err.startswith(f"{card}:")
     assert not (tmp_path / "out").exists()
+
+
+SCALED = """Algorithm: P ← Scaled(x | θ)
+/* Blocks each scaled by a number its layer's index gives; nothing else needs the math module. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: P ∈ ℝ^{T×V}
+Hyperparameters: V, D, N ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{V×D}
+    For ℓ ∈ [N]:
+        θ^block_ℓ, the parameters of block ℓ.
+1 E ← W_e[x]
+2 for ℓ = 1, …, N do
+3     E ← Scale(E | θ^block_ℓ, κ = ⌈ℓ/2⌉/N)
+4 end
+5 return P = E W_e^⊺
+
+Algorithm: X ← Scale(X | θ)
+/* X plus κ times a product. */
+Input: X ∈ ℝ^{T×D}
+Output: X ∈ ℝ^{T×D}
+Hyperparameters: D ∈ ℕ; κ ∈ (0, ∞)
+Parameters: θ consisting of:
+    W ∈ ℝ^{D×D}
+1 return X + κ · X W
+"""
+
+
+def test_a_layers_value_may_need_the_math_module_alone(tmp_path):
+    """⌈ℓ/2⌉ is `math.ceil`: the module imports math for it, though nothing else reads it."""
+    card = tmp_path / "scaled.card"
+    card.write_text(SCALED, encoding="utf-8")
+    model = cardc.model(str(card), V=11, D=4, N=3)
+    assert [b.kappa for b in model.block] == [1 / 3, 1 / 3, 2 / 3]
+    assert model(torch.randint(0, 11, (2, 5))).shape == (2, 5, 11)

@@ -44,7 +44,9 @@ class Parameters:
                        if (v := self.ctor_kwarg(callee, call, a, self.ctor_names(alg, call, name, var)))
                        is not None)
         count = None if over is None else _ctor_dim(over)
-        index = LAYER if any(_reads_layer(v) for _, v in kwargs) else None
+        index = LAYER if any(_reads(v, LAYER) for _, v in kwargs) else None
+        if any(_reads(v, "math.") for _, v in kwargs):  # ⌈·⌉ of a layer's value
+            self.program.imports.add("math")
         m.submodules.append(ir.Submodule(attr, cls.name, kwargs, count,
                                          ir.Note(None, self.decl_line(alg, name)), index))
         scope.modules[name] = ModuleSlot(attr, callee, var, over)
@@ -218,12 +220,13 @@ def _layer_index(call: CallInfo, name: str, var: str | None) -> str | None:
     return None
 
 
-def _reads_layer(e: ir.Expr) -> bool:
+def _reads(e: ir.Expr, name: str) -> bool:
+    """Whether a constructor's value reads `name` (or, ending in a dot, a name of that module)."""
     if isinstance(e, ir.Ref):
-        return e.id == LAYER
+        return e.id == name or name.endswith(".") and e.id.startswith(name)
     parts = (e.left, e.right) if isinstance(e, ir.Bin) else (e.operand,) if isinstance(e, ir.Un) \
-        else e.args if isinstance(e, ir.Call) else ()
-    return any(_reads_layer(x) for x in parts)
+        else (e.func, *e.args) if isinstance(e, ir.Call) else ()
+    return any(_reads(x, name) for x in parts)
 
 
 def _shape(dims) -> str:
