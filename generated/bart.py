@@ -253,7 +253,7 @@ class BART(nn.Module):
             raise ValueError(f"sequence length {past + T} exceeds the model's {self.max_seq_len} positions")
         # Encode the source:
         # Decode the target, each block attending to the encoded source:
-        X = self.W_e[x] + rows_at(self.W_dec_p, past + 2, T + 2 - 2)  # (B, T, D)  [bart.card:28]
+        X = self.W_e[x] + rows_at(self.W_dec_p, past + 2, T)  # (B, T, D)  [bart.card:28]
         X = F.layer_norm(X, (self.D,), self.gamma_dec_e, self.beta_dec_e, self.eps)  # (B, T, D)  [bart.card:29]
         for dec in self.dec:  # [bart.card:30]
             X = dec(X, Z, cache=cache)  # (B, T, D)  [bart.card:31]

@@ -63,6 +63,23 @@ class Masking:
     position_functions: set[str] = field(default_factory=set)  # the functions they call
     sides: dict[str, set[bool]] = field(default_factory=dict)  # function → called on decoded
     # values (True), on others alone (False: an encoder's), or both
+    top: int = 0  # id() of the card the model is
+    position_cards: set[int] = field(default_factory=set)  # cards that read rows of a table
+    # by the decoded length (W_p[1 : T]): the decoding pass offsets the top's alone
+    unknown_positions: bool = False  # a table read by a decoded length in another form
+
+    def positions(self, card: s.Algorithm, known: bool) -> None:
+        """`card` reads rows of a stored tensor bounded by a length of decoded tokens: in the
+        form `[k + 1 : T + k]` the decoding pass offsets (`known`), or in another."""
+        if id(card) != self.top and not self.decoded.get(id(card)):
+            return  # a card given no decoded value (an encoder's): its own positions
+        self.position_cards.add(id(card))
+        self.unknown_positions |= not known
+
+    def positions_offset(self) -> bool:
+        """Whether every position a decoded table read is offset by the tokens cached: only
+        the top's, each in the form the decoding pass knows."""
+        return not self.unknown_positions and self.position_cards <= {self.top}
 
     def call(self, function: str, decoded: bool) -> None:
         """A call of `function`, given values that depend on the tokens decoded or not."""

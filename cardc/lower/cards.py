@@ -81,6 +81,7 @@ class Lowering(Parameters):
         self.decoder = self.pipeline.decodes and \
             self.is_language_model(self.checker.info(alg).sig)
         if self.decoder:
+            self.masking.top = id(alg)
             self.masking.decoded = decoded_names(self.checker, alg)
             self.masking.positioned = positioned(self.checker, alg,
                                                  self.masking.decoded.get(id(alg), frozenset()))

@@ -37,7 +37,7 @@ def decodes(program: ir.Program, top: ir.Module, masking: Masking) -> bool:
     recorded stands among a module's steps, where this pass extends it, and no softmax is
     left literal (an attention no rule recognised, which would read the new tokens only)."""
     sdpa = _causal_sdpa(program)
-    return top.language_model and masking.cacheable() and \
+    return top.language_model and masking.cacheable() and masking.positions_offset() and \
         sdpa == masking.caching.count(CAUSAL_SDPA) == _causal_sdpa(program, nested=False) and \
         not masking.unrecognised(program, top)
 
@@ -349,10 +349,9 @@ def _count_positions(top: ir.Module) -> None:
 
     def shift(e):
         if isinstance(e, ir.Sub) and len(e.items) == 1 and _positions(e.items[0], t):
-            lo, hi = e.items[0].lo, e.items[0].hi
+            lo = e.items[0].lo  # the slice is [lo : t + lo]: t rows from past + lo
             start = PAST if lo is None else ir.Bin("+", PAST, lo)
-            count = hi if lo is None else ir.Bin("-", hi, lo)
-            return ir.Call(ir.Ref("rows_at"), (e.obj, start, count))
+            return ir.Call(ir.Ref("rows_at"), (e.obj, start, t))
         if isinstance(e, ir.Bin) and e.op == ">" and e.left == t and \
                 e.right == ir.Ref("self.max_seq_len"):  # a static cache's bound: its length
             return ir.Call(ir.Ref("beyond"), (shifted, e.right))
@@ -508,12 +507,19 @@ def _keep_context(m: ir.Module, tainted: set[str]) -> bool:
 
 
 def _positions(item, t: ir.Ref) -> bool:
-    """`[:T]` or `[k:T + k]`: the rows of a position table that T tokens read."""
+    """`[:T]` or `[k:T + k]` (k a number or the module's, `self.o`): the rows of a position
+    table that T tokens read."""
     if not isinstance(item, ir.SliceX):
         return False
     if item.lo is None:
         return item.hi == t
-    return isinstance(item.lo, ir.Lit) and item.hi == ir.Bin("+", t, item.lo)
+    return not _reads_ref(item.lo, t) and item.hi == ir.Bin("+", t, item.lo)
+
+
+def _reads_ref(e: ir.Expr, ref: ir.Ref) -> bool:
+    found: list[bool] = []
+    ir.rewrite(e, lambda x: found.append(True) if x == ref else None)
+    return bool(found)
 
 
 # ------------------------------------------------------------------ tree walking

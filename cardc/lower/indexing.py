@@ -216,6 +216,7 @@ class Indexing:
         # sequence only where ℓ is read off the inputs, not in a map over channels n ∈ [N]
         if size.symbols & self.runtime_used:
             self.max_seq_len = self.max_seq_len or self.dim(base.ty.shape[-1])
+            self.low.masking.positions(self.alg, True)
         stored = base.code if len(e.items) == 1 or base.flipped else _mT(base.code)
         return Val(ir.Sub(stored, (ir.SliceX(None, self.dim(size)),)), ty, False, False, (size,))
 
@@ -230,6 +231,8 @@ class Indexing:
         code = base.code
         if not base.lifted:  # a parameter's rows bound the positions (W_p[t, :] for t ≤ ℓ)
             self.max_seq_len = self.max_seq_len or self.dim(base.ty.shape[0])
+            if size.symbols & self.runtime_used:
+                self.low.masking.positions(self.alg, True)
         if base.ty.shape[0] != size:
             lead = (ir.Ref("..."),) if base.lifted else ()
             code = ir.Sub(code, (*lead, ir.SliceX(None, self.dim(size)), ir.SliceX(None, None)))
@@ -242,11 +245,20 @@ class Indexing:
             lo_val = self.expr(item.lo)
             lo = _dec(_whole(lo_val.code))
         hi = None if item.hi is None else _whole(self.expr(item.hi).code)
-        skip = self.runtime_offset(item)
-        if skip is not None and not base.lifted and base.ty.shape:
-            # W_p[1 : T] bounds T by the rows; W_p[3 : T + 2] (positions from row 3) by 2 fewer
-            self.max_seq_len = self.dim(base.ty.shape[axis] - Dim.const(skip))
-        return ir.SliceX(lo, hi)
+        if base.lifted or not base.ty.shape or not self.reads_runtime(item):
+            return ir.SliceX(lo, hi)
+        offset = self.runtime_offset(item)
+        self.low.masking.positions(self.alg, offset is not None)
+        if offset is None:
+            return ir.SliceX(lo, hi)
+        # W_p[1 : T] bounds T by the rows; W_p[3 : T + 2] (positions from row 3) by 2 fewer;
+        # written [k : T + k], the form the decoding pass offsets by the tokens cached
+        length, skip = offset
+        self.max_seq_len = self.dim(base.ty.shape[axis] - skip)
+        t = self.dim(Dim.sym(length))
+        if skip == Dim.const(0):
+            return ir.SliceX(None, t)
+        return ir.SliceX(self.dim(skip), ir.Bin("+", t, self.dim(skip)))
 
     def progression(self, item: s.Progression, base: Val, axis: int) -> ir.SliceX:
         """1-based inclusive `a, b, …, c` → 0-based `a − 1 : c : b − a`; the end is left out
@@ -270,18 +282,27 @@ class Indexing:
         self.fail(e, "code generation reads a progression 'a, b, …, c' as an index of a "
                      "value of the card only")
 
-    def runtime_offset(self, item: s.Slice) -> int | None:
-        """k for a slice [k + 1 : T + k] of a length T read at call time, else None."""
-        hi, k = item.hi, 0
-        if isinstance(hi, s.BinOp) and hi.op == "+" and isinstance(hi.right, s.Num) and \
-                float(hi.right.value).is_integer():
-            hi, k = hi.left, int(hi.right.value)
-        if not (isinstance(hi, s.Name) and hi.id in self.runtime_used):
+    def reads_runtime(self, item: s.Slice) -> bool:
+        """Whether a slice's bounds read a size of the inputs (T, the tokens given)."""
+        names = {n.id for b in (item.lo, item.hi) if b is not None for n in s.nodes(b)
+                 if isinstance(n, s.Name)}
+        defs = self.info.sig.definitions
+        names |= {sym for n in list(names) if n in defs for sym in defs[n].symbols}
+        return bool(names & self.runtime_used)
+
+    def runtime_offset(self, item: s.Slice) -> tuple[str, Dim] | None:
+        """(T, k) for a slice [k + 1 : T + k] of a length T read at call time (k a number or
+        the hyperparameters', `W_p[o + 1 : T + o]`), else None."""
+        defs = self.info.sig.definitions
+        hi = expr_dim(item.hi, defs) if item.hi is not None else None
+        runtime = [n for n in self.runtime_used if hi is not None and n in hi.symbols]
+        if len(runtime) != 1:
             return None
-        lo = item.lo
-        if (lo is None and k == 0) or isinstance(lo, s.Num) and lo.value == k + 1:
-            return k
-        return None
+        k = hi - Dim.sym(runtime[0])
+        if k.symbols & self.runtime_used:
+            return None
+        lo = Dim.const(1) if item.lo is None else expr_dim(item.lo, defs)
+        return (runtime[0], k) if lo == k + Dim.const(1) else None
 
     def point_index(self, e: s.Index) -> Val:
         """`Mask[t, t′]` under ∀t, t′: the whole tensor, transposed if the order differs."""

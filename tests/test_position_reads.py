@@ -1,0 +1,91 @@
+"""A learned position table read by the decoded length, and the KV cache: the rows a card reads
+as `W_p[k + 1 : T + k]` (k a number or the hyperparameters', however the bounds are written)
+are offset by the tokens cached; a table read in any other way, or by a sub-card given decoded
+values, leaves the model without a cache (it decodes by recomputing), never with one that
+reads the first rows again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from decodecheck import check_incremental_decoding, check_static_decoding
+
+from cardc.build import build_model
+from cardc.runtime.sample import generate
+
+HEAD = """Algorithm: P ← Positions(x | θ)
+/* Learned positions from row o + 1, one causal attention. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: P ∈ ℝ^{T×V}
+Hyperparameters: V, D, ctx ∈ ℕ; o ∈ ℕ = 2, the rows before position 1
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{V×D}, token embeddings.
+    W_p ∈ ℝ^{(ctx + o)×D}, learned positions, from row o + 1.
+1 E ← W_e[x] + ROWS
+2 S ← E E^⊺/√D
+3 ∀t, t′, if t′ > t then S[t, t′] ← −∞
+4 return P = softmax(S) E W_e^⊺
+"""
+
+IN_A_SUB_CARD = """Algorithm: P ← SubPositions(x | θ)
+/* Positions added by a sub-card given the decoded tokens' embeddings. */
+Input: x ∈ {1..V}^{T}, token IDs.
+Output: P ∈ ℝ^{T×V}
+Hyperparameters: V, D, ctx ∈ ℕ
+Parameters: θ includes all of the following parameters:
+    W_e ∈ ℝ^{V×D}, token embeddings.
+    θ_pos, the positions.
+1 E ← AddPositions(W_e[x] | θ_pos)
+2 S ← E E^⊺/√D
+3 ∀t, t′, if t′ > t then S[t, t′] ← −∞
+4 return P = softmax(S) E W_e^⊺
+
+Algorithm: Y ← AddPositions(X | θ)
+/* Learned positions. */
+Input: X ∈ ℝ^{T×D}
+Output: Y ∈ ℝ^{T×D}
+Hyperparameters: D, ctx ∈ ℕ
+Parameters: θ consisting of:
+    W_p ∈ ℝ^{ctx×D}
+1 return Y = X + W_p[1 : T]
+"""
+
+
+def _model(tmp_path: Path, text: str):
+    card = tmp_path / "positions.card"
+    card.write_text(text, encoding="utf-8")
+    model = build_model(str(card), None, dict(V=13, D=8, ctx=12)).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # far from their initial values, as trained ones: positions matter
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    return model
+
+
+@pytest.mark.parametrize(("rows", "longest"), [
+    ("W_p[o + 1 : T + o]", 12), ("W_p[1 + o : o + T]", 12),
+    ("W_p[o : T + o − 1]", 13)])  # from row o: the table's ctx + o rows hold ctx + 1 positions
+def test_rows_from_a_hyperparameters_offset_follow_the_cache(tmp_path, rows, longest):
+    model = _model(tmp_path, HEAD.replace("ROWS", rows))
+    assert model.max_seq_len == longest
+    x = [torch.randint(0, 13, (2, 11), generator=torch.Generator().manual_seed(1))]
+    check_incremental_decoding(model, x)
+    check_static_decoding(model, x)
+    too_long = longest + 1
+    with pytest.raises(ValueError, match=f"sequence length {too_long} exceeds the model's "
+                                         f"{longest} positions"):
+        model(torch.zeros(1, too_long, dtype=torch.long))
+
+
+def test_positions_a_sub_card_reads_leave_the_model_without_a_cache(tmp_path):
+    """The decoding pass offsets the positions the model's own steps read; a sub-card that
+    reads W_p[1 : T] of the decoded tokens would read rows 1… again: no cache is offered."""
+    model = _model(tmp_path, IN_A_SUB_CARD)
+    assert not hasattr(model, "new_cache")
+    x = torch.randint(0, 13, (1, 4), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = generate(model, x, max_new_tokens=5, temperature=0)
+        for n in range(4, 9):  # each token is the one a forward over all before it picks
+            assert out[0, n] == model(out[:, :n])[0, -1].argmax()
