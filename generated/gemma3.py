@@ -278,9 +278,10 @@ class Gemma3(nn.Module):
         self.block = nn.ModuleList(
             Gemma3Block(
                 D=D,
-                w=w + int(p * ((layer + 1) // p) == layer + 1) * (ctx - w),
+                w=int(p * ((layer + 1) // p) == layer + 1) * ctx + int(p * ((layer + 1) // p) != layer + 1) * w,
                 eps=eps,
-                theta_base=theta_local + int(p * ((layer + 1) // p) == layer + 1) * (theta_global - theta_local),
+                theta_base=int(p * ((layer + 1) // p) == layer + 1) * theta_global
+                + int(p * ((layer + 1) // p) != layer + 1) * theta_local,
                 H=H,
                 H_kv=H_kv,
                 d=d,
