@@ -132,9 +132,16 @@ def shown_folders(folders: list[str] | list[Path]) -> list[str]:
 
 
 def card_paths(paths: list[str | Path]) -> list[Path]:
+    """The given card files, and the `.card` files below the given folders, in order; a folder
+    that vanishes while it is walked (another program's temporary one) is passed over."""
     out: list[Path] = []
     for p in map(Path, paths):
-        out += sorted(p.rglob("*.card")) if p.is_dir() else [p]
+        if not p.is_dir():
+            out.append(p)
+            continue
+        found = [Path(top, name) for top, _, names in os.walk(p) for name in names
+                 if name.endswith(".card")]
+        out += sorted(found)
     return out
 
 
@@ -164,7 +171,8 @@ def load(paths: list[str | Path], root: Roots = DEFAULT_ROOT, lazy: bool = False
             continue
         seen.add(key)
         if key not in texts and not path.exists():
-            lib.diags.error(s.Span(str(path), 0, 0, 0, 0), "no such card file")
+            if rank == 0:  # a library's file that vanished since the walk is no card of it
+                lib.diags.error(s.Span(str(path), 0, 0, 0, 0), "no such card file")
             continue
         lib.order[str(path)] = i
         lib.rank[str(path)] = rank

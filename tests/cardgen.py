@@ -422,10 +422,14 @@ class Generator:
             self.feature("tokens")
             params.append(f"W_e ∈ ℝ^{{{lay.weight('V', 'D')}}}")
             if row:
-                pos = " + W_p[1 : T]" if rng.random() < 0.5 else ""
+                pos = rng.random() < 0.5
                 if pos:
                     params.append("W_p ∈ ℝ^{ctx×D}")
-                w.step(f"E ← W_e[x]{pos}")
+                if rng.random() < 0.2:  # token by token, row by row
+                    self.feature("row-major map over tokens")
+                    w.step(f"for t ∈ [T] : E[t, :] ← W_e[x[t]]{' + W_p[t]' if pos else ''}")
+                else:
+                    w.step(f"E ← W_e[x]{' + W_p[1 : T]' if pos else ''}")
             else:
                 w.step("for t ∈ [T] : E[:, t] ← W_e[:, x[t]]")
         w.env["D"].append("E")

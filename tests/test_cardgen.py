@@ -50,7 +50,8 @@ def test_the_budget_covers_the_constructs():
             "scalar", "exp/log/√", "row-major", "column-major", "tied logits",
             "shared key and value", "attention within an expression",
             "causal language model", "column-major slice", "parameter-free block",
-            "elementwise map over positions", "per-layer hyperparameter"} <= features
+            "elementwise map over positions", "per-layer hyperparameter",
+            "row-major map over tokens"} <= features
 
 
 def test_generation_is_deterministic_and_seeded():

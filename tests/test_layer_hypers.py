@@ -63,7 +63,7 @@ def test_an_iverson_bracket_of_an_equality_parses_and_round_trips(tmp_path, caps
     assert main(["fmt", "--check", str(CARD)]) == 0
     card = parse(text)
     brackets = [n for n in s.nodes(card) if isinstance(n, s.Iverson)]
-    assert brackets and all(b.cond.op == "=" for b in brackets)
+    assert {b.cond.op for b in brackets} == {"=", "≠"}
 
 
 @pytest.mark.parametrize(("value", "message"), [

@@ -151,15 +151,16 @@ def describe(spec: Hyper, value: Any, config: dict[str, Any] | None = None) -> s
     """`has n_head = 0`, or `gives head_dim * partial_rotary_factor = 3.5`: where a value of
     config.json's came from: with `config`, the expression that gave it (a default where the
     first expression's keys are absent)."""
-    text, computed = spec.text, spec.computed
-    if config is not None and not spec.count:
-        current, _ = current_config(config)
-        if _env(current, ex.names(spec.expr), "")[1] is not None:
-            used = next((d for d in spec.default if _env(current, ex.names(d), "")[1] is None),
-                        None)
-            if used is not None:
-                text, computed = ex.render(used), not isinstance(used, ex.Name)
-    return f"{'gives' if computed else 'has'} {text} = {value!r}"
+    said = f"{'gives' if spec.computed else 'has'} {spec.text} = {value!r}"
+    if config is None or spec.count:
+        return said
+    current, _ = current_config(config)
+    missing = _env(current, ex.names(spec.expr), "")[1]
+    used = next((d for d in spec.default if _env(current, ex.names(d), "")[1] is None), None)
+    if missing is None or used is None:
+        return said
+    gives = "has" if isinstance(used, ex.Name) else "gives"
+    return f"has no {missing} (or null), and {gives} {ex.render(used)} = {value!r}"
 
 
 def check_config(config: dict[str, Any], mapping: Mapping) -> None:

@@ -253,7 +253,7 @@ def located_config(mapping: Mapping, hypers: dict[str, Any],
     try:
         return config_for(mapping, hypers, kept)
     except RuntimeInputError as err:
-        if str(err).startswith(mapping.source):
+        if mapping.source in str(err):  # named already, first or where it says what it maps
             raise
         raise RuntimeInputError(f"{mapping.source}: {err}") from None
 

@@ -78,6 +78,7 @@ class Indexing:
             return self.procedure_index(e, base)
         axes: list[ir.Expr | ir.SliceX] = []  # one index or slice per card axis
         lifted = base.lifted
+        rows: tuple[Dim, ...] = ()  # a map's positions, where a token x[t] picks the entries
         point: tuple[Dim | None, ...] = ()  # the axes of the quantified variables it is read at
         for k, item in enumerate(e.items):
             if isinstance(item, s.Slice):
@@ -101,6 +102,11 @@ class Indexing:
                         point or (None,) * len(idx.ty.shape), idx.ty.shape, strict=True))
             else:  # a token (x[t] in a map, x[1]) is 0-based in tensors too
                 axes.append(idx.code if idx.ty.vocab is not None else _dec(idx.code))
+                if idx.rows:  # W_e[x[t], :] in a map over t: every position's row at once
+                    if base.lifted or base.flipped or rows or k != 0:
+                        self.fail(e, "code generation reads a parameter's rows at the map's "
+                                     "tokens only, as 'W[x[t], :]'")
+                    lifted, rows = lifted or idx.lifted, idx.rows
         ty = Ty(point, self.ty(e).elem) if point and not self.ty(e).shape else self.ty(e)
         if base.flipped and len(axes) == len(base.ty.shape) == 2:
             # a column-major matrix is stored with its card axes swapped: E[1 : K, :] of a
@@ -113,7 +119,7 @@ class Indexing:
         items += axes
         if base.lifted and not base.flipped:  # E[1] of a T×D matrix is its first row: E[..., 0, :]
             items += [ir.SliceX(None, None)] * (len(base.ty.shape) - len(e.items))
-        return Val(ir.Sub(base.code, tuple(items)), ty, lifted)
+        return Val(ir.Sub(base.code, tuple(items)), ty, lifted, False, rows)
 
     def lookup(self, e: s.Index, base: Val, idx: Val) -> Val:
         """`w[β]`, a vector with axes in front (one per head) read at a tensor of indices that

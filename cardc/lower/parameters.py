@@ -169,7 +169,7 @@ def _ctor_value(e: s.Expr) -> ir.Expr:
 def _ctor_expr(e: s.Expr, names: dict[str, ir.Expr]) -> ir.Expr:
     """A hyperparameter a call hands its callee, in `__init__`: numbers, the caller's
     hyperparameters (`names`: each one's value there) and their arithmetic, and in a stack of
-    layers the layer's index (θ_base = θ_local + [[ℓ mod p = 0]] (θ_global − θ_local)),
+    layers the layer's index (w = [[p ⌊ℓ/p⌋ = ℓ]] ctx + [[p ⌊ℓ/p⌋ ≠ ℓ]] w),
     computed once per layer."""
     def expr(x: s.Expr) -> ir.Expr:
         return _ctor_expr(x, names)
