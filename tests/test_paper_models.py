@@ -228,5 +228,5 @@ def test_a_map_that_reads_another_column_is_refused(tmp_path):
     card.write_text(text.replace("layer_norm(X[:, t] | γ^1_l, β^1_l)",
                                  "layer_norm(X[:, t − 1] | γ^1_l, β^1_l)"), encoding="utf-8")
     lib, checker, _ = checked([str(card)], str(lib_dir))
-    with pytest.raises(CardError, match="may read column 't' only"):
+    with pytest.raises(CardError, match="a map over 't' reads a value at 't', and a parameter"):
         source(checker, lib.find("DTransformer", lib.files[0]))

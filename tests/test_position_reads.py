@@ -23,7 +23,7 @@ Hyperparameters: V, D, ctx ∈ ℕ; o ∈ ℕ = 2, the rows before position 1
 Parameters: θ includes all of the following parameters:
     W_e ∈ ℝ^{V×D}, token embeddings.
     W_p ∈ ℝ^{(ctx + o)×D}, learned positions, from row o + 1.
-1 E ← W_e[x] + ROWS
+1 EMBED
 2 S ← E E^⊺/√D
 3 ∀t, t′, if t′ > t then S[t, t′] ← −∞
 4 return P = softmax(S) E W_e^⊺
@@ -64,11 +64,12 @@ def _model(tmp_path: Path, text: str):
     return model
 
 
-@pytest.mark.parametrize(("rows", "longest"), [
-    ("W_p[o + 1 : T + o]", 12), ("W_p[1 + o : o + T]", 12),
-    ("W_p[o : T + o − 1]", 13)])  # from row o: the table's ctx + o rows hold ctx + 1 positions
-def test_rows_from_a_hyperparameters_offset_follow_the_cache(tmp_path, rows, longest):
-    model = _model(tmp_path, HEAD.replace("ROWS", rows))
+@pytest.mark.parametrize(("embed", "longest"), [
+    ("E ← W_e[x] + W_p[o + 1 : T + o]", 12), ("E ← W_e[x] + W_p[1 + o : o + T]", 12),
+    ("E ← W_e[x] + W_p[o : T + o − 1]", 13),  # from row o: ctx + o rows hold ctx + 1 positions
+    ("for t ∈ [T] : E[t, :] ← W_e[x[t]] + W_p[t + o]", 12)])  # token by token
+def test_rows_from_a_hyperparameters_offset_follow_the_cache(tmp_path, embed, longest):
+    model = _model(tmp_path, HEAD.replace("EMBED", embed))
     assert model.max_seq_len == longest
     x = [torch.randint(0, 13, (2, 11), generator=torch.Generator().manual_seed(1))]
     check_incremental_decoding(model, x)
@@ -89,3 +90,17 @@ def test_positions_a_sub_card_reads_leave_the_model_without_a_cache(tmp_path):
         out = generate(model, x, max_new_tokens=5, temperature=0)
         for n in range(4, 9):  # each token is the one a forward over all before it picks
             assert out[0, n] == model(out[:, :n])[0, -1].argmax()
+
+
+def test_a_map_reads_a_parameter_at_no_other_position(tmp_path, capsys):
+    """W_p[t − 1] would read row 0 at t = 1, and X[t + 1] ties iterations: refused, located."""
+    from cardc.cli import main
+
+    for embed in ("for t ∈ [T] : E[t, :] ← W_e[x[t]] + W_p[t − 1]",
+                  "for t ∈ [T] : E[t, :] ← W_e[x[t]] + W_p[t + t]"):
+        card = tmp_path / "bad.card"
+        card.write_text(HEAD.replace("EMBED", embed), encoding="utf-8")
+        assert main(["build", str(card), "--out", str(tmp_path / "out")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"{card}:9:") and "a map over 't' reads a value at 't', and a " \
+            "parameter at 't + k' too, never another position" in err

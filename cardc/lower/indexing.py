@@ -49,7 +49,7 @@ class Indexing:
         if self.point and all(getattr(i, "id", None) in self.point for i in e.items):
             return self.point_index(e)
         if self.positions and len(e.items) in (1, 2) and \
-                getattr(e.items[-1], "id", None) == self.positions[0]:
+                self.position_offset(e.items[-1]) is not None:
             return self.position_index(e)
         if self.positions and len(e.items) == 2 and _is_all(e.items[1]) and \
                 getattr(e.items[0], "id", None) == self.positions[0]:
@@ -58,9 +58,7 @@ class Indexing:
                 return row
         if self.positions and any(self.positions[0] in _names_in(i) and
                                   not isinstance(i, (s.Name, s.Index)) for i in e.items):
-            var = display(self.positions[0])  # X[:, t − 1] would tie iterations together
-            self.fail(e, f"a map over '{var}' may read column '{var}' only, as 'X[:, {var}]'",
-                      hint="code generation vectorises a map whose iterations are independent")
+            self.other_position(e)  # X[:, t − 1] would tie iterations together
         base = self.expr(e.base)
         if len(e.items) == 2 and len(base.ty.shape) == 2 and _is_all(e.items[0]) and \
                 not isinstance(e.items[1], s.Slice | s.Progression):
@@ -205,11 +203,34 @@ class Indexing:
         code = ir.Sub(base.code, (ir.Ref("..."), *map(index, stored)))
         return Val(code, ty, base.lifted or any(v.lifted for v in tensors), False, rows)
 
+    def position_offset(self, item: s.Expr) -> Dim | None:
+        """k of `t + k` (or `k + t`, or t itself: 0), t the map's position and k a number or
+        the hyperparameters' that reads no position; else None."""
+        var = self.positions[0]
+        if isinstance(item, s.Name):
+            return Dim.const(0) if item.id == var else None
+        if not (isinstance(item, s.BinOp) and item.op == "+"):
+            return None
+        for t, k in ((item.left, item.right), (item.right, item.left)):
+            if isinstance(t, s.Name) and t.id == var and var not in _names_in(k):
+                return expr_dim(k, self.info.sig.definitions)
+        return None
+
+    def other_position(self, e: s.Index) -> None:
+        var = display(self.positions[0])
+        self.fail(e, f"a map over '{var}' reads a value at '{var}', and a parameter at "
+                     f"'{var} + k' too, never another position",
+                  hint="code generation vectorises a map whose iterations are independent")
+
     def position_index(self, e: s.Index) -> Val:
-        """`X[:, t]`, `x[t]` or `W_p[:, t]` in a map over positions t ∈ [ℓ]: every position."""
+        """`X[:, t]`, `x[t]` or `W_p[:, t]` in a map over positions t ∈ [ℓ]: every position;
+        a parameter's also at an offset, `W_p[t + k]` (rows k + 1 … ℓ + k)."""
         var, size = self.positions
         base = self.expr(e.base)
         ty = self.ty(e)
+        skip = self.position_offset(e.items[-1])
+        if skip != Dim.const(0) and (base.lifted or skip is None):
+            self.other_position(e)
         if len(e.items) == 2 and not _is_all(e.items[0]):
             self.fail(e, f"a map over '{display(var)}' reads whole columns 'X[:, {display(var)}]'")
         if base.lifted and base.rows:
@@ -220,11 +241,15 @@ class Indexing:
             return Val(base.code, ty, True, False, (size,))
         # a parameter: its first ℓ columns, as rows (W_p[:, t] for t ≤ ℓ); they bound the
         # sequence only where ℓ is read off the inputs, not in a map over channels n ∈ [N]
-        if size.symbols & self.runtime_used:
-            self.max_seq_len = self.max_seq_len or self.dim(base.ty.shape[-1])
+        n = self.dim(size)  # before runtime_used is read: reading ℓ off the inputs adds it
+        if size.symbols & self.runtime_used:  # the table's rows (or columns) bound ℓ
+            axis = base.ty.shape[len(e.items) - 1]
+            self.max_seq_len = self.max_seq_len or self.dim(axis - skip)
             self.low.masking.positions(self.alg, True)
         stored = base.code if len(e.items) == 1 or base.flipped else _mT(base.code)
-        return Val(ir.Sub(stored, (ir.SliceX(None, self.dim(size)),)), ty, False, False, (size,))
+        rows = ir.SliceX(None, n) if skip == Dim.const(0) else \
+            ir.SliceX(self.dim(skip), ir.Bin("+", n, self.dim(skip)))  # as the cache offsets it
+        return Val(ir.Sub(stored, (rows,)), ty, False, False, (size,))
 
     def row_index(self, e: s.Index) -> Val | None:
         """`X[t, :]` in a map over positions t ∈ [ℓ] of a value stored row by row: its
