@@ -48,7 +48,6 @@ GENERATED = frozenset({
     "lookup", "broadcast_sizes",  # a vector per head read at a tensor of indices
     "factored_sdpa", "heads_product",  # attention whose queries are a product (cardc.lower.factored)
     "nll", "log_likelihood", "LOGITS_AT_ONCE", "head",  # the loss a few rows at a time
-    "layer",  # a stack's layer, where the sizes a layer is built with depend on it
 })
 # Python's builtins (3.11): a card name must not shadow one the generated code calls, and
 # shadowing none is simpler to see than which ones it calls.

@@ -278,17 +278,16 @@ class Gemma3(nn.Module):
         self.block = nn.ModuleList(
             Gemma3Block(
                 D=D,
-                w=int(p * ((layer + 1) // p) == layer + 1) * ctx + int(p * ((layer + 1) // p) != layer + 1) * w,
+                w=int((_layer + 1) % p == 0) * ctx + int((_layer + 1) % p != 0) * w,
                 eps=eps,
-                theta_base=int(p * ((layer + 1) // p) == layer + 1) * theta_global
-                + int(p * ((layer + 1) // p) != layer + 1) * theta_local,
+                theta_base=int((_layer + 1) % p == 0) * theta_global + int((_layer + 1) % p != 0) * theta_local,
                 H=H,
                 H_kv=H_kv,
                 d=d,
                 s=s,
                 D_f=D_f,
             )
-            for layer in range(N)
+            for _layer in range(N)
         )  # [gemma3.card:14]
 
     def forward(self, x, targets=None, nll=None, cache=None):

@@ -143,6 +143,7 @@ def _errors(tmp_path: Path, steps: str) -> list[str]:
     ("|x[1]|", "ℝ"),  # |·| of a real is a real
     ("H/2", "ℝ"),
     ("max(H, x[1])", "ℝ"),  # a real beside a whole number makes a real
+    ("H mod 3 + 1", None),  # a remainder of whole numbers is whole
 ])
 def test_each_notation_gives_the_kind_of_number_the_math_does(tmp_path, value, kind):
     """Whole numbers index; reals do not (the checker's one rule for integers and reals)."""
@@ -293,3 +294,18 @@ def test_a_bias_table_looked_up_by_buckets(tmp_path):
     want = w_b[t5_buckets(T, n_buckets, d_max, True) - 1] + \
         w_c[t5_buckets(T, n_buckets, d_max, False) - 1]
     torch.testing.assert_close(got, want.expand(B, T, T))
+
+
+def test_mod_takes_whole_numbers_and_renders_as_the_paper_would(tmp_path):
+    """`ℓ mod p` (Gemma 3's every p-th layer) is the remainder of whole numbers; a real is
+    refused where it is written; it reads back from each canonical form."""
+    assert _errors(tmp_path, "1 return y = w[(H − 1) mod D + 1]\n") == []
+    assert _errors(tmp_path, "1 return y = w[⌊x[1] mod 2⌋ + 1]\n") == [
+        "'mod' takes whole numbers; this is ℝ"]
+    assert _errors(tmp_path, "1 return y = w[H mod ⌊x⌋ + 1]\n") == [
+        "'mod' divides by a whole number; this is ℕ^{D}"]
+    card, diags = _parse("Algorithm: y ← F(x)\n/* r. */\nInput: x ∈ ℕ\nOutput: y ∈ ℕ\n"
+                         "Hyperparameters: p ∈ ℕ\n1 return y = (2 x mod p) 3\n")
+    assert not diags.errors
+    assert "(2 x mod p) 3" in render_card(card)
+    assert r"2 \, x \bmod p" in render_latex(card)

@@ -89,14 +89,14 @@ SCALED = """Algorithm: P ← Scaled(x | θ)
 /* Blocks each scaled by a number its layer's index gives; nothing else needs the math module. */
 Input: x ∈ {1..V}^{T}, token IDs.
 Output: P ∈ ℝ^{T×V}
-Hyperparameters: V, D, N ∈ ℕ
+Hyperparameters: V, D, N ∈ ℕ; layer ∈ ℕ = 0, a name the generated code must not shadow
 Parameters: θ includes all of the following parameters:
     W_e ∈ ℝ^{V×D}
     For ℓ ∈ [N]:
         θ^block_ℓ, the parameters of block ℓ.
 1 E ← W_e[x]
 2 for ℓ = 1, …, N do
-3     E ← Scale(E | θ^block_ℓ, κ = ⌈ℓ/2⌉/N)
+3     E ← Scale(E | θ^block_ℓ, κ = ⌈ℓ/2⌉/N + layer)
 4 end
 5 return P = E W_e^⊺
 
@@ -112,9 +112,10 @@ Parameters: θ consisting of:
 
 
 def test_a_layers_value_may_need_the_math_module_alone(tmp_path):
-    """⌈ℓ/2⌉ is `math.ceil`: the module imports math for it, though nothing else reads it."""
+    """⌈ℓ/2⌉ is `math.ceil`: the module imports math for it, though nothing else reads it; the
+    layer the generator counts shadows no name of the card (`layer`)."""
     card = tmp_path / "scaled.card"
     card.write_text(SCALED, encoding="utf-8")
-    model = cardc.model(str(card), V=11, D=4, N=3)
-    assert [b.kappa for b in model.block] == [1 / 3, 1 / 3, 2 / 3]
+    model = cardc.model(str(card), V=11, D=4, N=3, layer=1)
+    assert [b.kappa for b in model.block] == [1 + 1 / 3, 1 + 1 / 3, 1 + 2 / 3]
     assert model(torch.randint(0, 11, (2, 5))).shape == (2, 5, 11)

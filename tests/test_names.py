@@ -301,7 +301,7 @@ def test_edited_recorded_cards_compile_to_nothing_but_their_math(tmp_path, monke
 # the names of its own locals and arguments. Anything else must come from a card name.
 IMPORTS = {("torch", None), ("torch.nn.functional", "F"), ("math", None), ("torch:nn", None)}
 GENERATOR_NAMES = {
-    "F", "KVCache", "K_past", "seen", "PRESETS", "V_past", "ValueError", "_", "__init__", "approximate",
+    "F", "KVCache", "K_past", "seen", "PRESETS", "V_past", "ValueError", "_", "_layer", "__init__", "approximate",
     "betas", "cache", "decayed", "device", "dict", "dim", "dtype", "enable_gqa", "extend", "float",
     "forward", "fused", "group", "held", "int", "is_causal", "scale", "keepdim", "key", "len", "logits", "lr",
     "math", "new", "new_cache", "nn", "optimizer", "past", "persistent", "phi", "range", "report",

@@ -119,12 +119,24 @@ class ExprChecker(Part):
             self.c.diags.warning(e.star, f"'*' between two matrices is the matrix product "
                                  f"({a} times {b})",
                                  hint="for the element-wise product write ⊙ (ASCII: (.))")
+        if e.op == "mod":  # ℓ mod p: whole numbers, the remainder in {0, …, p − 1}
+            return self.remainder(a, b, e)
         if e.op == "/":
             if b.shape and not broadcastable(b, a):
                 self.error(e.span, f"cannot divide {a} by {b}")
                 raise CheckError
             return Ty(a.shape, "ℝ")
         return self.product(a, b, e)
+
+    def remainder(self, a: Ty, b: Ty, e: s.BinOp) -> Ty:
+        for side, ty in ((e.left, a), (e.right, b)):
+            if ty.elem not in ("ℕ", "ℤ") or ty.vocab is not None:
+                self.error(side.span, f"'mod' takes whole numbers; this is {ty}")
+                raise CheckError
+        if b.shape:
+            self.error(e.right.span, f"'mod' divides by a whole number; this is {b}")
+            raise CheckError
+        return Ty(a.shape, "ℕ")
 
     def bundle_arithmetic(self, e: s.BinOp, a: Ty | BundleTy, b: Ty | BundleTy) -> BundleTy:
         """Bundles of one card add and subtract; a scalar scales one (θ − η · ∇loss(θ)); 0 is

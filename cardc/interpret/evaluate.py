@@ -260,6 +260,8 @@ class Evaluator(Statements, Calls):
             return self.arith(a, b, lambda x, y: x - y)
         if op == "/":
             return self.arith(a, b, lambda x, y: x / y, exact=True)
+        if op == "mod":  # whole numbers: the remainder of floor division, 0 ≤ r < b
+            return self.arith(a, b, lambda x, y: x % y)
         compare = {"≤": torch.le, "≥": torch.ge, "<": torch.lt, ">": torch.gt, "≠": torch.ne,
                    "=": torch.eq, "≡": torch.eq}
         if op in compare:

@@ -192,7 +192,7 @@ class Expressions:
         elif e.op in COMPARE:
             op = COMPARE[e.op]
         else:
-            op = {"+": "+", "−": "-", "⊙": "*", "/": "/"}.get(e.op)
+            op = {"+": "+", "−": "-", "⊙": "*", "/": "/", "mod": "%"}.get(e.op)
             if op is None:
                 self.fail(e, f"code generation does not handle '{e.op}' yet")
             a, b = self.meet(a, b), self.meet(b, a)

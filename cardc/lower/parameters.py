@@ -151,9 +151,10 @@ def _ctor_dim(d: Dim) -> ir.Expr:
     return dim_expr(d, lambda sym: ir.Ref(local_name(sym.lstrip("?"))))
 
 
-LAYER = "layer"  # a stack's 0-based index in the generator that builds its layers
-_CTOR_OPS = {"+": "+", "−": "-", "·": "*", " ": "*", "/": "/", "≤": "<=", "<": "<", "≥": ">=",
-             ">": ">", "=": "==", "≠": "!="}
+LAYER = "_layer"  # a stack's 0-based index in the generator that builds its layers: no card
+# name starts with "_", so none is shadowed
+_CTOR_OPS = {"+": "+", "−": "-", "·": "*", " ": "*", "/": "/", "mod": "%", "≤": "<=", "<": "<",
+             "≥": ">=", ">": ">", "=": "==", "≠": "!="}
 
 
 def _ctor_value(e: s.Expr) -> ir.Expr:

@@ -28,7 +28,8 @@ from .text import POSTFIX, SUM, TEXT, notation
 
 BREAK = "\x1f"  # a chosen break in rendered markup, until the renderer splits the markup there
 ASSIGNED, SUMMED, MULTIPLIED, LISTED = range(4)  # the kinds of point, loosest first
-_RANKS = {"+": SUMMED, "−": SUMMED, "·": MULTIPLIED, "⊙": MULTIPLIED, " ": MULTIPLIED}
+_RANKS = {"+": SUMMED, "−": SUMMED, "·": MULTIPLIED, "⊙": MULTIPLIED, " ": MULTIPLIED,
+          "mod": MULTIPLIED}
 
 
 @dataclass(frozen=True)

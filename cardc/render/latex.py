@@ -83,7 +83,7 @@ _TEXT = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "%": r"\
          "~": r"\textasciitilde{}", "<": r"\textless{}", ">": r"\textgreater{}",
          "|": r"\textbar{}", "—": "---", "–": "--", "‘": "`", "’": "'", "“": "``", "”": "''",
          "\u00a0": "~"}
-_OPS = {"+": "+", "−": "-", "·": r"\cdot", "⊙": r"\odot", "/": "/", " ": r"\,", "=": "=",
+_OPS = {"+": "+", "−": "-", "·": r"\cdot", "⊙": r"\odot", "/": "/", " ": r"\,", "=": "=", "mod": r"\bmod",
         "≤": r"\le", "≥": r"\ge", "<": "<", ">": ">", "≠": r"\ne", "∈": r"\in", "∧": r"\land"}
 _WORD = re.compile(r"[A-Za-z]{2,}")
 SCRIPT_WORD = re.compile(r"[A-Za-z]{2,}[0-9]*")  # a subscript set upright: attn, mlp1

@@ -47,10 +47,11 @@ from ..spelling import display
 # GROUPED is tighter than anything: an operand held to it is always parenthesised
 CHOICE, CONJ, COND, SUM, PRODUCT, UNARY, TIGHT, POSTFIX, ATOM, GROUPED = range(10)
 
-_BINARY = {"+": SUM, "−": SUM, "·": PRODUCT, "⊙": PRODUCT, "/": PRODUCT, " ": PRODUCT}
+_BINARY = {"+": SUM, "−": SUM, "·": PRODUCT, "⊙": PRODUCT, "/": PRODUCT, " ": PRODUCT,
+           "mod": PRODUCT}
 _POSTFIX_NODES = (s.Power, s.Transpose, s.Index)
 # the written operators a reader takes as binding looser than each product (Renderer.left_min)
-_LOOSER_TO_READ = {" ": ("⊙", "/"), "·": ("⊙", "/")}
+_LOOSER_TO_READ = {" ": ("⊙", "/", "mod"), "·": ("⊙", "/", "mod")}
 
 # an index's "[" must touch a character that grammar.lark's INDEX_OPEN accepts
 _INDEXABLE_END = re.compile(r"[\w\u0302\u0303′'~)\]}⊺²]$")
