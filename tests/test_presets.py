@@ -23,6 +23,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+import cardc
 from cardc import syntax as s
 from cardc.build import (
     bind_recipe,
@@ -338,3 +339,21 @@ def test_info_takes_good_overrides():
     code, out, _ = _run("info", str(CARDS / "gpt2.card"), "--preset", "tiny", "--set", "D=64",
                         "--set", "H=2")
     assert code == 0 and "D = 64, H = 2" in out
+
+
+@pytest.mark.parametrize("dense", [0, 4])
+def test_a_family_of_layers_may_have_no_member(dense):
+    """DeepSeek-V2's first N_d layers are dense and the rest hold experts: N_d = 0 (every layer
+    has experts) and N_d = N (none has) leave one family empty, a loop that runs no step,
+    which info counts and the model runs, its cache decoding as recomputation does."""
+    from decodecheck import check_incremental_decoding
+
+    from cardc.cli import main
+
+    assert main(["info", "cards/deepseek2.card", "--preset", "tiny",
+                 "--set", f"N_d={dense}"]) == 0
+    model = cardc.model("cards/deepseek2.card", preset="tiny", N_d=dense, N=4).eval()
+    assert len(model.dense) == dense and len(model.moe) == 4 - dense
+    x = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    check_incremental_decoding(model, [x])
+    assert main(["info", "cards/deepseek2.card", "--preset", "tiny", "--set", "N_d=5"]) != 0

@@ -78,8 +78,8 @@ class _Walk:
     def entry(self, name: str, entry: Entry, vals: _Values, declared: dict[str, s.Span],
               alg: s.Algorithm) -> None:
         note = (declared.get(name, alg.span), f"{display(name)} in '{alg.label}'")
-        if isinstance(entry, FamilyTy):
-            self.size(entry.over, vals, note)
+        if isinstance(entry, FamilyTy):  # a count of members, which may be none (N − N_d = 0
+            self.size(entry.over, vals, note, empty=True)  # when every layer is dense)
             self.entry(name, entry.entry, vals, declared, alg)
         elif isinstance(entry, BundleTy) and entry.card is None:  # adopted: its card checks it
             for sub, e in entry.members.items():
@@ -96,12 +96,14 @@ class _Walk:
                 raise self.src.blame(vals.deps_of(symbols), f"{display(name)} would hold "
                                      f"{total:.4g} numbers, more than a tensor can", note)
 
-    def size(self, d: Dim, vals: _Values, note) -> Fraction | None:
-        """A size the values determine: a positive whole number. `note` is (span, text), or
-        a function giving it, called only for a problem."""
+    def size(self, d: Dim, vals: _Values, note, empty: bool = False) -> Fraction | None:
+        """A size the values determine: a positive whole number (or 0, where `empty`). `note`
+        is (span, text), or a function giving it, called only for a problem."""
         value = _dim_value(d, vals)
         if value is None or not d.symbols:
             return value  # unknown here, or a constant the checker already judged
+        if empty and value == 0:
+            return value
         if value.denominator != 1 or not 0 < value <= MAX_SIZE:
             _positive(display(str(d)), d, value, vals, self.src, note() if callable(note) else note)
         return value
