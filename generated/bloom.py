@@ -30,8 +30,8 @@ def ALiBiCausalHead_per_head(Q, K, V, m, cache=None):
             -(
                 m[..., None, None]
                 * (
-                    (torch.arange(Q.shape[-2], device=Q.device) + first_query(cache, Q, K))[:, None]
-                    - torch.arange(K.shape[-2], device=Q.device)[None, :]
+                    (torch.arange(1, Q.shape[-2] + 1, device=Q.device) + first_query(cache, Q, K))[:, None]
+                    - torch.arange(1, K.shape[-2] + 1, device=Q.device)[None, :]
                 )
             )
         ).to(Q.dtype)
@@ -39,8 +39,8 @@ def ALiBiCausalHead_per_head(Q, K, V, m, cache=None):
     bias = shared_value(2, make, m, Q.shape[-2], Q.device, first_query(cache, Q, K), K.shape[-2], Q.dtype)
     def visible():
         return ~(
-            torch.arange(K.shape[-2], device=Q.device)[None, :]
-            > (torch.arange(Q.shape[-2], device=Q.device) + first_query(cache, Q, K))[:, None]
+            torch.arange(1, K.shape[-2] + 1, device=Q.device)[None, :]
+            > (torch.arange(1, Q.shape[-2] + 1, device=Q.device) + first_query(cache, Q, K))[:, None]
         )
     # [bloom.card:57]
     hidden = shared_mask(1, visible, Q.shape[-2], K.shape[-2], Q.device, first_query(cache, Q, K), dtype=Q.dtype)

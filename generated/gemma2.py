@@ -61,11 +61,11 @@ def SoftCappedHead(Q, K, V, s, c_attn, w, cache=None):
     S = c_attn * torch.tanh(S)  # (…, T, T)  [gemma2.card:97]
     def visible():
         return ~(
-            torch.arange(K.shape[-2], device=Q.device)[None, :]
-            > (torch.arange(Q.shape[-2], device=Q.device) + first_query(cache, Q, K))[:, None]
+            torch.arange(1, K.shape[-2] + 1, device=Q.device)[None, :]
+            > (torch.arange(1, Q.shape[-2] + 1, device=Q.device) + first_query(cache, Q, K))[:, None]
         ) & ~(
-            torch.arange(K.shape[-2], device=Q.device)[None, :]
-            <= (torch.arange(Q.shape[-2], device=Q.device) + first_query(cache, Q, K))[:, None] - w
+            torch.arange(1, K.shape[-2] + 1, device=Q.device)[None, :]
+            <= (torch.arange(1, Q.shape[-2] + 1, device=Q.device) + first_query(cache, Q, K))[:, None] - w
         )
     # [gemma2.card:98]
     hidden = None if cache is not None and cache.sees_all(Q) else shared_mask(

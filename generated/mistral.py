@@ -28,11 +28,11 @@ def WindowHead(Q, K, V, w, cache=None):
         K, V = cache.extend(None, K, V, keep=w - 1)  # the cached positions come first  [mistral.card:71]
     def visible():
         return ~(
-            torch.arange(K.shape[-2], device=Q.device)[None, :]
-            > (torch.arange(Q.shape[-2], device=Q.device) + first_query(cache, Q, K))[:, None]
+            torch.arange(1, K.shape[-2] + 1, device=Q.device)[None, :]
+            > (torch.arange(1, Q.shape[-2] + 1, device=Q.device) + first_query(cache, Q, K))[:, None]
         ) & ~(
-            torch.arange(K.shape[-2], device=Q.device)[None, :]
-            <= (torch.arange(Q.shape[-2], device=Q.device) + first_query(cache, Q, K))[:, None] - w
+            torch.arange(1, K.shape[-2] + 1, device=Q.device)[None, :]
+            <= (torch.arange(1, Q.shape[-2] + 1, device=Q.device) + first_query(cache, Q, K))[:, None] - w
         )
     # (…, T, d_v)  [mistral.card:74]
     return grouped_sdpa(

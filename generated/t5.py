@@ -44,8 +44,8 @@ def BiasedCausalHead(Q, K, V, beta, w, cache=None):
     bias = lookup(w, beta, 2, 1).to(Q.dtype)  # added to the scores  [t5.card:121]
     def visible():
         return ~(
-            torch.arange(K.shape[-2], device=Q.device)[None, :]
-            > (torch.arange(Q.shape[-2], device=Q.device) + first_query(cache, Q, K))[:, None]
+            torch.arange(1, K.shape[-2] + 1, device=Q.device)[None, :]
+            > (torch.arange(1, Q.shape[-2] + 1, device=Q.device) + first_query(cache, Q, K))[:, None]
         )
     # [t5.card:122]
     hidden = shared_mask(1, visible, Q.shape[-2], K.shape[-2], Q.device, first_query(cache, Q, K), dtype=Q.dtype)

@@ -388,6 +388,20 @@ def test_build_check_reports_drift(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_build_check_judges_the_modules_of_the_cards_it_is_given(tmp_path):
+    """A module no card makes any more is stale for a check of a folder of cards; a check of
+    cards named one by one judges their modules alone."""
+    out = tmp_path / "gen"
+    assert _cardc("build", "--out", str(out)).returncode == 0
+    orphan = out / "gone.py"
+    orphan.write_text((out / "gpt2.py").read_text(encoding="utf-8"), encoding="utf-8")
+    r = _cardc("build", "--check", "cards", "--out", str(out))
+    assert r.returncode == 1 and "gone.py was generated from a card that is no longer a model" \
+        in r.stderr
+    r = _cardc("build", "--check", "cards/llama.card", "--out", str(out))
+    assert r.returncode == 0 and r.stdout.startswith("ok: 2 generated modules up to date")
+
+
 def test_a_card_that_cannot_be_generated_gets_a_located_error(tmp_path):
     card = tmp_path / "loop.card"
     card.write_text("""Algorithm: Y ← Loop(X | W)

@@ -368,7 +368,7 @@ GENERATOR_ATTRS = {
     "register_buffer", "relu", "returns", "rms_norm", "roll", "rotary", "scaled_dot_product_attention",
     "all", "shape", "silu", "sqrt", "stack", "step", "sum", "tensor", "tokens", "transpose", "tril",
     "unbind", "unflatten", "where", "zero_grad", "zeros", "softmax", "log_softmax", "logsigmoid", "exp", "log",
-    "tanh", "erf", "sigmoid", "mean", "var", "max", "min", "pi", "inf", "layer_norm", "T", "kv",
+    "tanh", "erf", "sigmoid", "mean", "var", "max", "min", "amax", "amin", "pi", "inf", "layer_norm", "T", "kv",
     "cos", "sin", "omega", "append", "clamp", "tolist", "item", "long", "topk", "div", "size",
     "view", "reshape", "unsqueeze", "squeeze", "expand", "masked_fill", "logical_not", "cumsum",
     "rsqrt", "pow", "abs", "square", "randint", "bernoulli", "lerp", "norm", "embedding",

@@ -808,15 +808,20 @@ def _not(e: ir.Expr) -> ir.Expr:
 
 
 def _positions(body: Steps, t: str, u: str, q: Val, k: Val, shape) -> dict[str, Val]:
-    """0-based positions of the queries (a column) and the keys (a row)."""
+    """The positions of the queries (a column) and the keys (a row), counted from 1 as the
+    card's t and t′ are: a rule that is not a function of t − t′ alone (a chunk's,
+    ⌊(t − 1)/C⌋) reads them as the card does."""
     rows, cols = _count(q), _count(k)
-    device = {"device": ir.Attr(q.code, "device")}
-    queries = ir.Bin("+", ir.Call(ir.Ref("torch.arange"), (rows,), tuple(device.items())),
+    device = (("device", ir.Attr(q.code, "device")),)
+    one = ir.Lit("1")
+    queries = ir.Bin("+", ir.Call(ir.Ref("torch.arange"), (one, ir.Bin("+", rows, one)), device),
                      first_query(q.code, k.code))
-    keys = ir.Call(ir.Ref("torch.arange"), (cols,), tuple(device.items()))
+    keys = ir.Call(ir.Ref("torch.arange"), (one, ir.Bin("+", cols, one)), device)
     return {
-        t: Val(ir.Sub(queries, (ir.SliceX(None, None), ir.Ref("None"))), Ty((shape[0], None), "ℕ")),
-        u: Val(ir.Sub(keys, (ir.Ref("None"), ir.SliceX(None, None))), Ty((None, shape[1]), "ℕ")),
+        t: Val(ir.Sub(queries, (ir.SliceX(None, None), ir.Ref("None"))), Ty((shape[0], None), "ℕ"),
+               tensor=True),  # what is computed of them is a tensor too: ⌊(t − 1)/C⌋ is torch's
+        u: Val(ir.Sub(keys, (ir.Ref("None"), ir.SliceX(None, None))), Ty((None, shape[1]), "ℕ"),
+               tensor=True),
     }
 
 

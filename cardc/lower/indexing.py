@@ -100,7 +100,7 @@ class Indexing:
                         point or (None,) * len(idx.ty.shape), idx.ty.shape, strict=True))
             else:  # a token (x[t] in a map, x[1]) is 0-based in tensors too
                 axes.append(idx.code if idx.ty.vocab is not None else _dec(idx.code))
-                if idx.rows:  # W_e[x[t], :] in a map over t: every position's row at once
+                if idx.rows and idx.lifted:  # W_e[x[t], :] in a map over t: every row at once
                     if base.lifted or base.flipped or rows or k != 0:
                         self.fail(e, "code generation reads a parameter's rows at the map's "
                                      "tokens only, as 'W[x[t], :]'")
