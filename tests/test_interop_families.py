@@ -69,11 +69,15 @@ FAMILIES = {
     "gemma2": Family("cards/gemma2.card", "Gemma2", "Gemma2ForCausalLM", True),
     "cohere": Family("cards/cohere.card", "Cohere", "CohereForCausalLM", True),
     "cohereqk": Family("cards/cohere.card", "CohereQKNorm", "CohereForCausalLM", True),
+    "granite-tied": Family("cards/granite.card", "Granite", "GraniteForCausalLM", True),
+    "granite-untied": Family("cards/granite.card", "GraniteUntied", "GraniteForCausalLM", False),
+    "granitebiased": Family("cards/granite.card", "GraniteBiased", "GraniteForCausalLM", True),
     "bert": Family("cards/bert.card", "BERT", "BertModel", True),
     "bert-mlm": Family("cards/bert.card", "BERTForMaskedLM", "BertForMaskedLM", True),
 }
 THETA = {"llama": 10000.0, "qwen2": 1e6, "qwen3": 1e6, "mistral": 1e4, "olmo2": 5e5, "stablelm2": 1e4,
-         "gemma2": 1e4, "falcon": 1e4, "cohere": 1e4, "cohereqk": 1e4}
+         "gemma2": 1e4, "falcon": 1e4, "cohere": 1e4, "cohereqk": 1e4, "granite": 1e4,
+         "granitebiased": 1e4}
 EXTRA = {  # what each family's config sets beyond Llama's: heads wider than D/H, a window
     "qwen2": {"use_sliding_window": False},
     "qwen3": {"head_dim": 16},
@@ -86,6 +90,11 @@ EXTRA = {  # what each family's config sets beyond Llama's: heads wider than D/H
     "cohere": {"logit_scale": 0.25, "pad_token_id": 5, "bos_token_id": None, "eos_token_id": None},
     "cohereqk": {"logit_scale": 0.25, "use_qk_norm": True, "pad_token_id": 5,
                  "bos_token_id": None, "eos_token_id": None},  # a LayerNorm per head
+    "granite": {"embedding_multiplier": 3.7, "residual_multiplier": 0.6,  # its multipliers
+                "attention_multiplier": 0.09, "logits_scaling": 2.3, "pad_token_id": 5},
+    "granitebiased": {"embedding_multiplier": 3.7, "residual_multiplier": 0.6,
+                      "attention_multiplier": 0.09, "logits_scaling": 2.3, "pad_token_id": 5,
+                      "attention_bias": True, "mlp_bias": True},  # every projection biased
 }
 EPS_KEY = {"stablelm2": "layer_norm_eps",  # the config key of ε where it is not rms_norm_eps
            "cohere": "layer_norm_eps", "cohereqk": "layer_norm_eps"}
