@@ -342,7 +342,7 @@ def test_info_takes_good_overrides():
 
 
 @pytest.mark.parametrize("dense", [0, 4])
-def test_a_family_of_layers_may_have_no_member(dense):
+def test_a_family_of_layers_may_have_no_member(dense, tmp_path):
     """DeepSeek-V2's first N_d layers are dense and the rest hold experts: N_d = 0 (every layer
     has experts) and N_d = N (none has) leave one family empty, a loop that runs no step,
     which info counts and the model runs, its cache decoding as recomputation does."""
@@ -357,3 +357,12 @@ def test_a_family_of_layers_may_have_no_member(dense):
     x = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
     check_incremental_decoding(model, [x])
     assert main(["info", "cards/deepseek2.card", "--preset", "tiny", "--set", "N_d=5"]) != 0
+    from cardc.interop import load_mappings
+    from cardc.interop.transfer import import_hf, write_model_hf
+
+    mapping = next(m for m in load_mappings("cards/deepseek2.card") if m.card == "DeepSeek2")
+    folder = tmp_path / "hf"  # export, then import: the empty family has no tensor to find
+    write_model_hf(mapping, model.state_dict(), model.card_meta["hyperparameters"], folder)
+    back = import_hf("cards/deepseek2.card", folder)
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(),
+                                                 model.state_dict().values(), strict=True))

@@ -127,7 +127,8 @@ def _check_members(mapping: Mapping, hf_state: dict[str, torch.Tensor],
                                     f"({mapping.indices[var]}), but it holds "
                                     f"{len(hf_state):,} tensors")
         for e in mapping.tensors:
-            if n and var in index_vars(e.hf) and (n_layers or not e.per_layer):
+            held = all(counts.get(v, 1) > 0 for v in index_vars(e.hf))  # none of an empty index
+            if n and var in index_vars(e.hf) and held and (n_layers or not e.per_layer):
                 last = e.where({**mapping.last_indices(counts), var: n - 1, "i": 0})
                 if last.hf not in hf_state:
                     raise RuntimeInputError(f"missing tensor '{last.hf}' (the card's "
