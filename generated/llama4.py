@@ -59,20 +59,20 @@ def Llama4Head(Q, K, V, r, C, f, eps, alpha, theta_base, cache=None):
     temperature of their position on a NoPE layer (r = 0); scores scaled by 1/√d; row t sees
     t′ ≤ t in its own chunk of C positions.
 
-    Card: cards/llama4.card:135
+    Card: cards/llama4.card:136
     """
     past = 0 if cache is None else cache.pos  # tokens decoded before these
     d = Q.shape[-1]
     T = Q.shape[-2]
-    Q_hat = rms_normalize(rotate_pairs(Q, theta_base, past=past), (d,), None, eps)  # (…, T, d)  [llama4.card:140]
+    Q_hat = rms_normalize(rotate_pairs(Q, theta_base, past=past), (d,), None, eps)  # (…, T, d)  [llama4.card:141]
     def make():
         return torch.arange(past + 1, past + (T + 1), device=Q.device).to(real_type(Q.dtype)) / f
-    # (…, T, d)  [llama4.card:141]
+    # (…, T, d)  [llama4.card:142]
     Q_tilde = r * Q_hat + (
         (1 - r) * (alpha * torch.log(torch.floor(shared_value(1, make, past, T, Q.device, Q.dtype, f)).long() + 1) + 1)
     ).to(Q.dtype)[..., None] * Q
     if cache is not None:
-        K, V = cache.extend(None, K, V)  # the cached positions come first  [llama4.card:142]
+        K, V = cache.extend(None, K, V)  # the cached positions come first  [llama4.card:143]
     def visible():
         return ~(
             torch.arange(1, K.shape[-2] + 1, device=Q_tilde.device)[None, :]
@@ -91,7 +91,7 @@ def Llama4Head(Q, K, V, r, C, f, eps, alpha, theta_base, cache=None):
                 (torch.arange(1, K.shape[-2] + 1, device=Q_tilde.device)[None, :] - 1).to(real_type(Q.dtype)) / C
             ).long()
         )
-    # (…, T, d_v)  [llama4.card:145]
+    # (…, T, d_v)  [llama4.card:146]
     return grouped_sdpa(
         Q_tilde,
         K,
@@ -109,13 +109,13 @@ def Llama4Group_heads(K, V, Q, r, C, f, eps, alpha, theta_base, cache=None):
     are and queries at position t are scaled by the temperature α log(⌊t/f⌋ + 1) + 1. Row t
     sees the positions t′ ≤ t of its own chunk of C positions.
 
-    Card: cards/llama4.card:123
+    Card: cards/llama4.card:124
     """
     past = 0 if cache is None else cache.pos  # tokens decoded before these
     d = K.shape[-1]
-    # (…, T, d)  [llama4.card:131]
+    # (…, T, d)  [llama4.card:132]
     K_tilde = r * rms_normalize(rotate_pairs(K, theta_base, past=past), (d,), None, eps) + (1 - r) * K
-    # (…, groups·G, T, d): every j of every group at once  [llama4.card:132]
+    # (…, groups·G, T, d): every j of every group at once  [llama4.card:133]
     Y_j = Llama4Head(
         Q.unflatten(-1, (-1, d)).transpose(-3, -2),
         K_tilde,
@@ -128,7 +128,7 @@ def Llama4Group_heads(K, V, Q, r, C, f, eps, alpha, theta_base, cache=None):
         f=f,
         cache=cache,
     )
-    return Y_j  # (…, T, d)  [llama4.card:133]
+    return Y_j  # (…, T, d)  [llama4.card:134]
 
 
 class Llama4Attention(nn.Module):
@@ -136,7 +136,7 @@ class Llama4Attention(nn.Module):
     heads of width d, and H_kv key/value heads, each shared by G = H/H_kv consecutive query
     heads; a RoPE layer (r = 1) or a NoPE layer (r = 0), as Llama4Group says.
 
-    Card: cards/llama4.card:106
+    Card: cards/llama4.card:107
     """
 
     def __init__(
@@ -154,16 +154,16 @@ class Llama4Attention(nn.Module):
         self.alpha = alpha
         self.theta_base = theta_base
         self.G = H // H_kv
-        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [llama4.card:113]
-        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [llama4.card:114]
-        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [llama4.card:114]
-        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [llama4.card:115]
+        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [llama4.card:114]
+        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [llama4.card:115]
+        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [llama4.card:115]
+        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [llama4.card:116]
 
     def forward(self, X, cache=None):
-        Q = X @ self.W_q  # (B, T, H d)  [llama4.card:116]
-        K = X @ self.W_k  # (B, T, H_kv d)  [llama4.card:117]
-        V = X @ self.W_v  # (B, T, H_kv d)  [llama4.card:118]
-        # every g at once, all their heads side by side on one axis  [llama4.card:119]
+        Q = X @ self.W_q  # (B, T, H d)  [llama4.card:117]
+        K = X @ self.W_k  # (B, T, H_kv d)  [llama4.card:118]
+        V = X @ self.W_v  # (B, T, H_kv d)  [llama4.card:119]
+        # every g at once, all their heads side by side on one axis  [llama4.card:120]
         Y_g = Llama4Group_heads(
             K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
             V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
@@ -176,26 +176,26 @@ class Llama4Attention(nn.Module):
             f=self.f,
             cache=cache,
         )
-        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [llama4.card:120]
-        return Y @ self.W_o  # (B, T, D)  [llama4.card:121]
+        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [llama4.card:121]
+        return Y @ self.W_o  # (B, T, D)  [llama4.card:122]
 
 
 class Llama4Expert(nn.Module):
     """y ← Llama4Expert(x | W): One expert: a SwiGLU MLP of width D_f on one token.
 
-    Card: cards/llama4.card:96
+    Card: cards/llama4.card:97
     """
 
     def __init__(self, D: int, D_f: int):
         super().__init__()
         self.D = D
         self.D_f = D_f
-        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [llama4.card:102]
-        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [llama4.card:102]
-        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [llama4.card:103]
+        self.W_gate = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [llama4.card:103]
+        self.W_up = nn.Parameter(torch.empty(D, D_f).normal_(0.0, 0.02))  # (D, D_f)  [llama4.card:103]
+        self.W_down = nn.Parameter(torch.empty(D_f, D).normal_(0.0, 0.02))  # (D_f, D)  [llama4.card:104]
 
     def forward(self, x):
-        return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down  # (B, D)  [llama4.card:104]
+        return (F.silu(x @ self.W_gate) * (x @ self.W_up)) @ self.W_down  # (B, D)  [llama4.card:105]
 
 
 class Llama4MoE(nn.Module):
@@ -204,7 +204,7 @@ class Llama4MoE(nn.Module):
     plus the shared expert on the token as it is. Llama 4 routes each token to one expert
     (num_experts_per_tok = 1), so the scale is the sigmoid of the best score.
 
-    Card: cards/llama4.card:81
+    Card: cards/llama4.card:82
     """
 
     def __init__(self, D: int, E: int, D_f: int):
@@ -212,24 +212,24 @@ class Llama4MoE(nn.Module):
         self.D = D
         self.E = E
         self.D_f = D_f
-        self.W_g = nn.Parameter(torch.empty(D, E).normal_(0.0, 0.02))  # (D, E)  [llama4.card:87]
+        self.W_g = nn.Parameter(torch.empty(D, E).normal_(0.0, 0.02))  # (D, E)  [llama4.card:88]
         self.theta = nn.ModuleList(
             Llama4Expert(D=D, D_f=D_f) for _ in range(E)
-        )  # [llama4.card:89]
-        self.s = Llama4Expert(D=D, D_f=D_f)  # [llama4.card:90]
+        )  # [llama4.card:90]
+        self.s = Llama4Expert(D=D, D_f=D_f)  # [llama4.card:91]
 
     def forward(self, x):
-        g = x @ self.W_g  # (B, E)  [llama4.card:91]
-        I = top_mask(g, 1)  # (B, E)  [llama4.card:92]
-        x_tilde = torch.sigmoid(g.amax(-1))[..., None] * x  # (B, D)  [llama4.card:93]
-        return route(x_tilde, I, 1, self.theta) + self.s(x)  # (B, D)  [llama4.card:94]
+        g = x @ self.W_g  # (B, E)  [llama4.card:92]
+        I = top_mask(g, 1)  # (B, E)  [llama4.card:93]
+        x_tilde = torch.sigmoid(g.amax(-1))[..., None] * x  # (B, D)  [llama4.card:94]
+        return route(x_tilde, I, 1, self.theta) + self.s(x)  # (B, D)  [llama4.card:95]
 
 
 class Llama4Block(nn.Module):
     """X ← Llama4Block(X | θ): A pre-norm Llama 4 block: attention, then each token through its
     routed expert and the shared expert, each added to the residual stream.
 
-    Card: cards/llama4.card:53
+    Card: cards/llama4.card:54
     """
 
     def __init__(
@@ -260,20 +260,20 @@ class Llama4Block(nn.Module):
         self.d = d
         self.E = E
         self.D_f = D_f
-        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:59]
-        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:61]
-        # [llama4.card:60]
+        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:60]
+        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:62]
+        # [llama4.card:61]
         self.attn = Llama4Attention(
             D=D, H=H, H_kv=H_kv, d=d, r=r, C=C, f=f, eps=eps, alpha=alpha, theta_base=theta_base
         )
-        self.moe = Llama4MoE(D=D, E=E, D_f=D_f)  # [llama4.card:62]
+        self.moe = Llama4MoE(D=D, E=E, D_f=D_f)  # [llama4.card:63]
 
     def forward(self, X, cache=None):
-        # (B, T, D)  [llama4.card:63]
+        # (B, T, D)  [llama4.card:64]
         X = X + self.attn(rms_normalize(X, (self.D,), self.gamma1, self.eps), cache=cache)
-        X_tilde = rms_normalize(X, (self.D,), self.gamma2, self.eps)  # (B, T, D)  [llama4.card:64]
-        Y = self.moe(X_tilde)  # (B, T, D)  [llama4.card:65]
-        return X + Y  # (B, T, D)  [llama4.card:66]
+        X_tilde = rms_normalize(X, (self.D,), self.gamma2, self.eps)  # (B, T, D)  [llama4.card:65]
+        Y = self.moe(X_tilde)  # (B, T, D)  [llama4.card:66]
+        return X + Y  # (B, T, D)  [llama4.card:67]
 
 
 class Llama4(nn.Module):
@@ -324,9 +324,9 @@ class Llama4(nn.Module):
         self.alpha = alpha
         self.theta_base = theta_base
         self.v_pad = v_pad
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [llama4.card:14]
-        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:17]
-        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [llama4.card:18]
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [llama4.card:15]
+        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:18]
+        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [llama4.card:19]
         self.block = nn.ModuleList(
             Llama4Block(
                 D=D,
@@ -343,17 +343,17 @@ class Llama4(nn.Module):
                 D_f=D_f,
             )
             for _layer in range(N)
-        )  # [llama4.card:16]
+        )  # [llama4.card:17]
 
     def forward(self, x, targets=None, nll=None, cache=None):
-        # (B, T, D)  [llama4.card:21]
+        # (B, T, D)  [llama4.card:22]
         X = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
-        for block in self.block:  # [llama4.card:22]
-            X = block(X, cache=cache)  # (B, T, D)  [llama4.card:23]
-        X = rms_normalize(X, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [llama4.card:25]
+        for block in self.block:  # [llama4.card:23]
+            X = block(X, cache=cache)  # (B, T, D)  [llama4.card:24]
+        X = rms_normalize(X, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [llama4.card:26]
         if nll is not None:  # training's loss: the targets' log-likelihood, a few rows at a time
             return log_likelihood(lambda X: X @ self.W_u, X, *nll, self.V)  # (B,)
-        P = X @ self.W_u  # (B, T, V)  [llama4.card:26]
+        P = X @ self.W_u  # (B, T, V)  [llama4.card:27]
         if cache is not None:
             cache.advance(x.shape[-1])
         if targets is None:

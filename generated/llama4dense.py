@@ -36,20 +36,20 @@ def Llama4Head(Q, K, V, r, C, f, eps, alpha, theta_base, cache=None):
     temperature of their position on a NoPE layer (r = 0); scores scaled by 1/√d; row t sees
     t′ ≤ t in its own chunk of C positions.
 
-    Card: cards/llama4.card:135
+    Card: cards/llama4.card:136
     """
     past = 0 if cache is None else cache.pos  # tokens decoded before these
     d = Q.shape[-1]
     T = Q.shape[-2]
-    Q_hat = rms_normalize(rotate_pairs(Q, theta_base, past=past), (d,), None, eps)  # (…, T, d)  [llama4.card:140]
+    Q_hat = rms_normalize(rotate_pairs(Q, theta_base, past=past), (d,), None, eps)  # (…, T, d)  [llama4.card:141]
     def make():
         return torch.arange(past + 1, past + (T + 1), device=Q.device).to(real_type(Q.dtype)) / f
-    # (…, T, d)  [llama4.card:141]
+    # (…, T, d)  [llama4.card:142]
     Q_tilde = r * Q_hat + (
         (1 - r) * (alpha * torch.log(torch.floor(shared_value(1, make, past, T, Q.device, Q.dtype, f)).long() + 1) + 1)
     ).to(Q.dtype)[..., None] * Q
     if cache is not None:
-        K, V = cache.extend(None, K, V)  # the cached positions come first  [llama4.card:142]
+        K, V = cache.extend(None, K, V)  # the cached positions come first  [llama4.card:143]
     def visible():
         return ~(
             torch.arange(1, K.shape[-2] + 1, device=Q_tilde.device)[None, :]
@@ -68,7 +68,7 @@ def Llama4Head(Q, K, V, r, C, f, eps, alpha, theta_base, cache=None):
                 (torch.arange(1, K.shape[-2] + 1, device=Q_tilde.device)[None, :] - 1).to(real_type(Q.dtype)) / C
             ).long()
         )
-    # (…, T, d_v)  [llama4.card:145]
+    # (…, T, d_v)  [llama4.card:146]
     return grouped_sdpa(
         Q_tilde,
         K,
@@ -86,13 +86,13 @@ def Llama4Group_heads(K, V, Q, r, C, f, eps, alpha, theta_base, cache=None):
     are and queries at position t are scaled by the temperature α log(⌊t/f⌋ + 1) + 1. Row t
     sees the positions t′ ≤ t of its own chunk of C positions.
 
-    Card: cards/llama4.card:123
+    Card: cards/llama4.card:124
     """
     past = 0 if cache is None else cache.pos  # tokens decoded before these
     d = K.shape[-1]
-    # (…, T, d)  [llama4.card:131]
+    # (…, T, d)  [llama4.card:132]
     K_tilde = r * rms_normalize(rotate_pairs(K, theta_base, past=past), (d,), None, eps) + (1 - r) * K
-    # (…, groups·G, T, d): every j of every group at once  [llama4.card:132]
+    # (…, groups·G, T, d): every j of every group at once  [llama4.card:133]
     Y_j = Llama4Head(
         Q.unflatten(-1, (-1, d)).transpose(-3, -2),
         K_tilde,
@@ -105,7 +105,7 @@ def Llama4Group_heads(K, V, Q, r, C, f, eps, alpha, theta_base, cache=None):
         f=f,
         cache=cache,
     )
-    return Y_j  # (…, T, d)  [llama4.card:133]
+    return Y_j  # (…, T, d)  [llama4.card:134]
 
 
 class Llama4Attention(nn.Module):
@@ -113,7 +113,7 @@ class Llama4Attention(nn.Module):
     heads of width d, and H_kv key/value heads, each shared by G = H/H_kv consecutive query
     heads; a RoPE layer (r = 1) or a NoPE layer (r = 0), as Llama4Group says.
 
-    Card: cards/llama4.card:106
+    Card: cards/llama4.card:107
     """
 
     def __init__(
@@ -131,16 +131,16 @@ class Llama4Attention(nn.Module):
         self.alpha = alpha
         self.theta_base = theta_base
         self.G = H // H_kv
-        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [llama4.card:113]
-        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [llama4.card:114]
-        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [llama4.card:114]
-        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [llama4.card:115]
+        self.W_q = nn.Parameter(torch.empty(D, H * d).normal_(0.0, 0.02))  # (D, H d)  [llama4.card:114]
+        self.W_k = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [llama4.card:115]
+        self.W_v = nn.Parameter(torch.empty(D, H_kv * d).normal_(0.0, 0.02))  # (D, H_kv d)  [llama4.card:115]
+        self.W_o = nn.Parameter(torch.empty(H * d, D).normal_(0.0, 0.02))  # (H d, D)  [llama4.card:116]
 
     def forward(self, X, cache=None):
-        Q = X @ self.W_q  # (B, T, H d)  [llama4.card:116]
-        K = X @ self.W_k  # (B, T, H_kv d)  [llama4.card:117]
-        V = X @ self.W_v  # (B, T, H_kv d)  [llama4.card:118]
-        # every g at once, all their heads side by side on one axis  [llama4.card:119]
+        Q = X @ self.W_q  # (B, T, H d)  [llama4.card:117]
+        K = X @ self.W_k  # (B, T, H_kv d)  [llama4.card:118]
+        V = X @ self.W_v  # (B, T, H_kv d)  [llama4.card:119]
+        # every g at once, all their heads side by side on one axis  [llama4.card:120]
         Y_g = Llama4Group_heads(
             K.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
             V.unflatten(-1, (self.H_kv, self.d)).transpose(-3, -2),
@@ -153,8 +153,8 @@ class Llama4Attention(nn.Module):
             f=self.f,
             cache=cache,
         )
-        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [llama4.card:120]
-        return Y @ self.W_o  # (B, T, D)  [llama4.card:121]
+        Y = Y_g.transpose(-3, -2).flatten(-2)  # (B, T, H d)  [llama4.card:121]
+        return Y @ self.W_o  # (B, T, D)  [llama4.card:122]
 
 
 class SwiGLU(nn.Module):
@@ -179,7 +179,7 @@ class SwiGLU(nn.Module):
 class Llama4DenseBlock(nn.Module):
     """X ← Llama4DenseBlock(X | θ): A pre-norm Llama 4 block with a dense SwiGLU MLP of width D_m.
 
-    Card: cards/llama4.card:68
+    Card: cards/llama4.card:69
     """
 
     def __init__(
@@ -208,25 +208,25 @@ class Llama4DenseBlock(nn.Module):
         self.H = H
         self.H_kv = H_kv
         self.d = d
-        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:74]
-        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:76]
-        # [llama4.card:75]
+        self.gamma1 = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:75]
+        self.gamma2 = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:77]
+        # [llama4.card:76]
         self.attn = Llama4Attention(
             D=D, H=H, H_kv=H_kv, d=d, r=r, C=C, f=f, eps=eps, alpha=alpha, theta_base=theta_base
         )
-        self.mlp = SwiGLU(D=D, D_f=D_m)  # [llama4.card:77]
+        self.mlp = SwiGLU(D=D, D_f=D_m)  # [llama4.card:78]
 
     def forward(self, X, cache=None):
-        # (B, T, D)  [llama4.card:78]
+        # (B, T, D)  [llama4.card:79]
         X = X + self.attn(rms_normalize(X, (self.D,), self.gamma1, self.eps), cache=cache)
-        return X + self.mlp(rms_normalize(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [llama4.card:79]
+        return X + self.mlp(rms_normalize(X, (self.D,), self.gamma2, self.eps))  # (B, T, D)  [llama4.card:80]
 
 
 class Llama4Dense(nn.Module):
     """P ← Llama4Dense(x | θ): Llama 4 with a dense SwiGLU MLP of width D_m in every block and no
     experts (interleave_moe_layer_step beyond the layers); attention as Llama4's.
 
-    Card: cards/llama4.card:28
+    Card: cards/llama4.card:29
     """
 
     def __init__(
@@ -263,9 +263,9 @@ class Llama4Dense(nn.Module):
         self.alpha = alpha
         self.theta_base = theta_base
         self.v_pad = v_pad
-        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [llama4.card:40]
-        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:43]
-        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [llama4.card:44]
+        self.W_e = nn.Parameter(torch.empty(V, D).normal_(0.0, 0.02))  # (V, D)  [llama4.card:41]
+        self.gamma_f = nn.Parameter(torch.ones(D))  # (D,)  [llama4.card:44]
+        self.W_u = nn.Parameter(torch.empty(D, V).normal_(0.0, 0.02))  # (D, V)  [llama4.card:45]
         self.block = nn.ModuleList(
             Llama4DenseBlock(
                 D=D,
@@ -281,17 +281,17 @@ class Llama4Dense(nn.Module):
                 d=d,
             )
             for _layer in range(N)
-        )  # [llama4.card:42]
+        )  # [llama4.card:43]
 
     def forward(self, x, targets=None, nll=None, cache=None):
-        # (B, T, D)  [llama4.card:46]
+        # (B, T, D)  [llama4.card:47]
         X = F.embedding(x, self.W_e, padding_idx=self.v_pad - 1 if self.v_pad > 0 else None)
-        for block in self.block:  # [llama4.card:47]
-            X = block(X, cache=cache)  # (B, T, D)  [llama4.card:48]
-        X = rms_normalize(X, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [llama4.card:50]
+        for block in self.block:  # [llama4.card:48]
+            X = block(X, cache=cache)  # (B, T, D)  [llama4.card:49]
+        X = rms_normalize(X, (self.D,), self.gamma_f, self.eps)  # (B, T, D)  [llama4.card:51]
         if nll is not None:  # training's loss: the targets' log-likelihood, a few rows at a time
             return log_likelihood(lambda X: X @ self.W_u, X, *nll, self.V)  # (B,)
-        P = X @ self.W_u  # (B, T, V)  [llama4.card:51]
+        P = X @ self.W_u  # (B, T, V)  [llama4.card:52]
         if cache is not None:
             cache.advance(x.shape[-1])
         if targets is None:
