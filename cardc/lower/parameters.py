@@ -40,9 +40,9 @@ class Parameters:
         call = self.call_passing(alg, calls, name, var)
         cls = self.module(callee)
         attr = attr_name(name, var)
+        names = self.ctor_names(alg, call, name, var)
         kwargs = tuple((local_name(a), v) for a in self.ctor_args(callee)
-                       if (v := self.ctor_kwarg(callee, call, a, self.ctor_names(alg, call, name, var)))
-                       is not None)
+                       if (v := self.ctor_kwarg(callee, call, a, names)) is not None)
         count = None if over is None else _ctor_dim(over)
         index = LAYER if any(_reads(v, LAYER) for _, v in kwargs) else None
         if any(_reads(v, "math.") for _, v in kwargs):  # ⌈·⌉ of a layer's value
@@ -170,7 +170,7 @@ def _ctor_value(e: s.Expr) -> ir.Expr:
 def _ctor_expr(e: s.Expr, names: dict[str, ir.Expr]) -> ir.Expr:
     """A hyperparameter a call hands its callee, in `__init__`: numbers, the caller's
     hyperparameters (`names`: each one's value there) and their arithmetic, and in a stack of
-    layers the layer's index (w = [[p ⌊ℓ/p⌋ = ℓ]] ctx + [[p ⌊ℓ/p⌋ ≠ ℓ]] w),
+    layers the layer's index (w = [[ℓ mod p = 0]] ctx + [[ℓ mod p ≠ 0]] w),
     computed once per layer."""
     def expr(x: s.Expr) -> ir.Expr:
         return _ctor_expr(x, names)
@@ -223,11 +223,9 @@ def _layer_index(call: CallInfo, name: str, var: str | None) -> str | None:
 
 def _reads(e: ir.Expr, name: str) -> bool:
     """Whether a constructor's value reads `name` (or, ending in a dot, a name of that module)."""
-    if isinstance(e, ir.Ref):
-        return e.id == name or name.endswith(".") and e.id.startswith(name)
-    parts = (e.left, e.right) if isinstance(e, ir.Bin) else (e.operand,) if isinstance(e, ir.Un) \
-        else (e.func, *e.args) if isinstance(e, ir.Call) else ()
-    return any(_reads(x, name) for x in parts)
+    found: list[str] = []
+    ir.rewrite(e, lambda x: found.append(x.id) if isinstance(x, ir.Ref) else None)
+    return any(r == name or name.endswith(".") and r.startswith(name) for r in found)
 
 
 def _shape(dims) -> str:
